@@ -1,0 +1,71 @@
+//! The `BlobStore` port: streamed writes and ranged, streamed reads.
+
+pub mod fs;
+// s3: issue 3
+
+use std::io;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+/// A stream of body chunks.
+pub type ByteStream<'a> = BoxStream<'a, io::Result<Bytes>>;
+
+/// An inclusive byte range `start..=end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl ByteRange {
+    pub fn len(&self) -> u64 {
+        self.end - self.start + 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("blob not found")]
+    NotFound,
+    /// The body stream itself failed (client went away, limit hit): not the store's fault.
+    #[error("body: {0}")]
+    Body(io::Error),
+    #[error("blob store unavailable: {0}")]
+    Unavailable(String),
+    #[error("blob store error: {0}")]
+    Other(String),
+}
+
+#[async_trait]
+pub trait BlobStore: Send + Sync {
+    /// The bucket name recorded with files and orphans.
+    fn bucket(&self) -> &str;
+
+    /// Streams `body` to `key`; the object appears whole or not at all.
+    /// Returns the number of bytes written.
+    async fn put(&self, key: &str, body: ByteStream<'_>) -> Result<u64, BlobError>;
+
+    /// Streams the object, or `range` of it.
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<ByteRange>,
+    ) -> Result<ByteStream<'static>, BlobError>;
+
+    /// Deletes the object; deleting a missing object succeeds.
+    async fn delete(&self, key: &str) -> Result<(), BlobError>;
+
+    /// The object's size, if it exists.
+    async fn head(&self, key: &str) -> Result<Option<u64>, BlobError>;
+
+    /// Every key under `prefix` (audits and tests; never on a hot path).
+    async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, BlobError>;
+
+    async fn ping(&self) -> Result<(), BlobError>;
+}

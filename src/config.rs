@@ -1,0 +1,272 @@
+//! Typed settings: defaults overridden by `FILEDOCK_*` environment variables.
+
+use std::{path::PathBuf, str::FromStr, time::Duration};
+
+use anyhow::{Context, bail};
+use secrecy::SecretString;
+
+/// Everything the service can be told. Built by [`Settings::from_env`] or, in
+/// tests, by [`Settings::embedded`] plus field updates.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub bind: String,
+    pub data_dir: PathBuf,
+    pub env: Environment,
+    pub admin_key: Option<SecretString>,
+    pub max_upload_bytes: u64,
+    /// Per-user byte quota; `None` is unlimited.
+    pub user_quota_bytes: Option<u64>,
+    pub mongodb_uri: Option<SecretString>,
+    pub mongodb_db: String,
+    pub redis_url: Option<SecretString>,
+    /// Prefix for every Redis key this instance writes (tests isolate with it).
+    pub redis_prefix: String,
+    pub s3: Option<S3Settings>,
+    pub lock: LockSettings,
+    pub txn_retry: TxnRetrySettings,
+    pub cors_origins: Vec<String>,
+    pub log_json: bool,
+    /// Allow `production` to run on embedded adapters.
+    pub allow_embedded_in_production: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct S3Settings {
+    pub endpoint: String,
+    pub bucket: String,
+    pub region: String,
+    pub access_key: SecretString,
+    pub secret_key: SecretString,
+    /// Prefix for every object key (tests isolate with it).
+    pub key_prefix: String,
+    pub create_bucket: bool,
+    pub part_size: usize,
+    pub part_concurrency: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct LockSettings {
+    pub strategy: LockStrategy,
+    pub scope: LockScope,
+    pub ttl: Duration,
+    pub wait_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct TxnRetrySettings {
+    pub max_attempts: u32,
+    pub base_delay: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Environment {
+    Development,
+    Production,
+}
+
+/// How a waiter learns that a lock came free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockStrategy {
+    /// Queue in arrival order; the releaser wakes the next waiter.
+    Notify,
+    /// The seed's loop: retry after 100 ms × 1.5ⁿ, capped at 2 s.
+    Backoff,
+}
+
+/// What the per-user upload lock covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockScope {
+    /// Only the metadata transaction; bytes stream without the lock.
+    Commit,
+    /// The whole upload, as in the seed.
+    Upload,
+}
+
+impl FromStr for Environment {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "development" | "dev" => Ok(Self::Development),
+            "production" | "prod" => Ok(Self::Production),
+            other => bail!("expected development or production, got {other:?}"),
+        }
+    }
+}
+
+impl FromStr for LockStrategy {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "notify" => Ok(Self::Notify),
+            "backoff" => Ok(Self::Backoff),
+            other => bail!("expected notify or backoff, got {other:?}"),
+        }
+    }
+}
+
+impl FromStr for LockScope {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "commit" => Ok(Self::Commit),
+            "upload" => Ok(Self::Upload),
+            other => bail!("expected commit or upload, got {other:?}"),
+        }
+    }
+}
+
+impl Settings {
+    /// Embedded defaults: local files, embedded store, in-process locks.
+    pub fn embedded(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            bind: "127.0.0.1:8080".into(),
+            data_dir: data_dir.into(),
+            env: Environment::Development,
+            admin_key: None,
+            max_upload_bytes: 10 * 1024 * 1024 * 1024,
+            user_quota_bytes: None,
+            mongodb_uri: None,
+            mongodb_db: "filedock".into(),
+            redis_url: None,
+            redis_prefix: String::new(),
+            s3: None,
+            lock: LockSettings {
+                strategy: LockStrategy::Notify,
+                scope: LockScope::Commit,
+                ttl: Duration::from_secs(300),
+                wait_timeout: Duration::from_secs(30),
+            },
+            txn_retry: TxnRetrySettings {
+                max_attempts: 3,
+                base_delay: Duration::from_millis(50),
+            },
+            cors_origins: Vec::new(),
+            log_json: false,
+            allow_embedded_in_production: false,
+        }
+    }
+
+    /// Defaults overridden by the process environment.
+    pub fn from_env() -> anyhow::Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// Defaults overridden by `lookup(name)`; `from_env` with a seam for tests.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+        let get = |name: &str| lookup(&format!("FILEDOCK_{name}"));
+        let mut s = Self::embedded(get("DATA_DIR").unwrap_or_else(|| "./data".into()));
+        if let Some(v) = get("BIND") {
+            s.bind = v;
+        }
+        parse_into(&get, "ENV", &mut s.env)?;
+        s.admin_key = get("ADMIN_KEY").map(SecretString::from);
+        parse_into(&get, "MAX_UPLOAD_BYTES", &mut s.max_upload_bytes)?;
+        s.user_quota_bytes = get("USER_QUOTA_BYTES")
+            .map(|v| v.parse().context("FILEDOCK_USER_QUOTA_BYTES"))
+            .transpose()?;
+        s.mongodb_uri = get("MONGODB_URI").map(SecretString::from);
+        if let Some(v) = get("MONGODB_DB") {
+            s.mongodb_db = v;
+        }
+        s.redis_url = get("REDIS_URL").map(SecretString::from);
+        if let Some(v) = get("REDIS_PREFIX") {
+            s.redis_prefix = v;
+        }
+        if let Some(endpoint) = get("S3_ENDPOINT") {
+            let mut s3 = S3Settings {
+                endpoint,
+                bucket: get("S3_BUCKET").unwrap_or_else(|| "filedock".into()),
+                region: get("S3_REGION").unwrap_or_else(|| "us-east-1".into()),
+                access_key: get("S3_ACCESS_KEY")
+                    .context("FILEDOCK_S3_ACCESS_KEY is required with FILEDOCK_S3_ENDPOINT")?
+                    .into(),
+                secret_key: get("S3_SECRET_KEY")
+                    .context("FILEDOCK_S3_SECRET_KEY is required with FILEDOCK_S3_ENDPOINT")?
+                    .into(),
+                key_prefix: get("S3_KEY_PREFIX").unwrap_or_default(),
+                create_bucket: true,
+                part_size: 8 * 1024 * 1024,
+                part_concurrency: 4,
+            };
+            parse_into(&get, "S3_CREATE_BUCKET", &mut s3.create_bucket)?;
+            parse_into(&get, "S3_PART_SIZE", &mut s3.part_size)?;
+            parse_into(&get, "S3_PART_CONCURRENCY", &mut s3.part_concurrency)?;
+            if s3.part_size < 5 * 1024 * 1024 {
+                bail!("FILEDOCK_S3_PART_SIZE must be at least 5 MiB (the S3 minimum)");
+            }
+            s.s3 = Some(s3);
+        }
+        parse_into(&get, "LOCK_STRATEGY", &mut s.lock.strategy)?;
+        parse_into(&get, "LOCK_SCOPE", &mut s.lock.scope)?;
+        parse_secs(&get, "LOCK_TTL_SECS", &mut s.lock.ttl)?;
+        parse_secs(&get, "LOCK_WAIT_SECS", &mut s.lock.wait_timeout)?;
+        parse_into(&get, "TXN_MAX_ATTEMPTS", &mut s.txn_retry.max_attempts)?;
+        if let Some(v) = get("CORS_ORIGINS") {
+            s.cors_origins = v.split(',').map(|o| o.trim().to_owned()).collect();
+        }
+        if let Some(v) = get("LOG_FORMAT") {
+            s.log_json = v == "json";
+        }
+        parse_into(&get, "ALLOW_EMBEDDED", &mut s.allow_embedded_in_production)?;
+        if s.txn_retry.max_attempts == 0 {
+            bail!("FILEDOCK_TXN_MAX_ATTEMPTS must be at least 1");
+        }
+        Ok(s)
+    }
+
+    pub fn is_production(&self) -> bool {
+        self.env == Environment::Production
+    }
+}
+
+fn parse_into<T>(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    slot: &mut T,
+) -> anyhow::Result<()>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    if let Some(raw) = get(name) {
+        *slot = raw
+            .parse()
+            .map_err(|e| anyhow::anyhow!("FILEDOCK_{name}={raw:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn parse_secs(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    slot: &mut Duration,
+) -> anyhow::Result<()> {
+    let mut secs = slot.as_secs_f64();
+    parse_into(get, name, &mut secs)?;
+    *slot = Duration::from_secs_f64(secs);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_design() {
+        let s = Settings::from_lookup(|_| None).unwrap();
+        assert_eq!(s.bind, "127.0.0.1:8080");
+        assert_eq!(s.data_dir, PathBuf::from("./data"));
+        assert_eq!(s.lock.strategy, LockStrategy::Notify);
+        assert_eq!(s.lock.scope, LockScope::Commit);
+        assert_eq!(s.txn_retry.max_attempts, 3);
+        assert!(s.s3.is_none() && s.mongodb_uri.is_none() && s.redis_url.is_none());
+    }
+
+    #[test]
+    fn bad_values_are_named_in_the_error() {
+        let err =
+            Settings::from_lookup(|n| (n == "FILEDOCK_LOCK_SCOPE").then(|| "sometimes".into()))
+                .unwrap_err();
+        assert!(err.to_string().contains("FILEDOCK_LOCK_SCOPE"), "{err}");
+    }
+}

@@ -1,0 +1,168 @@
+//! Newtypes for identifiers and untrusted strings, validated at the edge.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            /// A new, time-ordered id (UUID v7), so ids sort by creation.
+            pub fn new() -> Self {
+                Self(Uuid::now_v7())
+            }
+
+            /// Accepts only the canonical hyphenated form; anything else is not an id.
+            pub fn parse(raw: &str) -> Option<Self> {
+                (raw.len() == 36).then(|| Uuid::parse_str(raw).ok()).flatten().map(Self)
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.hyphenated().fmt(f)
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// A user's id.
+    UserId
+);
+uuid_id!(
+    /// A file's id; also names its blob (`files/{user}/{file}`).
+    FileId
+);
+
+/// Which per-user upload lock an upload takes, from its declared length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SizeCategory {
+    Small,
+    Medium,
+    Large,
+}
+
+impl SizeCategory {
+    pub const SMALL_MAX: u64 = 10 * 1024 * 1024;
+    pub const MEDIUM_MAX: u64 = 100 * 1024 * 1024;
+
+    /// small ≤ 10 MiB < medium ≤ 100 MiB < large; an undeclared length is large,
+    /// so a stream of unknown size never holds up small uploads.
+    pub fn from_declared_len(len: Option<u64>) -> Self {
+        match len {
+            Some(n) if n <= Self::SMALL_MAX => Self::Small,
+            Some(n) if n <= Self::MEDIUM_MAX => Self::Medium,
+            _ => Self::Large,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Small => "small",
+            Self::Medium => "medium",
+            Self::Large => "large",
+        }
+    }
+}
+
+/// A file name as a user gave it, safe to store and to echo in headers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Filename(String);
+
+impl Filename {
+    pub const MAX_BYTES: usize = 255;
+
+    /// Rejects what could confuse a file system, a terminal or a reader:
+    /// empty names, `.`/`..`, path separators, control characters and
+    /// bidirectional-override marks, and names over 255 bytes.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() || raw.trim().is_empty() {
+            return Err("filename is empty".into());
+        }
+        if raw.len() > Self::MAX_BYTES {
+            return Err(format!("filename is longer than {} bytes", Self::MAX_BYTES));
+        }
+        if raw == "." || raw == ".." || raw.contains(['/', '\\']) {
+            return Err("filename must not contain a path".into());
+        }
+        if let Some(c) = raw.chars().find(|c| c.is_control() || is_bidi_control(*c)) {
+            return Err(format!(
+                "filename contains the control character U+{:04X}",
+                c as u32
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn categories_follow_the_seed_thresholds() {
+        use SizeCategory::*;
+        assert_eq!(SizeCategory::from_declared_len(Some(0)), Small);
+        assert_eq!(SizeCategory::from_declared_len(Some(10 << 20)), Small);
+        assert_eq!(
+            SizeCategory::from_declared_len(Some((10 << 20) + 1)),
+            Medium
+        );
+        assert_eq!(SizeCategory::from_declared_len(Some(100 << 20)), Medium);
+        assert_eq!(
+            SizeCategory::from_declared_len(Some((100 << 20) + 1)),
+            Large
+        );
+        assert_eq!(SizeCategory::from_declared_len(None), Large);
+    }
+
+    #[test]
+    fn filenames_are_checked() {
+        assert!(Filename::parse("report (final) 😀.pdf").is_ok());
+        assert!(Filename::parse("résumé.txt").is_ok());
+        for bad in [
+            "",
+            " ",
+            "..",
+            "../etc/passwd",
+            "a\\b",
+            "a\0b",
+            "a\nb",
+            "evil\u{202E}fdp.exe",
+        ] {
+            assert!(Filename::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(Filename::parse(&"x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn ids_parse_only_canonical_uuids() {
+        let id = FileId::new();
+        assert_eq!(FileId::parse(&id.to_string()), Some(id));
+        assert_eq!(FileId::parse("../../etc"), None);
+        assert_eq!(FileId::parse(&id.to_string().replace('-', "")), None);
+    }
+}

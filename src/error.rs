@@ -1,0 +1,161 @@
+//! `ApiError`: every failure a client can see, mapped to a status and the
+//! documented body `{"error":{"code","message","request_id"}}`.
+
+use axum::{
+    Json,
+    extract::rejection::JsonRejection,
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::json;
+
+use crate::{blob::BlobError, lock::LockError, meta::MetaError};
+
+tokio::task_local! {
+    /// The current request's id, set by the request-id middleware.
+    pub static REQUEST_ID: String;
+}
+
+pub fn current_request_id() -> String {
+    REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("missing or invalid API key")]
+    Unauthenticated,
+    /// Also for other users' resources: existence is never revealed.
+    #[error("not found")]
+    NotFound,
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("the file is larger than the limit of {0} bytes")]
+    PayloadTooLarge(u64),
+    #[error("the range is outside the file ({size} bytes)")]
+    RangeNotSatisfiable { size: u64 },
+    #[error("timed out waiting for a lock on this resource; try again")]
+    LockTimeout,
+    #[error("the lock on this resource was lost before the change committed; try again")]
+    LockLost,
+    #[error("too many concurrent writers on this resource; try again")]
+    WriteConflict,
+    #[error("{0} is unavailable")]
+    DependencyUnavailable(&'static str),
+    #[error("storage quota exceeded")]
+    QuotaExceeded,
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
+            Self::LockTimeout
+            | Self::LockLost
+            | Self::WriteConflict
+            | Self::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable, documented error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated => "unauthenticated",
+            Self::NotFound => "not_found",
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::RangeNotSatisfiable { .. } => "range_not_satisfiable",
+            Self::LockTimeout => "lock_timeout",
+            Self::LockLost => "lock_lost",
+            Self::WriteConflict => "write_conflict",
+            Self::DependencyUnavailable(_) => "dependency_unavailable",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    pub fn internal(e: impl Into<anyhow::Error>) -> Self {
+        Self::Internal(e.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if let Self::Internal(e) = &self {
+            tracing::error!(error = ?e, "internal error");
+        } else if status.is_server_error() {
+            tracing::warn!(code = self.code(), "{self}");
+        }
+        let body = json!({"error": {
+            "code": self.code(),
+            "message": self.to_string(),
+            "request_id": current_request_id(),
+        }});
+        let mut res = (status, Json(body)).into_response();
+        let headers = res.headers_mut();
+        match &self {
+            Self::LockTimeout
+            | Self::LockLost
+            | Self::WriteConflict
+            | Self::DependencyUnavailable(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::RangeNotSatisfiable { size } => {
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                    headers.insert(header::CONTENT_RANGE, v);
+                }
+            }
+            Self::Unauthenticated => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        res
+    }
+}
+
+impl From<MetaError> for ApiError {
+    fn from(e: MetaError) -> Self {
+        match e {
+            MetaError::WriteConflict => Self::WriteConflict,
+            MetaError::StaleFence => Self::LockLost,
+            MetaError::QuotaExceeded => Self::QuotaExceeded,
+            MetaError::NotFound => Self::NotFound,
+            MetaError::Unavailable(_) => Self::DependencyUnavailable("metadata store"),
+            e @ (MetaError::Duplicate | MetaError::Other(_)) => Self::internal(e),
+        }
+    }
+}
+
+impl From<BlobError> for ApiError {
+    fn from(e: BlobError) -> Self {
+        match e {
+            BlobError::Body(io) => crate::domain::upload::body_error(io),
+            BlobError::Unavailable(_) => Self::DependencyUnavailable("blob store"),
+            e @ (BlobError::NotFound | BlobError::Other(_)) => Self::internal(e),
+        }
+    }
+}
+
+impl From<LockError> for ApiError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Timeout(_) => Self::LockTimeout,
+            LockError::Unavailable(_) => Self::DependencyUnavailable("lock backend"),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        Self::InvalidRequest(e.body_text())
+    }
+}

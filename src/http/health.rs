@@ -1,0 +1,67 @@
+//! Liveness, readiness (each dependency checked) and metrics.
+
+use std::time::Duration;
+
+use axum::{
+    Json,
+    extract::State,
+    http::{StatusCode, header},
+};
+use serde_json::{Map, Value, json};
+
+use super::{ApiResult, ok};
+use crate::startup::AppState;
+
+pub async fn healthz() -> ApiResult {
+    ok(Json(json!({"status": "ok"})))
+}
+
+/// 200 when every dependency answers within 2 s; 503 naming those that do not.
+pub async fn readyz(State(state): State<AppState>) -> ApiResult {
+    let limit = Duration::from_secs(2);
+    let check = |r: Result<Result<(), String>, tokio::time::error::Elapsed>| match r {
+        Ok(Ok(())) => "ok",
+        _ => "unavailable",
+    };
+    let (meta, blobs, locks) = tokio::join!(
+        tokio::time::timeout(limit, async {
+            state.meta.ping().await.map_err(|e| e.to_string())
+        }),
+        tokio::time::timeout(limit, async {
+            state.blobs.ping().await.map_err(|e| e.to_string())
+        }),
+        tokio::time::timeout(limit, async {
+            state.locks.ping().await.map_err(|e| e.to_string())
+        }),
+    );
+    let mut checks = Map::new();
+    checks.insert("metadata".into(), check(meta).into());
+    checks.insert("blobs".into(), check(blobs).into());
+    checks.insert("locks".into(), check(locks).into());
+    let failing: Vec<String> = checks
+        .iter()
+        .filter(|(_, v)| *v != "ok")
+        .map(|(k, _)| k.clone())
+        .collect();
+    let status = if failing.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if failing.is_empty() { "ready" } else { "unavailable" },
+        "checks": Value::Object(checks),
+        "failing": failing,
+    });
+    ok((status, Json(body)))
+}
+
+pub async fn metrics(State(state): State<AppState>) -> ApiResult {
+    ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    ))
+}

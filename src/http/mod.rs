@@ -1,0 +1,157 @@
+//! The HTTP layer: routes, middleware, extractors. Handlers extract, call a
+//! service and map the result; the flows live in `domain`.
+
+mod admin;
+mod extract;
+mod files;
+mod health;
+mod multipart;
+
+use std::time::{Duration, Instant};
+
+use axum::{
+    Router,
+    extract::{DefaultBodyLimit, MatchedPath, Request, State},
+    http::{HeaderName, HeaderValue, Method, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{MethodFilter, on},
+};
+use tower::ServiceBuilder;
+use tower_http::{
+    cors::{AllowOrigin, CorsLayer},
+    request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
+    trace::TraceLayer,
+};
+
+use crate::{
+    error::{ApiError, REQUEST_ID},
+    metrics::{HttpLabels, Metrics},
+    startup::AppState,
+};
+
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Declares every route once: the router is built from it, and
+/// [`ROUTES`] lists it for the OpenAPI conformance test.
+macro_rules! api {
+    ($( $method:ident $path:literal => $handler:path ),* $(,)?) => {
+        /// Every (method, path) the router serves.
+        pub const ROUTES: &[(&str, &str)] = &[ $( (stringify!($method), $path) ),* ];
+
+        fn api_routes() -> Router<AppState> {
+            Router::new() $( .route($path, on(MethodFilter::$method, $handler)) )*
+        }
+    };
+}
+
+api! {
+    GET "/healthz" => health::healthz,
+    GET "/readyz" => health::readyz,
+    GET "/metrics" => health::metrics,
+    POST "/v1/admin/users" => admin::create_user,
+    POST "/v1/files" => files::upload,
+    GET "/v1/files" => files::list,
+    GET "/v1/files/{id}" => files::get,
+    DELETE "/v1/files/{id}" => files::delete,
+    GET "/v1/files/{id}/content" => files::content,
+}
+
+pub fn router(state: AppState) -> Router {
+    let max_body = usize::try_from(state.settings.max_upload_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1024 * 1024);
+    let cors = cors(&state.settings.cors_origins);
+    api_routes()
+        .fallback(|| async { ApiError::NotFound })
+        .method_not_allowed_fallback(|| async {
+            ApiError::InvalidRequest("method not allowed on this path".into())
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeRequestUuid))
+                .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
+                .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+                    let route = req
+                        .extensions()
+                        .get::<MatchedPath>()
+                        .map_or(req.uri().path(), MatchedPath::as_str);
+                    let id = req
+                        .headers()
+                        .get(X_REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    tracing::info_span!("request", method = %req.method(), route, request_id = id)
+                }))
+                .layer(middleware::from_fn_with_state(state.clone(), observe))
+                .option_layer(cors),
+        )
+        .with_state(state)
+}
+
+/// Makes the request id available to error bodies and counts the request.
+async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let id = req
+        .headers()
+        .get(X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let res = REQUEST_ID.scope(id, next.run(req)).await;
+    let m: &Metrics = &state.metrics;
+    m.http_duration
+        .get_or_create(&Metrics::op(&route))
+        .observe(started.elapsed().as_secs_f64());
+    m.http_requests
+        .get_or_create(&HttpLabels {
+            method,
+            route,
+            status: res.status().as_u16(),
+        })
+        .inc();
+    res
+}
+
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::RANGE,
+                HeaderName::from_static("idempotency-key"),
+            ])
+            .expose_headers([
+                X_REQUEST_ID,
+                header::LOCATION,
+                header::ETAG,
+                header::CONTENT_DISPOSITION,
+                header::CONTENT_RANGE,
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+/// Everything the HTTP layer can fail with becomes an `ApiError` response.
+pub(crate) type ApiResult<T = Response> = Result<T, ApiError>;
+
+pub(crate) fn ok<T: IntoResponse>(v: T) -> ApiResult {
+    Ok(v.into_response())
+}

@@ -1,0 +1,342 @@
+//! The `LockManager` port and [`Locks`], the facade the services use:
+//! strategy (wake-on-release or the seed's backoff), lease renewal,
+//! metrics, and the degradation policy when the lock backend is down.
+
+pub mod memory;
+// redis: issue 3
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use async_trait::async_trait;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    config::{LockSettings, LockStrategy},
+    domain::{SizeCategory, UserId},
+    metrics::Metrics,
+    retry::LockBackoff,
+};
+
+/// A lock's name and level. Ids sit in `{…}` so that every key of one
+/// resource maps to one Redis Cluster slot.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    key: String,
+    level: &'static str,
+}
+
+impl LockKey {
+    /// `user_file_upload_lock:{user}:{small|medium|large}`: uploads and deletes.
+    pub fn user_upload(user: &UserId, category: SizeCategory) -> Self {
+        Self {
+            key: format!("user_file_upload_lock:{{{user}}}:{}", category.as_str()),
+            level: "user",
+        }
+    }
+
+    /// `session_file_add_lock:{session}`.
+    pub fn session_files(session: &str) -> Self {
+        Self {
+            key: format!("session_file_add_lock:{{{session}}}"),
+            level: "session",
+        }
+    }
+
+    /// `agent_file_add_lock:{agent}`.
+    pub fn agent_files(agent: &str) -> Self {
+        Self {
+            key: format!("agent_file_add_lock:{{{agent}}}"),
+            level: "agent",
+        }
+    }
+
+    /// `agent_config_lock:{agent}`: MCP and toolset connections.
+    pub fn agent_config(agent: &str) -> Self {
+        Self {
+            key: format!("agent_config_lock:{{{agent}}}"),
+            level: "agent_config",
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.key
+    }
+
+    /// The lock level, for metrics.
+    pub fn level(&self) -> &'static str {
+        self.level
+    }
+}
+
+/// A held lock: the key, the holder's random owner token, and its fencing
+/// token (strictly greater than any token handed out before for this key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub key: String,
+    pub owner: String,
+    pub fence: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("timed out after {0:?} waiting for the lock")]
+    Timeout(Duration),
+    #[error("lock backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A lock backend. Implementations must be owner-safe (release and renew
+/// only by the owner token) and hand out increasing fencing tokens.
+#[async_trait]
+pub trait LockManager: Send + Sync {
+    /// One attempt, no waiting (the backoff strategy's primitive). Does not
+    /// jump ahead of queued fair waiters.
+    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError>;
+
+    /// Waits in arrival order, woken when the lock is handed over, until `deadline`.
+    async fn acquire_fair(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError>;
+
+    /// Releases if `lease` still owns the lock; `false` if it did not.
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError>;
+
+    /// Extends the lease if still owned; `false` if it was lost.
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError>;
+
+    async fn ping(&self) -> Result<(), LockError>;
+}
+
+/// A lock held by this process. The watchdog renews it every TTL/3; if the
+/// lease is lost, [`LockGuard::lost`] fires so the holder stops its work.
+/// Dropped without [`LockGuard::release`], it is released in the background.
+pub struct LockGuard {
+    lease: Lease,
+    manager: Arc<dyn LockManager>,
+    lost: CancellationToken,
+    watchdog: JoinHandle<()>,
+    released: bool,
+}
+
+impl LockGuard {
+    fn start(
+        lease: Lease,
+        manager: Arc<dyn LockManager>,
+        ttl: Duration,
+        on_lost: impl Fn() + Send + 'static,
+    ) -> Self {
+        let lost = CancellationToken::new();
+        let watchdog = tokio::spawn({
+            let (lease, manager, lost) = (lease.clone(), manager.clone(), lost.clone());
+            async move {
+                let mut last_renewed = Instant::now();
+                loop {
+                    tokio::time::sleep(ttl / 3).await;
+                    match manager.renew(&lease, ttl).await {
+                        Ok(true) => last_renewed = Instant::now(),
+                        Ok(false) => break,
+                        Err(e) if last_renewed.elapsed() < ttl => {
+                            tracing::warn!(key = %lease.key, error = %e, "lease renewal failed; retrying");
+                        }
+                        Err(_) => break,
+                    }
+                }
+                tracing::error!(key = %lease.key, "lease lost while held; cancelling the holder's work");
+                on_lost();
+                lost.cancel();
+            }
+        });
+        Self {
+            lease,
+            manager,
+            lost,
+            watchdog,
+            released: false,
+        }
+    }
+
+    pub fn fence(&self) -> u64 {
+        self.lease.fence
+    }
+
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Fires when the lease is lost while held.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    /// Stops renewing and releases (compare-and-delete by owner token).
+    pub async fn release(mut self) {
+        self.released = true;
+        self.watchdog.abort();
+        if let Err(e) = self.manager.release(&self.lease).await {
+            tracing::warn!(key = %self.lease.key, error = %e, "lock release failed; it expires with its TTL");
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            self.watchdog.abort();
+            let (manager, lease) = (self.manager.clone(), self.lease.clone());
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = manager.release(&lease).await;
+                });
+            }
+        }
+    }
+}
+
+/// What the services call: picks the strategy, renews leases, records
+/// metrics, and applies the degradation policy.
+pub struct Locks {
+    manager: Arc<dyn LockManager>,
+    settings: LockSettings,
+    production: bool,
+    metrics: Arc<Metrics>,
+    /// When the backend was last seen down (the 1 s circuit breaker).
+    down_since: Mutex<Option<Instant>>,
+}
+
+/// How long a backend failure short-circuits further attempts.
+const BREAKER_WINDOW: Duration = Duration::from_secs(1);
+
+impl Locks {
+    pub fn new(
+        manager: Arc<dyn LockManager>,
+        settings: LockSettings,
+        production: bool,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            manager,
+            settings,
+            production,
+            metrics,
+            down_since: Mutex::new(None),
+        }
+    }
+
+    pub fn manager(&self) -> &Arc<dyn LockManager> {
+        &self.manager
+    }
+
+    /// Takes `key` within the configured wait. `Ok(None)` means the backend
+    /// is down and, in development, the caller proceeds without a lock.
+    pub async fn acquire(&self, key: &LockKey) -> Result<Option<LockGuard>, LockError> {
+        let started = Instant::now();
+        let result = if self.breaker_open() {
+            Err(LockError::Unavailable(
+                "lock backend marked down in the last second".into(),
+            ))
+        } else {
+            self.acquire_with_strategy(key.as_str()).await
+        };
+        let level = key.level();
+        match result {
+            Ok(lease) => {
+                *self.down_since.lock().unwrap() = None;
+                self.metrics.observe_lock_wait(level, started.elapsed());
+                let (metrics, lvl) = (self.metrics.clone(), Metrics::level(level));
+                Ok(Some(LockGuard::start(
+                    lease,
+                    self.manager.clone(),
+                    self.settings.ttl,
+                    move || {
+                        metrics.lock_lost.get_or_create(&lvl).inc();
+                    },
+                )))
+            }
+            Err(LockError::Timeout(w)) => {
+                self.metrics
+                    .lock_timeouts
+                    .get_or_create(&Metrics::level(level))
+                    .inc();
+                Err(LockError::Timeout(w))
+            }
+            Err(LockError::Unavailable(why)) => {
+                self.down_since
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(Instant::now);
+                if self.production {
+                    return Err(LockError::Unavailable(why));
+                }
+                self.metrics
+                    .lock_degraded
+                    .get_or_create(&Metrics::level(level))
+                    .inc();
+                tracing::warn!(key = key.as_str(), reason = %why, "lock backend down; proceeding without a lock (development mode)");
+                Ok(None)
+            }
+        }
+    }
+
+    fn breaker_open(&self) -> bool {
+        let mut down = self.down_since.lock().unwrap();
+        match *down {
+            Some(t) if t.elapsed() < BREAKER_WINDOW => true,
+            Some(_) => {
+                *down = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    async fn acquire_with_strategy(&self, key: &str) -> Result<Lease, LockError> {
+        let (ttl, wait) = (self.settings.ttl, self.settings.wait_timeout);
+        let deadline = Instant::now() + wait;
+        match self.settings.strategy {
+            LockStrategy::Notify => self.manager.acquire_fair(key, ttl, deadline).await,
+            LockStrategy::Backoff => {
+                for delay in LockBackoff::default().delays() {
+                    if let Some(lease) = self.manager.try_acquire(key, ttl).await? {
+                        return Ok(lease);
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(delay.min(deadline - now)).await;
+                }
+                Err(LockError::Timeout(wait))
+            }
+        }
+    }
+
+    /// Whether the backend answers (for `/readyz`).
+    pub async fn ping(&self) -> Result<(), LockError> {
+        self.manager.ping().await
+    }
+}
+
+/// A fencing token that never goes backwards, even if the counter behind
+/// it is lost (a restarted in-process manager, a flushed Redis): the next
+/// token is `max(previous + 1, now in µs)`.
+pub fn next_fence(previous: u64, now_micros: u64) -> u64 {
+    (previous + 1).max(now_micros)
+}
+
+pub fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// A random owner token (128 bits).
+pub fn owner_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}

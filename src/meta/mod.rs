@@ -1,0 +1,258 @@
+//! The `MetadataStore` port: users, files, permissions, upload intents,
+//! orphans and idempotency records, changed only inside transactions.
+
+pub mod embedded;
+// mongo: issue 3
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// `users` collection.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct UserRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub name: String,
+    /// SHA-256 (hex) of the API key; the key itself is never stored.
+    pub api_key_hash: String,
+    pub file_ids: Vec<String>,
+    pub used_bytes: i64,
+    /// Highest fencing token committed, per upload-lock category.
+    #[serde(default)]
+    pub upload_fence: BTreeMap<String, i64>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// `files` collection.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FileRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub owner_id: String,
+    pub filename: String,
+    pub content_type: String,
+    pub size: i64,
+    pub sha256: String,
+    pub category: String,
+    pub bucket: String,
+    pub key: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// `permissions` collection.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PermissionRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub file_id: String,
+    pub user_id: String,
+    pub role: String,
+}
+
+/// `upload_intents`: written before the first blob byte, deleted by the commit.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IntentRecord {
+    /// The file id the upload will commit under.
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub user_id: String,
+    pub bucket: String,
+    pub key: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// `orphan_minio_objects`: a blob with no metadata that still has to go.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OrphanRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub bucket: String,
+    pub key: String,
+    pub status: OrphanStatus,
+    pub retries: i32,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub last_retry_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OrphanStatus {
+    Pending,
+    Deleted,
+    Failed,
+}
+
+/// `idempotency`: the first result of a request sent with an `Idempotency-Key`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IdempotencyRecord {
+    /// `{user}:{key}`.
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub file: FileRecord,
+    pub created_at: DateTime<Utc>,
+}
+
+impl IdempotencyRecord {
+    pub fn id_for(user_id: &str, key: &str) -> String {
+        format!("{user_id}:{key}")
+    }
+}
+
+/// A fencing token to check and store in one transaction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fence {
+    /// Which counter on the user document (the lock's category).
+    pub slot: String,
+    pub token: i64,
+}
+
+/// Everything one upload commits, atomically.
+#[derive(Clone, Debug)]
+pub struct CommitUpload {
+    pub file: FileRecord,
+    pub fence: Option<Fence>,
+    pub quota_bytes: Option<u64>,
+    pub idempotency_key: Option<String>,
+}
+
+/// A file whose metadata was deleted, and the pending orphan that now
+/// stands for its blob.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeletedFile {
+    pub file: FileRecord,
+    pub orphan_id: String,
+}
+
+/// What a commit did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CommitOutcome {
+    Committed,
+    /// Another request with the same idempotency key committed first; this
+    /// is its file, and nothing of this attempt was kept.
+    Replayed(Box<FileRecord>),
+}
+
+/// Errors of the metadata layer, classified so callers never read messages.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    /// Another transaction wrote the same document first; retry the whole transaction.
+    #[error("write conflict")]
+    WriteConflict,
+    /// A newer lock holder already committed: this holder's lock had expired.
+    #[error("stale fencing token")]
+    StaleFence,
+    #[error("quota exceeded")]
+    QuotaExceeded,
+    #[error("not found")]
+    NotFound,
+    #[error("duplicate key")]
+    Duplicate,
+    /// The store cannot be reached.
+    #[error("metadata store unavailable: {0}")]
+    Unavailable(String),
+    #[error("metadata store error: {0}")]
+    Other(String),
+}
+
+impl MetaError {
+    pub fn is_write_conflict(&self) -> bool {
+        matches!(self, Self::WriteConflict)
+    }
+}
+
+pub type MetaResult<T> = Result<T, MetaError>;
+
+/// One method per unit of work; each mutating method is a single transaction
+/// attempt, and a `WriteConflict` is returned, not retried, so that the one
+/// retry policy in [`crate::retry`] serves every adapter.
+#[async_trait]
+pub trait MetadataStore: Send + Sync {
+    /// Answers when the store is reachable.
+    async fn ping(&self) -> MetaResult<()>;
+
+    async fn insert_user(&self, user: &UserRecord) -> MetaResult<()>;
+    async fn user(&self, id: &str) -> MetaResult<Option<UserRecord>>;
+    async fn user_by_key_hash(&self, hash: &str) -> MetaResult<Option<UserRecord>>;
+
+    async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()>;
+    async fn delete_intent(&self, file_id: &str) -> MetaResult<()>;
+    /// Intents created before `before`, oldest first.
+    async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>>;
+
+    /// Inserts the file and its owner permission, pushes the id onto the
+    /// user's `file_ids`, adds to `used_bytes` (checking the quota), checks and
+    /// stores the fencing token, deletes the intent and records the
+    /// idempotency key — all or nothing.
+    async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome>;
+
+    async fn idempotent_file(&self, user_id: &str, key: &str) -> MetaResult<Option<FileRecord>>;
+
+    /// The file if `owner_id` owns it.
+    async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>>;
+
+    /// The owner's files in id (creation) order, after `after`.
+    async fn list_files(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<FileRecord>>;
+
+    /// Deletes the file, its permissions and its id on the user, in one
+    /// transaction; records its blob as a pending orphan in the same
+    /// transaction so that a crash before the blob delete loses nothing.
+    async fn delete_file(
+        &self,
+        owner_id: &str,
+        file_id: &str,
+        fence: Option<&Fence>,
+    ) -> MetaResult<Option<DeletedFile>>;
+
+    async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()>;
+    async fn mark_orphan(
+        &self,
+        id: &str,
+        status: OrphanStatus,
+        error: Option<String>,
+    ) -> MetaResult<()>;
+    async fn orphans(
+        &self,
+        status: Option<OrphanStatus>,
+        limit: usize,
+    ) -> MetaResult<Vec<OrphanRecord>>;
+}
+
+impl OrphanRecord {
+    /// A pending orphan for a blob that has to be deleted.
+    pub fn pending(bucket: &str, key: &str, error: Option<String>) -> Self {
+        Self {
+            id: uuid::Uuid::now_v7().to_string(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            status: OrphanStatus::Pending,
+            retries: 0,
+            error,
+            created_at: Utc::now(),
+            last_retry_at: None,
+        }
+    }
+
+    /// The blob of a file whose metadata is being deleted.
+    pub fn pending_for(file: &FileRecord) -> Self {
+        Self::pending(&file.bucket, &file.key, None)
+    }
+
+    /// Records the outcome of a delete attempt.
+    pub fn mark(&mut self, status: OrphanStatus, error: Option<String>) {
+        if status != OrphanStatus::Deleted || error.is_some() {
+            self.retries += 1;
+        }
+        self.status = status;
+        self.error = error.or(self.error.take());
+        self.last_retry_at = Some(Utc::now());
+    }
+}

@@ -1,0 +1,174 @@
+//! Prometheus metrics, one registry per application instance.
+
+use std::time::Duration;
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LevelLabel {
+    pub level: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.1 ms … ~3.3 s
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.0001, 2.0, 16,
+    ))
+}
+
+/// Every metric filedock exports.
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_duration: Family<OpLabel, Histogram>,
+    pub lock_wait: Family<LevelLabel, Histogram>,
+    pub lock_timeouts: Family<LevelLabel, Counter>,
+    pub lock_degraded: Family<LevelLabel, Counter>,
+    pub lock_lost: Family<LevelLabel, Counter>,
+    pub txn_attempts: Family<OpLabel, Counter>,
+    pub txn_write_conflicts: Family<OpLabel, Counter>,
+    pub uploads: Family<OutcomeLabel, Counter>,
+    pub upload_bytes: Counter,
+    pub upload_duration: Histogram,
+    pub orphans_recorded: Counter,
+    pub uploads_in_flight: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            http_requests: Family::default(),
+            http_duration: Family::new_with_constructor(latency_histogram),
+            lock_wait: Family::new_with_constructor(latency_histogram),
+            lock_timeouts: Family::default(),
+            lock_degraded: Family::default(),
+            lock_lost: Family::default(),
+            txn_attempts: Family::default(),
+            txn_write_conflicts: Family::default(),
+            uploads: Family::default(),
+            upload_bytes: Counter::default(),
+            upload_duration: latency_histogram(),
+            orphans_recorded: Counter::default(),
+            uploads_in_flight: Gauge::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "filedock_http_requests",
+            "HTTP requests by route and status",
+            m.http_requests.clone(),
+        );
+        r.register(
+            "filedock_http_request_duration_seconds",
+            "HTTP request duration by route",
+            m.http_duration.clone(),
+        );
+        r.register(
+            "filedock_lock_wait_seconds",
+            "Time spent waiting for a lock, by lock level",
+            m.lock_wait.clone(),
+        );
+        r.register(
+            "filedock_lock_timeouts",
+            "Lock waits that hit their deadline, by lock level",
+            m.lock_timeouts.clone(),
+        );
+        r.register("filedock_lock_degraded", "Operations that ran without a lock because the lock backend was down (development only)", m.lock_degraded.clone());
+        r.register(
+            "filedock_lock_lost",
+            "Leases lost while held (renewal failed), by lock level",
+            m.lock_lost.clone(),
+        );
+        r.register(
+            "filedock_txn_attempts",
+            "Metadata transaction attempts, by operation",
+            m.txn_attempts.clone(),
+        );
+        r.register(
+            "filedock_txn_write_conflicts",
+            "Transactions retried after a WriteConflict, by operation",
+            m.txn_write_conflicts.clone(),
+        );
+        r.register("filedock_uploads", "Uploads by outcome", m.uploads.clone());
+        r.register(
+            "filedock_upload_bytes",
+            "Bytes accepted in committed uploads",
+            m.upload_bytes.clone(),
+        );
+        r.register(
+            "filedock_upload_duration_seconds",
+            "Upload duration, request start to commit",
+            m.upload_duration.clone(),
+        );
+        r.register(
+            "filedock_orphans_recorded",
+            "Blobs recorded as orphans for the sweeper",
+            m.orphans_recorded.clone(),
+        );
+        r.register(
+            "filedock_uploads_in_flight",
+            "Uploads currently streaming",
+            m.uploads_in_flight.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    pub fn level(level: &str) -> LevelLabel {
+        LevelLabel {
+            level: level.to_owned(),
+        }
+    }
+
+    pub fn op(op: &str) -> OpLabel {
+        OpLabel { op: op.to_owned() }
+    }
+
+    pub fn observe_lock_wait(&self, level: &str, waited: Duration) {
+        self.lock_wait
+            .get_or_create(&Self::level(level))
+            .observe(waited.as_secs_f64());
+    }
+
+    /// Counts one transaction's attempts and its conflict retries.
+    pub fn observe_txn(&self, op: &str, retries: u32) {
+        self.txn_attempts
+            .get_or_create(&Self::op(op))
+            .inc_by(u64::from(retries) + 1);
+        if retries > 0 {
+            self.txn_write_conflicts
+                .get_or_create(&Self::op(op))
+                .inc_by(u64::from(retries));
+        }
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,139 @@
+//! Retry policies: the transaction retry on `WriteConflict` (quadratic
+//! backoff, as in the seed) and the seed's lock-wait backoff loop.
+
+use std::{future::Future, time::Duration};
+
+use crate::meta::MetaError;
+
+/// Retry a whole transaction on `WriteConflict`: at most `max_attempts`
+/// attempts, sleeping `attempt² × base_delay` before each (0, 50, 200 ms
+/// with the defaults).
+#[derive(Clone, Copy, Debug)]
+pub struct TxnRetryPolicy {
+    pub max_attempts: u32,
+    pub base_delay: Duration,
+}
+
+impl Default for TxnRetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(50),
+        }
+    }
+}
+
+impl TxnRetryPolicy {
+    /// The sleep before attempt `attempt` (0-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        self.base_delay * attempt * attempt
+    }
+}
+
+/// A value and how many times its transaction was retried to get it.
+#[derive(Debug)]
+pub struct Retried<T> {
+    pub value: T,
+    pub retries: u32,
+}
+
+/// Runs `attempt` until it succeeds, fails with something other than a
+/// write conflict, or the policy's attempts are used up.
+pub async fn with_txn_retry<T, F, Fut>(
+    policy: &TxnRetryPolicy,
+    mut attempt: F,
+) -> Result<Retried<T>, MetaError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, MetaError>>,
+{
+    let mut n = 0;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(Retried { value, retries: n }),
+            Err(e) if e.is_write_conflict() && n + 1 < policy.max_attempts => {
+                n += 1;
+                tracing::debug!(attempt = n, "write conflict, retrying transaction");
+                tokio::time::sleep(policy.delay(n)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The seed's lock-wait loop: 100 ms, then ×1.5 each time, capped at 2 s.
+#[derive(Clone, Copy, Debug)]
+pub struct LockBackoff {
+    pub initial: Duration,
+    pub factor: f64,
+    pub max: Duration,
+}
+
+impl Default for LockBackoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(100),
+            factor: 1.5,
+            max: Duration::from_secs(2),
+        }
+    }
+}
+
+impl LockBackoff {
+    /// The sleeps between tries, forever; the caller's deadline ends the loop.
+    pub fn delays(self) -> impl Iterator<Item = Duration> {
+        std::iter::successors(Some(self.initial), move |d| {
+            Some(d.mul_f64(self.factor).min(self.max))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn transaction_backoff_is_quadratic() {
+        let p = TxnRetryPolicy::default();
+        let ms: Vec<_> = (0..3).map(|a| p.delay(a).as_millis()).collect();
+        assert_eq!(ms, [0, 50, 200]);
+    }
+
+    #[test]
+    fn lock_backoff_grows_by_half_and_caps_at_two_seconds() {
+        let ms: Vec<_> = LockBackoff::default()
+            .delays()
+            .take(10)
+            .map(|d| d.as_millis())
+            .collect();
+        assert_eq!(&ms[..4], &[100, 150, 225, 337]);
+        assert_eq!(*ms.last().unwrap(), 2000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gives_up_after_max_attempts_and_passes_other_errors_through() {
+        let calls = AtomicU32::new(0);
+        let r: Result<Retried<()>, _> = with_txn_retry(&TxnRetryPolicy::default(), || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(MetaError::WriteConflict)
+        })
+        .await;
+        assert!(matches!(r, Err(MetaError::WriteConflict)));
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+        calls.store(0, Ordering::SeqCst);
+        let r: Result<Retried<()>, _> = with_txn_retry(&TxnRetryPolicy::default(), || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(MetaError::QuotaExceeded)
+        })
+        .await;
+        assert!(matches!(r, Err(MetaError::QuotaExceeded)));
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "only write conflicts are retried"
+        );
+    }
+}

@@ -1,0 +1,203 @@
+//! Builds the application from settings: picks an adapter per port, binds
+//! the listener, and runs until a shutdown signal.
+
+use std::{net::SocketAddr, path::Path, sync::Arc};
+
+use anyhow::Context;
+use secrecy::{ExposeSecret, SecretString};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    blob::{BlobStore, fs::FsBlobStore},
+    config::Settings,
+    domain::users::new_api_key,
+    http,
+    lock::{LockManager, Locks, memory::MemoryLocks},
+    meta::{MetadataStore, embedded::EmbeddedStore},
+    metrics::Metrics,
+    retry::TxnRetryPolicy,
+};
+
+/// What every handler and service gets: settings and one adapter per port.
+#[derive(Clone)]
+pub struct AppState {
+    pub settings: Arc<Settings>,
+    pub meta: Arc<dyn MetadataStore>,
+    pub blobs: Arc<dyn BlobStore>,
+    pub locks: Arc<Locks>,
+    pub metrics: Arc<Metrics>,
+    pub txn_retry: TxnRetryPolicy,
+    admin_key: SecretString,
+}
+
+impl AppState {
+    /// Connects every adapter the settings name (embedded where unset).
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let embedded: Vec<&str> = [
+            settings
+                .mongodb_uri
+                .is_none()
+                .then_some("metadata (FILEDOCK_MONGODB_URI)"),
+            settings
+                .s3
+                .is_none()
+                .then_some("blobs (FILEDOCK_S3_ENDPOINT)"),
+            settings
+                .redis_url
+                .is_none()
+                .then_some("locks (FILEDOCK_REDIS_URL)"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if settings.is_production()
+            && !embedded.is_empty()
+            && !settings.allow_embedded_in_production
+        {
+            anyhow::bail!(
+                "production mode refuses embedded adapters for: {}; configure them or set FILEDOCK_ALLOW_EMBEDDED=true",
+                embedded.join(", ")
+            );
+        }
+        let meta = open_metadata(&settings).await?;
+        let blobs: Arc<dyn BlobStore> = Arc::new(FsBlobStore::open(&settings.data_dir)?);
+        let lock_manager: Arc<dyn LockManager> = Arc::new(MemoryLocks::new());
+        let admin_key = admin_key(&settings)?;
+        let metrics = Arc::new(Metrics::default());
+        Ok(Self {
+            locks: Arc::new(Locks::new(
+                lock_manager,
+                settings.lock.clone(),
+                settings.is_production(),
+                metrics.clone(),
+            )),
+            txn_retry: TxnRetryPolicy {
+                max_attempts: settings.txn_retry.max_attempts,
+                base_delay: settings.txn_retry.base_delay,
+            },
+            settings: Arc::new(settings),
+            meta,
+            blobs,
+            metrics,
+            admin_key,
+        })
+    }
+
+    pub fn admin_key(&self) -> &SecretString {
+        &self.admin_key
+    }
+}
+
+/// The metadata store alone (the CLI needs no more).
+pub async fn open_metadata(settings: &Settings) -> anyhow::Result<Arc<dyn MetadataStore>> {
+    Ok(Arc::new(EmbeddedStore::open(&settings.data_dir)?))
+}
+
+/// The configured admin key, or one generated on first start and kept in
+/// `data_dir/admin.key` (mode 0600) so that it survives restarts.
+fn admin_key(settings: &Settings) -> anyhow::Result<SecretString> {
+    if let Some(k) = &settings.admin_key {
+        return Ok(k.clone());
+    }
+    let path = settings.data_dir.join("admin.key");
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        return Ok(existing.trim().to_owned().into());
+    }
+    let key = new_api_key();
+    write_private(&path, &key).with_context(|| format!("writing {}", path.display()))?;
+    // Printed, not logged: it must never reach a log pipeline.
+    println!(
+        "filedock: generated an admin key (kept in {}):\n  {key}",
+        path.display()
+    );
+    Ok(key.into())
+}
+
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    opts.mode(0o600);
+    let mut f = opts.open(path)?;
+    f.write_all(contents.as_bytes())?;
+    f.write_all(b"\n")
+}
+
+/// A bound, ready-to-run server.
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(&settings.bind)
+            .await
+            .with_context(|| format!("binding {}", settings.bind))?;
+        let state = AppState::build(settings).await?;
+        Ok(Self { listener, state })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    pub fn port(&self) -> u16 {
+        self.local_addr().port()
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` fires, then finishes in-flight requests.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let router = http::router(self.state.clone());
+        tracing::info!(addr = %self.local_addr(), "filedock listening");
+        axum::serve(
+            self.listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await?;
+        Ok(())
+    }
+}
+
+/// Fires on SIGINT or SIGTERM.
+pub fn shutdown_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let fire = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        let term = async {
+            if let Ok(mut s) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
+                s.recv().await;
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term => {}
+        }
+        tracing::info!("shutdown signal received; finishing in-flight requests");
+        fire.cancel();
+    });
+    token
+}
+
+/// Whether `presented` is the admin key.
+pub fn is_admin_key(state: &AppState, presented: &str) -> bool {
+    crate::domain::users::secrets_match(presented, state.admin_key.expose_secret())
+}

@@ -1,0 +1,15 @@
+//! Tracing setup: `RUST_LOG` filter (default `info`), text or JSON output.
+
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+pub fn init(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let registry = tracing_subscriber::registry().with(filter);
+    let _ = if json {
+        registry
+            .with(fmt::layer().json().with_current_span(true))
+            .try_init()
+    } else {
+        registry.with(fmt::layer().with_target(false)).try_init()
+    };
+}

@@ -1,0 +1,258 @@
+//! `spawn_app`: a filedock on port 0 with its own data dir, database name,
+//! Redis key prefix and S3 key prefix, so tests run in parallel.
+
+use filedock::{
+    config::{S3Settings, Settings},
+    startup::{AppState, Application},
+};
+use reqwest::{Response, StatusCode};
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const ADMIN_KEY: &str = "test-admin-key";
+
+/// Which backends the suite runs against.
+pub fn real_backends() -> bool {
+    std::env::var("FILEDOCK_TEST_BACKEND").is_ok_and(|v| v == "real")
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} must be set when FILEDOCK_TEST_BACKEND=real (scripts/test.sh sets it)")
+    })
+}
+
+/// Settings for a fresh, isolated instance.
+pub fn test_settings() -> Settings {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let dir = std::env::temp_dir().join(format!("filedock-test-{run}"));
+    let mut s = Settings::embedded(dir);
+    s.bind = "127.0.0.1:0".into();
+    s.admin_key = Some(SecretString::from(ADMIN_KEY));
+    if real_backends() {
+        s.mongodb_uri = Some(env("FILEDOCK_TEST_MONGODB_URI").into());
+        s.mongodb_db = format!("t_{}", &run[..16]);
+        s.redis_url = Some(env("FILEDOCK_TEST_REDIS_URL").into());
+        s.redis_prefix = format!("t{}:", &run[..16]);
+        s.s3 = Some(S3Settings {
+            endpoint: env("FILEDOCK_TEST_S3_ENDPOINT"),
+            bucket: "filedock-test".into(),
+            region: "us-east-1".into(),
+            access_key: env("FILEDOCK_TEST_S3_ACCESS_KEY").into(),
+            secret_key: env("FILEDOCK_TEST_S3_SECRET_KEY").into(),
+            key_prefix: format!("t{}/", &run[..16]),
+            create_bucket: true,
+            part_size: 5 * 1024 * 1024,
+            part_concurrency: 4,
+        });
+    }
+    s
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub state: AppState,
+    pub settings: Settings,
+    shutdown: CancellationToken,
+    server: JoinHandle<anyhow::Result<()>>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(test_settings()).await
+}
+
+pub async fn spawn_app_with(settings: Settings) -> TestApp {
+    let app = Application::build(settings.clone())
+        .await
+        .expect("app builds");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state().clone();
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+    TestApp {
+        base,
+        client: reqwest::Client::new(),
+        state,
+        settings,
+        shutdown,
+        server,
+    }
+}
+
+/// A user of the app under test.
+pub struct TestUser {
+    pub id: String,
+    pub key: String,
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Stops the server and waits until it has let go of its stores.
+    pub async fn stop(self) -> Settings {
+        self.shutdown.cancel();
+        self.server.await.unwrap().unwrap();
+        self.settings
+    }
+
+    pub async fn create_user(&self, name: &str) -> TestUser {
+        let res = self
+            .client
+            .post(self.url("/v1/admin/users"))
+            .bearer_auth(ADMIN_KEY)
+            .json(&json!({ "name": name }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED);
+        let body: Value = res.json().await.unwrap();
+        TestUser {
+            id: body["id"].as_str().unwrap().into(),
+            key: body["api_key"].as_str().unwrap().into(),
+        }
+    }
+
+    pub async fn upload_raw(&self, user: &TestUser, filename: &str, bytes: Vec<u8>) -> Response {
+        self.client
+            .post(self.url("/v1/files"))
+            .query(&[("filename", filename)])
+            .bearer_auth(&user.key)
+            .header("content-type", "application/octet-stream")
+            .body(bytes)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn upload_multipart(
+        &self,
+        user: &TestUser,
+        filename: &str,
+        bytes: Vec<u8>,
+    ) -> Response {
+        let part = reqwest::multipart::Part::bytes(bytes)
+            .file_name(filename.to_owned())
+            .mime_str("text/plain")
+            .unwrap();
+        self.client
+            .post(self.url("/v1/files"))
+            .bearer_auth(&user.key)
+            .multipart(
+                reqwest::multipart::Form::new()
+                    .text("note", "ignored")
+                    .part("file", part),
+            )
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn list_ids(&self, user: &TestUser) -> Vec<String> {
+        let mut ids = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut req = self
+                .client
+                .get(self.url("/v1/files"))
+                .bearer_auth(&user.key)
+                .query(&[("limit", "37")]);
+            if let Some(c) = &cursor {
+                req = req.query(&[("cursor", c)]);
+            }
+            let body: Value = req.send().await.unwrap().json().await.unwrap();
+            ids.extend(
+                body["files"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|f| f["id"].as_str().unwrap().to_owned()),
+            );
+            match body["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_owned()),
+                None => return ids,
+            }
+        }
+    }
+
+    pub async fn download(&self, user: &TestUser, id: &str) -> Response {
+        self.client
+            .get(self.url(&format!("/v1/files/{id}/content")))
+            .bearer_auth(&user.key)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Every blob key stored for `user`.
+    pub async fn blob_keys(&self, user: &TestUser) -> Vec<String> {
+        self.state
+            .blobs
+            .list_keys(&format!("files/{}/", user.id))
+            .await
+            .unwrap()
+    }
+
+    /// Upload intents left behind (should be none once uploads finish).
+    pub async fn intents(&self) -> usize {
+        self.state
+            .meta
+            .intents(chrono::Utc::now() + chrono::Duration::days(1), 10_000)
+            .await
+            .unwrap()
+            .len()
+    }
+
+    /// A counter's value in `/metrics`, summed over label sets matching `labels`.
+    pub async fn metric(&self, name: &str, labels: &str) -> f64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+pub fn pseudo_random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+pub async fn error_code(res: Response) -> (StatusCode, String) {
+    let status = res.status();
+    let body: Value = res.json().await.unwrap_or(Value::Null);
+    (
+        status,
+        body["error"]["code"]
+            .as_str()
+            .unwrap_or("<no code>")
+            .to_owned(),
+    )
+}

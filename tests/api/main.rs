@@ -1,0 +1,7 @@
+//! Behavioural tests through real HTTP. `FILEDOCK_TEST_BACKEND=real` runs
+//! them against Redis, MongoDB and S3 servers (scripts/test.sh starts them);
+//! otherwise against the embedded adapters.
+
+mod files;
+mod helpers;
+mod openapi;
