@@ -9,12 +9,12 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    blob::{BlobStore, fs::FsBlobStore},
+    blob::{BlobStore, fs::FsBlobStore, s3::S3BlobStore},
     config::Settings,
     domain::users::new_api_key,
     http,
-    lock::{LockManager, Locks, memory::MemoryLocks},
-    meta::{MetadataStore, embedded::EmbeddedStore},
+    lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
+    meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
     retry::TxnRetryPolicy,
 };
@@ -61,8 +61,17 @@ impl AppState {
             );
         }
         let meta = open_metadata(&settings).await?;
-        let blobs: Arc<dyn BlobStore> = Arc::new(FsBlobStore::open(&settings.data_dir)?);
-        let lock_manager: Arc<dyn LockManager> = Arc::new(MemoryLocks::new());
+        let blobs: Arc<dyn BlobStore> = match &settings.s3 {
+            Some(s3) => Arc::new(S3BlobStore::connect(s3).await.context("connecting to S3")?),
+            None => Arc::new(FsBlobStore::open(&settings.data_dir)?),
+        };
+        let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
+            Some(url) => Arc::new(RedisLocks::connect(
+                url.expose_secret(),
+                &settings.redis_prefix,
+            )?),
+            None => Arc::new(MemoryLocks::new()),
+        };
         let admin_key = admin_key(&settings)?;
         let metrics = Arc::new(Metrics::default());
         Ok(Self {
@@ -91,7 +100,14 @@ impl AppState {
 
 /// The metadata store alone (the CLI needs no more).
 pub async fn open_metadata(settings: &Settings) -> anyhow::Result<Arc<dyn MetadataStore>> {
-    Ok(Arc::new(EmbeddedStore::open(&settings.data_dir)?))
+    Ok(match &settings.mongodb_uri {
+        Some(uri) => Arc::new(
+            MongoStore::connect(uri.expose_secret(), &settings.mongodb_db)
+                .await
+                .context("connecting to MongoDB")?,
+        ),
+        None => Arc::new(EmbeddedStore::open(&settings.data_dir)?),
+    })
 }
 
 /// The configured admin key, or one generated on first start and kept in

@@ -3,7 +3,7 @@
 //! metrics, and the degradation policy when the lock backend is down.
 
 pub mod memory;
-// redis: issue 3
+pub mod redis;
 
 use std::{
     sync::{Arc, Mutex},

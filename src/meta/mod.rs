@@ -2,7 +2,7 @@
 //! orphans and idempotency records, changed only inside transactions.
 
 pub mod embedded;
-// mongo: issue 3
+pub mod mongo;
 
 use std::collections::BTreeMap;
 
@@ -23,6 +23,7 @@ pub struct UserRecord {
     /// Highest fencing token committed, per upload-lock category.
     #[serde(default)]
     pub upload_fence: BTreeMap<String, i64>,
+    #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
 }
 
@@ -39,6 +40,7 @@ pub struct FileRecord {
     pub category: String,
     pub bucket: String,
     pub key: String,
+    #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
 }
 
@@ -61,6 +63,7 @@ pub struct IntentRecord {
     pub user_id: String,
     pub bucket: String,
     pub key: String,
+    #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
 }
 
@@ -74,7 +77,9 @@ pub struct OrphanRecord {
     pub status: OrphanStatus,
     pub retries: i32,
     pub error: Option<String>,
+    #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
+    #[serde(with = "bson_time::option")]
     pub last_retry_at: Option<DateTime<Utc>>,
 }
 
@@ -93,6 +98,7 @@ pub struct IdempotencyRecord {
     #[serde(rename = "_id")]
     pub id: String,
     pub file: FileRecord,
+    #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
 }
 
@@ -254,5 +260,37 @@ impl OrphanRecord {
         self.status = status;
         self.error = error.or(self.error.take());
         self.last_retry_at = Some(Utc::now());
+    }
+}
+
+/// Timestamps as BSON dates (so MongoDB can range-query and index them);
+/// other formats (the embedded store's JSON) get BSON's extended JSON.
+pub mod bson_time {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        bson::DateTime::from_chrono(*t).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        Ok(bson::DateTime::deserialize(d)?.to_chrono())
+    }
+
+    pub mod option {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(
+            t: &Option<DateTime<Utc>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            t.map(bson::DateTime::from_chrono).serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<DateTime<Utc>>, D::Error> {
+            Ok(Option::<bson::DateTime>::deserialize(d)?.map(|t| t.to_chrono()))
+        }
     }
 }

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The real test stack: a private redis-server, SecantusDB (a MongoDB-compatible
+# server, replica-set mode) and s3s-fs (an S3 server), each on a free loopback
+# port. Installs what is missing into ~/.cache/filedock (once), starts the three,
+# waits until each answers, and stops them by PID.
+#
+#   source scripts/stack.sh && stack_start   # exports FILEDOCK_TEST_* and stack_env
+#   stack_stop
+#   scripts/stack.sh up                      # run in the foreground; prints the env; Ctrl-C stops
+
+CACHE="${FILEDOCK_CACHE:-$HOME/.cache/filedock}"
+SECANTUS_VERSION="0.7.0b3"
+S3S_VERSION="0.14.1"
+S3_ACCESS_KEY="filedock-test"
+S3_SECRET_KEY="filedock-test-secret"
+
+log() { printf '[stack] %s\n' "$*" >&2; }
+
+stack_install() {
+  mkdir -p "$CACHE"
+  if ! command -v redis-server >/dev/null 2>&1; then
+    log "installing redis-server (Debian package)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+  if [ ! -x "$CACHE/secantus/bin/secantusd-py" ]; then
+    log "installing SecantusDB $SECANTUS_VERSION into $CACHE/secantus"
+    python3 -m venv "$CACHE/secantus"
+    "$CACHE/secantus/bin/pip" install -q "SecantusDB==$SECANTUS_VERSION"
+  fi
+  if [ ! -x "$CACHE/s3s-fs/bin/s3s-fs" ]; then
+    log "installing s3s-fs $S3S_VERSION into $CACHE/s3s-fs (a few minutes, once)"
+    CARGO_TARGET_DIR="$CACHE/s3s-target" cargo install --quiet "s3s-fs@$S3S_VERSION" \
+      --features binary --root "$CACHE/s3s-fs"
+  fi
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_for NAME PID COMMAND...: retries COMMAND for up to 60 s while PID lives.
+wait_for() {
+  local name=$1 pid=$2; shift 2
+  for _ in $(seq 1 300); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      log "$name exited; its log:"; cat "$STACK_DIR/$name.log" >&2; return 1
+    fi
+    sleep 0.2
+  done
+  log "$name did not answer within 60 s"; return 1
+}
+
+stack_start() {
+  stack_install || return 1
+  STACK_DIR=$(mktemp -d "${TMPDIR:-/tmp}/filedock-stack.XXXXXX")
+  local redis_port mongo_port s3_port
+  redis_port=$(free_port); mongo_port=$(free_port); s3_port=$(free_port)
+
+  redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no \
+    --dir "$STACK_DIR" >"$STACK_DIR/redis.log" 2>&1 &
+  STACK_REDIS_PID=$!
+  "$CACHE/secantus/bin/secantusd-py" --host 127.0.0.1 --port "$mongo_port" \
+    --storage-path "$STACK_DIR/mongo" --log-level WARNING >"$STACK_DIR/mongo.log" 2>&1 &
+  STACK_MONGO_PID=$!
+  mkdir -p "$STACK_DIR/s3"
+  "$CACHE/s3s-fs/bin/s3s-fs" --host 127.0.0.1 --port "$s3_port" --access-key "$S3_ACCESS_KEY" \
+    --secret-key "$S3_SECRET_KEY" "$STACK_DIR/s3" >"$STACK_DIR/s3.log" 2>&1 &
+  STACK_S3_PID=$!
+
+  export FILEDOCK_TEST_REDIS_URL="redis://127.0.0.1:$redis_port/"
+  export FILEDOCK_TEST_MONGODB_URI="mongodb://127.0.0.1:$mongo_port/?replicaSet=secantus"
+  export FILEDOCK_TEST_S3_ENDPOINT="http://127.0.0.1:$s3_port"
+  export FILEDOCK_TEST_S3_ACCESS_KEY="$S3_ACCESS_KEY"
+  export FILEDOCK_TEST_S3_SECRET_KEY="$S3_SECRET_KEY"
+  export FILEDOCK_TEST_REDIS_SERVER
+  FILEDOCK_TEST_REDIS_SERVER=$(command -v redis-server)
+
+  wait_for redis "$STACK_REDIS_PID" redis-cli -p "$redis_port" ping || return 1
+  wait_for mongo "$STACK_MONGO_PID" "$CACHE/secantus/bin/python" -c \
+    "import pymongo,sys; pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=1000).admin.command('ping')" \
+    "$FILEDOCK_TEST_MONGODB_URI" || return 1
+  wait_for s3 "$STACK_S3_PID" curl -s -o /dev/null "$FILEDOCK_TEST_S3_ENDPOINT/" || return 1
+  log "redis :$redis_port (pid $STACK_REDIS_PID), mongo :$mongo_port (pid $STACK_MONGO_PID), s3 :$s3_port (pid $STACK_S3_PID)"
+}
+
+stack_env() {
+  env | grep '^FILEDOCK_TEST_' | sed 's/^/export /'
+}
+
+stack_stop() {
+  local pid
+  for pid in ${STACK_S3_PID:-} ${STACK_MONGO_PID:-} ${STACK_REDIS_PID:-}; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in ${STACK_S3_PID:-} ${STACK_MONGO_PID:-} ${STACK_REDIS_PID:-}; do
+    wait "$pid" 2>/dev/null || true
+  done
+  [ -n "${STACK_DIR:-}" ] && rm -rf "$STACK_DIR"
+  STACK_S3_PID= STACK_MONGO_PID= STACK_REDIS_PID= STACK_DIR=
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  set -euo pipefail
+  case "${1:-}" in
+    install) stack_install ;;
+    up)
+      trap stack_stop EXIT INT TERM
+      stack_start
+      stack_env
+      log "running; Ctrl-C stops the stack"
+      wait
+      ;;
+    *) echo "usage: scripts/stack.sh install|up" >&2; exit 2 ;;
+  esac
+fi

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test: unit tests and the API suite on the embedded adapters, then
+# the API suite again against real Redis, MongoDB (SecantusDB) and S3 (s3s-fs),
+# which it installs (once, into ~/.cache/filedock), starts and stops itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-0}"
+# shellcheck source=scripts/stack.sh
+source scripts/stack.sh
+
+echo "== filedock tests: embedded adapters"
+cargo test --locked --all-targets
+
+echo "== filedock tests: real Redis, MongoDB and S3"
+trap stack_stop EXIT
+stack_start
+FILEDOCK_TEST_BACKEND=real cargo test --locked --test api

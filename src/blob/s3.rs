@@ -1,0 +1,377 @@
+//! `BlobStore` on any S3-compatible server (MinIO, s3s-fs, AWS) through
+//! `aws-sdk-s3`. Bodies are streamed: a body that fits in one part goes up
+//! as one PUT; a larger one as a multipart upload with a bounded number of
+//! parts in flight, aborted on any failure. Memory stays at about
+//! `part_size × (part_concurrency + 1)` whatever the file size.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_s3::{
+    Client,
+    config::{
+        BehaviorVersion, Credentials, Region, RequestChecksumCalculation,
+        ResponseChecksumValidation, timeout::TimeoutConfig,
+    },
+    error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
+    primitives::ByteStream as S3Body,
+    types::{CompletedMultipartUpload, CompletedPart},
+};
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use secrecy::ExposeSecret;
+use tokio::task::JoinSet;
+use tokio_util::io::ReaderStream;
+
+use super::{BlobError, BlobStore, ByteRange, ByteStream};
+use crate::config::S3Settings;
+
+pub struct S3BlobStore {
+    client: Client,
+    bucket: String,
+    prefix: String,
+    part_size: usize,
+    part_concurrency: usize,
+}
+
+fn sdk_err<E, R>(e: SdkError<E, R>) -> BlobError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match &e {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
+            BlobError::Unavailable(DisplayErrorContext(&e).to_string())
+        }
+        SdkError::ServiceError(se) => match se.err().code() {
+            Some("NoSuchKey" | "NotFound" | "NoSuchUpload") => BlobError::NotFound,
+            code => BlobError::Other(format!(
+                "{}: {}",
+                code.unwrap_or("unknown"),
+                se.err().message().unwrap_or_default()
+            )),
+        },
+        _ => BlobError::Other(DisplayErrorContext(&e).to_string()),
+    }
+}
+
+impl S3BlobStore {
+    /// Builds the client and, when allowed, creates the bucket.
+    pub async fn connect(s: &S3Settings) -> anyhow::Result<Self> {
+        let config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(&s.endpoint)
+            .region(Region::new(s.region.clone()))
+            .credentials_provider(Credentials::new(
+                s.access_key.expose_secret(),
+                s.secret_key.expose_secret(),
+                None,
+                None,
+                "filedock-settings",
+            ))
+            .force_path_style(true)
+            // Streamed bodies would otherwise go out as aws-chunked with trailers.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(3))
+                    .read_timeout(Duration::from_secs(60))
+                    .build(),
+            )
+            .build();
+        let store = Self {
+            client: Client::from_conf(config),
+            bucket: s.bucket.clone(),
+            prefix: s.key_prefix.clone(),
+            part_size: s.part_size,
+            part_concurrency: s.part_concurrency.max(1),
+        };
+        if s.create_bucket {
+            store.create_bucket().await?;
+        }
+        store.ping().await?;
+        Ok(store)
+    }
+
+    async fn create_bucket(&self) -> anyhow::Result<()> {
+        match self
+            .client
+            .create_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error().and_then(|se| se.code()) {
+                Some("BucketAlreadyOwnedByYou" | "BucketAlreadyExists") => Ok(()),
+                _ => Err(anyhow::anyhow!(
+                    "creating bucket {}: {}",
+                    self.bucket,
+                    DisplayErrorContext(&e)
+                )),
+            },
+        }
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// Reads from `body` until `buf` holds `part_size` bytes or the body ends.
+    async fn fill(&self, body: &mut ByteStream<'_>, buf: &mut BytesMut) -> Result<bool, BlobError> {
+        while buf.len() < self.part_size {
+            match body.next().await {
+                Some(chunk) => buf.extend_from_slice(&chunk.map_err(BlobError::Body)?),
+                None => return Ok(true),
+            }
+        }
+        Ok(false)
+    }
+
+    async fn multipart(
+        &self,
+        key: &str,
+        first: Bytes,
+        body: &mut ByteStream<'_>,
+        written: &mut u64,
+    ) -> Result<(), BlobError> {
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(sdk_err)?;
+        let upload_id = created
+            .upload_id()
+            .ok_or_else(|| BlobError::Other("CreateMultipartUpload returned no upload id".into()))?
+            .to_owned();
+        let result = self
+            .upload_parts(key, &upload_id, first, body, written)
+            .await;
+        match result {
+            Ok(parts) => {
+                self.client
+                    .complete_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .upload_id(&upload_id)
+                    .multipart_upload(
+                        CompletedMultipartUpload::builder()
+                            .set_parts(Some(parts))
+                            .build(),
+                    )
+                    .send()
+                    .await
+                    .map_err(sdk_err)?;
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(abort) = self
+                    .client
+                    .abort_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .upload_id(&upload_id)
+                    .send()
+                    .await
+                {
+                    tracing::warn!(key, error = %DisplayErrorContext(&abort), "AbortMultipartUpload failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Uploads the parts as tasks, so that reading the next part from the
+    /// client overlaps with sending the previous ones; at most
+    /// `part_concurrency` parts are in flight (and in memory).
+    async fn upload_parts(
+        &self,
+        key: &str,
+        upload_id: &str,
+        first: Bytes,
+        body: &mut ByteStream<'_>,
+        written: &mut u64,
+    ) -> Result<Vec<CompletedPart>, BlobError> {
+        let mut in_flight = JoinSet::new();
+        let mut done = Vec::new();
+        let mut part = Some(first);
+        let mut number = 0;
+        let mut ended = false;
+        loop {
+            if let Some(bytes) = part.take() {
+                number += 1;
+                *written += bytes.len() as u64;
+                in_flight.spawn(upload_part(
+                    self.client.clone(),
+                    self.bucket.clone(),
+                    key.to_owned(),
+                    upload_id.to_owned(),
+                    number,
+                    bytes,
+                ));
+            }
+            while in_flight.len() >= self.part_concurrency {
+                done.push(joined(in_flight.join_next().await)?);
+            }
+            if ended {
+                break;
+            }
+            let mut buf = BytesMut::with_capacity(self.part_size);
+            ended = self.fill(body, &mut buf).await?;
+            if !buf.is_empty() {
+                part = Some(buf.freeze());
+            } else if ended {
+                break;
+            }
+        }
+        while let Some(r) = in_flight.join_next().await {
+            done.push(joined(Some(r))?);
+        }
+        done.sort_by_key(|p: &CompletedPart| p.part_number());
+        Ok(done)
+    }
+}
+
+fn joined(
+    r: Option<Result<Result<CompletedPart, BlobError>, tokio::task::JoinError>>,
+) -> Result<CompletedPart, BlobError> {
+    match r {
+        Some(Ok(part)) => part,
+        Some(Err(e)) => Err(BlobError::Other(format!("part upload task failed: {e}"))),
+        None => Err(BlobError::Other("no part upload in flight".into())),
+    }
+}
+
+async fn upload_part(
+    client: Client,
+    bucket: String,
+    key: String,
+    upload_id: String,
+    number: i32,
+    part: Bytes,
+) -> Result<CompletedPart, BlobError> {
+    let out = client
+        .upload_part()
+        .bucket(bucket)
+        .key(key)
+        .upload_id(upload_id)
+        .part_number(number)
+        .content_length(part.len() as i64)
+        .body(S3Body::from(part))
+        .send()
+        .await
+        .map_err(sdk_err)?;
+    Ok(CompletedPart::builder()
+        .part_number(number)
+        .set_e_tag(out.e_tag().map(str::to_owned))
+        .build())
+}
+
+#[async_trait]
+impl BlobStore for S3BlobStore {
+    fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    async fn put(&self, key: &str, mut body: ByteStream<'_>) -> Result<u64, BlobError> {
+        let key = self.full_key(key);
+        let mut buf = BytesMut::with_capacity(64 * 1024);
+        let ended = self.fill(&mut body, &mut buf).await?;
+        if ended {
+            let len = buf.len() as u64;
+            self.client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .content_length(len as i64)
+                .body(S3Body::from(buf.freeze()))
+                .send()
+                .await
+                .map_err(sdk_err)?;
+            return Ok(len);
+        }
+        let mut written = 0;
+        self.multipart(&key, buf.freeze(), &mut body, &mut written)
+            .await?;
+        Ok(written)
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<ByteRange>,
+    ) -> Result<ByteStream<'static>, BlobError> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .set_range(range.map(|r| format!("bytes={}-{}", r.start, r.end)))
+            .send()
+            .await
+            .map_err(sdk_err)?;
+        Ok(ReaderStream::new(out.body.into_async_read()).boxed())
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await
+            .map(|_| ())
+            .or_else(|e| match sdk_err(e) {
+                BlobError::NotFound => Ok(()),
+                e => Err(e),
+            })
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<u64>, BlobError> {
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Some(out.content_length().unwrap_or_default() as u64)),
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_not_found()) => Ok(None),
+            Err(e) => Err(sdk_err(e)),
+        }
+    }
+
+    async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(self.full_key(prefix))
+            .into_paginator()
+            .send();
+        let mut keys = Vec::new();
+        while let Some(page) = pages.next().await {
+            for obj in page.map_err(sdk_err)?.contents() {
+                if let Some(k) = obj.key().and_then(|k| k.strip_prefix(&self.prefix)) {
+                    keys.push(k.to_owned());
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    async fn ping(&self) -> Result<(), BlobError> {
+        self.client
+            .head_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(sdk_err)
+    }
+}

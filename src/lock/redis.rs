@@ -1,0 +1,395 @@
+//! `LockManager` on Redis.
+//!
+//! - Acquire is one Lua script: `SET NX PX` with a random owner token plus
+//!   the key's fencing counter (`INCR`, never below Redis `TIME` in µs, so
+//!   tokens keep increasing even if Redis loses its data).
+//! - Release and renew are compare-and-delete / compare-and-expire scripts.
+//! - Fair waiting: each waiter has a ticket in a per-key sorted set, scored
+//!   by arrival; only the head may take the lock, so waiters are served in
+//!   arrival order across processes. A waiter's ticket stays alive only while
+//!   it keeps re-polling, so a crashed waiter cannot block the queue.
+//! - Wake-up: release publishes the head ticket on the key's channel. Each
+//!   process holds one pattern subscription (made before any wait) and
+//!   wakes only the waiter named, so a release costs about one try.
+//!
+//! Every key of one lock shares the lock key's `{id}` hash tag.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use redis::{
+    AsyncCommands, Client, Script,
+    aio::{ConnectionManager, ConnectionManagerConfig},
+};
+use tokio::sync::Notify;
+
+use super::{Lease, LockError, LockManager, owner_token};
+
+/// How long a waiter's ticket lives without a re-poll.
+const TICKET_TTL: Duration = Duration::from_secs(3);
+/// The safety-net re-poll: covers a lost notice or a holder that expired.
+const REPOLL: Duration = Duration::from_millis(500);
+
+/// Drops dead tickets at the head of the queue (shared by both acquire scripts).
+const PRUNE: &str = r#"
+local t = redis.call('TIME')
+local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+local now_us = t[1] * 1000000 + t[2]
+while true do
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not head then break end
+  local alive = redis.call('ZSCORE', KEYS[4], head)
+  if alive and tonumber(alive) > now_ms then break end
+  redis.call('ZREM', KEYS[3], head)
+  redis.call('ZREM', KEYS[4], head)
+end
+"#;
+
+/// Takes the lock and returns the next fencing token.
+const TAKE: &str = r#"
+local function take()
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  local f = redis.call('INCR', KEYS[2])
+  if f < now_us then
+    redis.call('SET', KEYS[2], string.format('%d', now_us))
+    f = now_us
+  end
+  return f
+end
+"#;
+
+/// KEYS: lock, fence, queue, alive, seq. ARGV: owner, ttl ms, ticket, ticket ttl ms.
+/// Returns the fencing token, or 0 if not taken (the ticket stays queued).
+const ACQUIRE_FAIR: &str = r#"
+if redis.call('ZSCORE', KEYS[3], ARGV[3]) == false then
+  redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[3])
+end
+redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[4]), ARGV[3])
+if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[3] and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREM', KEYS[3], ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  return take()
+end
+return 0
+"#;
+
+/// KEYS: lock, fence, queue, alive. ARGV: owner, ttl ms. Takes the lock only
+/// if it is free and nobody is queued for it.
+const TRY_ACQUIRE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+  return take()
+end
+return 0
+"#;
+
+/// KEYS: lock, queue, channel. ARGV: owner. Deletes only our own lock, then
+/// names the next waiter on the channel.
+const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+if head then redis.call('PUBLISH', KEYS[3], head) end
+return 1
+"#;
+
+/// KEYS: lock. ARGV: owner, ttl ms.
+const RENEW: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"#;
+
+/// KEYS: lock, queue, alive, channel. ARGV: ticket. A waiter giving up leaves
+/// the queue and, if the lock is free, wakes the next in line.
+const LEAVE: &str = r#"
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if head then redis.call('PUBLISH', KEYS[4], head) end
+end
+return 1
+"#;
+
+struct Scripts {
+    acquire_fair: Script,
+    try_acquire: Script,
+    release: Script,
+    renew: Script,
+    leave: Script,
+}
+
+/// Local waiters by ticket, woken by the subscription task.
+type Waiters = Arc<Mutex<HashMap<String, Arc<Notify>>>>;
+
+pub struct RedisLocks {
+    conn: ConnectionManager,
+    prefix: String,
+    scripts: Scripts,
+    waiters: Waiters,
+    subscriber: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RedisLocks {
+    fn drop(&mut self) {
+        self.subscriber.abort();
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> LockError {
+    LockError::Unavailable(e.to_string())
+}
+
+/// The names of one lock's keys.
+struct Keys {
+    lock: String,
+}
+
+impl Keys {
+    fn new(prefix: &str, key: &str) -> Self {
+        Self {
+            lock: format!("{prefix}{key}"),
+        }
+    }
+    fn fence(&self) -> String {
+        format!("{}:fence", self.lock)
+    }
+    fn queue(&self) -> String {
+        format!("{}:queue", self.lock)
+    }
+    fn alive(&self) -> String {
+        format!("{}:alive", self.lock)
+    }
+    fn seq(&self) -> String {
+        format!("{}:seq", self.lock)
+    }
+    fn channel(&self) -> String {
+        format!("{}:notify", self.lock)
+    }
+}
+
+impl RedisLocks {
+    /// Connects lazily (so a development server starts with Redis down) and
+    /// starts the one pattern subscription that wakes this process's waiters.
+    pub fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
+        let client = Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        let waiters: Waiters = Arc::default();
+        let subscriber = tokio::spawn(subscribe(
+            client,
+            format!("{prefix}*:notify"),
+            waiters.clone(),
+        ));
+        let script = |body: &str, with_prune: bool| {
+            Script::new(&if with_prune {
+                format!("{PRUNE}{TAKE}{body}")
+            } else {
+                body.to_owned()
+            })
+        };
+        Ok(Self {
+            conn,
+            prefix: prefix.to_owned(),
+            scripts: Scripts {
+                acquire_fair: script(ACQUIRE_FAIR, true),
+                try_acquire: script(TRY_ACQUIRE, true),
+                release: script(RELEASE, false),
+                renew: script(RENEW, false),
+                leave: script(LEAVE, false),
+            },
+            waiters,
+            subscriber,
+        })
+    }
+
+    async fn fair_attempt(
+        &self,
+        keys: &Keys,
+        owner: &str,
+        ttl: Duration,
+        ticket: &str,
+    ) -> Result<u64, LockError> {
+        self.scripts
+            .acquire_fair
+            .key(&keys.lock)
+            .key(keys.fence())
+            .key(keys.queue())
+            .key(keys.alive())
+            .key(keys.seq())
+            .arg(owner)
+            .arg(ttl.as_millis() as u64)
+            .arg(ticket)
+            .arg(TICKET_TTL.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn leave_queue(&self, keys: &Keys, ticket: &str) {
+        let r: Result<i64, _> = self
+            .scripts
+            .leave
+            .key(&keys.lock)
+            .key(keys.queue())
+            .key(keys.alive())
+            .key(keys.channel())
+            .arg(ticket)
+            .invoke_async(&mut self.conn.clone())
+            .await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "leaving the lock queue failed; the ticket expires on its own");
+        }
+    }
+}
+
+/// Keeps one pattern subscription open (reconnecting as needed) and wakes
+/// the local waiter each notice names.
+async fn subscribe(client: Client, pattern: String, waiters: Waiters) {
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.psubscribe(&pattern).await {
+                Ok(()) => {
+                    let mut messages = pubsub.on_message();
+                    while let Some(msg) = messages.next().await {
+                        if let Ok(ticket) = msg.get_payload::<String>()
+                            && let Some(n) = waiters.lock().unwrap().get(&ticket)
+                        {
+                            n.notify_one();
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "lock notice subscription failed"),
+            },
+            Err(e) => tracing::debug!(error = %e, "lock notice connection failed"),
+        }
+        // Notices may have been missed while disconnected: every waiter re-polls.
+        for n in waiters.lock().unwrap().values() {
+            n.notify_one();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Removes a waiter's wake-up slot however its wait ends.
+struct Registered<'a> {
+    waiters: &'a Waiters,
+    ticket: &'a str,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.waiters.lock().unwrap().remove(self.ticket);
+    }
+}
+
+#[async_trait]
+impl LockManager for RedisLocks {
+    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        let keys = Keys::new(&self.prefix, key);
+        let owner = owner_token();
+        let fence: u64 = self
+            .scripts
+            .try_acquire
+            .key(&keys.lock)
+            .key(keys.fence())
+            .key(keys.queue())
+            .key(keys.alive())
+            .arg(&owner)
+            .arg(ttl.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok((fence > 0).then(|| Lease {
+            key: key.to_owned(),
+            owner,
+            fence,
+        }))
+    }
+
+    async fn acquire_fair(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let started = Instant::now();
+        let keys = Keys::new(&self.prefix, key);
+        let owner = owner_token();
+        let ticket = owner_token();
+        // Registered before the first try, so no notice can slip between them.
+        let wake = Arc::new(Notify::new());
+        self.waiters
+            .lock()
+            .unwrap()
+            .insert(ticket.clone(), wake.clone());
+        let _registered = Registered {
+            waiters: &self.waiters,
+            ticket: &ticket,
+        };
+        loop {
+            let fence = match self.fair_attempt(&keys, &owner, ttl, &ticket).await {
+                Ok(f) => f,
+                Err(e) => {
+                    self.leave_queue(&keys, &ticket).await;
+                    return Err(e);
+                }
+            };
+            if fence > 0 {
+                return Ok(Lease {
+                    key: key.to_owned(),
+                    owner,
+                    fence,
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                self.leave_queue(&keys, &ticket).await;
+                return Err(LockError::Timeout(started.elapsed()));
+            }
+            let _ = tokio::time::timeout(REPOLL.min(deadline - now), wake.notified()).await;
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let keys = Keys::new(&self.prefix, &lease.key);
+        let released: i64 = self
+            .scripts
+            .release
+            .key(&keys.lock)
+            .key(keys.queue())
+            .key(keys.channel())
+            .arg(&lease.owner)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(released == 1)
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
+        let keys = Keys::new(&self.prefix, &lease.key);
+        let renewed: i64 = self
+            .scripts
+            .renew
+            .key(&keys.lock)
+            .arg(&lease.owner)
+            .arg(ttl.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(renewed == 1)
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let _: String = self.conn.clone().ping().await.map_err(unavailable)?;
+        Ok(())
+    }
+}

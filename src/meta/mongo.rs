@@ -1,0 +1,494 @@
+//! `MetadataStore` on MongoDB: one multi-document transaction per unit of
+//! work. Errors are classified by code and label, never by message:
+//! `WriteConflict` (112) and `TransientTransactionError` → retry the whole
+//! transaction (the caller's policy); `UnknownTransactionCommitResult` →
+//! retry the commit here.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{Document, doc};
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use mongodb::{
+    Client, ClientSession, Collection, Database, IndexModel,
+    error::{
+        ErrorKind, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
+    },
+    options::{ClientOptions, IndexOptions},
+};
+
+use super::*;
+
+const WRITE_CONFLICT: i32 = 112;
+const DUPLICATE_KEY: i32 = 11000;
+/// Attempts at `commitTransaction` when its result is unknown.
+const COMMIT_ATTEMPTS: u32 = 3;
+
+#[derive(Clone)]
+pub struct MongoStore {
+    client: Client,
+    db: Database,
+}
+
+/// The server's error code, wherever the driver put it.
+fn code(e: &mongodb::error::Error) -> Option<i32> {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        _ => None,
+    }
+}
+
+/// Maps a driver error to the store's error kinds.
+pub fn classify(e: mongodb::error::Error) -> MetaError {
+    match e.kind.as_ref() {
+        ErrorKind::ServerSelection { .. }
+        | ErrorKind::Io(_)
+        | ErrorKind::ConnectionPoolCleared { .. }
+        | ErrorKind::DnsResolve { .. }
+        | ErrorKind::Shutdown => return MetaError::Unavailable(e.to_string()),
+        _ => {}
+    }
+    match code(&e) {
+        Some(WRITE_CONFLICT) => MetaError::WriteConflict,
+        Some(DUPLICATE_KEY) => MetaError::Duplicate,
+        _ if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => MetaError::WriteConflict,
+        _ => MetaError::Other(e.to_string()),
+    }
+}
+
+type Res<T> = Result<T, mongodb::error::Error>;
+
+impl MongoStore {
+    /// Connects, checks the server answers, and creates the indexes.
+    pub async fn connect(uri: &str, db: &str) -> anyhow::Result<Self> {
+        let mut opts = ClientOptions::parse(uri).await?;
+        opts.app_name = Some("filedock".into());
+        // Fail fast when the server is gone: requests answer 503, not hang.
+        opts.server_selection_timeout
+            .get_or_insert(Duration::from_secs(5));
+        opts.connect_timeout.get_or_insert(Duration::from_secs(3));
+        let client = Client::with_options(opts)?;
+        let store = Self {
+            db: client.database(db),
+            client,
+        };
+        store.db.run_command(doc! {"ping": 1}).await?;
+        store.create_indexes().await?;
+        Ok(store)
+    }
+
+    async fn create_indexes(&self) -> Res<()> {
+        let index = |keys: Document, unique: bool| {
+            IndexModel::builder()
+                .keys(keys)
+                .options(IndexOptions::builder().unique(unique).build())
+                .build()
+        };
+        self.users()
+            .create_index(index(doc! {"api_key_hash": 1}, true))
+            .await?;
+        self.files()
+            .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
+            .await?;
+        self.permissions()
+            .create_index(index(doc! {"file_id": 1, "user_id": 1}, true))
+            .await?;
+        self.intents()
+            .create_index(index(doc! {"created_at": 1}, false))
+            .await?;
+        self.orphans()
+            .create_index(index(doc! {"status": 1, "created_at": 1}, false))
+            .await?;
+        self.idempotency()
+            .create_index(index(doc! {"created_at": 1}, false))
+            .await?;
+        Ok(())
+    }
+
+    fn users(&self) -> Collection<UserRecord> {
+        self.db.collection("users")
+    }
+    fn files(&self) -> Collection<FileRecord> {
+        self.db.collection("files")
+    }
+    fn permissions(&self) -> Collection<PermissionRecord> {
+        self.db.collection("permissions")
+    }
+    fn intents(&self) -> Collection<IntentRecord> {
+        self.db.collection("upload_intents")
+    }
+    fn orphans(&self) -> Collection<OrphanRecord> {
+        self.db.collection("orphan_minio_objects")
+    }
+    fn idempotency(&self) -> Collection<IdempotencyRecord> {
+        self.db.collection("idempotency")
+    }
+
+    async fn begin(&self) -> MetaResult<ClientSession> {
+        let mut s = self.client.start_session().await.map_err(classify)?;
+        s.start_transaction().await.map_err(classify)?;
+        Ok(s)
+    }
+
+    /// Commits when `result` is Ok (retrying a commit whose outcome is
+    /// unknown), aborts otherwise.
+    async fn finish<T>(&self, mut s: ClientSession, result: MetaResult<T>) -> MetaResult<T> {
+        let value = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = s.abort_transaction().await;
+                return Err(e);
+            }
+        };
+        let mut attempt = 1;
+        loop {
+            match s.commit_transaction().await {
+                Ok(()) => return Ok(value),
+                Err(e)
+                    if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                        && attempt < COMMIT_ATTEMPTS =>
+                {
+                    attempt += 1;
+                    tracing::debug!(attempt, "commit result unknown; retrying the commit");
+                }
+                Err(e) => return Err(classify(e)),
+            }
+        }
+    }
+
+    async fn commit_upload_in(
+        &self,
+        s: &mut ClientSession,
+        c: &CommitUpload,
+    ) -> MetaResult<CommitOutcome> {
+        let file = &c.file;
+        if let Some(key) = &c.idempotency_key {
+            let id = IdempotencyRecord::id_for(&file.owner_id, key);
+            if let Some(first) = self
+                .idempotency()
+                .find_one(doc! {"_id": &id})
+                .session(&mut *s)
+                .await
+                .map_err(classify)?
+            {
+                return Ok(CommitOutcome::Replayed(Box::new(first.file)));
+            }
+            let record = IdempotencyRecord {
+                id,
+                file: file.clone(),
+                created_at: Utc::now(),
+            };
+            self.idempotency()
+                .insert_one(&record)
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+        }
+        let mut filter = doc! {"_id": &file.owner_id};
+        let mut set = Document::new();
+        if let Some(f) = &c.fence {
+            let field = format!("upload_fence.{}", f.slot);
+            filter.insert(
+                "$or",
+                vec![
+                    doc! {&field: {"$lt": f.token}},
+                    doc! {&field: {"$exists": false}},
+                ],
+            );
+            set.insert(field, f.token);
+        }
+        if let Some(quota) = c.quota_bytes {
+            filter.insert("used_bytes", doc! {"$lte": quota as i64 - file.size});
+        }
+        let mut update = doc! {"$push": {"file_ids": &file.id}, "$inc": {"used_bytes": file.size}};
+        if !set.is_empty() {
+            update.insert("$set", set);
+        }
+        let updated = self
+            .users()
+            .update_one(filter, update)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 0 {
+            return Err(self
+                .why_user_unmatched(s, &file.owner_id, c.fence.as_ref())
+                .await);
+        }
+        self.files()
+            .insert_one(file)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        let perm = PermissionRecord {
+            id: format!("{}:{}", file.id, file.owner_id),
+            file_id: file.id.clone(),
+            user_id: file.owner_id.clone(),
+            role: "owner".into(),
+        };
+        self.permissions()
+            .insert_one(&perm)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        self.intents()
+            .delete_one(doc! {"_id": &file.id})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        Ok(CommitOutcome::Committed)
+    }
+
+    /// Why a conditional update of the user document matched nothing.
+    async fn why_user_unmatched(
+        &self,
+        s: &mut ClientSession,
+        user_id: &str,
+        fence: Option<&Fence>,
+    ) -> MetaError {
+        match self
+            .users()
+            .find_one(doc! {"_id": user_id})
+            .session(&mut *s)
+            .await
+        {
+            Ok(None) => MetaError::NotFound,
+            Ok(Some(u)) => match fence {
+                Some(f) if u.upload_fence.get(&f.slot).is_some_and(|t| *t >= f.token) => {
+                    MetaError::StaleFence
+                }
+                _ => MetaError::QuotaExceeded,
+            },
+            Err(e) => classify(e),
+        }
+    }
+
+    async fn delete_file_in(
+        &self,
+        s: &mut ClientSession,
+        owner: &str,
+        id: &str,
+        fence: Option<&Fence>,
+    ) -> MetaResult<Option<DeletedFile>> {
+        let Some(file) = self
+            .files()
+            .find_one(doc! {"_id": id, "owner_id": owner})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?
+        else {
+            return Ok(None);
+        };
+        let mut filter = doc! {"_id": owner};
+        let mut update = doc! {"$pull": {"file_ids": id}, "$inc": {"used_bytes": -file.size}};
+        if let Some(f) = fence {
+            let field = format!("upload_fence.{}", f.slot);
+            filter.insert(
+                "$or",
+                vec![
+                    doc! {&field: {"$lt": f.token}},
+                    doc! {&field: {"$exists": false}},
+                ],
+            );
+            update.insert("$set", doc! {field: f.token});
+        }
+        let updated = self
+            .users()
+            .update_one(filter, update)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 0 {
+            return Err(self.why_user_unmatched(s, owner, fence).await);
+        }
+        self.files()
+            .delete_one(doc! {"_id": id})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        self.permissions()
+            .delete_many(doc! {"file_id": id})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        let orphan = OrphanRecord::pending_for(&file);
+        self.orphans()
+            .insert_one(&orphan)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        Ok(Some(DeletedFile {
+            file,
+            orphan_id: orphan.id,
+        }))
+    }
+}
+
+#[async_trait]
+impl MetadataStore for MongoStore {
+    async fn ping(&self) -> MetaResult<()> {
+        self.db
+            .run_command(doc! {"ping": 1})
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn insert_user(&self, user: &UserRecord) -> MetaResult<()> {
+        self.users()
+            .insert_one(user)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn user(&self, id: &str) -> MetaResult<Option<UserRecord>> {
+        self.users()
+            .find_one(doc! {"_id": id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn user_by_key_hash(&self, hash: &str) -> MetaResult<Option<UserRecord>> {
+        self.users()
+            .find_one(doc! {"api_key_hash": hash})
+            .await
+            .map_err(classify)
+    }
+
+    async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()> {
+        self.intents()
+            .insert_one(intent)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn delete_intent(&self, file_id: &str) -> MetaResult<()> {
+        self.intents()
+            .delete_one(doc! {"_id": file_id})
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>> {
+        self.intents()
+            .find(doc! {"created_at": {"$lt": bson::DateTime::from_chrono(before)}})
+            .sort(doc! {"created_at": 1})
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)
+    }
+
+    async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
+        let mut s = self.begin().await?;
+        let result = self.commit_upload_in(&mut s, commit).await;
+        self.finish(s, result).await
+    }
+
+    async fn idempotent_file(&self, user_id: &str, key: &str) -> MetaResult<Option<FileRecord>> {
+        let id = IdempotencyRecord::id_for(user_id, key);
+        Ok(self
+            .idempotency()
+            .find_one(doc! {"_id": id})
+            .await
+            .map_err(classify)?
+            .map(|r| r.file))
+    }
+
+    async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>> {
+        self.files()
+            .find_one(doc! {"_id": file_id, "owner_id": owner_id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn list_files(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<FileRecord>> {
+        let mut filter = doc! {"owner_id": owner_id};
+        if let Some(a) = after {
+            filter.insert("_id", doc! {"$gt": a});
+        }
+        self.files()
+            .find(filter)
+            .sort(doc! {"_id": 1})
+            .limit(limit as i64)
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)
+    }
+
+    async fn delete_file(
+        &self,
+        owner_id: &str,
+        file_id: &str,
+        fence: Option<&Fence>,
+    ) -> MetaResult<Option<DeletedFile>> {
+        let mut s = self.begin().await?;
+        let result = self.delete_file_in(&mut s, owner_id, file_id, fence).await;
+        self.finish(s, result).await
+    }
+
+    async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()> {
+        self.orphans()
+            .insert_one(orphan)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn mark_orphan(
+        &self,
+        id: &str,
+        status: OrphanStatus,
+        error: Option<String>,
+    ) -> MetaResult<()> {
+        let mut orphan = self
+            .orphans()
+            .find_one(doc! {"_id": id})
+            .await
+            .map_err(classify)?
+            .ok_or(MetaError::NotFound)?;
+        orphan.mark(status, error);
+        self.orphans()
+            .replace_one(doc! {"_id": id}, &orphan)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn orphans(
+        &self,
+        status: Option<OrphanStatus>,
+        limit: usize,
+    ) -> MetaResult<Vec<OrphanRecord>> {
+        let filter = match status {
+            Some(st) => {
+                doc! {"status": bson::to_bson(&st).map_err(|e| MetaError::Other(e.to_string()))?}
+            }
+            None => doc! {},
+        };
+        self.orphans()
+            .find(filter)
+            .sort(doc! {"created_at": 1})
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)
+    }
+}
