@@ -53,6 +53,7 @@ pub struct Metrics {
     pub upload_duration: Histogram,
     pub orphans_recorded: Counter,
     pub uploads_in_flight: Gauge,
+    pub s3_multipart: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -72,6 +73,7 @@ impl Default for Metrics {
             upload_duration: latency_histogram(),
             orphans_recorded: Counter::default(),
             uploads_in_flight: Gauge::default(),
+            s3_multipart: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -131,6 +133,11 @@ impl Default for Metrics {
             "filedock_uploads_in_flight",
             "Uploads currently streaming",
             m.uploads_in_flight.clone(),
+        );
+        r.register(
+            "filedock_s3_multipart",
+            "S3 multipart uploads: started, completed, aborted, abort_failed",
+            m.s3_multipart.clone(),
         );
         Self { registry, ..m }
     }

@@ -61,8 +61,13 @@ impl AppState {
             );
         }
         let meta = open_metadata(&settings).await?;
+        let metrics = Arc::new(Metrics::default());
         let blobs: Arc<dyn BlobStore> = match &settings.s3 {
-            Some(s3) => Arc::new(S3BlobStore::connect(s3).await.context("connecting to S3")?),
+            Some(s3) => Arc::new(
+                S3BlobStore::connect(s3, metrics.clone())
+                    .await
+                    .context("connecting to S3")?,
+            ),
             None => Arc::new(FsBlobStore::open(&settings.data_dir)?),
         };
         let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
@@ -73,7 +78,6 @@ impl AppState {
             None => Arc::new(MemoryLocks::new()),
         };
         let admin_key = admin_key(&settings)?;
-        let metrics = Arc::new(Metrics::default());
         Ok(Self {
             locks: Arc::new(Locks::new(
                 lock_manager,

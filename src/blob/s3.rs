@@ -4,7 +4,7 @@
 //! parts in flight, aborted on any failure. Memory stays at about
 //! `part_size × (part_concurrency + 1)` whatever the file size.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use aws_sdk_s3::{
@@ -24,7 +24,10 @@ use tokio::task::JoinSet;
 use tokio_util::io::ReaderStream;
 
 use super::{BlobError, BlobStore, ByteRange, ByteStream};
-use crate::config::S3Settings;
+use crate::{
+    config::S3Settings,
+    metrics::{Metrics, OutcomeLabel},
+};
 
 pub struct S3BlobStore {
     client: Client,
@@ -32,6 +35,7 @@ pub struct S3BlobStore {
     prefix: String,
     part_size: usize,
     part_concurrency: usize,
+    metrics: Arc<Metrics>,
 }
 
 fn sdk_err<E, R>(e: SdkError<E, R>) -> BlobError
@@ -57,7 +61,7 @@ where
 
 impl S3BlobStore {
     /// Builds the client and, when allowed, creates the bucket.
-    pub async fn connect(s: &S3Settings) -> anyhow::Result<Self> {
+    pub async fn connect(s: &S3Settings, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
         let config = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
             .endpoint_url(&s.endpoint)
@@ -86,6 +90,7 @@ impl S3BlobStore {
             prefix: s.key_prefix.clone(),
             part_size: s.part_size,
             part_concurrency: s.part_concurrency.max(1),
+            metrics,
         };
         if s.create_bucket {
             store.create_bucket().await?;
@@ -112,6 +117,15 @@ impl S3BlobStore {
                 )),
             },
         }
+    }
+
+    fn count_multipart(&self, outcome: &str) {
+        self.metrics
+            .s3_multipart
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
     }
 
     fn full_key(&self, key: &str) -> String {
@@ -148,6 +162,7 @@ impl S3BlobStore {
             .upload_id()
             .ok_or_else(|| BlobError::Other("CreateMultipartUpload returned no upload id".into()))?
             .to_owned();
+        self.count_multipart("started");
         let result = self
             .upload_parts(key, &upload_id, first, body, written)
             .await;
@@ -166,10 +181,11 @@ impl S3BlobStore {
                     .send()
                     .await
                     .map_err(sdk_err)?;
+                self.count_multipart("completed");
                 Ok(())
             }
             Err(e) => {
-                if let Err(abort) = self
+                match self
                     .client
                     .abort_multipart_upload()
                     .bucket(&self.bucket)
@@ -178,7 +194,11 @@ impl S3BlobStore {
                     .send()
                     .await
                 {
-                    tracing::warn!(key, error = %DisplayErrorContext(&abort), "AbortMultipartUpload failed");
+                    Ok(_) => self.count_multipart("aborted"),
+                    Err(abort) => {
+                        self.count_multipart("abort_failed");
+                        tracing::warn!(key, error = %DisplayErrorContext(&abort), "AbortMultipartUpload failed");
+                    }
                 }
                 Err(e)
             }

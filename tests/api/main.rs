@@ -4,4 +4,6 @@
 
 mod files;
 mod helpers;
+mod locks;
 mod openapi;
+mod real;

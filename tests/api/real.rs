@@ -1,0 +1,435 @@
+//! What only the real servers can show: large multipart uploads and their
+//! memory, aborted multipart uploads, and a Redis outage and recovery.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use filedock::config::Environment;
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::helpers::*;
+
+fn skip() -> bool {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+    }
+    !real_backends()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A body of `len` pseudo-random bytes, generated as it is sent, and its SHA-256.
+fn generated_body(len: usize, fail_after: Option<usize>) -> (reqwest::Body, String) {
+    const CHUNK: usize = 256 * 1024;
+    let block = pseudo_random_bytes(CHUNK, 99);
+    let mut hasher = Sha256::new();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(CHUNK);
+        hasher.update(&block[..n]);
+        left -= n;
+    }
+    let chunks = len.div_ceil(CHUNK);
+    let stream = futures::stream::iter(0..chunks).map(move |i| {
+        if fail_after.is_some_and(|f| i * CHUNK >= f) {
+            return Err(std::io::Error::other("client gave up"));
+        }
+        let n = (len - i * CHUNK).min(CHUNK);
+        Ok(bytes::Bytes::copy_from_slice(&block[..n]))
+    });
+    (
+        reqwest::Body::wrap_stream(stream),
+        hex::encode(hasher.finalize()),
+    )
+}
+
+/// Peak resident memory of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The real `filedock` binary against the test stack.
+async fn spawn_binary() -> Server {
+    let s = test_settings();
+    let s3 = s.s3.as_ref().unwrap();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_filedock"))
+        .env("FILEDOCK_BIND", format!("127.0.0.1:{port}"))
+        .env("FILEDOCK_DATA_DIR", &s.data_dir)
+        .env("FILEDOCK_ADMIN_KEY", ADMIN_KEY)
+        .env(
+            "FILEDOCK_MONGODB_URI",
+            std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap(),
+        )
+        .env("FILEDOCK_MONGODB_DB", &s.mongodb_db)
+        .env(
+            "FILEDOCK_REDIS_URL",
+            std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap(),
+        )
+        .env("FILEDOCK_REDIS_PREFIX", &s.redis_prefix)
+        .env("FILEDOCK_S3_ENDPOINT", &s3.endpoint)
+        .env("FILEDOCK_S3_BUCKET", &s3.bucket)
+        .env(
+            "FILEDOCK_S3_ACCESS_KEY",
+            std::env::var("FILEDOCK_TEST_S3_ACCESS_KEY").unwrap(),
+        )
+        .env(
+            "FILEDOCK_S3_SECRET_KEY",
+            std::env::var("FILEDOCK_TEST_S3_SECRET_KEY").unwrap(),
+        )
+        .env("FILEDOCK_S3_KEY_PREFIX", &s3.key_prefix)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let client = reqwest::Client::new();
+    for _ in 0..200 {
+        if client
+            .get(format!("{}/healthz", server.base))
+            .send()
+            .await
+            .is_ok()
+        {
+            return server;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("filedock did not start");
+}
+
+#[tokio::test]
+async fn a_200_mib_upload_streams_through_multipart_in_bounded_memory() {
+    if skip() {
+        return;
+    }
+    let server = spawn_binary().await;
+    let client = reqwest::Client::new();
+    let user: Value = client
+        .post(format!("{}/v1/admin/users", server.base))
+        .bearer_auth(ADMIN_KEY)
+        .json(&serde_json::json!({"name": "big"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = user["api_key"].as_str().unwrap();
+    let len = 200 * 1024 * 1024;
+    let (body, sha) = generated_body(len, None);
+    let res = client
+        .post(format!("{}/v1/files?filename=big.bin", server.base))
+        .bearer_auth(key)
+        .header("content-length", len.to_string())
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let file: Value = res.json().await.unwrap();
+    assert_eq!(file["sha256"], sha.as_str());
+    assert_eq!(file["category"], "large");
+
+    let peak = peak_rss(server.child.id());
+    eprintln!(
+        "filedock peak RSS during a 200 MiB upload: {} MiB",
+        peak >> 20
+    );
+    // Parts in flight (8 MiB × 4) plus the one being filled, the runtime and
+    // allocator slack: far below the 200 MiB a buffered body would need.
+    assert!(
+        peak < 150 << 20,
+        "peak RSS {} MiB: the body was buffered",
+        peak >> 20
+    );
+
+    // Download, hashing as it streams.
+    let res = client
+        .get(format!(
+            "{}/v1/files/{}/content",
+            server.base,
+            file["id"].as_str().unwrap()
+        ))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    let mut hasher = Sha256::new();
+    let mut stream = res.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        hasher.update(chunk.unwrap());
+    }
+    assert_eq!(hex::encode(hasher.finalize()), sha);
+}
+
+#[tokio::test]
+async fn a_broken_upload_aborts_its_multipart_upload_and_leaves_nothing() {
+    if skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let u = app.create_user("quitter").await;
+    // Fails after 12 MiB: two 5 MiB parts are already on their way.
+    let (body, _) = generated_body(40 << 20, Some(12 << 20));
+    let sent = app
+        .client
+        .post(app.url("/v1/files?filename=broken.bin"))
+        .bearer_auth(&u.key)
+        .body(body)
+        .send()
+        .await;
+    assert!(sent.is_err() || sent.unwrap().status().is_client_error());
+    // The server notices the broken body and cleans up; give it a moment.
+    let multipart = |outcome: &'static str| app.metric("filedock_s3_multipart_total", outcome);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while multipart("outcome=\"aborted\"").await < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the multipart upload was not aborted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        multipart("outcome=\"started\"").await,
+        1.0,
+        "the body went out as multipart"
+    );
+    assert_eq!(multipart("outcome=\"completed\"").await, 0.0);
+    while app.intents().await > 0 {
+        assert!(Instant::now() < deadline, "the intent was left behind");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(app.blob_keys(&u).await.is_empty(), "no object");
+    assert!(app.list_ids(&u).await.is_empty(), "no metadata");
+}
+
+/// A private redis-server this test may stop and start.
+struct OwnRedis {
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    async fn start(port: u16) -> Self {
+        let bin =
+            std::env::var("FILEDOCK_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = Command::new(bin)
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self { child: Some(child) }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[tokio::test]
+async fn a_redis_outage_fails_fast_in_production_degrades_in_development_and_heals() {
+    if skip() {
+        return;
+    }
+    let port = free_port();
+    let mut redis = OwnRedis::start(port).await;
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut dev = test_settings();
+    dev.redis_url = Some(url.clone().into());
+    let mut prod = test_settings();
+    prod.redis_url = Some(url.into());
+    prod.env = Environment::Production;
+    let (dev, prod) = (spawn_app_with(dev).await, spawn_app_with(prod).await);
+    let (du, pu) = (dev.create_user("d").await, prod.create_user("p").await);
+    assert_eq!(
+        dev.upload_raw(&du, "a", b"1".to_vec()).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        prod.upload_raw(&pu, "a", b"1".to_vec()).await.status(),
+        StatusCode::CREATED
+    );
+
+    redis.stop();
+    let started = Instant::now();
+    let res = prod.upload_raw(&pu, "b", b"2".to_vec()).await;
+    let took = started.elapsed();
+    assert_eq!(
+        error_code(res).await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "dependency_unavailable".into()
+        )
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "production took {took:?} to give up"
+    );
+    let ready = prod.client.get(prod.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let ready: Value = ready.json().await.unwrap();
+    assert_eq!(ready["failing"], serde_json::json!(["locks"]));
+
+    assert_eq!(
+        dev.upload_raw(&du, "b", b"2".to_vec()).await.status(),
+        StatusCode::CREATED
+    );
+    assert!(
+        dev.metric("filedock_lock_degraded_total", "level=\"user\"")
+            .await
+            >= 1.0
+    );
+    assert_eq!(
+        prod.list_ids(&pu).await.len(),
+        1,
+        "the refused upload left nothing"
+    );
+    assert!(prod.blob_keys(&pu).await.len() == 1);
+
+    // Redis comes back on the same address: both resume locking, no restart.
+    let _redis = OwnRedis::start(port).await;
+    let waits_before = dev
+        .metric("filedock_lock_wait_seconds_count", "level=\"user\"")
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let res = prod.upload_raw(&pu, "c", b"3".to_vec()).await;
+        if res.status() == StatusCode::CREATED {
+            break;
+        }
+        assert!(Instant::now() < deadline, "production did not recover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await; // past the breaker window
+    assert_eq!(
+        dev.upload_raw(&du, "c", b"3".to_vec()).await.status(),
+        StatusCode::CREATED
+    );
+    assert!(
+        dev.metric("filedock_lock_wait_seconds_count", "level=\"user\"")
+            .await
+            > waits_before,
+        "development took the lock again"
+    );
+}
+
+#[tokio::test]
+async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
+    if skip() {
+        return;
+    }
+    use bson::doc;
+    use filedock::{
+        meta::{CommitUpload, FileRecord},
+        retry::with_txn_retry,
+    };
+    let app = spawn_app().await;
+    let u = app.create_user("contended").await;
+    // Another writer holds an uncommitted change to the user document…
+    let client = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap();
+    let users = client
+        .database(&app.settings.mongodb_db)
+        .collection::<bson::Document>("users");
+    let mut other = client.start_session().await.unwrap();
+    other.start_transaction().await.unwrap();
+    users
+        .update_one(doc! {"_id": &u.id}, doc! {"$inc": {"used_bytes": 1}})
+        .session(&mut other)
+        .await
+        .unwrap();
+    // …and commits 30 ms later, while the upload's commit is retrying.
+    let other_commits = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        other.commit_transaction().await.unwrap();
+    });
+    let file = FileRecord {
+        id: uuid::Uuid::now_v7().to_string(),
+        owner_id: u.id.clone(),
+        filename: "f.txt".into(),
+        content_type: "text/plain".into(),
+        size: 5,
+        sha256: sha256_hex(b"hello"),
+        category: "small".into(),
+        bucket: app.state.blobs.bucket().into(),
+        key: "files/x".into(),
+        created_at: chrono::Utc::now(),
+    };
+    let commit = CommitUpload {
+        file: file.clone(),
+        fence: None,
+        quota_bytes: None,
+        idempotency_key: None,
+    };
+    let r = with_txn_retry(&app.state.txn_retry, || {
+        app.state.meta.commit_upload(&commit)
+    })
+    .await
+    .expect("the retry path absorbs the WriteConflict");
+    other_commits.await.unwrap();
+    assert!(r.retries >= 1, "MongoDB reported no WriteConflict");
+    let user = app.state.meta.user(&u.id).await.unwrap().unwrap();
+    assert_eq!(user.file_ids, vec![file.id]);
+    assert_eq!(user.used_bytes, 1 + 5, "neither write was lost");
+}
