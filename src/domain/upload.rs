@@ -5,7 +5,6 @@
 use std::{io, time::Instant};
 
 use bytes::Bytes;
-use chrono::Utc;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
@@ -132,7 +131,7 @@ async fn run(
         user_id: user.id.clone(),
         bucket: state.blobs.bucket().to_owned(),
         key: format!("files/{user_id}/{file_id}"),
-        created_at: Utc::now(),
+        created_at: crate::meta::now(),
     };
     // The intent comes first: whatever happens next, the sweeper can find the blob.
     state.meta.put_intent(&intent).await?;
@@ -179,7 +178,7 @@ async fn run(
         category: category.as_str().to_owned(),
         bucket: intent.bucket.clone(),
         key: intent.key.clone(),
-        created_at: Utc::now(),
+        created_at: crate::meta::now(),
     };
     let commit = CommitUpload {
         file,

@@ -2,7 +2,6 @@
 //! their SHA-256 is stored (a fast hash suits high-entropy keys and lets
 //! the store look a key up by its hash).
 
-use chrono::Utc;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -55,7 +54,7 @@ pub async fn create_user(
         file_ids: Vec::new(),
         used_bytes: 0,
         upload_fence: Default::default(),
-        created_at: Utc::now(),
+        created_at: crate::meta::now(),
     };
     meta.insert_user(&user).await?;
     Ok((user, key))

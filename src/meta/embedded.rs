@@ -318,7 +318,7 @@ impl MetadataStore for EmbeddedStore {
                     &IdempotencyRecord {
                         id,
                         file: file.clone(),
-                        created_at: Utc::now(),
+                        created_at: crate::meta::now(),
                     },
                 )?;
             }
@@ -476,7 +476,7 @@ mod tests {
             file_ids: vec![],
             used_bytes: 0,
             upload_fence: Default::default(),
-            created_at: Utc::now(),
+            created_at: crate::meta::now(),
         }
     }
 

@@ -10,6 +10,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+/// Now, at the millisecond precision the stores keep, so that what a
+/// request returns equals what a later read returns.
+pub fn now() -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap_or_else(Utc::now)
+}
+
 /// `users` collection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct UserRecord {
@@ -242,7 +248,7 @@ impl OrphanRecord {
             status: OrphanStatus::Pending,
             retries: 0,
             error,
-            created_at: Utc::now(),
+            created_at: now(),
             last_retry_at: None,
         }
     }
@@ -259,7 +265,7 @@ impl OrphanRecord {
         }
         self.status = status;
         self.error = error.or(self.error.take());
-        self.last_retry_at = Some(Utc::now());
+        self.last_retry_at = Some(now());
     }
 }
 

@@ -179,7 +179,7 @@ impl MongoStore {
             let record = IdempotencyRecord {
                 id,
                 file: file.clone(),
-                created_at: Utc::now(),
+                created_at: crate::meta::now(),
             };
             self.idempotency()
                 .insert_one(&record)

@@ -53,6 +53,18 @@ async fn round_trips_keep_every_byte_raw_and_multipart() {
                 }
             );
 
+            let meta: Value = app
+                .client
+                .get(app.url(&location))
+                .bearer_auth(&alice.key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(meta, file, "what the upload returned is what is stored");
+
             let got = app.download(&alice, file["id"].as_str().unwrap()).await;
             assert_eq!(got.status(), StatusCode::OK);
             assert_eq!(
