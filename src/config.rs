@@ -24,6 +24,7 @@ pub struct Settings {
     pub s3: Option<S3Settings>,
     pub lock: LockSettings,
     pub txn_retry: TxnRetrySettings,
+    pub sweep: SweepSettings,
     pub cors_origins: Vec<String>,
     pub log_json: bool,
     /// Allow `production` to run on embedded adapters.
@@ -50,6 +51,19 @@ pub struct LockSettings {
     pub scope: LockScope,
     pub ttl: Duration,
     pub wait_timeout: Duration,
+}
+
+/// The orphan sweeper.
+#[derive(Clone, Debug)]
+pub struct SweepSettings {
+    /// Between background passes; zero turns the background sweeper off.
+    pub interval: Duration,
+    /// An upload intent older than this is abandoned (its upload died).
+    pub intent_grace: Duration,
+    /// Between delete attempts of one orphan.
+    pub retry_interval: Duration,
+    /// Failed deletes before an orphan is marked `failed` (dead letter).
+    pub max_retries: i32,
 }
 
 #[derive(Clone, Debug)]
@@ -140,6 +154,12 @@ impl Settings {
                 max_attempts: 3,
                 base_delay: Duration::from_millis(50),
             },
+            sweep: SweepSettings {
+                interval: Duration::from_secs(600),
+                intent_grace: Duration::from_secs(6 * 3600),
+                retry_interval: Duration::from_secs(3600),
+                max_retries: 3,
+            },
             cors_origins: Vec::new(),
             log_json: false,
             allow_embedded_in_production: false,
@@ -201,6 +221,14 @@ impl Settings {
         parse_secs(&get, "LOCK_TTL_SECS", &mut s.lock.ttl)?;
         parse_secs(&get, "LOCK_WAIT_SECS", &mut s.lock.wait_timeout)?;
         parse_into(&get, "TXN_MAX_ATTEMPTS", &mut s.txn_retry.max_attempts)?;
+        parse_secs(&get, "SWEEP_INTERVAL_SECS", &mut s.sweep.interval)?;
+        parse_secs(&get, "SWEEP_INTENT_GRACE_SECS", &mut s.sweep.intent_grace)?;
+        parse_secs(
+            &get,
+            "SWEEP_RETRY_INTERVAL_SECS",
+            &mut s.sweep.retry_interval,
+        )?;
+        parse_into(&get, "SWEEP_MAX_RETRIES", &mut s.sweep.max_retries)?;
         if let Some(v) = get("CORS_ORIGINS") {
             s.cors_origins = v.split(',').map(|o| o.trim().to_owned()).collect();
         }

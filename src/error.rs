@@ -3,7 +3,7 @@
 
 use axum::{
     Json,
-    extract::rejection::JsonRejection,
+    extract::rejection::{JsonRejection, QueryRejection},
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
@@ -39,6 +39,8 @@ pub enum ApiError {
     LockLost,
     #[error("too many concurrent writers on this resource; try again")]
     WriteConflict,
+    #[error("the upload took longer than its reservation allows and was discarded; try again")]
+    UploadExpired,
     #[error("{0} is unavailable")]
     DependencyUnavailable(&'static str),
     #[error("storage quota exceeded")]
@@ -58,6 +60,7 @@ impl ApiError {
             Self::LockTimeout
             | Self::LockLost
             | Self::WriteConflict
+            | Self::UploadExpired
             | Self::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -75,6 +78,7 @@ impl ApiError {
             Self::LockTimeout => "lock_timeout",
             Self::LockLost => "lock_lost",
             Self::WriteConflict => "write_conflict",
+            Self::UploadExpired => "upload_expired",
             Self::DependencyUnavailable(_) => "dependency_unavailable",
             Self::QuotaExceeded => "quota_exceeded",
             Self::Internal(_) => "internal",
@@ -105,6 +109,7 @@ impl IntoResponse for ApiError {
             Self::LockTimeout
             | Self::LockLost
             | Self::WriteConflict
+            | Self::UploadExpired
             | Self::DependencyUnavailable(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
@@ -127,6 +132,7 @@ impl From<MetaError> for ApiError {
         match e {
             MetaError::WriteConflict => Self::WriteConflict,
             MetaError::StaleFence => Self::LockLost,
+            MetaError::IntentGone => Self::UploadExpired,
             MetaError::QuotaExceeded => Self::QuotaExceeded,
             MetaError::NotFound => Self::NotFound,
             MetaError::Unavailable(_) => Self::DependencyUnavailable("metadata store"),
@@ -156,6 +162,12 @@ impl From<LockError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(e: JsonRejection) -> Self {
+        Self::InvalidRequest(e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
         Self::InvalidRequest(e.body_text())
     }
 }

@@ -9,6 +9,8 @@ pub mod http;
 pub mod lock;
 pub mod meta;
 pub mod metrics;
+pub mod reconcile;
 pub mod retry;
 pub mod startup;
+pub mod sweeper;
 pub mod telemetry;

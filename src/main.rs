@@ -1,10 +1,12 @@
-//! The `filedock` binary: `serve` (default) and `user create NAME`.
+//! The `filedock` binary: `serve` (default), `sweep`, `reconcile` and `user create NAME`.
 
 use clap::{Parser, Subcommand};
 use filedock::{
     config::Settings,
     domain::users,
-    startup::{Application, open_metadata, shutdown_signal},
+    reconcile::reconcile,
+    startup::{AppState, Application, open_metadata, shutdown_signal},
+    sweeper::{Outcome, Sweeper},
     telemetry,
 };
 
@@ -22,6 +24,16 @@ struct Cli {
 enum Command {
     /// Run the HTTP server (the default).
     Serve,
+    /// Run one sweeper pass (for cron): abandoned uploads and orphaned blobs.
+    /// Prints a JSON summary; exits non-zero if the pass failed or an orphan
+    /// was given up on.
+    Sweep,
+    /// Audit the bucket against the metadata; prints a JSON report.
+    Reconcile {
+        /// Delete objects that have neither a file record nor an upload in flight.
+        #[arg(long)]
+        delete: bool,
+    },
     /// Manage users.
     User {
         #[command(subcommand)]
@@ -44,6 +56,21 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve => {
             let app = Application::build(settings).await?;
             app.run_until_stopped(shutdown_signal()).await
+        }
+        Command::Sweep => {
+            let state = AppState::build(settings).await?;
+            let outcome = Sweeper::new(state).try_run_once().await?;
+            println!("{}", serde_json::to_string(&outcome)?);
+            match outcome {
+                Outcome::Swept(r) if r.orphans_failed > 0 => std::process::exit(1),
+                _ => Ok(()),
+            }
+        }
+        Command::Reconcile { delete } => {
+            let state = AppState::build(settings).await?;
+            let report = reconcile(&state, delete).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
         }
         Command::User {
             command: UserCommand::Create { name },

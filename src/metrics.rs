@@ -54,6 +54,15 @@ pub struct Metrics {
     pub orphans_recorded: Counter,
     pub uploads_in_flight: Gauge,
     pub s3_multipart: Family<OutcomeLabel, Counter>,
+    pub orphans: Family<StatusLabel, Gauge>,
+    pub upload_intents: Gauge,
+    pub orphans_dead_lettered: Counter,
+    pub sweeps: Family<OutcomeLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: String,
 }
 
 impl Default for Metrics {
@@ -74,6 +83,10 @@ impl Default for Metrics {
             orphans_recorded: Counter::default(),
             uploads_in_flight: Gauge::default(),
             s3_multipart: Family::default(),
+            orphans: Family::default(),
+            upload_intents: Gauge::default(),
+            orphans_dead_lettered: Counter::default(),
+            sweeps: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -138,6 +151,26 @@ impl Default for Metrics {
             "filedock_s3_multipart",
             "S3 multipart uploads: started, completed, aborted, abort_failed",
             m.s3_multipart.clone(),
+        );
+        r.register(
+            "filedock_orphans",
+            "Orphaned blobs by status, as of the last sweep",
+            m.orphans.clone(),
+        );
+        r.register(
+            "filedock_upload_intents",
+            "Upload intents (uploads in flight or abandoned), as of the last sweep",
+            m.upload_intents.clone(),
+        );
+        r.register(
+            "filedock_orphans_dead_lettered",
+            "Orphans marked failed after their last delete attempt",
+            m.orphans_dead_lettered.clone(),
+        );
+        r.register(
+            "filedock_sweeps",
+            "Sweeper passes by outcome",
+            m.sweeps.clone(),
         );
         Self { registry, ..m }
     }

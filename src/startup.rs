@@ -17,6 +17,7 @@ use crate::{
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
     retry::TxnRetryPolicy,
+    sweeper::Sweeper,
 };
 
 /// What every handler and service gets: settings and one adapter per port.
@@ -156,10 +157,15 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(&settings.bind)
+        Self::with_state(AppState::build(settings).await?).await
+    }
+
+    /// Serves an already-built state (tests wrap adapters this way).
+    pub async fn with_state(state: AppState) -> anyhow::Result<Self> {
+        let bind = &state.settings.bind;
+        let listener = TcpListener::bind(bind)
             .await
-            .with_context(|| format!("binding {}", settings.bind))?;
-        let state = AppState::build(settings).await?;
+            .with_context(|| format!("binding {bind}"))?;
         Ok(Self { listener, state })
     }
 
@@ -180,6 +186,10 @@ impl Application {
     /// Serves until `shutdown` fires, then finishes in-flight requests.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let router = http::router(self.state.clone());
+        let interval = self.state.settings.sweep.interval;
+        if !interval.is_zero() {
+            tokio::spawn(Sweeper::new(self.state.clone()).run(interval, shutdown.child_token()));
+        }
         tracing::info!(addr = %self.local_addr(), "filedock listening");
         axum::serve(
             self.listener,

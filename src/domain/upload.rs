@@ -135,6 +135,7 @@ async fn run(
     };
     // The intent comes first: whatever happens next, the sweeper can find the blob.
     state.meta.put_intent(&intent).await?;
+    crash_point("after_intent");
 
     let mut guard = match settings.lock.scope {
         LockScope::Upload => match state.locks.acquire(&lock_key).await {
@@ -150,7 +151,10 @@ async fn run(
     let _in_flight = InFlight::new(state);
     let stored = store_blob(state, &intent.key, new.body, max, guard.as_ref()).await;
     let (size, sha256) = match stored {
-        Ok(v) => v,
+        Ok(v) => {
+            crash_point("after_blob");
+            v
+        }
         Err(e) => {
             release(guard).await;
             compensate(state, &intent).await;
@@ -189,7 +193,11 @@ async fn run(
         quota_bytes: settings.user_quota_bytes,
         idempotency_key: new.idempotency_key,
     };
+    crash_point("before_commit");
     let committed = with_txn_retry(&state.txn_retry, || state.meta.commit_upload(&commit)).await;
+    if committed.is_ok() {
+        crash_point("after_commit");
+    }
     release(guard).await;
     match committed {
         Ok(r) => {
@@ -296,5 +304,19 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.metrics.uploads_in_flight.dec();
+    }
+}
+
+/// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names
+/// this point, the process dies here as if killed (no unwinding, no cleanup).
+fn crash_point(name: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT
+        .get_or_init(|| std::env::var("FILEDOCK_TEST_CRASH_AT").ok())
+        .as_deref()
+        == Some(name)
+    {
+        eprintln!("filedock: crash point {name} reached; aborting");
+        std::process::abort();
     }
 }

@@ -6,10 +6,12 @@ use serde_json::json;
 
 use super::{
     ApiResult,
-    extract::{Admin, AppJson},
+    extract::{Admin, AppJson, AppQuery},
     ok,
 };
-use crate::{domain::users, startup::AppState};
+use crate::{
+    domain::users, error::ApiError, meta::OrphanStatus, startup::AppState, sweeper::Sweeper,
+};
 
 #[derive(Deserialize)]
 pub struct NewUser {
@@ -27,4 +29,47 @@ pub async fn create_user(
         StatusCode::CREATED,
         Json(json!({"id": user.id, "name": user.name, "api_key": key})),
     ))
+}
+
+#[derive(Deserialize)]
+pub struct OrphanQuery {
+    status: Option<OrphanStatus>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/admin/orphans?status=pending|deleted|failed&limit=`.
+pub async fn orphans(
+    _: Admin,
+    State(state): State<AppState>,
+    AppQuery(q): AppQuery<OrphanQuery>,
+) -> ApiResult {
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let orphans: Vec<_> = state
+        .meta
+        .orphans(q.status, limit)
+        .await?
+        .into_iter()
+        .map(|o| {
+            json!({
+                "id": o.id,
+                "bucket": o.bucket,
+                "key": o.key,
+                "status": o.status,
+                "retries": o.retries,
+                "error": o.error,
+                "created_at": o.created_at,
+                "last_retry_at": o.last_retry_at,
+            })
+        })
+        .collect();
+    ok(Json(json!({ "orphans": orphans })))
+}
+
+/// `POST /v1/admin/sweep`: one sweeper pass now.
+pub async fn sweep(_: Admin, State(state): State<AppState>) -> ApiResult {
+    let outcome = Sweeper::new(state)
+        .try_run_once()
+        .await
+        .map_err(ApiError::internal)?;
+    ok(Json(outcome))
 }

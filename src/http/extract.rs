@@ -2,7 +2,7 @@
 //! fail with the documented error shape.
 
 use axum::{
-    extract::{FromRequest, FromRequestParts},
+    extract::{FromRequest, FromRequestParts, Query},
     http::{header, request::Parts},
 };
 
@@ -52,3 +52,8 @@ impl FromRequestParts<AppState> for Admin {
 #[derive(FromRequest)]
 #[from_request(via(axum::Json), rejection(ApiError))]
 pub struct AppJson<T>(pub T);
+
+/// `axum::extract::Query`, but a bad query string answers with `invalid_request`.
+#[derive(FromRequestParts)]
+#[from_request(via(Query), rejection(ApiError))]
+pub struct AppQuery<T>(pub T);

@@ -5,7 +5,7 @@ use std::io;
 use axum::{
     Json,
     body::Body,
-    extract::{Path, Query, State},
+    extract::{Path, State},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::IntoResponse,
 };
@@ -13,7 +13,11 @@ use futures::TryStreamExt;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 
-use super::{ApiResult, extract::AuthUser, multipart, ok};
+use super::{
+    ApiResult,
+    extract::{AppQuery, AuthUser},
+    multipart, ok,
+};
 use crate::{
     blob::ByteRange,
     domain::{
@@ -56,11 +60,6 @@ pub struct UploadQuery {
     filename: Option<String>,
 }
 
-fn query<T>(q: Result<Query<T>, axum::extract::rejection::QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(v)| v)
-        .map_err(|e| ApiError::InvalidRequest(e.body_text()))
-}
-
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
@@ -83,11 +82,10 @@ fn header_str(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
 pub async fn upload(
     AuthUser(user): AuthUser,
     State(state): State<AppState>,
-    q: Result<Query<UploadQuery>, axum::extract::rejection::QueryRejection>,
+    AppQuery(q): AppQuery<UploadQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let q = query(q)?;
     // Content-Length, or 0 for a request that has no body at all.
     let declared_len = http_body::Body::size_hint(&body).exact();
     let idempotency_key = idempotency_key(&headers)?;
@@ -156,9 +154,8 @@ struct FileList {
 pub async fn list(
     AuthUser(user): AuthUser,
     State(state): State<AppState>,
-    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    AppQuery(q): AppQuery<ListQuery>,
 ) -> ApiResult {
-    let q = query(q)?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::InvalidRequest(

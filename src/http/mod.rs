@@ -50,6 +50,8 @@ api! {
     GET "/readyz" => health::readyz,
     GET "/metrics" => health::metrics,
     POST "/v1/admin/users" => admin::create_user,
+    GET "/v1/admin/orphans" => admin::orphans,
+    POST "/v1/admin/sweep" => admin::sweep,
     POST "/v1/files" => files::upload,
     GET "/v1/files" => files::list,
     GET "/v1/files/{id}" => files::get,

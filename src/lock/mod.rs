@@ -62,6 +62,14 @@ impl LockKey {
         }
     }
 
+    /// `filedock_sweeper_lock:{sweeper}`: one sweeper at a time.
+    pub fn sweeper() -> Self {
+        Self {
+            key: "filedock_sweeper_lock:{sweeper}".into(),
+            level: "sweeper",
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         &self.key
     }
@@ -199,6 +207,15 @@ impl Drop for LockGuard {
     }
 }
 
+/// The result of [`Locks::try_acquire`].
+pub enum TryLock {
+    Held(LockGuard),
+    /// Someone else holds it.
+    Busy,
+    /// The backend is down and development mode goes on without a lock.
+    Degraded,
+}
+
 /// What the services call: picks the strategy, renews leases, records
 /// metrics, and applies the degradation policy.
 pub struct Locks {
@@ -282,6 +299,46 @@ impl Locks {
                 Ok(None)
             }
         }
+    }
+
+    /// One attempt, no waiting: for work that another instance may be doing.
+    pub async fn try_acquire(&self, key: &LockKey) -> Result<TryLock, LockError> {
+        let attempt = if self.breaker_open() {
+            Err(LockError::Unavailable(
+                "lock backend marked down in the last second".into(),
+            ))
+        } else {
+            self.manager
+                .try_acquire(key.as_str(), self.settings.ttl)
+                .await
+        };
+        match attempt {
+            Ok(Some(lease)) => Ok(TryLock::Held(self.guard(lease, key.level()))),
+            Ok(None) => Ok(TryLock::Busy),
+            Err(LockError::Unavailable(why)) => {
+                self.down_since
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(Instant::now);
+                if self.production {
+                    return Err(LockError::Unavailable(why));
+                }
+                self.metrics
+                    .lock_degraded
+                    .get_or_create(&Metrics::level(key.level()))
+                    .inc();
+                tracing::warn!(key = key.as_str(), reason = %why, "lock backend down; proceeding without a lock (development mode)");
+                Ok(TryLock::Degraded)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn guard(&self, lease: Lease, level: &str) -> LockGuard {
+        let (metrics, lvl) = (self.metrics.clone(), Metrics::level(level));
+        LockGuard::start(lease, self.manager.clone(), self.settings.ttl, move || {
+            metrics.lock_lost.get_or_create(&lvl).inc();
+        })
     }
 
     fn breaker_open(&self) -> bool {

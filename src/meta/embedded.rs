@@ -16,7 +16,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use redb::{Database, ReadOnlyTable, ReadableTable, TableDefinition};
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -342,7 +342,11 @@ impl MetadataStore for EmbeddedStore {
                 role: "owner".into(),
             };
             tx.insert(&format!("permissions/{}", perm.id), &perm)?;
-            tx.delete(&format!("intents/{}", file.id));
+            let intent_key = format!("intents/{}", file.id);
+            if tx.get::<IntentRecord>(&intent_key)?.is_none() {
+                return Err(MetaError::IntentGone);
+            }
+            tx.delete(&intent_key);
             Ok(CommitOutcome::Committed)
         })
         .await
@@ -412,6 +416,71 @@ impl MetadataStore for EmbeddedStore {
             }))
         })
         .await
+    }
+
+    async fn abandon_intent(&self, file_id: &str) -> MetaResult<Option<OrphanRecord>> {
+        let key = format!("intents/{file_id}");
+        self.transaction(move |tx| {
+            let Some(intent) = tx.get::<IntentRecord>(&key)? else {
+                return Ok(None);
+            };
+            tx.delete(&key);
+            let orphan = OrphanRecord::pending(
+                &intent.bucket,
+                &intent.key,
+                Some("upload never committed".into()),
+            );
+            tx.insert(&format!("orphans/{}", orphan.id), &orphan)?;
+            Ok(Some(orphan))
+        })
+        .await
+    }
+
+    async fn orphans_due(
+        &self,
+        max_retries: i32,
+        retry_before: DateTime<Utc>,
+        limit: usize,
+    ) -> MetaResult<Vec<OrphanRecord>> {
+        let mut due: Vec<OrphanRecord> = self
+            .orphans(Some(OrphanStatus::Pending), usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|o| o.is_due(max_retries, retry_before))
+            .collect();
+        due.sort_by_key(|o| o.created_at);
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>> {
+        let after = after.map(str::to_owned);
+        self.transaction(move |tx| {
+            let keys = tx.keys("files/", after.as_deref(), limit)?;
+            let mut files = Vec::with_capacity(keys.len());
+            for k in keys {
+                if let Some(f) = tx.get(&k)? {
+                    files.push(f);
+                }
+            }
+            Ok(files)
+        })
+        .await
+    }
+
+    async fn counts(&self) -> MetaResult<MetaCounts> {
+        let mut c = MetaCounts::default();
+        for o in self.orphans(None, usize::MAX).await? {
+            match o.status {
+                OrphanStatus::Pending => c.orphans_pending += 1,
+                OrphanStatus::Deleted => c.orphans_deleted += 1,
+                OrphanStatus::Failed => c.orphans_failed += 1,
+            }
+        }
+        c.intents = self
+            .transaction(|tx| Ok(tx.keys("intents/", None, usize::MAX)?.len() as u64))
+            .await?;
+        Ok(c)
     }
 
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()> {

@@ -139,6 +139,15 @@ pub struct DeletedFile {
     pub orphan_id: String,
 }
 
+/// Sizes of the bookkeeping collections.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetaCounts {
+    pub intents: u64,
+    pub orphans_pending: u64,
+    pub orphans_deleted: u64,
+    pub orphans_failed: u64,
+}
+
 /// What a commit did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CommitOutcome {
@@ -163,6 +172,9 @@ pub enum MetaError {
     NotFound,
     #[error("duplicate key")]
     Duplicate,
+    /// The upload's intent was swept before it committed (it ran past the grace period).
+    #[error("upload intent gone")]
+    IntentGone,
     /// The store cannot be reached.
     #[error("metadata store unavailable: {0}")]
     Unavailable(String),
@@ -224,6 +236,25 @@ pub trait MetadataStore: Send + Sync {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>>;
 
+    /// Turns a stale upload intent into a pending orphan, in one transaction.
+    /// `None` if the intent is gone (its upload committed or was cleaned up).
+    async fn abandon_intent(&self, file_id: &str) -> MetaResult<Option<OrphanRecord>>;
+
+    /// Pending orphans with fewer than `max_retries` failed deletes whose last
+    /// attempt (if any) was at or before `retry_before`, oldest first.
+    async fn orphans_due(
+        &self,
+        max_retries: i32,
+        retry_before: DateTime<Utc>,
+        limit: usize,
+    ) -> MetaResult<Vec<OrphanRecord>>;
+
+    /// Every file, in id order, after `after` (audits).
+    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>>;
+
+    /// Intents and orphans by status, for metrics.
+    async fn counts(&self) -> MetaResult<MetaCounts>;
+
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()>;
     async fn mark_orphan(
         &self,
@@ -251,6 +282,13 @@ impl OrphanRecord {
             created_at: now(),
             last_retry_at: None,
         }
+    }
+
+    /// Whether a sweep should try this orphan now.
+    pub fn is_due(&self, max_retries: i32, retry_before: DateTime<Utc>) -> bool {
+        self.status == OrphanStatus::Pending
+            && self.retries < max_retries
+            && self.last_retry_at.is_none_or(|t| t <= retry_before)
     }
 
     /// The blob of a file whose metadata is being deleted.

@@ -234,11 +234,15 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        self.intents()
+        let removed = self
+            .intents()
             .delete_one(doc! {"_id": &file.id})
             .session(&mut *s)
             .await
             .map_err(classify)?;
+        if removed.deleted_count == 0 {
+            return Err(MetaError::IntentGone);
+        }
         Ok(CommitOutcome::Committed)
     }
 
@@ -440,6 +444,90 @@ impl MetadataStore for MongoStore {
         let mut s = self.begin().await?;
         let result = self.delete_file_in(&mut s, owner_id, file_id, fence).await;
         self.finish(s, result).await
+    }
+
+    async fn abandon_intent(&self, file_id: &str) -> MetaResult<Option<OrphanRecord>> {
+        let mut s = self.begin().await?;
+        let result = async {
+            let Some(intent) = self
+                .intents()
+                .find_one_and_delete(doc! {"_id": file_id})
+                .session(&mut s)
+                .await
+                .map_err(classify)?
+            else {
+                return Ok(None);
+            };
+            let orphan = OrphanRecord::pending(
+                &intent.bucket,
+                &intent.key,
+                Some("upload never committed".into()),
+            );
+            self.orphans()
+                .insert_one(&orphan)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(Some(orphan))
+        }
+        .await;
+        self.finish(s, result).await
+    }
+
+    async fn orphans_due(
+        &self,
+        max_retries: i32,
+        retry_before: DateTime<Utc>,
+        limit: usize,
+    ) -> MetaResult<Vec<OrphanRecord>> {
+        let filter = doc! {
+            "status": "pending",
+            "retries": {"$lt": max_retries},
+            "$or": [
+                {"last_retry_at": null},
+                {"last_retry_at": {"$lte": bson::DateTime::from_chrono(retry_before)}},
+            ],
+        };
+        self.orphans()
+            .find(filter)
+            .sort(doc! {"created_at": 1})
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)
+    }
+
+    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>> {
+        let filter = match after {
+            Some(a) => doc! {"_id": {"$gt": a}},
+            None => doc! {},
+        };
+        self.files()
+            .find(filter)
+            .sort(doc! {"_id": 1})
+            .limit(limit.min(i64::MAX as usize) as i64)
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)
+    }
+
+    async fn counts(&self) -> MetaResult<MetaCounts> {
+        let orphans = self.orphans();
+        let count = |status: &'static str| orphans.count_documents(doc! {"status": status});
+        Ok(MetaCounts {
+            intents: self
+                .intents()
+                .count_documents(doc! {})
+                .await
+                .map_err(classify)?,
+            orphans_pending: count("pending").await.map_err(classify)?,
+            orphans_deleted: count("deleted").await.map_err(classify)?,
+            orphans_failed: count("failed").await.map_err(classify)?,
+        })
     }
 
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()> {

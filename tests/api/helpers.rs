@@ -2,6 +2,7 @@
 //! Redis key prefix and S3 key prefix, so tests run in parallel.
 
 use filedock::{
+    blob::{BlobError, BlobStore, ByteRange, ByteStream},
     config::{S3Settings, Settings},
     startup::{AppState, Application},
 };
@@ -255,4 +256,66 @@ pub async fn error_code(res: Response) -> (StatusCode, String) {
             .unwrap_or("<no code>")
             .to_owned(),
     )
+}
+
+/// Serves `state` (built from `settings`, perhaps with wrapped adapters).
+pub async fn spawn_app_with_state(state: AppState) -> TestApp {
+    let settings = (*state.settings).clone();
+    let app = Application::with_state(state).await.expect("app binds");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state().clone();
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+    TestApp {
+        base,
+        client: reqwest::Client::new(),
+        state,
+        settings,
+        shutdown,
+        server,
+    }
+}
+
+/// A blob store whose deletes fail while `fail` is set, as an unreachable
+/// S3 would; everything else goes to the real store underneath.
+pub struct FailingDeletes {
+    pub inner: std::sync::Arc<dyn BlobStore>,
+    pub fail: std::sync::atomic::AtomicBool,
+    pub delete_calls: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl BlobStore for FailingDeletes {
+    fn bucket(&self) -> &str {
+        self.inner.bucket()
+    }
+    async fn put(&self, key: &str, body: ByteStream<'_>) -> Result<u64, BlobError> {
+        self.inner.put(key, body).await
+    }
+    async fn get(
+        &self,
+        key: &str,
+        range: Option<ByteRange>,
+    ) -> Result<ByteStream<'static>, BlobError> {
+        self.inner.get(key, range).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        self.delete_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(BlobError::Unavailable(
+                "injected: blob store unreachable".into(),
+            ));
+        }
+        self.inner.delete(key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<u64>, BlobError> {
+        self.inner.head(key).await
+    }
+    async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
+        self.inner.list_keys(prefix).await
+    }
+    async fn ping(&self) -> Result<(), BlobError> {
+        self.inner.ping().await
+    }
 }

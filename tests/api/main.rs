@@ -6,4 +6,5 @@ mod files;
 mod helpers;
 mod locks;
 mod openapi;
+mod orphans;
 mod real;

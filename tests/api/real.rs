@@ -380,7 +380,7 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
     }
     use bson::doc;
     use filedock::{
-        meta::{CommitUpload, FileRecord},
+        meta::{CommitUpload, FileRecord, IntentRecord},
         retry::with_txn_retry,
     };
     let app = spawn_app().await;
@@ -416,6 +416,14 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         key: "files/x".into(),
         created_at: chrono::Utc::now(),
     };
+    let intent = IntentRecord {
+        id: file.id.clone(),
+        user_id: u.id.clone(),
+        bucket: file.bucket.clone(),
+        key: file.key.clone(),
+        created_at: file.created_at,
+    };
+    app.state.meta.put_intent(&intent).await.unwrap();
     let commit = CommitUpload {
         file: file.clone(),
         fence: None,

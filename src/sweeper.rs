@@ -1,0 +1,179 @@
+//! The orphan sweeper. One pass turns stale upload intents (their upload
+//! died before committing) into orphans, then deletes the blobs of pending
+//! orphans that are due; a blob that cannot be deleted is retried later and,
+//! after the last retry, marked `failed` (the dead letter). One instance
+//! sweeps at a time (a lock with lease renewal). The server runs passes on an
+//! interval; `filedock sweep` runs one from cron.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    lock::{LockKey, TryLock},
+    meta::{self, OrphanRecord, OrphanStatus},
+    metrics::{OutcomeLabel, StatusLabel},
+    startup::AppState,
+};
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    /// Stale intents turned into orphans.
+    pub intents_abandoned: u64,
+    pub orphans_deleted: u64,
+    /// Deletes that failed and will be retried.
+    pub orphans_retrying: u64,
+    /// Orphans marked `failed` in this pass (dead letter).
+    pub orphans_failed: u64,
+}
+
+/// The result of [`Sweeper::try_run_once`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Swept(SweepReport),
+    /// Another instance holds the sweeper lock.
+    Busy,
+}
+
+const BATCH: usize = 500;
+
+pub struct Sweeper {
+    state: AppState,
+}
+
+impl Sweeper {
+    pub fn new(state: AppState) -> Self {
+        Self { state }
+    }
+
+    /// One pass, unless another instance is sweeping.
+    pub async fn try_run_once(&self) -> anyhow::Result<Outcome> {
+        let guard = match self.state.locks.try_acquire(&LockKey::sweeper()).await? {
+            TryLock::Held(g) => Some(g),
+            TryLock::Degraded => None,
+            TryLock::Busy => {
+                self.count("busy");
+                return Ok(Outcome::Busy);
+            }
+        };
+        let result = self.pass().await;
+        if let Some(g) = guard {
+            g.release().await;
+        }
+        self.count(if result.is_ok() { "swept" } else { "error" });
+        self.update_gauges().await;
+        result.map(Outcome::Swept)
+    }
+
+    async fn pass(&self) -> anyhow::Result<SweepReport> {
+        let s = &self.state.settings.sweep;
+        let now = meta::now();
+        let mut report = SweepReport::default();
+        // Each orphan at most once a pass, however fine the retry interval.
+        let mut tried = std::collections::HashSet::new();
+        let stale_before = now - chrono::Duration::from_std(s.intent_grace)?;
+        for intent in self.state.meta.intents(stale_before, BATCH).await? {
+            // Abandoning is a transaction that deletes the intent: if the
+            // upload commits first, there is nothing to abandon.
+            if let Some(orphan) = self.state.meta.abandon_intent(&intent.id).await? {
+                report.intents_abandoned += 1;
+                tried.insert(orphan.id.clone());
+                self.delete(orphan, &mut report).await?;
+            }
+        }
+        let retry_before = now - chrono::Duration::from_std(s.retry_interval)?;
+        for orphan in self
+            .state
+            .meta
+            .orphans_due(s.max_retries, retry_before, BATCH)
+            .await?
+        {
+            if !tried.contains(&orphan.id) {
+                self.delete(orphan, &mut report).await?;
+            }
+        }
+        if report != SweepReport::default() {
+            tracing::info!(?report, "sweep pass");
+        }
+        Ok(report)
+    }
+
+    async fn delete(&self, orphan: OrphanRecord, report: &mut SweepReport) -> anyhow::Result<()> {
+        let meta = &self.state.meta;
+        match self.state.blobs.delete(&orphan.key).await {
+            Ok(()) => {
+                meta.mark_orphan(&orphan.id, OrphanStatus::Deleted, None)
+                    .await?;
+                report.orphans_deleted += 1;
+            }
+            Err(e) => {
+                let last = orphan.retries + 1 >= self.state.settings.sweep.max_retries;
+                let status = if last {
+                    OrphanStatus::Failed
+                } else {
+                    OrphanStatus::Pending
+                };
+                meta.mark_orphan(&orphan.id, status, Some(e.to_string()))
+                    .await?;
+                if last {
+                    report.orphans_failed += 1;
+                    self.state.metrics.orphans_dead_lettered.inc();
+                    tracing::error!(bucket = %orphan.bucket, key = %orphan.key, error = %e, "orphan could not be deleted after its last retry; marked failed");
+                } else {
+                    report.orphans_retrying += 1;
+                    tracing::warn!(key = %orphan.key, error = %e, "orphan delete failed; will retry");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&self, outcome: &str) {
+        self.state
+            .metrics
+            .sweeps
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    async fn update_gauges(&self) {
+        if let Ok(c) = self.state.meta.counts().await {
+            let m = &self.state.metrics;
+            m.upload_intents.set(c.intents as i64);
+            for (status, n) in [
+                ("pending", c.orphans_pending),
+                ("deleted", c.orphans_deleted),
+                ("failed", c.orphans_failed),
+            ] {
+                m.orphans
+                    .get_or_create(&StatusLabel {
+                        status: status.into(),
+                    })
+                    .set(n as i64);
+            }
+        }
+    }
+
+    /// Runs a pass every `interval` until `shutdown`; errors back off.
+    pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
+        let mut wait = interval;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            wait = match self.try_run_once().await {
+                Ok(_) => interval,
+                Err(e) => {
+                    tracing::warn!(error = %e, "sweep pass failed; backing off");
+                    (wait * 2).min(interval * 8)
+                }
+            };
+        }
+    }
+}

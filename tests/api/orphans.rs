@@ -1,0 +1,289 @@
+//! Orphans and the sweeper: failed compensation, retries, the dead letter,
+//! stale intents, one sweeper at a time, and reconcile.
+
+use std::sync::{Arc, atomic::Ordering};
+
+use filedock::{
+    meta::{CommitUpload, IntentRecord, MetaError},
+    reconcile::reconcile,
+    startup::AppState,
+    sweeper::{Outcome, SweepReport, Sweeper},
+};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::*;
+
+/// An app whose blob deletes fail until told otherwise, with a 10-byte quota
+/// (so an undeclared-length upload fails at commit, after its blob is stored)
+/// and orphans retried at every sweep.
+async fn app_with_failing_deletes() -> (TestApp, Arc<FailingDeletes>) {
+    let mut settings = test_settings();
+    settings.user_quota_bytes = Some(10);
+    settings.sweep.retry_interval = std::time::Duration::ZERO;
+    settings.sweep.interval = std::time::Duration::ZERO;
+    let mut state = AppState::build(settings).await.unwrap();
+    let failing = Arc::new(FailingDeletes {
+        inner: state.blobs.clone(),
+        fail: true.into(),
+        delete_calls: 0.into(),
+    });
+    state.blobs = failing.clone();
+    (spawn_app_with_state(state).await, failing)
+}
+
+/// An upload that stores its blob and then fails at commit (over quota).
+async fn failing_upload(app: &TestApp, user: &TestUser) {
+    let body =
+        reqwest::Body::wrap_stream(futures::stream::iter([Ok::<_, std::io::Error>(vec![
+            7u8;
+            100
+        ])]));
+    let res = app
+        .client
+        .post(app.url("/v1/files?filename=too-big.bin"))
+        .bearer_auth(&user.key)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded".into())
+    );
+}
+
+async fn orphans(app: &TestApp, status: &str) -> Vec<Value> {
+    let body: Value = app
+        .client
+        .get(app.url(&format!("/v1/admin/orphans?status={status}")))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["orphans"].as_array().unwrap().clone()
+}
+
+async fn sweep(app: &TestApp) -> Value {
+    let res = app
+        .client
+        .post(app.url("/v1/admin/sweep"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    res.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_failed_compensating_delete_leaves_an_orphan_that_a_sweep_deletes() {
+    let (app, failing) = app_with_failing_deletes().await;
+    let u = app.create_user("o").await;
+    failing_upload(&app, &u).await;
+    assert_eq!(app.blob_keys(&u).await.len(), 1, "the blob is still there");
+    let pending = orphans(&app, "pending").await;
+    assert_eq!(pending.len(), 1);
+    assert!(
+        pending[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("unreachable")
+    );
+    assert_eq!(
+        app.intents().await,
+        0,
+        "the orphan record replaced the intent"
+    );
+
+    failing.fail.store(false, Ordering::SeqCst);
+    let report = sweep(&app).await;
+    assert_eq!(report["outcome"], "swept");
+    assert_eq!(report["orphans_deleted"], 1);
+    assert!(
+        app.blob_keys(&u).await.is_empty(),
+        "the sweep deleted the blob"
+    );
+    assert!(orphans(&app, "pending").await.is_empty());
+    assert_eq!(orphans(&app, "deleted").await.len(), 1);
+    assert!(app.list_ids(&u).await.is_empty());
+}
+
+#[tokio::test]
+async fn an_undeletable_orphan_is_retried_then_marked_failed() {
+    let (app, failing) = app_with_failing_deletes().await;
+    let u = app.create_user("o").await;
+    failing_upload(&app, &u).await;
+    for (pass, (status, retries)) in [("pending", 1), ("pending", 2), ("failed", 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let report = sweep(&app).await;
+        assert_eq!(report["orphans_deleted"], 0);
+        let listed = orphans(&app, status).await;
+        assert_eq!(listed.len(), 1, "pass {pass}: {status}");
+        assert_eq!(listed[0]["retries"], retries, "pass {pass}");
+    }
+    assert_eq!(
+        app.metric("filedock_orphans_dead_lettered_total", "").await,
+        1.0
+    );
+    // The dead letter is left alone by later passes.
+    let calls = failing.delete_calls.load(Ordering::SeqCst);
+    let report = sweep(&app).await;
+    assert_eq!(report["orphans_failed"], 0);
+    assert_eq!(failing.delete_calls.load(Ordering::SeqCst), calls);
+    assert_eq!(
+        app.blob_keys(&u).await.len(),
+        1,
+        "kept for a human to look at"
+    );
+    assert_eq!(
+        app.metric("filedock_orphans", "status=\"failed\"").await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn two_sweepers_process_each_orphan_once() {
+    let (app, failing) = app_with_failing_deletes().await;
+    let u = app.create_user("o").await;
+    futures::future::join_all((0..10).map(|_| failing_upload(&app, &u))).await;
+    assert_eq!(orphans(&app, "pending").await.len(), 10);
+    failing.fail.store(false, Ordering::SeqCst);
+    // With real servers the second sweeper is a second instance on the same
+    // Redis, MongoDB and S3; the embedded store admits one process, so there
+    // both sweepers share it.
+    let other = if real_backends() {
+        AppState::build(app.settings.clone()).await.unwrap()
+    } else {
+        app.state.clone()
+    };
+    let (a, b) = (Sweeper::new(app.state.clone()), Sweeper::new(other));
+    let (ra, rb) = tokio::join!(a.try_run_once(), b.try_run_once());
+    let deleted = |o: &Outcome| match o {
+        Outcome::Swept(r) => r.orphans_deleted,
+        Outcome::Busy => 0,
+    };
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(deleted(&ra) + deleted(&rb), 10, "{ra:?} {rb:?}");
+    let listed = orphans(&app, "deleted").await;
+    assert_eq!(listed.len(), 10);
+    assert!(
+        listed.iter().all(|o| o["retries"] == 0),
+        "no orphan was tried twice"
+    );
+    assert!(app.blob_keys(&u).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
+    let mut settings = test_settings();
+    settings.sweep.intent_grace = std::time::Duration::ZERO;
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("crashed").await;
+    // An upload that died after writing its blob: intent + blob, no file.
+    let file_id = uuid::Uuid::now_v7().to_string();
+    let key = format!("files/{}/{file_id}", u.id);
+    let intent = IntentRecord {
+        id: file_id.clone(),
+        user_id: u.id.clone(),
+        bucket: app.state.blobs.bucket().into(),
+        key: key.clone(),
+        created_at: filedock::meta::now() - chrono::Duration::seconds(1),
+    };
+    app.state.meta.put_intent(&intent).await.unwrap();
+    let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"half"))]);
+    app.state.blobs.put(&key, Box::pin(body)).await.unwrap();
+
+    let outcome = Sweeper::new(app.state.clone())
+        .try_run_once()
+        .await
+        .unwrap();
+    let Outcome::Swept(report) = outcome else {
+        panic!("busy")
+    };
+    assert_eq!(
+        report,
+        SweepReport {
+            intents_abandoned: 1,
+            orphans_deleted: 1,
+            ..Default::default()
+        }
+    );
+    assert_eq!(app.intents().await, 0);
+    assert!(app.blob_keys(&u).await.is_empty());
+
+    // Had that upload still been running, its commit now fails: the intent is gone.
+    let file = filedock::meta::FileRecord {
+        id: file_id,
+        owner_id: u.id.clone(),
+        filename: "late".into(),
+        content_type: "text/plain".into(),
+        size: 4,
+        sha256: sha256_hex(b"half"),
+        category: "small".into(),
+        bucket: intent.bucket.clone(),
+        key,
+        created_at: filedock::meta::now(),
+    };
+    let commit = CommitUpload {
+        file,
+        fence: None,
+        quota_bytes: None,
+        idempotency_key: None,
+    };
+    assert!(matches!(
+        app.state.meta.commit_upload(&commit).await,
+        Err(MetaError::IntentGone)
+    ));
+    assert!(app.list_ids(&u).await.is_empty());
+}
+
+#[tokio::test]
+async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when_asked() {
+    let app = spawn_app().await;
+    let u = app.create_user("audit").await;
+    let kept: Value = app
+        .upload_raw(&u, "kept.txt", b"kept".to_vec())
+        .await
+        .json()
+        .await
+        .unwrap();
+    let lost: Value = app
+        .upload_raw(&u, "lost.txt", b"lost".to_vec())
+        .await
+        .json()
+        .await
+        .unwrap();
+    let lost_id = lost["id"].as_str().unwrap().to_owned();
+    app.state
+        .blobs
+        .delete(&format!("files/{}/{lost_id}", u.id))
+        .await
+        .unwrap();
+    let stray = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
+    let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
+    app.state.blobs.put(&stray, Box::pin(body)).await.unwrap();
+
+    let report = reconcile(&app.state, false).await.unwrap();
+    assert_eq!(report.strays, vec![stray.clone()]);
+    assert_eq!(report.missing, vec![lost_id]);
+    assert_eq!(report.deleted, 0);
+    assert_eq!(
+        app.blob_keys(&u).await.len(),
+        2,
+        "an audit alone deletes nothing"
+    );
+
+    let report = reconcile(&app.state, true).await.unwrap();
+    assert_eq!(report.deleted, 1);
+    let left = app.blob_keys(&u).await;
+    assert_eq!(
+        left,
+        vec![format!("files/{}/{}", u.id, kept["id"].as_str().unwrap())]
+    );
+}
