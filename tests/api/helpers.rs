@@ -319,3 +319,92 @@ impl BlobStore for FailingDeletes {
         self.inner.ping().await
     }
 }
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The environment that points the `filedock` binary at `settings`' backends.
+pub fn binary_env(s: &Settings) -> Vec<(String, String)> {
+    let mut env = vec![
+        (
+            "FILEDOCK_DATA_DIR".to_owned(),
+            s.data_dir.display().to_string(),
+        ),
+        ("FILEDOCK_ADMIN_KEY".into(), ADMIN_KEY.into()),
+        ("FILEDOCK_SWEEP_INTERVAL_SECS".into(), "0".into()),
+        ("RUST_LOG".into(), "warn".into()),
+    ];
+    if real_backends() {
+        let s3 = s.s3.as_ref().unwrap();
+        let var = |n: &str| std::env::var(n).unwrap();
+        env.extend([
+            (
+                "FILEDOCK_MONGODB_URI".to_owned(),
+                var("FILEDOCK_TEST_MONGODB_URI"),
+            ),
+            ("FILEDOCK_MONGODB_DB".into(), s.mongodb_db.clone()),
+            ("FILEDOCK_REDIS_URL".into(), var("FILEDOCK_TEST_REDIS_URL")),
+            ("FILEDOCK_REDIS_PREFIX".into(), s.redis_prefix.clone()),
+            ("FILEDOCK_S3_ENDPOINT".into(), s3.endpoint.clone()),
+            ("FILEDOCK_S3_BUCKET".into(), s3.bucket.clone()),
+            (
+                "FILEDOCK_S3_ACCESS_KEY".into(),
+                var("FILEDOCK_TEST_S3_ACCESS_KEY"),
+            ),
+            (
+                "FILEDOCK_S3_SECRET_KEY".into(),
+                var("FILEDOCK_TEST_S3_SECRET_KEY"),
+            ),
+            ("FILEDOCK_S3_KEY_PREFIX".into(), s3.key_prefix.clone()),
+        ]);
+    }
+    env
+}
+
+/// The real `filedock` binary, killed (SIGKILL) when dropped.
+pub struct Server {
+    pub child: std::process::Child,
+    pub base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the `filedock` binary on `settings`' backends and waits until it answers.
+pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Server {
+    let port = free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_filedock"))
+        .envs(binary_env(settings))
+        .envs(extra_env.iter().copied())
+        .env("FILEDOCK_BIND", format!("127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let client = reqwest::Client::new();
+    for _ in 0..200 {
+        if client
+            .get(format!("{}/healthz", server.base))
+            .send()
+            .await
+            .is_ok()
+        {
+            return server;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("filedock did not start");
+}

@@ -34,8 +34,7 @@ async fn app_with_failing_deletes() -> (TestApp, Arc<FailingDeletes>) {
 
 /// An upload that stores its blob and then fails at commit (over quota).
 async fn failing_upload(app: &TestApp, user: &TestUser) {
-    let body =
-        reqwest::Body::wrap_stream(futures::stream::iter([Ok::<_, std::io::Error>(vec![
+    let body = reqwest::Body::wrap_stream(futures::stream::iter([Ok::<_, std::io::Error>(vec![
             7u8;
             100
         ])]));

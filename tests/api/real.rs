@@ -21,16 +21,8 @@ fn skip() -> bool {
     !real_backends()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A body of `len` pseudo-random bytes, generated as it is sent, and its SHA-256.
-fn generated_body(len: usize, fail_after: Option<usize>) -> (reqwest::Body, String) {
+pub fn generated_body(len: usize, fail_after: Option<usize>) -> (reqwest::Body, String) {
     const CHUNK: usize = 256 * 1024;
     let block = pseudo_random_bytes(CHUNK, 99);
     let mut hasher = Sha256::new();
@@ -66,77 +58,12 @@ fn peak_rss(pid: u32) -> u64 {
         * 1024
 }
 
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The real `filedock` binary against the test stack.
-async fn spawn_binary() -> Server {
-    let s = test_settings();
-    let s3 = s.s3.as_ref().unwrap();
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_filedock"))
-        .env("FILEDOCK_BIND", format!("127.0.0.1:{port}"))
-        .env("FILEDOCK_DATA_DIR", &s.data_dir)
-        .env("FILEDOCK_ADMIN_KEY", ADMIN_KEY)
-        .env(
-            "FILEDOCK_MONGODB_URI",
-            std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap(),
-        )
-        .env("FILEDOCK_MONGODB_DB", &s.mongodb_db)
-        .env(
-            "FILEDOCK_REDIS_URL",
-            std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap(),
-        )
-        .env("FILEDOCK_REDIS_PREFIX", &s.redis_prefix)
-        .env("FILEDOCK_S3_ENDPOINT", &s3.endpoint)
-        .env("FILEDOCK_S3_BUCKET", &s3.bucket)
-        .env(
-            "FILEDOCK_S3_ACCESS_KEY",
-            std::env::var("FILEDOCK_TEST_S3_ACCESS_KEY").unwrap(),
-        )
-        .env(
-            "FILEDOCK_S3_SECRET_KEY",
-            std::env::var("FILEDOCK_TEST_S3_SECRET_KEY").unwrap(),
-        )
-        .env("FILEDOCK_S3_KEY_PREFIX", &s3.key_prefix)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let client = reqwest::Client::new();
-    for _ in 0..200 {
-        if client
-            .get(format!("{}/healthz", server.base))
-            .send()
-            .await
-            .is_ok()
-        {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("filedock did not start");
-}
-
 #[tokio::test]
 async fn a_200_mib_upload_streams_through_multipart_in_bounded_memory() {
     if skip() {
         return;
     }
-    let server = spawn_binary().await;
+    let server = spawn_binary(&test_settings(), &[]).await;
     let client = reqwest::Client::new();
     let user: Value = client
         .post(format!("{}/v1/admin/users", server.base))

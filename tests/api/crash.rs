@@ -1,0 +1,165 @@
+//! Crash trials: uploads killed at every phase and at random moments; after
+//! a restart and one sweep, the bucket and the metadata agree exactly.
+
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
+
+use filedock::{domain::users, startup::AppState};
+use futures::future::join_all;
+use serde_json::Value;
+
+use crate::{helpers::*, real::generated_body};
+
+const PHASES: [&str; 4] = [
+    "after_intent",
+    "after_blob",
+    "before_commit",
+    "after_commit",
+];
+
+/// A small deterministic generator; the seed is printed so a failure replays.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+async fn fire_uploads(base: &str, key: &str) {
+    let client = reqwest::Client::new();
+    let send = |name: &str, body: reqwest::Body| {
+        client
+            .post(format!("{base}/v1/files?filename={name}"))
+            .bearer_auth(key)
+            .body(body)
+            .timeout(Duration::from_secs(20))
+            .send()
+    };
+    let (big, _) = generated_body(7 << 20, None); // multipart with 5 MiB parts
+    let _ = join_all([
+        send("small.txt", reqwest::Body::from(vec![1u8; 1024])),
+        send("big.bin", big),
+        send("other.txt", reqwest::Body::from(vec![2u8; 4096])),
+    ])
+    .await;
+}
+
+#[tokio::test]
+async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let settings = test_settings();
+    let key = {
+        let state = AppState::build(settings.clone()).await.unwrap();
+        users::create_user(state.meta.as_ref(), "victim")
+            .await
+            .unwrap()
+            .1
+    };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("crash trial seed {seed}");
+    let mut rng = Lcg(seed);
+    // A crashed holder's lock lives until its TTL: keep it short so the next
+    // trial is not blocked for the default 5 minutes.
+    let common = [
+        ("FILEDOCK_S3_PART_SIZE", "5242880"),
+        ("FILEDOCK_LOCK_TTL_SECS", "2"),
+    ];
+    for trial in 0..24 {
+        if trial < PHASES.len() * 2 {
+            // The process aborts itself at this phase of the first upload to reach it.
+            let crash = [
+                ("FILEDOCK_TEST_CRASH_AT", PHASES[trial % PHASES.len()]),
+                common[0],
+                common[1],
+            ];
+            let mut server = spawn_binary(&settings, &crash).await;
+            let uploads = fire_uploads(&server.base, &key);
+            let _ = tokio::time::timeout(Duration::from_secs(20), uploads).await;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while server.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(
+                server.child.try_wait().unwrap().is_some(),
+                "trial {trial}: crash point not reached"
+            );
+        } else {
+            // SIGKILL at a random moment of the uploads.
+            let server = spawn_binary(&settings, &common).await;
+            let delay = Duration::from_millis(rng.below(3000));
+            let uploads = fire_uploads(&server.base, &key);
+            let _ = tokio::time::timeout(delay, uploads).await;
+            drop(server); // SIGKILL
+        }
+    }
+
+    // Restart, then one sweep (cron style) that treats every intent as stale.
+    let sweep = std::process::Command::new(env!("CARGO_BIN_EXE_filedock"))
+        .arg("sweep")
+        .envs(binary_env(&settings))
+        .env("FILEDOCK_SWEEP_INTENT_GRACE_SECS", "0")
+        .output()
+        .unwrap();
+    assert!(
+        sweep.status.success(),
+        "sweep failed: {}",
+        String::from_utf8_lossy(&sweep.stderr)
+    );
+    let report: Value = serde_json::from_slice(&sweep.stdout).unwrap();
+    eprintln!("sweep after the crash trials: {report}");
+    assert_eq!(report["outcome"], "swept");
+    assert!(
+        report["intents_abandoned"].as_u64().unwrap() > 0,
+        "the trials left no abandoned upload to clean"
+    );
+
+    let state = AppState::build(settings.clone()).await.unwrap();
+    let objects: HashSet<String> = state
+        .blobs
+        .list_keys("files/")
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let records: HashSet<String> = state
+        .meta
+        .all_files(None, 10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| f.key)
+        .collect();
+    assert!(!records.is_empty(), "some uploads committed");
+    assert_eq!(
+        objects.difference(&records).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "objects without a file record"
+    );
+    assert_eq!(
+        records.difference(&objects).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "file records without an object"
+    );
+    let far = filedock::meta::now() + chrono::Duration::days(1);
+    assert!(
+        state.meta.intents(far, 10).await.unwrap().is_empty(),
+        "no intent left behind"
+    );
+    eprintln!(
+        "{} committed files, every one with its object, no strays",
+        records.len()
+    );
+}
