@@ -61,7 +61,8 @@ where
     }
 }
 
-/// The seed's lock-wait loop: 100 ms, then ×1.5 each time, capped at 2 s.
+/// The seed's lock-wait loop: 100 ms, then ×1.5 each time, capped at 2 s
+/// (the lock facade adds jitter to each sleep).
 #[derive(Clone, Copy, Debug)]
 pub struct LockBackoff {
     pub initial: Duration,

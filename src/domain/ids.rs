@@ -47,6 +47,39 @@ uuid_id!(
     FileId
 );
 
+uuid_id!(
+    /// A chat session's id.
+    SessionId
+);
+uuid_id!(
+    /// An agent's id.
+    AgentId
+);
+
+/// The id of an MCP server or toolset connected to an agent (the client's
+/// own identifier): 1 to 128 of `A-Z a-z 0-9 . _ : -`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LinkId(String);
+
+impl LinkId {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let ok = (1..=128).contains(&raw.len())
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+        if ok {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err("ids of MCP servers and toolsets are 1 to 128 of A-Z a-z 0-9 . _ : -".into())
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Which per-user upload lock an upload takes, from its declared length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -183,6 +183,8 @@ async fn run(
         bucket: intent.bucket.clone(),
         key: intent.key.clone(),
         created_at: crate::meta::now(),
+        sessions: Vec::new(),
+        agents: Vec::new(),
     };
     let commit = CommitUpload {
         file,

@@ -2,10 +2,12 @@
 //! service and map the result; the flows live in `domain`.
 
 mod admin;
+mod agents;
 mod extract;
 mod files;
 mod health;
 mod multipart;
+mod sessions;
 
 use std::time::{Duration, Instant};
 
@@ -57,6 +59,18 @@ api! {
     GET "/v1/files/{id}" => files::get,
     DELETE "/v1/files/{id}" => files::delete,
     GET "/v1/files/{id}/content" => files::content,
+    POST "/v1/sessions" => sessions::create,
+    GET "/v1/sessions/{id}" => sessions::get,
+    POST "/v1/sessions/{id}/files" => sessions::attach,
+    DELETE "/v1/sessions/{id}/files/{file_id}" => sessions::detach,
+    POST "/v1/agents" => agents::create,
+    GET "/v1/agents/{id}" => agents::get,
+    POST "/v1/agents/{id}/files" => agents::attach,
+    DELETE "/v1/agents/{id}/files/{file_id}" => agents::detach,
+    PUT "/v1/agents/{id}/mcps/{mcp_id}" => agents::connect_mcp,
+    DELETE "/v1/agents/{id}/mcps/{mcp_id}" => agents::disconnect_mcp,
+    PUT "/v1/agents/{id}/toolsets/{toolset_id}" => agents::connect_toolset,
+    DELETE "/v1/agents/{id}/toolsets/{toolset_id}" => agents::disconnect_toolset,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redb::{Database, ReadOnlyTable, ReadableTable, TableDefinition};
 use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
 
 use super::*;
 
@@ -226,6 +227,37 @@ fn owner_prefix(owner: &str) -> String {
     format!("owner_files/{owner}/")
 }
 
+/// The document if it exists and `owner` owns it.
+fn owned(doc: Option<Value>, owner: &str) -> MetaResult<Value> {
+    doc.filter(|d| d["owner_id"] == owner)
+        .ok_or(MetaError::NotFound)
+}
+
+/// Adds `id` to (or removes it from) the array `field`, keeping one copy.
+fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) {
+    if !doc[field].is_array() {
+        doc[field] = Value::Array(Vec::new());
+    }
+    let list = doc[field].as_array_mut().expect("an array");
+    let has = list.iter().any(|v| v == id);
+    if present && !has {
+        list.push(Value::from(id));
+    } else if !present {
+        list.retain(|v| v != id);
+    }
+}
+
+/// Checks and advances a fencing token stored in a document's `fence` map.
+fn apply_fence_value(doc: &mut Value, fence: Option<&Fence>) -> MetaResult<()> {
+    if let Some(f) = fence {
+        if doc["fence"][&f.slot].as_i64().unwrap_or(0) >= f.token {
+            return Err(MetaError::StaleFence);
+        }
+        doc["fence"][&f.slot] = Value::from(f.token);
+    }
+    Ok(())
+}
+
 /// Checks and advances a fencing token on a user document.
 pub(crate) fn apply_fence(user: &mut UserRecord, fence: Option<&Fence>) -> MetaResult<()> {
     if let Some(f) = fence {
@@ -405,6 +437,15 @@ impl MetadataStore for EmbeddedStore {
             user.file_ids.retain(|f| *f != id);
             user.used_bytes -= file.size;
             tx.put(&ukey, &user)?;
+            for (collection, ids) in [("sessions", &file.sessions), ("agents", &file.agents)] {
+                for cid in ids {
+                    let key = format!("{collection}/{cid}");
+                    if let Some(mut doc) = tx.get::<Value>(&key)? {
+                        set_member(&mut doc, "file_ids", &id, false);
+                        tx.put(&key, &doc)?;
+                    }
+                }
+            }
             tx.delete(&file_key(&id));
             tx.delete(&format!("{}{}", owner_prefix(&owner), id));
             tx.delete(&format!("permissions/{id}:{owner}"));
@@ -481,6 +522,89 @@ impl MetadataStore for EmbeddedStore {
             .transaction(|tx| Ok(tx.keys("intents/", None, usize::MAX)?.len() as u64))
             .await?;
         Ok(c)
+    }
+
+    async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
+        let session = session.clone();
+        self.transaction(move |tx| tx.insert(&format!("sessions/{}", session.id), &session))
+            .await
+    }
+
+    async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>> {
+        let (owner, key) = (owner_id.to_owned(), format!("sessions/{id}"));
+        self.transaction(move |tx| {
+            Ok(tx
+                .get::<SessionRecord>(&key)?
+                .filter(|s| s.owner_id == owner))
+        })
+        .await
+    }
+
+    async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()> {
+        let agent = agent.clone();
+        self.transaction(move |tx| tx.insert(&format!("agents/{}", agent.id), &agent))
+            .await
+    }
+
+    async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>> {
+        let (owner, key) = (owner_id.to_owned(), format!("agents/{id}"));
+        self.transaction(move |tx| Ok(tx.get::<AgentRecord>(&key)?.filter(|a| a.owner_id == owner)))
+            .await
+    }
+
+    async fn set_attachment(
+        &self,
+        owner_id: &str,
+        container: &Container,
+        file_id: &str,
+        attached: bool,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()> {
+        let (owner, file_id, fence) = (owner_id.to_owned(), file_id.to_owned(), fence.cloned());
+        let (collection, cid) = (container.collection(), container.id().to_owned());
+        self.transaction(move |tx| {
+            let ckey = format!("{collection}/{cid}");
+            let mut doc = owned(tx.get::<Value>(&ckey)?, &owner)?;
+            apply_fence_value(&mut doc, fence.as_ref())?;
+            let fkey = file_key(&file_id);
+            match tx.get::<Value>(&fkey)? {
+                // The file's document is written too, so that a concurrent
+                // delete of the file conflicts with this attach.
+                Some(mut file)
+                    if tx
+                        .get::<Value>(&format!("permissions/{file_id}:{owner}"))?
+                        .is_some() =>
+                {
+                    set_member(&mut file, collection, &cid, attached);
+                    tx.put(&fkey, &file)?;
+                }
+                _ if attached => return Err(MetaError::NotFound),
+                _ => {} // detaching a file that is gone: nothing to undo on it
+            }
+            set_member(&mut doc, "file_ids", &file_id, attached);
+            tx.put(&ckey, &doc)
+        })
+        .await
+    }
+
+    async fn set_agent_link(
+        &self,
+        owner_id: &str,
+        agent_id: &str,
+        kind: LinkKind,
+        link_id: &str,
+        connected: bool,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()> {
+        let (owner, link, fence) = (owner_id.to_owned(), link_id.to_owned(), fence.cloned());
+        let key = format!("agents/{agent_id}");
+        self.transaction(move |tx| {
+            let mut doc = owned(tx.get::<Value>(&key)?, &owner)?;
+            apply_fence_value(&mut doc, fence.as_ref())?;
+            set_member(&mut doc, kind.field(), &link, connected);
+            tx.put(&key, &doc)
+        })
+        .await
     }
 
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()> {

@@ -48,6 +48,82 @@ pub struct FileRecord {
     pub key: String,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
+    /// Sessions the file is attached to (so a delete knows where to detach).
+    #[serde(default)]
+    pub sessions: Vec<String>,
+    /// Agents the file is attached to.
+    #[serde(default)]
+    pub agents: Vec<String>,
+}
+
+/// `sessions` collection: a chat session and its files.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SessionRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub owner_id: String,
+    pub file_ids: Vec<String>,
+    /// Highest fencing token committed, per lock (`files`).
+    #[serde(default)]
+    pub fence: BTreeMap<String, i64>,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+}
+
+/// `agents` collection: an agent, its files and its MCP and toolset connections.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AgentRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub owner_id: String,
+    pub name: String,
+    pub file_ids: Vec<String>,
+    pub mcp_ids: Vec<String>,
+    pub toolset_ids: Vec<String>,
+    /// Highest fencing token committed, per lock (`files`, `config`).
+    #[serde(default)]
+    pub fence: BTreeMap<String, i64>,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+}
+
+/// What a file can be attached to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Container {
+    Session(String),
+    Agent(String),
+}
+
+impl Container {
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Session(id) | Self::Agent(id) => id,
+        }
+    }
+
+    /// The collection (and embedded key prefix) the container lives in.
+    pub fn collection(&self) -> &'static str {
+        match self {
+            Self::Session(_) => "sessions",
+            Self::Agent(_) => "agents",
+        }
+    }
+}
+
+/// An agent's connection lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    Mcp,
+    Toolset,
+}
+
+impl LinkKind {
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::Mcp => "mcp_ids",
+            Self::Toolset => "toolset_ids",
+        }
+    }
 }
 
 /// `permissions` collection.
@@ -256,6 +332,38 @@ pub trait MetadataStore: Send + Sync {
     async fn counts(&self) -> MetaResult<MetaCounts>;
 
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()>;
+
+    async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()>;
+    /// The session if `owner_id` owns it.
+    async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>>;
+    async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()>;
+    /// The agent if `owner_id` owns it.
+    async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>>;
+
+    /// Attaches (or detaches) a file the owner may use to (from) a container
+    /// the owner owns, recording the back-reference on the file, checking and
+    /// storing the container's `files` fence — one transaction. Attaching
+    /// twice keeps one entry. `NotFound` if either is not the owner's.
+    async fn set_attachment(
+        &self,
+        owner_id: &str,
+        container: &Container,
+        file_id: &str,
+        attached: bool,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()>;
+
+    /// Connects (or disconnects) an MCP or toolset to (from) an agent,
+    /// checking and storing its `config` fence. Idempotent.
+    async fn set_agent_link(
+        &self,
+        owner_id: &str,
+        agent_id: &str,
+        kind: LinkKind,
+        link_id: &str,
+        connected: bool,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()>;
     async fn mark_orphan(
         &self,
         id: &str,

@@ -61,6 +61,27 @@ pub fn classify(e: mongodb::error::Error) -> MetaError {
 
 type Res<T> = Result<T, mongodb::error::Error>;
 
+/// Adds a fencing condition (stored token below ours, or none yet) to
+/// `filter`, and stores our token with `update`.
+fn add_fence(filter: &mut Document, update: &mut Document, map: &str, fence: Option<&Fence>) {
+    if let Some(f) = fence {
+        let field = format!("{map}.{}", f.slot);
+        filter.insert(
+            "$or",
+            vec![
+                doc! {&field: {"$lt": f.token}},
+                doc! {&field: {"$exists": false}},
+            ],
+        );
+        if !update.contains_key("$set") {
+            update.insert("$set", Document::new());
+        }
+        if let Ok(set) = update.get_document_mut("$set") {
+            set.insert(field, f.token);
+        }
+    }
+}
+
 impl MongoStore {
     /// Connects, checks the server answers, and creates the indexes.
     pub async fn connect(uri: &str, db: &str) -> anyhow::Result<Self> {
@@ -104,6 +125,12 @@ impl MongoStore {
             .await?;
         self.idempotency()
             .create_index(index(doc! {"created_at": 1}, false))
+            .await?;
+        self.sessions()
+            .create_index(index(doc! {"owner_id": 1}, false))
+            .await?;
+        self.agents()
+            .create_index(index(doc! {"owner_id": 1}, false))
             .await?;
         Ok(())
     }
@@ -188,25 +215,11 @@ impl MongoStore {
                 .map_err(classify)?;
         }
         let mut filter = doc! {"_id": &file.owner_id};
-        let mut set = Document::new();
-        if let Some(f) = &c.fence {
-            let field = format!("upload_fence.{}", f.slot);
-            filter.insert(
-                "$or",
-                vec![
-                    doc! {&field: {"$lt": f.token}},
-                    doc! {&field: {"$exists": false}},
-                ],
-            );
-            set.insert(field, f.token);
-        }
         if let Some(quota) = c.quota_bytes {
             filter.insert("used_bytes", doc! {"$lte": quota as i64 - file.size});
         }
         let mut update = doc! {"$push": {"file_ids": &file.id}, "$inc": {"used_bytes": file.size}};
-        if !set.is_empty() {
-            update.insert("$set", set);
-        }
+        add_fence(&mut filter, &mut update, "upload_fence", c.fence.as_ref());
         let updated = self
             .users()
             .update_one(filter, update)
@@ -244,6 +257,44 @@ impl MongoStore {
             return Err(MetaError::IntentGone);
         }
         Ok(CommitOutcome::Committed)
+    }
+
+    fn sessions(&self) -> Collection<SessionRecord> {
+        self.db.collection("sessions")
+    }
+    fn agents(&self) -> Collection<AgentRecord> {
+        self.db.collection("agents")
+    }
+
+    /// Applies a fenced update to an owned document; tells `NotFound` (not
+    /// the owner's, or absent) from `StaleFence` when nothing matched.
+    async fn update_owned(
+        &self,
+        s: &mut ClientSession,
+        collection: &str,
+        filter: Document,
+        update: Document,
+        owner_id: &str,
+        id: &str,
+    ) -> MetaResult<()> {
+        let coll = self.db.collection::<Document>(collection);
+        let updated = coll
+            .update_one(filter, update)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 1 {
+            return Ok(());
+        }
+        match coll
+            .find_one(doc! {"_id": id, "owner_id": owner_id})
+            .session(&mut *s)
+            .await
+        {
+            Ok(Some(_)) => Err(MetaError::StaleFence),
+            Ok(None) => Err(MetaError::NotFound),
+            Err(e) => Err(classify(e)),
+        }
     }
 
     /// Why a conditional update of the user document matched nothing.
@@ -288,17 +339,7 @@ impl MongoStore {
         };
         let mut filter = doc! {"_id": owner};
         let mut update = doc! {"$pull": {"file_ids": id}, "$inc": {"used_bytes": -file.size}};
-        if let Some(f) = fence {
-            let field = format!("upload_fence.{}", f.slot);
-            filter.insert(
-                "$or",
-                vec![
-                    doc! {&field: {"$lt": f.token}},
-                    doc! {&field: {"$exists": false}},
-                ],
-            );
-            update.insert("$set", doc! {field: f.token});
-        }
+        add_fence(&mut filter, &mut update, "upload_fence", fence);
         let updated = self
             .users()
             .update_one(filter, update)
@@ -307,6 +348,16 @@ impl MongoStore {
             .map_err(classify)?;
         if updated.matched_count == 0 {
             return Err(self.why_user_unmatched(s, owner, fence).await);
+        }
+        for (collection, ids) in [("sessions", &file.sessions), ("agents", &file.agents)] {
+            if !ids.is_empty() {
+                self.db
+                    .collection::<Document>(collection)
+                    .update_many(doc! {"_id": {"$in": ids}}, doc! {"$pull": {"file_ids": id}})
+                    .session(&mut *s)
+                    .await
+                    .map_err(classify)?;
+            }
         }
         self.files()
             .delete_one(doc! {"_id": id})
@@ -528,6 +579,103 @@ impl MetadataStore for MongoStore {
             orphans_deleted: count("deleted").await.map_err(classify)?,
             orphans_failed: count("failed").await.map_err(classify)?,
         })
+    }
+
+    async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
+        self.sessions()
+            .insert_one(session)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>> {
+        self.sessions()
+            .find_one(doc! {"_id": id, "owner_id": owner_id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()> {
+        self.agents()
+            .insert_one(agent)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>> {
+        self.agents()
+            .find_one(doc! {"_id": id, "owner_id": owner_id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn set_attachment(
+        &self,
+        owner_id: &str,
+        container: &Container,
+        file_id: &str,
+        attached: bool,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()> {
+        let mut s = self.begin().await?;
+        let result = async {
+            let (collection, cid) = (container.collection(), container.id());
+            // The file's document is written too, so that a concurrent
+            // delete of the file conflicts with this attach.
+            if attached {
+                let allowed = self
+                    .permissions()
+                    .find_one(doc! {"file_id": file_id, "user_id": owner_id})
+                    .session(&mut s)
+                    .await
+                    .map_err(classify)?;
+                let updated = self
+                    .files()
+                    .update_one(doc! {"_id": file_id}, doc! {"$addToSet": {collection: cid}})
+                    .session(&mut s)
+                    .await
+                    .map_err(classify)?;
+                if allowed.is_none() || updated.matched_count == 0 {
+                    return Err(MetaError::NotFound);
+                }
+            } else {
+                self.files()
+                    .update_one(doc! {"_id": file_id}, doc! {"$pull": {collection: cid}})
+                    .session(&mut s)
+                    .await
+                    .map_err(classify)?;
+            }
+            let op = if attached { "$addToSet" } else { "$pull" };
+            let mut filter = doc! {"_id": cid, "owner_id": owner_id};
+            let mut update = doc! {op: {"file_ids": file_id}};
+            add_fence(&mut filter, &mut update, "fence", fence);
+            self.update_owned(&mut s, collection, filter, update, owner_id, cid)
+                .await
+        }
+        .await;
+        self.finish(s, result).await
+    }
+
+    async fn set_agent_link(
+        &self,
+        owner_id: &str,
+        agent_id: &str,
+        kind: LinkKind,
+        link_id: &str,
+        connected: bool,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()> {
+        let mut s = self.begin().await?;
+        let op = if connected { "$addToSet" } else { "$pull" };
+        let mut filter = doc! {"_id": agent_id, "owner_id": owner_id};
+        let mut update = doc! {op: {kind.field(): link_id}};
+        add_fence(&mut filter, &mut update, "fence", fence);
+        let result = self
+            .update_owned(&mut s, "agents", filter, update, owner_id, agent_id)
+            .await;
+        self.finish(s, result).await
     }
 
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()> {

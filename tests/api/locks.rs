@@ -96,6 +96,8 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
         bucket: app.state.blobs.bucket().into(),
         key: "files/none".into(),
         created_at: Utc::now(),
+        sessions: Vec::new(),
+        agents: Vec::new(),
     };
     let commit = CommitUpload {
         file,

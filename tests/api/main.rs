@@ -8,4 +8,5 @@ mod helpers;
 mod locks;
 mod openapi;
 mod orphans;
+mod platform;
 mod real;

@@ -228,6 +228,8 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
         bucket: intent.bucket.clone(),
         key,
         created_at: filedock::meta::now(),
+        sessions: Vec::new(),
+        agents: Vec::new(),
     };
     let commit = CommitUpload {
         file,

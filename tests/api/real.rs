@@ -342,6 +342,8 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         bucket: app.state.blobs.bucket().into(),
         key: "files/x".into(),
         created_at: chrono::Utc::now(),
+        sessions: Vec::new(),
+        agents: Vec::new(),
     };
     let intent = IntentRecord {
         id: file.id.clone(),

@@ -1,0 +1,145 @@
+//! `/v1/agents`: agents, their files, and their MCP and toolset connections.
+
+use axum::{
+    Json,
+    extract::{Path, State},
+    http::StatusCode,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{
+    ApiResult,
+    extract::{AppJson, AuthUser},
+    ok,
+    sessions::FileRef,
+};
+use crate::{
+    domain::containers,
+    meta::{AgentRecord, Container, LinkKind},
+    startup::AppState,
+};
+
+fn view(a: AgentRecord) -> Json<Value> {
+    Json(json!({
+        "id": a.id,
+        "name": a.name,
+        "file_ids": a.file_ids,
+        "mcp_ids": a.mcp_ids,
+        "toolset_ids": a.toolset_ids,
+        "created_at": a.created_at,
+    }))
+}
+
+#[derive(Deserialize)]
+pub struct NewAgent {
+    name: String,
+}
+
+/// `POST /v1/agents {"name"}` → 201.
+pub async fn create(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    AppJson(body): AppJson<NewAgent>,
+) -> ApiResult {
+    ok((
+        StatusCode::CREATED,
+        view(containers::create_agent(&state, &user, &body.name).await?),
+    ))
+}
+
+/// `GET /v1/agents/{id}`.
+pub async fn get(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    ok(view(containers::agent(&state, &user, &id).await?))
+}
+
+/// `POST /v1/agents/{id}/files {"file_id"}`: attach (idempotent) → the agent.
+pub async fn attach(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    AppJson(body): AppJson<FileRef>,
+) -> ApiResult {
+    let agent = containers::agent(&state, &user, &id).await?;
+    containers::set_attachment(
+        &state,
+        &user,
+        Container::Agent(agent.id.clone()),
+        &body.file_id,
+        true,
+    )
+    .await?;
+    ok(view(containers::agent(&state, &user, &agent.id).await?))
+}
+
+/// `DELETE /v1/agents/{id}/files/{file_id}`: detach (idempotent) → the agent.
+pub async fn detach(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path((id, file_id)): Path<(String, String)>,
+) -> ApiResult {
+    let agent = containers::agent(&state, &user, &id).await?;
+    containers::set_attachment(
+        &state,
+        &user,
+        Container::Agent(agent.id.clone()),
+        &file_id,
+        false,
+    )
+    .await?;
+    ok(view(containers::agent(&state, &user, &agent.id).await?))
+}
+
+async fn link(
+    state: AppState,
+    user: AuthUser,
+    id: String,
+    kind: LinkKind,
+    link_id: String,
+    connected: bool,
+) -> ApiResult {
+    let AuthUser(user) = user;
+    let agent = containers::agent(&state, &user, &id).await?;
+    containers::set_link(&state, &user, &agent.id, kind, &link_id, connected).await?;
+    ok(view(containers::agent(&state, &user, &agent.id).await?))
+}
+
+/// `PUT /v1/agents/{id}/mcps/{mcp_id}`: connect (idempotent) → the agent.
+pub async fn connect_mcp(
+    user: AuthUser,
+    State(state): State<AppState>,
+    Path((id, mcp)): Path<(String, String)>,
+) -> ApiResult {
+    link(state, user, id, LinkKind::Mcp, mcp, true).await
+}
+
+/// `DELETE /v1/agents/{id}/mcps/{mcp_id}`: disconnect (idempotent) → the agent.
+pub async fn disconnect_mcp(
+    user: AuthUser,
+    State(state): State<AppState>,
+    Path((id, mcp)): Path<(String, String)>,
+) -> ApiResult {
+    link(state, user, id, LinkKind::Mcp, mcp, false).await
+}
+
+/// `PUT /v1/agents/{id}/toolsets/{toolset_id}`: connect (idempotent) → the agent.
+pub async fn connect_toolset(
+    user: AuthUser,
+    State(state): State<AppState>,
+    Path((id, t)): Path<(String, String)>,
+) -> ApiResult {
+    link(state, user, id, LinkKind::Toolset, t, true).await
+}
+
+/// `DELETE /v1/agents/{id}/toolsets/{toolset_id}`: disconnect (idempotent) → the agent.
+pub async fn disconnect_toolset(
+    user: AuthUser,
+    State(state): State<AppState>,
+    Path((id, t)): Path<(String, String)>,
+) -> ApiResult {
+    link(state, user, id, LinkKind::Toolset, t, false).await
+}

@@ -1,0 +1,79 @@
+//! `/v1/sessions`: chat sessions and their files.
+
+use axum::{
+    Json,
+    extract::{Path, State},
+    http::StatusCode,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{
+    ApiResult,
+    extract::{AppJson, AuthUser},
+    ok,
+};
+use crate::{domain::containers, meta::Container, meta::SessionRecord, startup::AppState};
+
+fn view(s: SessionRecord) -> Json<Value> {
+    Json(json!({"id": s.id, "file_ids": s.file_ids, "created_at": s.created_at}))
+}
+
+/// `POST /v1/sessions` → 201.
+pub async fn create(AuthUser(user): AuthUser, State(state): State<AppState>) -> ApiResult {
+    ok((
+        StatusCode::CREATED,
+        view(containers::create_session(&state, &user).await?),
+    ))
+}
+
+/// `GET /v1/sessions/{id}`.
+pub async fn get(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    ok(view(containers::session(&state, &user, &id).await?))
+}
+
+#[derive(Deserialize)]
+pub struct FileRef {
+    pub file_id: String,
+}
+
+/// `POST /v1/sessions/{id}/files {"file_id"}`: attach (idempotent) → the session.
+pub async fn attach(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    AppJson(body): AppJson<FileRef>,
+) -> ApiResult {
+    let session = containers::session(&state, &user, &id).await?;
+    containers::set_attachment(
+        &state,
+        &user,
+        Container::Session(session.id.clone()),
+        &body.file_id,
+        true,
+    )
+    .await?;
+    ok(view(containers::session(&state, &user, &session.id).await?))
+}
+
+/// `DELETE /v1/sessions/{id}/files/{file_id}`: detach (idempotent) → the session.
+pub async fn detach(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path((id, file_id)): Path<(String, String)>,
+) -> ApiResult {
+    let session = containers::session(&state, &user, &id).await?;
+    containers::set_attachment(
+        &state,
+        &user,
+        Container::Session(session.id.clone()),
+        &file_id,
+        false,
+    )
+    .await?;
+    ok(view(containers::session(&state, &user, &session.id).await?))
+}
