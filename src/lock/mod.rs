@@ -227,6 +227,10 @@ pub struct Locks {
     down_since: Mutex<Option<Instant>>,
 }
 
+fn breaker_error() -> LockError {
+    LockError::Unavailable("lock backend marked down in the last second".into())
+}
+
 /// How long a backend failure short-circuits further attempts.
 const BREAKER_WINDOW: Duration = Duration::from_secs(1);
 
@@ -254,87 +258,65 @@ impl Locks {
     /// is down and, in development, the caller proceeds without a lock.
     pub async fn acquire(&self, key: &LockKey) -> Result<Option<LockGuard>, LockError> {
         let started = Instant::now();
-        let result = if self.breaker_open() {
-            Err(LockError::Unavailable(
-                "lock backend marked down in the last second".into(),
-            ))
-        } else {
-            self.acquire_with_strategy(key.as_str()).await
+        let result = match self.breaker_open() {
+            true => Err(breaker_error()),
+            false => self.acquire_with_strategy(key.as_str()).await,
         };
-        let level = key.level();
         match result {
             Ok(lease) => {
-                *self.down_since.lock().unwrap() = None;
-                self.metrics.observe_lock_wait(level, started.elapsed());
-                let (metrics, lvl) = (self.metrics.clone(), Metrics::level(level));
-                Ok(Some(LockGuard::start(
-                    lease,
-                    self.manager.clone(),
-                    self.settings.ttl,
-                    move || {
-                        metrics.lock_lost.get_or_create(&lvl).inc();
-                    },
-                )))
+                self.metrics
+                    .observe_lock_wait(key.level(), started.elapsed());
+                Ok(Some(self.guard(lease, key.level())))
             }
             Err(LockError::Timeout(w)) => {
                 self.metrics
                     .lock_timeouts
-                    .get_or_create(&Metrics::level(level))
+                    .get_or_create(&Metrics::level(key.level()))
                     .inc();
                 Err(LockError::Timeout(w))
             }
-            Err(LockError::Unavailable(why)) => {
-                self.down_since
-                    .lock()
-                    .unwrap()
-                    .get_or_insert_with(Instant::now);
-                if self.production {
-                    return Err(LockError::Unavailable(why));
-                }
-                self.metrics
-                    .lock_degraded
-                    .get_or_create(&Metrics::level(level))
-                    .inc();
-                tracing::warn!(key = key.as_str(), reason = %why, "lock backend down; proceeding without a lock (development mode)");
-                Ok(None)
-            }
+            Err(LockError::Unavailable(why)) => self.degrade(key, why).map(|()| None),
         }
     }
 
     /// One attempt, no waiting: for work that another instance may be doing.
     pub async fn try_acquire(&self, key: &LockKey) -> Result<TryLock, LockError> {
-        let attempt = if self.breaker_open() {
-            Err(LockError::Unavailable(
-                "lock backend marked down in the last second".into(),
-            ))
-        } else {
-            self.manager
-                .try_acquire(key.as_str(), self.settings.ttl)
-                .await
+        let attempt = match self.breaker_open() {
+            true => Err(breaker_error()),
+            false => {
+                self.manager
+                    .try_acquire(key.as_str(), self.settings.ttl)
+                    .await
+            }
         };
         match attempt {
             Ok(Some(lease)) => Ok(TryLock::Held(self.guard(lease, key.level()))),
             Ok(None) => Ok(TryLock::Busy),
-            Err(LockError::Unavailable(why)) => {
-                self.down_since
-                    .lock()
-                    .unwrap()
-                    .get_or_insert_with(Instant::now);
-                if self.production {
-                    return Err(LockError::Unavailable(why));
-                }
-                self.metrics
-                    .lock_degraded
-                    .get_or_create(&Metrics::level(key.level()))
-                    .inc();
-                tracing::warn!(key = key.as_str(), reason = %why, "lock backend down; proceeding without a lock (development mode)");
-                Ok(TryLock::Degraded)
-            }
+            Err(LockError::Unavailable(why)) => self.degrade(key, why).map(|()| TryLock::Degraded),
             Err(e) => Err(e),
         }
     }
 
+    /// The degradation policy: remember the outage (circuit breaker); in
+    /// production fail, in development warn and go on without a lock.
+    fn degrade(&self, key: &LockKey, why: String) -> Result<(), LockError> {
+        self.down_since
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Instant::now);
+        if self.production {
+            return Err(LockError::Unavailable(why));
+        }
+        self.metrics
+            .lock_degraded
+            .get_or_create(&Metrics::level(key.level()))
+            .inc();
+        tracing::warn!(key = key.as_str(), reason = %why, "lock backend down; proceeding without a lock (development mode)");
+        Ok(())
+    }
+
     fn guard(&self, lease: Lease, level: &str) -> LockGuard {
+        *self.down_since.lock().unwrap() = None;
         let (metrics, lvl) = (self.metrics.clone(), Metrics::level(level));
         LockGuard::start(lease, self.manager.clone(), self.settings.ttl, move || {
             metrics.lock_lost.get_or_create(&lvl).inc();

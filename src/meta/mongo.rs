@@ -61,6 +61,26 @@ pub fn classify(e: mongodb::error::Error) -> MetaError {
 
 type Res<T> = Result<T, mongodb::error::Error>;
 
+/// Every document matching `filter`, sorted, at most `limit`.
+async fn find_sorted<T>(
+    coll: Collection<T>,
+    filter: Document,
+    sort: Document,
+    limit: usize,
+) -> MetaResult<Vec<T>>
+where
+    T: serde::de::DeserializeOwned + Send + Sync,
+{
+    coll.find(filter)
+        .sort(sort)
+        .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+        .await
+        .map_err(classify)?
+        .try_collect()
+        .await
+        .map_err(classify)
+}
+
 /// Adds a fencing condition (stored token below ours, or none yet) to
 /// `filter`, and stores our token with `update`.
 fn add_fence(filter: &mut Document, update: &mut Document, map: &str, fence: Option<&Fence>) {
@@ -431,15 +451,13 @@ impl MetadataStore for MongoStore {
     }
 
     async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>> {
-        self.intents()
-            .find(doc! {"created_at": {"$lt": bson::DateTime::from_chrono(before)}})
-            .sort(doc! {"created_at": 1})
-            .limit(limit.min(i64::MAX as usize) as i64)
-            .await
-            .map_err(classify)?
-            .try_collect()
-            .await
-            .map_err(classify)
+        find_sorted(
+            self.intents(),
+            doc! {"created_at": {"$lt": bson::DateTime::from_chrono(before)}},
+            doc! {"created_at": 1},
+            limit,
+        )
+        .await
     }
 
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
@@ -475,15 +493,7 @@ impl MetadataStore for MongoStore {
         if let Some(a) = after {
             filter.insert("_id", doc! {"$gt": a});
         }
-        self.files()
-            .find(filter)
-            .sort(doc! {"_id": 1})
-            .limit(limit as i64)
-            .await
-            .map_err(classify)?
-            .try_collect()
-            .await
-            .map_err(classify)
+        find_sorted(self.files(), filter, doc! {"_id": 1}, limit).await
     }
 
     async fn delete_file(
@@ -539,15 +549,7 @@ impl MetadataStore for MongoStore {
                 {"last_retry_at": {"$lte": bson::DateTime::from_chrono(retry_before)}},
             ],
         };
-        self.orphans()
-            .find(filter)
-            .sort(doc! {"created_at": 1})
-            .limit(limit.min(i64::MAX as usize) as i64)
-            .await
-            .map_err(classify)?
-            .try_collect()
-            .await
-            .map_err(classify)
+        find_sorted(self.orphans(), filter, doc! {"created_at": 1}, limit).await
     }
 
     async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>> {
@@ -555,15 +557,7 @@ impl MetadataStore for MongoStore {
             Some(a) => doc! {"_id": {"$gt": a}},
             None => doc! {},
         };
-        self.files()
-            .find(filter)
-            .sort(doc! {"_id": 1})
-            .limit(limit.min(i64::MAX as usize) as i64)
-            .await
-            .map_err(classify)?
-            .try_collect()
-            .await
-            .map_err(classify)
+        find_sorted(self.files(), filter, doc! {"_id": 1}, limit).await
     }
 
     async fn counts(&self) -> MetaResult<MetaCounts> {
@@ -717,14 +711,6 @@ impl MetadataStore for MongoStore {
             }
             None => doc! {},
         };
-        self.orphans()
-            .find(filter)
-            .sort(doc! {"created_at": 1})
-            .limit(limit.min(i64::MAX as usize) as i64)
-            .await
-            .map_err(classify)?
-            .try_collect()
-            .await
-            .map_err(classify)
+        find_sorted(self.orphans(), filter, doc! {"created_at": 1}, limit).await
     }
 }

@@ -66,21 +66,7 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(settings: Settings) -> TestApp {
-    let app = Application::build(settings.clone())
-        .await
-        .expect("app builds");
-    let base = format!("http://127.0.0.1:{}", app.port());
-    let state = app.state().clone();
-    let shutdown = CancellationToken::new();
-    let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
-    TestApp {
-        base,
-        client: reqwest::Client::new(),
-        state,
-        settings,
-        shutdown,
-        server,
-    }
+    spawn_app_with_state(AppState::build(settings).await.expect("app builds")).await
 }
 
 /// A user of the app under test.
