@@ -2,6 +2,7 @@
 # Runs every test: unit tests and the API suite on the embedded adapters, then
 # the API suite again against real Redis, MongoDB (SecantusDB) and S3 (s3s-fs),
 # which it installs (once, into ~/.cache/filedock), starts and stops itself.
+# The session/agent tests run once more in queue mode on each backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
@@ -11,8 +12,12 @@ source scripts/stack.sh
 
 echo "== filedock tests: embedded adapters"
 cargo test --locked --all-targets
+echo "== filedock tests: sessions and agents in queue mode (in-process queue)"
+FILEDOCK_TEST_COORDINATION=queue cargo test --locked --test api platform::
 
 echo "== filedock tests: real Redis, MongoDB and S3"
 trap stack_stop EXIT
 stack_start
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api
+echo "== filedock tests: sessions and agents in queue mode (Redis Streams)"
+FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_COORDINATION=queue cargo test --locked --test api platform::

@@ -25,6 +25,7 @@ pub struct Settings {
     pub lock: LockSettings,
     pub txn_retry: TxnRetrySettings,
     pub sweep: SweepSettings,
+    pub coordination: Coordination,
     pub cors_origins: Vec<String>,
     pub log_json: bool,
     /// Allow `production` to run on embedded adapters.
@@ -85,6 +86,26 @@ pub enum LockStrategy {
     Notify,
     /// The seed's loop: retry after 100 ms × 1.5ⁿ, capped at 2 s.
     Backoff,
+}
+
+/// How writes to sessions and agents are serialized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coordination {
+    /// Take the resource's lock and apply directly.
+    Lock,
+    /// Enqueue on an ordered per-key queue and wait for the result.
+    Queue,
+}
+
+impl FromStr for Coordination {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "lock" => Ok(Self::Lock),
+            "queue" => Ok(Self::Queue),
+            other => bail!("expected lock or queue, got {other:?}"),
+        }
+    }
 }
 
 /// What the per-user upload lock covers.
@@ -160,6 +181,7 @@ impl Settings {
                 retry_interval: Duration::from_secs(3600),
                 max_retries: 3,
             },
+            coordination: Coordination::Lock,
             cors_origins: Vec::new(),
             log_json: false,
             allow_embedded_in_production: false,
@@ -218,6 +240,7 @@ impl Settings {
         }
         parse_into(&get, "LOCK_STRATEGY", &mut s.lock.strategy)?;
         parse_into(&get, "LOCK_SCOPE", &mut s.lock.scope)?;
+        parse_into(&get, "COORDINATION", &mut s.coordination)?;
         parse_secs(&get, "LOCK_TTL_SECS", &mut s.lock.ttl)?;
         parse_secs(&get, "LOCK_WAIT_SECS", &mut s.lock.wait_timeout)?;
         parse_into(&get, "TXN_MAX_ATTEMPTS", &mut s.txn_retry.max_attempts)?;

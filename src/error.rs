@@ -45,6 +45,9 @@ pub enum ApiError {
     DependencyUnavailable(&'static str),
     #[error("storage quota exceeded")]
     QuotaExceeded,
+    /// A queued operation kept failing and was moved to the dead-letter queue.
+    #[error("{0}")]
+    DeadLettered(String),
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
@@ -63,7 +66,7 @@ impl ApiError {
             | Self::UploadExpired
             | Self::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Internal(_) | Self::DeadLettered(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -81,6 +84,7 @@ impl ApiError {
             Self::UploadExpired => "upload_expired",
             Self::DependencyUnavailable(_) => "dependency_unavailable",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::DeadLettered(_) => "dead_lettered",
             Self::Internal(_) => "internal",
         }
     }
@@ -133,6 +137,9 @@ impl From<MetaError> for ApiError {
             MetaError::WriteConflict => Self::WriteConflict,
             MetaError::StaleFence => Self::LockLost,
             MetaError::IntentGone => Self::UploadExpired,
+            MetaError::AlreadyApplied => {
+                Self::internal(anyhow::anyhow!("operation already applied"))
+            }
             MetaError::QuotaExceeded => Self::QuotaExceeded,
             MetaError::NotFound => Self::NotFound,
             MetaError::Unavailable(_) => Self::DependencyUnavailable("metadata store"),

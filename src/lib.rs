@@ -3,6 +3,7 @@
 
 pub mod blob;
 pub mod config;
+pub mod coord;
 pub mod domain;
 pub mod error;
 pub mod http;

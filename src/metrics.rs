@@ -58,6 +58,9 @@ pub struct Metrics {
     pub upload_intents: Gauge,
     pub orphans_dead_lettered: Counter,
     pub sweeps: Family<OutcomeLabel, Counter>,
+    pub queue_length: Gauge,
+    pub queue_dead_letters: Gauge,
+    pub queue_processed: Family<OutcomeLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -87,6 +90,9 @@ impl Default for Metrics {
             upload_intents: Gauge::default(),
             orphans_dead_lettered: Counter::default(),
             sweeps: Family::default(),
+            queue_length: Gauge::default(),
+            queue_dead_letters: Gauge::default(),
+            queue_processed: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -171,6 +177,21 @@ impl Default for Metrics {
             "filedock_sweeps",
             "Sweeper passes by outcome",
             m.sweeps.clone(),
+        );
+        r.register(
+            "filedock_queue_length",
+            "Queued operations not yet acknowledged, all buckets (queue mode)",
+            m.queue_length.clone(),
+        );
+        r.register(
+            "filedock_queue_dead_letters",
+            "Operations in the queue's dead-letter stream",
+            m.queue_dead_letters.clone(),
+        );
+        r.register(
+            "filedock_queue_processed",
+            "Queued operations this instance processed, by outcome",
+            m.queue_processed.clone(),
         );
         Self { registry, ..m }
     }

@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     blob::{BlobStore, fs::FsBlobStore, s3::S3BlobStore},
-    config::Settings,
+    config::{Coordination, Settings},
+    coord::{Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::users::new_api_key,
     http,
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
@@ -29,6 +30,9 @@ pub struct AppState {
     pub locks: Arc<Locks>,
     pub metrics: Arc<Metrics>,
     pub txn_retry: TxnRetryPolicy,
+    pub coordinator: Arc<dyn Coordinator>,
+    /// The Redis queue, whose workers run with the server (queue mode).
+    pub queue: Option<Arc<RedisQueue>>,
     admin_key: SecretString,
 }
 
@@ -79,6 +83,18 @@ impl AppState {
             None => Arc::new(MemoryLocks::new()),
         };
         let admin_key = admin_key(&settings)?;
+        let queue = match (settings.coordination, &settings.redis_url) {
+            (Coordination::Queue, Some(url)) => Some(Arc::new(RedisQueue::connect(
+                url.expose_secret(),
+                &settings.redis_prefix,
+            )?)),
+            _ => None,
+        };
+        let coordinator: Arc<dyn Coordinator> = match (&queue, settings.coordination) {
+            (Some(q), _) => q.clone(),
+            (None, Coordination::Queue) => Arc::new(LocalQueue::default()),
+            (None, Coordination::Lock) => Arc::new(LockCoordinator),
+        };
         Ok(Self {
             locks: Arc::new(Locks::new(
                 lock_manager,
@@ -91,6 +107,8 @@ impl AppState {
                 base_delay: settings.txn_retry.base_delay,
             },
             settings: Arc::new(settings),
+            coordinator,
+            queue,
             meta,
             blobs,
             metrics,
@@ -189,6 +207,9 @@ impl Application {
         let interval = self.state.settings.sweep.interval;
         if !interval.is_zero() {
             tokio::spawn(Sweeper::new(self.state.clone()).run(interval, shutdown.child_token()));
+        }
+        if let Some(queue) = &self.state.queue {
+            queue.spawn_workers(self.state.clone(), shutdown.child_token());
         }
         tracing::info!(addr = %self.local_addr(), "filedock listening");
         axum::serve(

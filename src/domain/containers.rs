@@ -1,14 +1,14 @@
 //! Sessions and agents: creating them, attaching files, and connecting an
-//! agent's MCP servers and toolsets — each write under its own lock level
-//! (`session_file_add_lock`, `agent_file_add_lock`, `agent_config_lock`) and
-//! inside a retried transaction that checks the lock's fencing token.
+//! agent's MCP servers and toolsets. Each write goes through the configured
+//! coordinator: under its own lock level (`session_file_add_lock`,
+//! `agent_file_add_lock`, `agent_config_lock`) or through the ordered queue,
+//! and always inside a retried transaction that checks a fencing token.
 
 use super::{AgentId, FileId, LinkId, SessionId};
 use crate::{
+    coord::Operation,
     error::ApiError,
-    lock::LockKey,
-    meta::{AgentRecord, Container, Fence, LinkKind, MetaResult, SessionRecord, UserRecord, now},
-    retry::with_txn_retry,
+    meta::{AgentRecord, Container, LinkKind, SessionRecord, UserRecord, now},
     startup::AppState,
 };
 
@@ -86,18 +86,13 @@ pub async fn set_attachment(
     let file_id = FileId::parse(file_id)
         .ok_or(ApiError::NotFound)?
         .to_string();
-    let (key, op) = match &container {
-        Container::Session(id) => (LockKey::session_files(id), "session_files"),
-        Container::Agent(id) => (LockKey::agent_files(id), "agent_files"),
+    let op = Operation::Attach {
+        owner_id: user.id.clone(),
+        container,
+        file_id,
+        attached,
     };
-    let (container, file_id) = (&container, &file_id);
-    locked_write(state, &key, "files", op, |fence| async move {
-        state
-            .meta
-            .set_attachment(&user.id, container, file_id, attached, fence.as_ref())
-            .await
-    })
-    .await
+    state.coordinator.run(state, op).await
 }
 
 /// Connects (PUT) or disconnects (DELETE) an MCP server or toolset; both idempotent.
@@ -112,58 +107,16 @@ pub async fn set_link(
     let agent_id = AgentId::parse(agent_id)
         .ok_or(ApiError::NotFound)?
         .to_string();
-    let link = LinkId::parse(link_id).map_err(ApiError::InvalidRequest)?;
-    let (key, agent_id, link) = (LockKey::agent_config(&agent_id), &agent_id, &link);
-    locked_write(state, &key, "config", "agent_config", |fence| async move {
-        state
-            .meta
-            .set_agent_link(
-                &user.id,
-                agent_id,
-                kind,
-                link.as_str(),
-                connected,
-                fence.as_ref(),
-            )
-            .await
-    })
-    .await
-}
-
-/// Runs `write` under `key`'s lock, retrying its transaction on conflicts,
-/// with the lease's fencing token stored under `slot`.
-async fn locked_write<F, Fut>(
-    state: &AppState,
-    key: &LockKey,
-    slot: &str,
-    op: &str,
-    write: F,
-) -> Result<(), ApiError>
-where
-    F: Fn(Option<Fence>) -> Fut,
-    Fut: Future<Output = MetaResult<()>>,
-{
-    let guard = state.locks.acquire(key).await?;
-    let fence = guard.as_ref().map(|g| Fence {
-        slot: slot.into(),
-        token: g.fence() as i64,
-    });
-    let result = with_txn_retry(&state.txn_retry, || write(fence.clone())).await;
-    if let Some(g) = guard {
-        g.release().await;
-    }
-    match result {
-        Ok(r) => {
-            state.metrics.observe_txn(op, r.retries);
-            Ok(())
-        }
-        Err(e) => {
-            if e.is_write_conflict() {
-                state
-                    .metrics
-                    .observe_txn(op, state.txn_retry.max_attempts - 1);
-            }
-            Err(e.into())
-        }
-    }
+    let link_id = LinkId::parse(link_id)
+        .map_err(ApiError::InvalidRequest)?
+        .as_str()
+        .to_owned();
+    let op = Operation::Link {
+        owner_id: user.id.clone(),
+        agent_id,
+        kind,
+        link_id,
+        connected,
+    };
+    state.coordinator.run(state, op).await
 }

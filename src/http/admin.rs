@@ -73,3 +73,15 @@ pub async fn sweep(_: Admin, State(state): State<AppState>) -> ApiResult {
         .map_err(ApiError::internal)?;
     ok(Json(outcome))
 }
+
+/// `GET /v1/admin/queue`: the seed's queue metrics (queue mode).
+pub async fn queue(_: Admin, State(state): State<AppState>) -> ApiResult {
+    let mode = match state.settings.coordination {
+        crate::config::Coordination::Lock => "lock",
+        crate::config::Coordination::Queue => "queue",
+    };
+    let stats = state.coordinator.stats().await.unwrap_or_default();
+    let mut body = serde_json::to_value(&stats).map_err(ApiError::internal)?;
+    body["mode"] = mode.into();
+    ok(Json(body))
+}

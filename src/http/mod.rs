@@ -54,6 +54,7 @@ api! {
     POST "/v1/admin/users" => admin::create_user,
     GET "/v1/admin/orphans" => admin::orphans,
     POST "/v1/admin/sweep" => admin::sweep,
+    GET "/v1/admin/queue" => admin::queue,
     POST "/v1/files" => files::upload,
     GET "/v1/files" => files::list,
     GET "/v1/files/{id}" => files::get,

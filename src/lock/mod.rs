@@ -62,6 +62,14 @@ impl LockKey {
         }
     }
 
+    /// `filedock_queue_lease:{b}`: the one consumer of queue bucket `b`.
+    pub fn queue_bucket(b: u32) -> Self {
+        Self {
+            key: format!("filedock_queue_lease:{{{b}}}"),
+            level: "queue_bucket",
+        }
+    }
+
     /// `filedock_sweeper_lock:{sweeper}`: one sweeper at a time.
     pub fn sweeper() -> Self {
         Self {
@@ -295,6 +303,22 @@ impl Locks {
             Err(LockError::Unavailable(why)) => self.degrade(key, why).map(|()| TryLock::Degraded),
             Err(e) => Err(e),
         }
+    }
+
+    /// One attempt at a lease with its own TTL, renewed while held. Never
+    /// degrades: without the lock backend there is no lease.
+    pub async fn try_lease(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let lease = self.manager.try_acquire(key.as_str(), ttl).await?;
+        Ok(lease.map(|lease| {
+            let (metrics, lvl) = (self.metrics.clone(), Metrics::level(key.level()));
+            LockGuard::start(lease, self.manager.clone(), ttl, move || {
+                metrics.lock_lost.get_or_create(&lvl).inc();
+            })
+        }))
     }
 
     /// The degradation policy: remember the outage (circuit breaker); in

@@ -227,6 +227,19 @@ fn owner_prefix(owner: &str) -> String {
     format!("owner_files/{owner}/")
 }
 
+/// Records a queued operation's id; `AlreadyApplied` if it was seen before.
+fn record_op(tx: &mut Txn, op_id: Option<&str>) -> MetaResult<()> {
+    let Some(id) = op_id else { return Ok(()) };
+    let op = ProcessedOp {
+        id: id.to_owned(),
+        created_at: now(),
+    };
+    match tx.insert(&format!("processed_ops/{id}"), &op) {
+        Err(MetaError::Duplicate) => Err(MetaError::AlreadyApplied),
+        r => r,
+    }
+}
+
 /// The document if it exists and `owner` owns it.
 fn owned(doc: Option<Value>, owner: &str) -> MetaResult<Value> {
     doc.filter(|d| d["owner_id"] == owner)
@@ -250,7 +263,7 @@ fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) {
 /// Checks and advances a fencing token stored in a document's `fence` map.
 fn apply_fence_value(doc: &mut Value, fence: Option<&Fence>) -> MetaResult<()> {
     if let Some(f) = fence {
-        if doc["fence"][&f.slot].as_i64().unwrap_or(0) >= f.token {
+        if doc["fence"][&f.slot].as_i64().unwrap_or(0) > f.token {
             return Err(MetaError::StaleFence);
         }
         doc["fence"][&f.slot] = Value::from(f.token);
@@ -262,7 +275,7 @@ fn apply_fence_value(doc: &mut Value, fence: Option<&Fence>) -> MetaResult<()> {
 pub(crate) fn apply_fence(user: &mut UserRecord, fence: Option<&Fence>) -> MetaResult<()> {
     if let Some(f) = fence {
         let slot = user.upload_fence.entry(f.slot.clone()).or_insert(0);
-        if *slot >= f.token {
+        if *slot > f.token {
             return Err(MetaError::StaleFence);
         }
         *slot = f.token;
@@ -559,10 +572,13 @@ impl MetadataStore for EmbeddedStore {
         file_id: &str,
         attached: bool,
         fence: Option<&Fence>,
+        op_id: Option<&str>,
     ) -> MetaResult<()> {
         let (owner, file_id, fence) = (owner_id.to_owned(), file_id.to_owned(), fence.cloned());
+        let op_id = op_id.map(str::to_owned);
         let (collection, cid) = (container.collection(), container.id().to_owned());
         self.transaction(move |tx| {
+            record_op(tx, op_id.as_deref())?;
             let ckey = format!("{collection}/{cid}");
             let mut doc = owned(tx.get::<Value>(&ckey)?, &owner)?;
             apply_fence_value(&mut doc, fence.as_ref())?;
@@ -587,6 +603,7 @@ impl MetadataStore for EmbeddedStore {
         .await
     }
 
+    #[allow(clippy::too_many_arguments)] // the operation's fields, a fence and an op id
     async fn set_agent_link(
         &self,
         owner_id: &str,
@@ -595,10 +612,12 @@ impl MetadataStore for EmbeddedStore {
         link_id: &str,
         connected: bool,
         fence: Option<&Fence>,
+        op_id: Option<&str>,
     ) -> MetaResult<()> {
         let (owner, link, fence) = (owner_id.to_owned(), link_id.to_owned(), fence.cloned());
-        let key = format!("agents/{agent_id}");
+        let (key, op_id) = (format!("agents/{agent_id}"), op_id.map(str::to_owned));
         self.transaction(move |tx| {
+            record_op(tx, op_id.as_deref())?;
             let mut doc = owned(tx.get::<Value>(&key)?, &owner)?;
             apply_fence_value(&mut doc, fence.as_ref())?;
             set_member(&mut doc, kind.field(), &link, connected);

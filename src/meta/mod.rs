@@ -88,7 +88,8 @@ pub struct AgentRecord {
 }
 
 /// What a file can be attached to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
 pub enum Container {
     Session(String),
     Agent(String),
@@ -111,7 +112,8 @@ impl Container {
 }
 
 /// An agent's connection lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LinkKind {
     Mcp,
     Toolset,
@@ -173,6 +175,15 @@ pub enum OrphanStatus {
     Failed,
 }
 
+/// `processed_ops`: ids of queued operations already applied.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProcessedOp {
+    #[serde(rename = "_id")]
+    pub id: String,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+}
+
 /// `idempotency`: the first result of a request sent with an `Idempotency-Key`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct IdempotencyRecord {
@@ -190,7 +201,10 @@ impl IdempotencyRecord {
     }
 }
 
-/// A fencing token to check and store in one transaction.
+/// A fencing token to check and store in one transaction. A commit is
+/// refused if a newer token was stored before it (the holder's lease
+/// expired and someone else's commit landed); the same holder may commit
+/// under its token more than once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fence {
     /// Which counter on the user document (the lock's category).
@@ -251,6 +265,10 @@ pub enum MetaError {
     /// The upload's intent was swept before it committed (it ran past the grace period).
     #[error("upload intent gone")]
     IntentGone,
+    /// The operation id is in `processed_ops`: it was applied before (a
+    /// redelivered queue message); nothing was changed.
+    #[error("operation already applied")]
+    AlreadyApplied,
     /// The store cannot be reached.
     #[error("metadata store unavailable: {0}")]
     Unavailable(String),
@@ -351,10 +369,16 @@ pub trait MetadataStore: Send + Sync {
         file_id: &str,
         attached: bool,
         fence: Option<&Fence>,
+        op_id: Option<&str>,
     ) -> MetaResult<()>;
 
     /// Connects (or disconnects) an MCP or toolset to (from) an agent,
     /// checking and storing its `config` fence. Idempotent.
+    ///
+    /// Both container writes take an optional operation id: it is recorded in
+    /// `processed_ops` in the same transaction, and an id seen before makes the
+    /// call `AlreadyApplied` without changing anything.
+    #[allow(clippy::too_many_arguments)] // the operation's fields, a fence and an op id
     async fn set_agent_link(
         &self,
         owner_id: &str,
@@ -363,6 +387,7 @@ pub trait MetadataStore: Send + Sync {
         link_id: &str,
         connected: bool,
         fence: Option<&Fence>,
+        op_id: Option<&str>,
     ) -> MetaResult<()>;
     async fn mark_orphan(
         &self,

@@ -89,7 +89,7 @@ fn add_fence(filter: &mut Document, update: &mut Document, map: &str, fence: Opt
         filter.insert(
             "$or",
             vec![
-                doc! {&field: {"$lt": f.token}},
+                doc! {&field: {"$lte": f.token}},
                 doc! {&field: {"$exists": false}},
             ],
         );
@@ -148,6 +148,19 @@ impl MongoStore {
             .await?;
         self.sessions()
             .create_index(index(doc! {"owner_id": 1}, false))
+            .await?;
+        // Operation ids only need to outlive redelivery: a week is plenty.
+        let expire = IndexOptions::builder()
+            .expire_after(Duration::from_secs(7 * 24 * 3600))
+            .build();
+        self.db
+            .collection::<ProcessedOp>("processed_ops")
+            .create_index(
+                IndexModel::builder()
+                    .keys(doc! {"created_at": 1})
+                    .options(expire)
+                    .build(),
+            )
             .await?;
         self.agents()
             .create_index(index(doc! {"owner_id": 1}, false))
@@ -286,6 +299,28 @@ impl MongoStore {
         self.db.collection("agents")
     }
 
+    /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
+    async fn record_op(&self, s: &mut ClientSession, op_id: Option<&str>) -> MetaResult<()> {
+        let Some(id) = op_id else { return Ok(()) };
+        let op = ProcessedOp {
+            id: id.to_owned(),
+            created_at: now(),
+        };
+        match self
+            .db
+            .collection::<ProcessedOp>("processed_ops")
+            .insert_one(&op)
+            .session(&mut *s)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match classify(e) {
+                MetaError::Duplicate => Err(MetaError::AlreadyApplied),
+                e => Err(e),
+            },
+        }
+    }
+
     /// Applies a fenced update to an owned document; tells `NotFound` (not
     /// the owner's, or absent) from `StaleFence` when nothing matched.
     async fn update_owned(
@@ -332,7 +367,7 @@ impl MongoStore {
         {
             Ok(None) => MetaError::NotFound,
             Ok(Some(u)) => match fence {
-                Some(f) if u.upload_fence.get(&f.slot).is_some_and(|t| *t >= f.token) => {
+                Some(f) if u.upload_fence.get(&f.slot).is_some_and(|t| *t > f.token) => {
                     MetaError::StaleFence
                 }
                 _ => MetaError::QuotaExceeded,
@@ -612,9 +647,11 @@ impl MetadataStore for MongoStore {
         file_id: &str,
         attached: bool,
         fence: Option<&Fence>,
+        op_id: Option<&str>,
     ) -> MetaResult<()> {
         let mut s = self.begin().await?;
         let result = async {
+            self.record_op(&mut s, op_id).await?;
             let (collection, cid) = (container.collection(), container.id());
             // The file's document is written too, so that a concurrent
             // delete of the file conflicts with this attach.
@@ -652,6 +689,7 @@ impl MetadataStore for MongoStore {
         self.finish(s, result).await
     }
 
+    #[allow(clippy::too_many_arguments)] // the operation's fields, a fence and an op id
     async fn set_agent_link(
         &self,
         owner_id: &str,
@@ -660,8 +698,12 @@ impl MetadataStore for MongoStore {
         link_id: &str,
         connected: bool,
         fence: Option<&Fence>,
+        op_id: Option<&str>,
     ) -> MetaResult<()> {
         let mut s = self.begin().await?;
+        if let Err(e) = self.record_op(&mut s, op_id).await {
+            return self.finish(s, Err(e)).await;
+        }
         let op = if connected { "$addToSet" } else { "$pull" };
         let mut filter = doc! {"_id": agent_id, "owner_id": owner_id};
         let mut update = doc! {op: {kind.field(): link_id}};

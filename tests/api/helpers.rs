@@ -32,6 +32,10 @@ pub fn test_settings() -> Settings {
     let mut s = Settings::embedded(dir);
     s.bind = "127.0.0.1:0".into();
     s.admin_key = Some(SecretString::from(ADMIN_KEY));
+    // scripts/test.sh reruns the platform tests with FILEDOCK_TEST_COORDINATION=queue.
+    if let Ok(c) = std::env::var("FILEDOCK_TEST_COORDINATION") {
+        s.coordination = c.parse().expect("lock or queue");
+    }
     if real_backends() {
         s.mongodb_uri = Some(env("FILEDOCK_TEST_MONGODB_URI").into());
         s.mongodb_db = format!("t_{}", &run[..16]);

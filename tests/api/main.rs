@@ -9,4 +9,5 @@ mod locks;
 mod openapi;
 mod orphans;
 mod platform;
+mod queue;
 mod real;

@@ -164,13 +164,13 @@ async fn a_broken_upload_aborts_its_multipart_upload_and_leaves_nothing() {
     assert!(app.list_ids(&u).await.is_empty(), "no metadata");
 }
 
-/// A private redis-server this test may stop and start.
-struct OwnRedis {
+/// A private redis-server a test may stop and start.
+pub struct OwnRedis {
     child: Option<Child>,
 }
 
 impl OwnRedis {
-    async fn start(port: u16) -> Self {
+    pub async fn start(port: u16) -> Self {
         let bin =
             std::env::var("FILEDOCK_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let child = Command::new(bin)
@@ -199,7 +199,7 @@ impl OwnRedis {
         Self { child: Some(child) }
     }
 
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();

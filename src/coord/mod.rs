@@ -1,0 +1,299 @@
+//! The `Coordinator` port: how a write to a hot resource (a session's files,
+//! an agent's files or its connections) is serialized. `lock` takes the
+//! resource's lock and applies the write directly; `queue` enqueues it on an
+//! ordered per-key queue and waits for a worker to apply it (Redis Streams
+//! across instances, or in-process without Redis). The HTTP API is the same.
+
+pub mod local;
+pub mod queue;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    error::ApiError,
+    lock::LockKey,
+    meta::{Container, Fence, LinkKind, MetaError, MetaResult},
+    retry::with_txn_retry,
+    startup::AppState,
+};
+
+/// A write to a container, self-contained so that it can travel through a queue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Operation {
+    Attach {
+        owner_id: String,
+        container: Container,
+        file_id: String,
+        attached: bool,
+    },
+    Link {
+        owner_id: String,
+        agent_id: String,
+        kind: LinkKind,
+        link_id: String,
+        connected: bool,
+    },
+}
+
+impl Operation {
+    /// The lock this write takes on the direct path; also its queue routing key.
+    pub fn lock_key(&self) -> LockKey {
+        match self {
+            Self::Attach {
+                container: Container::Session(id),
+                ..
+            } => LockKey::session_files(id),
+            Self::Attach {
+                container: Container::Agent(id),
+                ..
+            } => LockKey::agent_files(id),
+            Self::Link { agent_id, .. } => LockKey::agent_config(agent_id),
+        }
+    }
+
+    fn fence_slot(&self) -> &'static str {
+        match self {
+            Self::Attach { .. } => "files",
+            Self::Link { .. } => "config",
+        }
+    }
+
+    fn metric_op(&self) -> &'static str {
+        match self {
+            Self::Attach {
+                container: Container::Session(_),
+                ..
+            } => "session_files",
+            Self::Attach {
+                container: Container::Agent(_),
+                ..
+            } => "agent_files",
+            Self::Link { .. } => "agent_config",
+        }
+    }
+}
+
+/// Applies `op` in a retried transaction. With an `op_id`, a redelivered
+/// operation is applied once (`processed_ops`).
+pub async fn apply(
+    state: &AppState,
+    op: &Operation,
+    fence: Option<Fence>,
+    op_id: Option<&str>,
+) -> MetaResult<()> {
+    let meta = &state.meta;
+    let result = with_txn_retry(&state.txn_retry, || async {
+        match op {
+            Operation::Attach {
+                owner_id,
+                container,
+                file_id,
+                attached,
+            } => {
+                meta.set_attachment(
+                    owner_id,
+                    container,
+                    file_id,
+                    *attached,
+                    fence.as_ref(),
+                    op_id,
+                )
+                .await
+            }
+            Operation::Link {
+                owner_id,
+                agent_id,
+                kind,
+                link_id,
+                connected,
+            } => {
+                meta.set_agent_link(
+                    owner_id,
+                    agent_id,
+                    *kind,
+                    link_id,
+                    *connected,
+                    fence.as_ref(),
+                    op_id,
+                )
+                .await
+            }
+        }
+    })
+    .await;
+    match result {
+        Ok(r) => {
+            state.metrics.observe_txn(op.metric_op(), r.retries);
+            Ok(())
+        }
+        Err(MetaError::AlreadyApplied) => Ok(()),
+        Err(e) => {
+            if e.is_write_conflict() {
+                state
+                    .metrics
+                    .observe_txn(op.metric_op(), state.txn_retry.max_attempts - 1);
+            }
+            Err(e)
+        }
+    }
+}
+
+#[async_trait]
+pub trait Coordinator: Send + Sync {
+    /// Applies `op` and answers when it is applied (or failed).
+    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError>;
+
+    /// The queue's figures, for `GET /v1/admin/queue` (lock mode has none).
+    async fn stats(&self) -> Option<QueueStats> {
+        None
+    }
+}
+
+/// The direct path: take the resource's lock, apply, release.
+pub struct LockCoordinator;
+
+#[async_trait]
+impl Coordinator for LockCoordinator {
+    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError> {
+        let guard = state.locks.acquire(&op.lock_key()).await?;
+        let fence = guard.as_ref().map(|g| Fence {
+            slot: op.fence_slot().into(),
+            token: g.fence() as i64,
+        });
+        let result = apply(state, &op, fence, None).await;
+        if let Some(g) = guard {
+            g.release().await;
+        }
+        Ok(result?)
+    }
+}
+
+/// The seed's `QueueMetrics`, plus what this instance holds.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct QueueStats {
+    /// Operations enqueued and not yet acknowledged, over all buckets.
+    pub length: u64,
+    /// Operations applied per second by this instance over the last minute.
+    pub processing_rate: f64,
+    /// Mean time from enqueue to applied, last minute, this instance.
+    pub average_wait_ms: f64,
+    /// Share of operations that failed, last minute, this instance.
+    pub failure_rate: f64,
+    pub dead_letter_count: u64,
+    /// Logical buckets this instance consumes.
+    pub buckets_held: usize,
+    pub warnings: Vec<String>,
+}
+
+impl QueueStats {
+    /// The seed's thresholds: length > 100, dead letters > 10, average wait > 5 s.
+    pub fn with_warnings(mut self) -> Self {
+        self.warnings.clear();
+        if self.length > 100 {
+            self.warnings
+                .push(format!("queue length {} is over 100", self.length));
+        }
+        if self.dead_letter_count > 10 {
+            self.warnings.push(format!(
+                "{} operations are in the dead-letter queue (over 10)",
+                self.dead_letter_count
+            ));
+        }
+        if self.average_wait_ms > 5000.0 {
+            self.warnings.push(format!(
+                "average wait {:.0} ms is over 5 s",
+                self.average_wait_ms
+            ));
+        }
+        self
+    }
+}
+
+/// The fixed number of logical buckets: the unit of ownership, so adding
+/// instances moves buckets and never remaps keys.
+pub const BUCKETS: u32 = 64;
+
+/// The bucket of a routing key (CRC-32, stable across processes and versions).
+pub fn bucket_of(key: &LockKey) -> u32 {
+    crc32fast::hash(key.as_str().as_bytes()) % BUCKETS
+}
+
+/// How long a waiter waits: 30 s + 2 s per queued operation ahead, at most 5 min.
+pub fn wait_timeout(queue_len: u64) -> std::time::Duration {
+    std::time::Duration::from_secs((30 + 2 * queue_len).min(300))
+}
+
+/// An operation's result as it travels back to the waiter.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OpOutcome {
+    pub code: Option<String>,
+    pub message: Option<String>,
+}
+
+impl OpOutcome {
+    pub fn ok() -> Self {
+        Self {
+            code: None,
+            message: None,
+        }
+    }
+
+    pub fn error(e: &ApiError) -> Self {
+        Self {
+            code: Some(e.code().into()),
+            message: Some(e.to_string()),
+        }
+    }
+
+    pub fn into_result(self) -> Result<(), ApiError> {
+        match self.code.as_deref() {
+            None => Ok(()),
+            Some("not_found") => Err(ApiError::NotFound),
+            Some("dead_lettered") => Err(ApiError::DeadLettered(self.message.unwrap_or_default())),
+            Some(code) => Err(ApiError::internal(anyhow::anyhow!(
+                "queued operation failed: {code}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_stable_and_spread() {
+        let key = LockKey::agent_config("5f0c7a52-0000-7000-8000-000000000000");
+        assert_eq!(bucket_of(&key), bucket_of(&key.clone()));
+        let used: std::collections::HashSet<u32> = (0..1000)
+            .map(|i| bucket_of(&LockKey::agent_config(&i.to_string())))
+            .collect();
+        assert!(
+            used.len() > 60,
+            "1000 keys reach {} of 64 buckets",
+            used.len()
+        );
+    }
+
+    #[test]
+    fn the_wait_grows_with_the_queue_and_is_capped() {
+        assert_eq!(wait_timeout(0).as_secs(), 30);
+        assert_eq!(wait_timeout(10).as_secs(), 50);
+        assert_eq!(wait_timeout(10_000).as_secs(), 300);
+    }
+
+    #[test]
+    fn operations_round_trip_as_json() {
+        let op = Operation::Link {
+            owner_id: "u".into(),
+            agent_id: "a".into(),
+            kind: LinkKind::Mcp,
+            link_id: "github".into(),
+            connected: true,
+        };
+        let json = serde_json::to_string(&op).unwrap();
+        assert_eq!(serde_json::from_str::<Operation>(&json).unwrap(), op);
+    }
+}

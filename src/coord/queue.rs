@@ -1,0 +1,630 @@
+//! The Redis Streams queue.
+//!
+//! - An operation goes to one of 64 logical buckets by its lock key's hash;
+//!   each bucket is a stream (`filedock_queue:{b}`) with one consumer group.
+//! - A bucket is consumed by exactly one worker at a time: the worker holds
+//!   the bucket's lease (a lock with renewal). Instances share the buckets
+//!   (each takes at most ⌈64 / live instances⌉), so operations on one key
+//!   apply in enqueue order while different buckets run in parallel.
+//! - Consumer names are unique per process. A worker that takes a bucket
+//!   first claims (`XAUTOCLAIM`) what a dead owner left pending.
+//! - Every operation carries an id, recorded in `processed_ops` in the same
+//!   transaction, so a redelivered operation is applied once; the lease's
+//!   fencing token is checked too, so a worker that lost its lease cannot
+//!   apply out of order.
+//! - The result goes to a per-operation key, and the waiting instance is
+//!   told on its own channel; the waiter re-reads the key every second in
+//!   case a notice is lost.
+//! - An operation that keeps failing goes to `filedock_queue_dlq`.
+//! - Redis unhealthy (checked at most once a second): the direct lock path.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use rand::seq::SliceRandom;
+use redis::{
+    AsyncCommands, Client, Value,
+    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
+    streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply},
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    BUCKETS, Coordinator, LockCoordinator, OpOutcome, Operation, QueueStats, apply, bucket_of,
+    wait_timeout,
+};
+use crate::{
+    error::ApiError,
+    lock::{LockGuard, LockKey},
+    meta::{Fence, MetaError},
+    metrics::OutcomeLabel,
+    startup::AppState,
+};
+
+const GROUP: &str = "filedock";
+/// Attempts before an operation is dead-lettered.
+const MAX_ATTEMPTS: u32 = 5;
+/// A bucket lease; renewed every third of it while the worker lives.
+const LEASE_TTL: Duration = Duration::from_secs(3);
+/// How long an instance counts as alive after its last heartbeat.
+const MEMBER_TTL_MS: u64 = 5_000;
+
+type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<OpOutcome>>>>;
+
+pub struct RedisQueue {
+    client: Client,
+    conn: ConnectionManager,
+    prefix: String,
+    /// Unique consumer name of this process.
+    instance: String,
+    waiters: Waiters,
+    /// Last health check: when, and whether Redis answered.
+    health: Mutex<Option<(Instant, bool)>>,
+    recent: Arc<Mutex<VecDeque<Done>>>,
+    held: Arc<Mutex<usize>>,
+    subscriber: JoinHandle<()>,
+}
+
+/// One applied (or failed) operation, for the last-minute figures.
+struct Done {
+    at: Instant,
+    wait_ms: f64,
+    ok: bool,
+}
+
+impl Drop for RedisQueue {
+    fn drop(&mut self) {
+        self.subscriber.abort();
+    }
+}
+
+fn now_ms() -> u64 {
+    crate::lock::now_micros() / 1000
+}
+
+impl RedisQueue {
+    pub fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
+        let client = Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
+        let waiters: Waiters = Arc::default();
+        let channel = format!("{prefix}filedock_queue_done:{instance}");
+        let subscriber = tokio::spawn(listen(
+            client.clone(),
+            channel,
+            conn.clone(),
+            prefix.to_owned(),
+            waiters.clone(),
+        ));
+        Ok(Self {
+            client,
+            conn,
+            prefix: prefix.to_owned(),
+            instance,
+            waiters,
+            health: Mutex::new(None),
+            recent: Arc::default(),
+            held: Arc::default(),
+            subscriber,
+        })
+    }
+
+    /// The stream of bucket `b`.
+    pub fn stream(prefix: &str, b: u32) -> String {
+        format!("{prefix}filedock_queue:{{{b}}}")
+    }
+
+    fn dlq(&self) -> String {
+        format!("{}filedock_queue_dlq", self.prefix)
+    }
+
+    fn members(&self) -> String {
+        format!("{}filedock_queue_members", self.prefix)
+    }
+
+    /// The circuit breaker: Redis health, checked at most once a second.
+    async fn healthy(&self) -> bool {
+        if let Some((at, ok)) = *self.health.lock().unwrap()
+            && at.elapsed() < Duration::from_secs(1)
+        {
+            return ok;
+        }
+        let ping = tokio::time::timeout(
+            Duration::from_millis(500),
+            self.conn.clone().ping::<String>(),
+        )
+        .await;
+        let ok = matches!(ping, Ok(Ok(_)));
+        *self.health.lock().unwrap() = Some((Instant::now(), ok));
+        ok
+    }
+
+    fn mark_unhealthy(&self) {
+        *self.health.lock().unwrap() = Some((Instant::now(), false));
+    }
+
+    /// Entries waiting or in flight in bucket `b`.
+    async fn bucket_len(&self, b: u32) -> redis::RedisResult<u64> {
+        let groups: redis::streams::StreamInfoGroupsReply = self
+            .conn
+            .clone()
+            .xinfo_groups(Self::stream(&self.prefix, b))
+            .await?;
+        Ok(groups
+            .groups
+            .iter()
+            .map(|g| (g.lag.unwrap_or(0) + g.pending) as u64)
+            .sum())
+    }
+
+    async fn enqueue(&self, op: &Operation, op_id: &str) -> redis::RedisResult<u64> {
+        let b = bucket_of(&op.lock_key());
+        let ahead = self.bucket_len(b).await.unwrap_or(0);
+        let body = serde_json::to_string(op)
+            .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))?;
+        let _: String = redis::cmd("XADD")
+            .arg(Self::stream(&self.prefix, b))
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(100_000)
+            .arg("*")
+            .arg("op")
+            .arg(body)
+            .arg("id")
+            .arg(op_id)
+            .arg("reply")
+            .arg(&self.instance)
+            .arg("at")
+            .arg(now_ms())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(ahead)
+    }
+
+    /// Starts this instance's bucket workers; they stop with `shutdown`.
+    pub fn spawn_workers(
+        self: &Arc<Self>,
+        state: AppState,
+        shutdown: CancellationToken,
+    ) -> JoinHandle<()> {
+        tokio::spawn(manage(self.clone(), state, shutdown))
+    }
+}
+
+/// Wakes local waiters when a worker (in any instance) publishes their result.
+async fn listen(
+    client: Client,
+    channel: String,
+    conn: ConnectionManager,
+    prefix: String,
+    waiters: Waiters,
+) {
+    loop {
+        if let Ok(mut pubsub) = client.get_async_pubsub().await
+            && pubsub.subscribe(&channel).await.is_ok()
+        {
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let Ok(op_id) = msg.get_payload::<String>() else {
+                    continue;
+                };
+                let Some(tx) = waiters.lock().unwrap().remove(&op_id) else {
+                    continue;
+                };
+                let outcome = read_result(&mut conn.clone(), &prefix, &op_id).await;
+                let _ = tx.send(outcome.unwrap_or_else(OpOutcome::ok));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn result_key(prefix: &str, op_id: &str) -> String {
+    format!("{prefix}filedock_queue_result:{op_id}")
+}
+
+async fn read_result(conn: &mut ConnectionManager, prefix: &str, op_id: &str) -> Option<OpOutcome> {
+    let raw: Option<String> = conn.get(result_key(prefix, op_id)).await.ok()?;
+    serde_json::from_str(&raw?).ok()
+}
+
+/// Removes a waiter however its wait ends.
+struct Waiting<'a> {
+    waiters: &'a Waiters,
+    op_id: &'a str,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.waiters.lock().unwrap().remove(self.op_id);
+    }
+}
+
+#[async_trait]
+impl Coordinator for RedisQueue {
+    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError> {
+        if !self.healthy().await {
+            return LockCoordinator.run(state, op).await;
+        }
+        let op_id = uuid::Uuid::now_v7().to_string();
+        let (tx, mut rx) = oneshot::channel();
+        // Registered before the enqueue, so the result cannot come too early.
+        self.waiters.lock().unwrap().insert(op_id.clone(), tx);
+        let _waiting = Waiting {
+            waiters: &self.waiters,
+            op_id: &op_id,
+        };
+        let ahead = match self.enqueue(&op, &op_id).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "enqueue failed; taking the direct path");
+                self.mark_unhealthy();
+                return LockCoordinator.run(state, op).await;
+            }
+        };
+        let deadline = Instant::now() + wait_timeout(ahead);
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ApiError::LockTimeout);
+            }
+            tokio::select! {
+                outcome = &mut rx => {
+                    if let Ok(o) = outcome {
+                        return o.into_result();
+                    }
+                }
+                _ = tokio::time::sleep(Duration::from_secs(1).min(deadline - now)) => {}
+            }
+            if let Some(o) = read_result(&mut self.conn.clone(), &self.prefix, &op_id).await {
+                return o.into_result();
+            }
+        }
+    }
+
+    async fn stats(&self) -> Option<QueueStats> {
+        let mut length = 0;
+        for b in 0..BUCKETS {
+            length += self.bucket_len(b).await.unwrap_or(0);
+        }
+        let dead_letter_count: u64 = self.conn.clone().xlen(self.dlq()).await.unwrap_or(0);
+        let recent = self.recent.lock().unwrap();
+        let window = recent
+            .front()
+            .map_or(1.0, |d| d.at.elapsed().as_secs_f64().clamp(1.0, 60.0));
+        let n = recent.len() as f64;
+        Some(
+            QueueStats {
+                length,
+                processing_rate: n / window,
+                average_wait_ms: if n > 0.0 {
+                    recent.iter().map(|d| d.wait_ms).sum::<f64>() / n
+                } else {
+                    0.0
+                },
+                failure_rate: if n > 0.0 {
+                    recent.iter().filter(|d| !d.ok).count() as f64 / n
+                } else {
+                    0.0
+                },
+                dead_letter_count,
+                buckets_held: *self.held.lock().unwrap(),
+                warnings: Vec::new(),
+            }
+            .with_warnings(),
+        )
+    }
+}
+
+/// Keeps this instance's fair share of buckets leased, each with a worker.
+async fn manage(queue: Arc<RedisQueue>, state: AppState, shutdown: CancellationToken) {
+    let mut workers: HashMap<u32, (JoinHandle<()>, CancellationToken)> = HashMap::new();
+    let mut last_report = Instant::now();
+    loop {
+        workers.retain(|_, (h, _)| !h.is_finished());
+        let share = match heartbeat(&queue).await {
+            Ok(alive) => BUCKETS.div_ceil(alive.max(1)) as usize,
+            Err(_) => 0, // Redis is down: hold nothing new; running workers stop on lease loss
+        };
+        let mut order: Vec<u32> = (0..BUCKETS).filter(|b| !workers.contains_key(b)).collect();
+        order.shuffle(&mut rand::rng());
+        for b in order {
+            if workers.len() >= share {
+                break;
+            }
+            let key = LockKey::queue_bucket(b);
+            if let Ok(Some(guard)) = state.locks.try_lease(&key, LEASE_TTL).await {
+                let stop = shutdown.child_token();
+                let handle =
+                    tokio::spawn(work(queue.clone(), state.clone(), b, guard, stop.clone()));
+                workers.insert(b, (handle, stop));
+            }
+        }
+        // Give back what is over our share (another instance joined).
+        let extra: Vec<u32> = workers.keys().copied().skip(share).collect();
+        for b in extra {
+            if let Some((_, stop)) = workers.get(&b) {
+                stop.cancel();
+            }
+        }
+        *queue.held.lock().unwrap() = workers.len();
+        if last_report.elapsed() > Duration::from_secs(10) {
+            last_report = Instant::now();
+            report(&queue, &state).await;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+    for (_, (handle, stop)) in workers {
+        stop.cancel();
+        let _ = handle.await;
+    }
+    let _: Result<i64, _> = queue
+        .conn
+        .clone()
+        .zrem(queue.members(), &queue.instance)
+        .await;
+}
+
+/// Announces this instance and counts the live ones.
+async fn heartbeat(queue: &RedisQueue) -> redis::RedisResult<u32> {
+    let now = now_ms();
+    let mut conn = queue.conn.clone();
+    let (_, _, alive): (i64, i64, u32) = redis::pipe()
+        .zadd(queue.members(), &queue.instance, now)
+        .zrembyscore(queue.members(), 0, now.saturating_sub(MEMBER_TTL_MS))
+        .zcard(queue.members())
+        .query_async(&mut conn)
+        .await?;
+    Ok(alive)
+}
+
+/// Publishes the queue figures as metrics and logs the seed's warnings.
+async fn report(queue: &RedisQueue, state: &AppState) {
+    if let Some(stats) = queue.stats().await {
+        state.metrics.queue_length.set(stats.length as i64);
+        state
+            .metrics
+            .queue_dead_letters
+            .set(stats.dead_letter_count as i64);
+        for w in &stats.warnings {
+            tracing::warn!(warning = %w, "queue health");
+        }
+    }
+}
+
+enum Step {
+    Next,
+    /// The lease is gone: stop without acknowledging; the next owner redoes it.
+    Stop,
+}
+
+/// Consumes bucket `b` in order while the lease holds.
+async fn work(
+    queue: Arc<RedisQueue>,
+    state: AppState,
+    b: u32,
+    guard: LockGuard,
+    stop: CancellationToken,
+) {
+    let lost = guard.lost();
+    if let Err(e) = consume(&queue, &state, b, &guard, &stop, &lost).await {
+        tracing::warn!(bucket = b, error = %e, "queue worker stopped");
+    }
+    guard.release().await;
+}
+
+async fn consume(
+    queue: &RedisQueue,
+    state: &AppState,
+    b: u32,
+    guard: &LockGuard,
+    stop: &CancellationToken,
+    lost: &CancellationToken,
+) -> redis::RedisResult<()> {
+    // A connection of its own: XREADGROUP blocks it.
+    let mut conn: MultiplexedConnection = queue.client.get_multiplexed_async_connection().await?;
+    let stream = RedisQueue::stream(&queue.prefix, b);
+    let created: redis::RedisResult<()> = conn.xgroup_create_mkstream(&stream, GROUP, "0").await;
+    if let Err(e) = created
+        && e.code() != Some("BUSYGROUP")
+    {
+        return Err(e);
+    }
+    // First what earlier owners left pending, in order.
+    let mut start = "0-0".to_owned();
+    loop {
+        let claimed: redis::streams::StreamAutoClaimReply = conn
+            .xautoclaim_options(
+                &stream,
+                GROUP,
+                &queue.instance,
+                0,
+                &start,
+                StreamAutoClaimOptions::default().count(64),
+            )
+            .await?;
+        for entry in &claimed.claimed {
+            if let Step::Stop =
+                process(queue, state, b, guard, lost, &mut conn, &stream, entry).await
+            {
+                return Ok(());
+            }
+        }
+        if claimed.next_stream_id == "0-0" || claimed.claimed.is_empty() {
+            break;
+        }
+        start = claimed.next_stream_id;
+    }
+    let opts = StreamReadOptions::default()
+        .group(GROUP, &queue.instance)
+        .count(16)
+        .block(500);
+    while !stop.is_cancelled() && !lost.is_cancelled() {
+        let reply: StreamReadReply = conn.xread_options(&[&stream], &[">"], &opts).await?;
+        for entry in reply.keys.iter().flat_map(|k| &k.ids) {
+            if let Step::Stop =
+                process(queue, state, b, guard, lost, &mut conn, &stream, entry).await
+            {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn process(
+    queue: &RedisQueue,
+    state: &AppState,
+    b: u32,
+    guard: &LockGuard,
+    lost: &CancellationToken,
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    entry: &StreamId,
+) -> Step {
+    let op_id: String = entry.get("id").unwrap_or_else(|| entry.id.clone());
+    let reply_to: Option<String> = entry.get("reply");
+    let enqueued_ms: u64 = entry.get("at").unwrap_or_else(now_ms);
+    let op: Result<Operation, String> = entry
+        .get::<String>("op")
+        .ok_or_else(|| "no op field".to_owned())
+        .and_then(|raw| serde_json::from_str(&raw).map_err(|e| e.to_string()));
+    let fence = Fence {
+        slot: format!("queue{b}"),
+        token: guard.fence() as i64,
+    };
+    let mut attempts = 0;
+    let outcome = loop {
+        if lost.is_cancelled() {
+            return Step::Stop;
+        }
+        let error = match &op {
+            Err(e) => format!("undecodable operation: {e}"),
+            Ok(op) => match apply(state, op, Some(fence.clone()), Some(&op_id)).await {
+                Ok(()) => break OpOutcome::ok(),
+                Err(MetaError::NotFound) => break OpOutcome::error(&ApiError::NotFound),
+                Err(MetaError::StaleFence) => return Step::Stop,
+                Err(e) => e.to_string(),
+            },
+        };
+        attempts += 1;
+        if attempts >= MAX_ATTEMPTS || op.is_err() {
+            dead_letter(queue, conn, entry, &error, attempts).await;
+            let message = format!(
+                "the operation failed {attempts} times and was moved to the dead-letter queue: {error}"
+            );
+            break OpOutcome {
+                code: Some("dead_lettered".into()),
+                message: Some(message),
+            };
+        }
+        tracing::warn!(
+            op_id,
+            attempt = attempts,
+            error,
+            "queued operation failed; retrying"
+        );
+        tokio::time::sleep(Duration::from_millis(100 * u64::from(attempts))).await;
+    };
+    let ok = outcome.code.is_none();
+    respond(queue, conn, &op_id, reply_to.as_deref(), &outcome).await;
+    let _: redis::RedisResult<i64> = conn.xack(stream, GROUP, &[&entry.id]).await;
+    let label = if ok {
+        "applied"
+    } else {
+        outcome.code.as_deref().unwrap_or("failed")
+    };
+    state
+        .metrics
+        .queue_processed
+        .get_or_create(&OutcomeLabel {
+            outcome: label.into(),
+        })
+        .inc();
+    let mut recent = queue.recent.lock().unwrap();
+    recent.push_back(Done {
+        at: Instant::now(),
+        wait_ms: now_ms().saturating_sub(enqueued_ms) as f64,
+        ok,
+    });
+    while recent
+        .front()
+        .is_some_and(|d| d.at.elapsed() > Duration::from_secs(60))
+        || recent.len() > 100_000
+    {
+        recent.pop_front();
+    }
+    Step::Next
+}
+
+async fn respond(
+    queue: &RedisQueue,
+    conn: &mut MultiplexedConnection,
+    op_id: &str,
+    reply_to: Option<&str>,
+    outcome: &OpOutcome,
+) {
+    let body = serde_json::to_string(outcome).unwrap_or_default();
+    let mut pipe = redis::pipe();
+    pipe.set_ex(result_key(&queue.prefix, op_id), body, 300)
+        .ignore();
+    if let Some(instance) = reply_to {
+        pipe.publish(
+            format!("{}filedock_queue_done:{instance}", queue.prefix),
+            op_id,
+        )
+        .ignore();
+    }
+    let r: redis::RedisResult<Value> = pipe.query_async(conn).await;
+    if let Err(e) = r {
+        tracing::warn!(op_id, error = %e, "could not deliver a queued operation's result");
+    }
+}
+
+async fn dead_letter(
+    queue: &RedisQueue,
+    conn: &mut MultiplexedConnection,
+    entry: &StreamId,
+    error: &str,
+    attempts: u32,
+) {
+    let op: String = entry.get("op").unwrap_or_default();
+    let id: String = entry.get("id").unwrap_or_default();
+    let r: redis::RedisResult<String> = redis::cmd("XADD")
+        .arg(queue.dlq())
+        .arg("*")
+        .arg("op")
+        .arg(op)
+        .arg("id")
+        .arg(&id)
+        .arg("error")
+        .arg(error)
+        .arg("attempts")
+        .arg(attempts)
+        .arg("entry")
+        .arg(&entry.id)
+        .query_async(conn)
+        .await;
+    tracing::error!(
+        op_id = id,
+        error,
+        attempts,
+        dead_lettered = r.is_ok(),
+        "queued operation moved to the dead-letter queue"
+    );
+}

@@ -1,0 +1,330 @@
+//! Queue-based coordination across processes: exactly once, in order,
+//! surviving a SIGKILL, dead-lettering poison, and falling back to the lock
+//! path while Redis is down.
+
+use std::time::{Duration, Instant};
+
+use filedock::{
+    config::Coordination,
+    coord::{bucket_of, queue::RedisQueue},
+    lock::LockKey,
+};
+use futures::future::join_all;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::{helpers::*, real::OwnRedis};
+
+const QUEUE: [(&str, &str); 1] = [("FILEDOCK_COORDINATION", "queue")];
+
+fn skip() -> bool {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+    }
+    !real_backends()
+}
+
+async fn call(
+    client: &reqwest::Client,
+    method: &str,
+    url: String,
+    key: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = client
+        .request(method.parse().unwrap(), url)
+        .bearer_auth(key)
+        .timeout(Duration::from_secs(120));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    match req.send().await {
+        Ok(res) => {
+            let status = res.status();
+            (status, res.json().await.unwrap_or(Value::Null))
+        }
+        Err(e) => (StatusCode::BAD_GATEWAY, json!({"transport": e.to_string()})),
+    }
+}
+
+/// A user (key) and an agent (id) created through `base`.
+async fn user_and_agent(base: &str) -> (String, String) {
+    let client = reqwest::Client::new();
+    let (_, user) = call(
+        &client,
+        "POST",
+        format!("{base}/v1/admin/users"),
+        ADMIN_KEY,
+        Some(json!({"name": "q"})),
+    )
+    .await;
+    let key = user["api_key"].as_str().unwrap().to_owned();
+    let (_, agent) = call(
+        &client,
+        "POST",
+        format!("{base}/v1/agents"),
+        &key,
+        Some(json!({"name": "hot"})),
+    )
+    .await;
+    (key, agent["id"].as_str().unwrap().to_owned())
+}
+
+/// The MCP ids enqueued for `agent`, in stream (enqueue) order.
+async fn enqueued_links(settings: &filedock::config::Settings, agent: &str) -> Vec<String> {
+    let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = RedisQueue::stream(
+        &settings.redis_prefix,
+        bucket_of(&LockKey::agent_config(agent)),
+    );
+    let reply: redis::streams::StreamRangeReply =
+        redis::AsyncCommands::xrange_all(&mut conn, stream)
+            .await
+            .unwrap();
+    reply
+        .ids
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(&e.get::<String>("op")?).ok())
+        .filter(|op| op["agent_id"] == agent)
+        .map(|op| op["link_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn mcp_ids(base: &str, key: &str, agent: &str) -> Vec<String> {
+    let (_, a) = call(
+        &reqwest::Client::new(),
+        "GET",
+        format!("{base}/v1/agents/{agent}"),
+        key,
+        None,
+    )
+    .await;
+    a["mcp_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn three_processes_apply_300_operations_on_one_agent_once_each_in_enqueue_order() {
+    if skip() {
+        return;
+    }
+    let settings = test_settings();
+    let servers = [
+        spawn_binary(&settings, &QUEUE).await,
+        spawn_binary(&settings, &QUEUE).await,
+        spawn_binary(&settings, &QUEUE).await,
+    ];
+    let (key, agent) = user_and_agent(&servers[0].base).await;
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let ops = (0..300).map(|i| {
+        let url = format!("{}/v1/agents/{agent}/mcps/mcp-{i}", servers[i % 3].base);
+        call(&client, "PUT", url, &key, None)
+    });
+    for (status, body) in join_all(ops).await {
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    eprintln!(
+        "300 queued connects over 3 processes in {:?}",
+        started.elapsed()
+    );
+    let applied = mcp_ids(&servers[1].base, &key, &agent).await;
+    assert_eq!(applied.len(), 300);
+    assert_eq!(
+        applied
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
+        300,
+        "none twice"
+    );
+    assert_eq!(
+        applied,
+        enqueued_links(&settings, &agent).await,
+        "apply order is enqueue order"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_process_leaves_its_operations_to_the_others_none_lost_none_doubled() {
+    if skip() {
+        return;
+    }
+    let settings = test_settings();
+    let first = spawn_binary(&settings, &QUEUE).await;
+    let (key, agent) = user_and_agent(&first.base).await;
+    // The first process holds every bucket; kill it while its operations are in flight.
+    let client = reqwest::Client::new();
+    let doomed: Vec<_> = (0..100)
+        .map(|i| {
+            let (client, key) = (client.clone(), key.clone());
+            let url = format!("{}/v1/agents/{agent}/mcps/early-{i}", first.base);
+            tokio::spawn(async move { call(&client, "PUT", url, &key, None).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while enqueued_links(&settings, &agent).await.len() < 10 {
+        assert!(Instant::now() < deadline, "nothing was enqueued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(first); // SIGKILL, with operations enqueued and some not yet applied
+    for t in doomed {
+        let _ = t.await;
+    }
+    let others = [
+        spawn_binary(&settings, &QUEUE).await,
+        spawn_binary(&settings, &QUEUE).await,
+    ];
+    let ops = (0..100).map(|i| {
+        let url = format!("{}/v1/agents/{agent}/mcps/late-{i}", others[i % 2].base);
+        call(&client, "PUT", url, &key, None)
+    });
+    for (status, body) in join_all(ops).await {
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let enqueued = enqueued_links(&settings, &agent).await;
+    let applied = mcp_ids(&others[0].base, &key, &agent).await;
+    let early = enqueued.iter().filter(|l| l.starts_with("early-")).count();
+    eprintln!(
+        "{early} operations were enqueued before the kill; all {} enqueued applied",
+        enqueued.len()
+    );
+    assert!(early > 0, "the kill came before anything was enqueued");
+    assert_eq!(
+        applied, enqueued,
+        "every enqueued operation applied once, in order"
+    );
+}
+
+#[tokio::test]
+async fn a_poisoned_operation_is_dead_lettered_and_its_waiter_told() {
+    if skip() {
+        return;
+    }
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    let app = spawn_app_with(settings).await;
+    let (key, agent) = user_and_agent(&app.base).await;
+    let client = reqwest::Client::new();
+    let upload = client
+        .post(app.url("/v1/files?filename=f.txt"))
+        .bearer_auth(&key)
+        .body("payload")
+        .send()
+        .await
+        .unwrap();
+    let file = upload.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Corrupt the file's back-references so that every attach fails in MongoDB.
+    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap();
+    mongo
+        .database(&app.settings.mongodb_db)
+        .collection::<bson::Document>("files")
+        .update_one(
+            bson::doc! {"_id": &file},
+            bson::doc! {"$set": {"agents": "not a list"}},
+        )
+        .await
+        .unwrap();
+    let attach = Some(json!({ "file_id": file }));
+    let (status, body) = call(
+        &client,
+        "POST",
+        app.url(&format!("/v1/agents/{agent}/files")),
+        &key,
+        attach,
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["error"]["code"], "dead_lettered");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("dead-letter"),
+        "{body}"
+    );
+    // The queue goes on: the next operation on the same agent succeeds.
+    let (status, _) = call(
+        &client,
+        "PUT",
+        app.url(&format!("/v1/agents/{agent}/mcps/fine")),
+        &key,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, stats) = call(&client, "GET", app.url("/v1/admin/queue"), ADMIN_KEY, None).await;
+    assert_eq!(stats["mode"], "queue");
+    assert_eq!(stats["dead_letter_count"], 1, "{stats}");
+    assert!(stats["failure_rate"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test]
+async fn with_redis_down_operations_take_the_direct_path_and_the_queue_resumes_after() {
+    if skip() {
+        return;
+    }
+    let port = free_port();
+    let mut redis = OwnRedis::start(port).await;
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    settings.redis_url = Some(format!("redis://127.0.0.1:{port}/").into());
+    let app = spawn_app_with(settings).await;
+    let (key, agent) = user_and_agent(&app.base).await;
+    let client = reqwest::Client::new();
+    let queued = || app.metric("filedock_queue_processed_total", "outcome=\"applied\"");
+    let put = |mcp: &'static str| {
+        call(
+            &client,
+            "PUT",
+            app.url(&format!("/v1/agents/{agent}/mcps/{mcp}")),
+            &key,
+            None,
+        )
+    };
+
+    assert_eq!(put("one").await.0, StatusCode::OK);
+    assert_eq!(queued().await, 1.0, "applied by a queue worker");
+
+    redis.stop();
+    let started = Instant::now();
+    assert_eq!(
+        put("two").await.0,
+        StatusCode::OK,
+        "the direct path (development: without a lock)"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(queued().await, 1.0, "not through the queue");
+
+    let _redis = OwnRedis::start(port).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    while queued().await < 2.0 {
+        assert!(Instant::now() < deadline, "the queue did not resume");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        n += 1;
+        let mcp: &'static str = Box::leak(format!("again-{n}").into_boxed_str());
+        assert_eq!(put(mcp).await.0, StatusCode::OK);
+    }
+    let mut all = mcp_ids(&app.base, &key, &agent).await;
+    all.sort();
+    let mut expected: Vec<String> = ["one".to_owned(), "two".to_owned()]
+        .into_iter()
+        .chain((1..=n).map(|i| format!("again-{i}")))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        all, expected,
+        "every operation applied once, whichever path it took"
+    );
+}
