@@ -26,6 +26,8 @@ pub struct Settings {
     pub txn_retry: TxnRetrySettings,
     pub sweep: SweepSettings,
     pub coordination: Coordination,
+    /// How long an authenticated key is remembered (zero: ask the store every time).
+    pub auth_cache_ttl: Duration,
     pub cors_origins: Vec<String>,
     pub log_json: bool,
     /// Allow `production` to run on embedded adapters.
@@ -182,6 +184,7 @@ impl Settings {
                 max_retries: 3,
             },
             coordination: Coordination::Lock,
+            auth_cache_ttl: Duration::from_secs(30),
             cors_origins: Vec::new(),
             log_json: false,
             allow_embedded_in_production: false,
@@ -241,6 +244,7 @@ impl Settings {
         parse_into(&get, "LOCK_STRATEGY", &mut s.lock.strategy)?;
         parse_into(&get, "LOCK_SCOPE", &mut s.lock.scope)?;
         parse_into(&get, "COORDINATION", &mut s.coordination)?;
+        parse_secs(&get, "AUTH_CACHE_SECS", &mut s.auth_cache_ttl)?;
         parse_secs(&get, "LOCK_TTL_SECS", &mut s.lock.ttl)?;
         parse_secs(&get, "LOCK_WAIT_SECS", &mut s.lock.wait_timeout)?;
         parse_into(&get, "TXN_MAX_ATTEMPTS", &mut s.txn_retry.max_attempts)?;

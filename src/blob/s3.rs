@@ -132,22 +132,11 @@ impl S3BlobStore {
         format!("{}{key}", self.prefix)
     }
 
-    /// Reads from `body` until `buf` holds `part_size` bytes or the body ends.
-    async fn fill(&self, body: &mut ByteStream<'_>, buf: &mut BytesMut) -> Result<bool, BlobError> {
-        while buf.len() < self.part_size {
-            match body.next().await {
-                Some(chunk) => buf.extend_from_slice(&chunk.map_err(BlobError::Body)?),
-                None => return Ok(true),
-            }
-        }
-        Ok(false)
-    }
-
     async fn multipart(
         &self,
         key: &str,
         first: Bytes,
-        body: &mut ByteStream<'_>,
+        parts: &mut PartReader<'_, '_>,
         written: &mut u64,
     ) -> Result<(), BlobError> {
         let created = self
@@ -164,7 +153,7 @@ impl S3BlobStore {
             .to_owned();
         self.count_multipart("started");
         let result = self
-            .upload_parts(key, &upload_id, first, body, written)
+            .upload_parts(key, &upload_id, first, parts, written)
             .await;
         match result {
             Ok(parts) => {
@@ -213,46 +202,100 @@ impl S3BlobStore {
         key: &str,
         upload_id: &str,
         first: Bytes,
-        body: &mut ByteStream<'_>,
+        parts: &mut PartReader<'_, '_>,
         written: &mut u64,
     ) -> Result<Vec<CompletedPart>, BlobError> {
         let mut in_flight = JoinSet::new();
         let mut done = Vec::new();
         let mut part = Some(first);
         let mut number = 0;
-        let mut ended = false;
-        loop {
-            if let Some(bytes) = part.take() {
-                number += 1;
-                *written += bytes.len() as u64;
-                in_flight.spawn(upload_part(
-                    self.client.clone(),
-                    self.bucket.clone(),
-                    key.to_owned(),
-                    upload_id.to_owned(),
-                    number,
-                    bytes,
-                ));
-            }
+        while let Some(bytes) = part.take() {
+            number += 1;
+            *written += bytes.len() as u64;
+            in_flight.spawn(upload_part(
+                self.client.clone(),
+                self.bucket.clone(),
+                key.to_owned(),
+                upload_id.to_owned(),
+                number,
+                bytes,
+            ));
             while in_flight.len() >= self.part_concurrency {
                 done.push(joined(in_flight.join_next().await)?);
             }
-            if ended {
-                break;
-            }
-            let mut buf = BytesMut::with_capacity(self.part_size);
-            ended = self.fill(body, &mut buf).await?;
-            if !buf.is_empty() {
-                part = Some(buf.freeze());
-            } else if ended {
-                break;
-            }
+            part = parts.next().await?;
         }
         while let Some(r) = in_flight.join_next().await {
             done.push(joined(Some(r))?);
         }
         done.sort_by_key(|p: &CompletedPart| p.part_number());
         Ok(done)
+    }
+}
+
+/// Cuts a body into parts of exactly `size` bytes (the last may be shorter),
+/// each held in one allocation of its own size, so that memory per upload
+/// stays at `size × parts in flight` whatever the chunks look like.
+struct PartReader<'a, 'b> {
+    body: &'a mut ByteStream<'b>,
+    /// The tail of a chunk that crossed the previous part's end.
+    carry: Option<Bytes>,
+    size: usize,
+    ended: bool,
+}
+
+impl<'a, 'b> PartReader<'a, 'b> {
+    fn new(body: &'a mut ByteStream<'b>, size: usize) -> Self {
+        Self {
+            body,
+            carry: None,
+            size,
+            ended: false,
+        }
+    }
+
+    /// The next part, or `None` when the body is done.
+    async fn next(&mut self) -> Result<Option<Bytes>, BlobError> {
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut len = 0;
+        while len < self.size {
+            let chunk = match self.carry.take() {
+                Some(c) => c,
+                None if self.ended => break,
+                None => match self.body.next().await {
+                    Some(c) => c.map_err(BlobError::Body)?,
+                    None => {
+                        self.ended = true;
+                        break;
+                    }
+                },
+            };
+            let room = self.size - len;
+            if chunk.len() > room {
+                self.carry = Some(chunk.slice(room..));
+                chunks.push(chunk.slice(..room));
+                len += room;
+            } else {
+                len += chunk.len();
+                chunks.push(chunk);
+            }
+        }
+        Ok(match chunks.len() {
+            0 => None,
+            1 => chunks.pop(),
+            _ => {
+                let mut part = BytesMut::with_capacity(len);
+                for c in &chunks {
+                    part.extend_from_slice(c);
+                }
+                Some(part.freeze())
+            }
+        })
+    }
+
+    /// Whether the whole body has been read.
+    fn done(&self) -> bool {
+        self.ended && self.carry.is_none()
     }
 }
 
@@ -299,23 +342,23 @@ impl BlobStore for S3BlobStore {
 
     async fn put(&self, key: &str, mut body: ByteStream<'_>) -> Result<u64, BlobError> {
         let key = self.full_key(key);
-        let mut buf = BytesMut::with_capacity(64 * 1024);
-        let ended = self.fill(&mut body, &mut buf).await?;
-        if ended {
-            let len = buf.len() as u64;
+        let mut parts = PartReader::new(&mut body, self.part_size);
+        let first = parts.next().await?.unwrap_or_default();
+        if parts.done() {
+            let len = first.len() as u64;
             self.client
                 .put_object()
                 .bucket(&self.bucket)
                 .key(&key)
                 .content_length(len as i64)
-                .body(S3Body::from(buf.freeze()))
+                .body(S3Body::from(first))
                 .send()
                 .await
                 .map_err(sdk_err)?;
             return Ok(len);
         }
         let mut written = 0;
-        self.multipart(&key, buf.freeze(), &mut body, &mut written)
+        self.multipart(&key, first, &mut parts, &mut written)
             .await?;
         Ok(written)
     }

@@ -60,12 +60,19 @@ pub async fn create_user(
     Ok((user, key))
 }
 
-/// The user a bearer key belongs to.
+/// The user a bearer key belongs to. Users found are remembered for the
+/// cache's time to live, so a request costs no metadata round trip to
+/// authenticate; the record's `used_bytes` may be that old (the commit
+/// checks the quota again).
 pub async fn authenticate(
     meta: &dyn MetadataStore,
+    cache: &AuthCache,
     presented: &str,
 ) -> Result<UserRecord, ApiError> {
     let hash = hash_key(presented);
+    if let Some(user) = cache.get(&hash) {
+        return Ok(user);
+    }
     let user = meta
         .user_by_key_hash(&hash)
         .await?
@@ -73,10 +80,22 @@ pub async fn authenticate(
     // The lookup matched by hash already; compare again in constant time so
     // no store's index behaviour decides authentication.
     if bool::from(user.api_key_hash.as_bytes().ct_eq(hash.as_bytes())) {
+        cache.insert(hash, user.clone());
         Ok(user)
     } else {
         Err(ApiError::Unauthenticated)
     }
+}
+
+/// Authenticated users by key hash, for a short time.
+pub type AuthCache = moka::sync::Cache<String, UserRecord>;
+
+pub fn auth_cache(ttl: std::time::Duration) -> AuthCache {
+    let capacity = if ttl.is_zero() { 0 } else { 100_000 };
+    moka::sync::Cache::builder()
+        .max_capacity(capacity)
+        .time_to_live(ttl.max(std::time::Duration::from_millis(1)))
+        .build()
 }
 
 #[cfg(test)]

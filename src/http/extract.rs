@@ -30,7 +30,9 @@ impl FromRequestParts<AppState> for AuthUser {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let key = bearer(parts).ok_or(ApiError::Unauthenticated)?;
-        Ok(Self(users::authenticate(state.meta.as_ref(), key).await?))
+        Ok(Self(
+            users::authenticate(state.meta.as_ref(), &state.auth_cache, key).await?,
+        ))
     }
 }
 

@@ -24,6 +24,8 @@ pub struct UserRecord {
     pub name: String,
     /// SHA-256 (hex) of the API key; the key itself is never stored.
     pub api_key_hash: String,
+    /// Not loaded by `user_by_key_hash` (empty there).
+    #[serde(default)]
     pub file_ids: Vec<String>,
     pub used_bytes: i64,
     /// Highest fencing token committed, per upload-lock category.
