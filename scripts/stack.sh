@@ -75,6 +75,9 @@ stack_start() {
   export FILEDOCK_TEST_S3_SECRET_KEY="$S3_SECRET_KEY"
   export FILEDOCK_TEST_REDIS_SERVER
   FILEDOCK_TEST_REDIS_SERVER=$(command -v redis-server)
+  # Tests that stop and restart a server start their own from these.
+  export FILEDOCK_TEST_SECANTUSD="$CACHE/secantus/bin/secantusd-py"
+  export FILEDOCK_TEST_S3S_FS="$CACHE/s3s-fs/bin/s3s-fs"
 
   wait_for redis "$STACK_REDIS_PID" redis-cli -p "$redis_port" ping || return 1
   wait_for mongo "$STACK_MONGO_PID" "$CACHE/secantus/bin/python" -c \

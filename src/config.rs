@@ -28,6 +28,10 @@ pub struct Settings {
     pub coordination: Coordination,
     /// How long an authenticated key is remembered (zero: ask the store every time).
     pub auth_cache_ttl: Duration,
+    /// After SIGTERM, how long in-flight requests may take to finish.
+    pub shutdown_grace: Duration,
+    /// Uploads one user may have in flight on one instance.
+    pub max_uploads_per_user: usize,
     pub cors_origins: Vec<String>,
     pub log_json: bool,
     /// Allow `production` to run on embedded adapters.
@@ -185,6 +189,8 @@ impl Settings {
             },
             coordination: Coordination::Lock,
             auth_cache_ttl: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
+            max_uploads_per_user: 2048,
             cors_origins: Vec::new(),
             log_json: false,
             allow_embedded_in_production: false,
@@ -245,6 +251,8 @@ impl Settings {
         parse_into(&get, "LOCK_SCOPE", &mut s.lock.scope)?;
         parse_into(&get, "COORDINATION", &mut s.coordination)?;
         parse_secs(&get, "AUTH_CACHE_SECS", &mut s.auth_cache_ttl)?;
+        parse_secs(&get, "SHUTDOWN_GRACE_SECS", &mut s.shutdown_grace)?;
+        parse_into(&get, "MAX_UPLOADS_PER_USER", &mut s.max_uploads_per_user)?;
         parse_secs(&get, "LOCK_TTL_SECS", &mut s.lock.ttl)?;
         parse_secs(&get, "LOCK_WAIT_SECS", &mut s.lock.wait_timeout)?;
         parse_into(&get, "TXN_MAX_ATTEMPTS", &mut s.txn_retry.max_attempts)?;

@@ -29,6 +29,11 @@ pub enum ApiError {
     NotFound,
     #[error("{0}")]
     InvalidRequest(String),
+    #[error("this path does not take that method")]
+    MethodNotAllowed,
+    /// The user has as many uploads in flight as one instance allows.
+    #[error("too many uploads in flight for this user (at most {0}); try again")]
+    TooManyUploads(usize),
     #[error("the file is larger than the limit of {0} bytes")]
     PayloadTooLarge(u64),
     #[error("the range is outside the file ({size} bytes)")]
@@ -58,6 +63,8 @@ impl ApiError {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::TooManyUploads(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
             Self::LockTimeout
@@ -76,6 +83,8 @@ impl ApiError {
             Self::Unauthenticated => "unauthenticated",
             Self::NotFound => "not_found",
             Self::InvalidRequest(_) => "invalid_request",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::TooManyUploads(_) => "too_many_uploads",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Self::LockTimeout => "lock_timeout",
@@ -114,6 +123,7 @@ impl IntoResponse for ApiError {
             | Self::LockLost
             | Self::WriteConflict
             | Self::UploadExpired
+            | Self::TooManyUploads(_)
             | Self::DependencyUnavailable(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }

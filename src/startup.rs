@@ -12,7 +12,10 @@ use crate::{
     blob::{BlobStore, fs::FsBlobStore, s3::S3BlobStore},
     config::{Coordination, Settings},
     coord::{Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
-    domain::users::{AuthCache, auth_cache, new_api_key},
+    domain::{
+        upload::UploadSlots,
+        users::{AuthCache, auth_cache, new_api_key},
+    },
     http,
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
@@ -32,6 +35,7 @@ pub struct AppState {
     pub txn_retry: TxnRetryPolicy,
     pub coordinator: Arc<dyn Coordinator>,
     pub auth_cache: AuthCache,
+    pub upload_slots: Arc<UploadSlots>,
     /// The Redis queue, whose workers run with the server (queue mode).
     pub queue: Option<Arc<RedisQueue>>,
     admin_key: SecretString,
@@ -108,6 +112,7 @@ impl AppState {
                 base_delay: settings.txn_retry.base_delay,
             },
             auth_cache: auth_cache(settings.auth_cache_ttl),
+            upload_slots: Arc::default(),
             settings: Arc::new(settings),
             coordinator,
             queue,
@@ -214,12 +219,23 @@ impl Application {
             queue.spawn_workers(self.state.clone(), shutdown.child_token());
         }
         tracing::info!(addr = %self.local_addr(), "filedock listening");
-        axum::serve(
+        let grace = self.state.settings.shutdown_grace;
+        let stopping = shutdown.clone();
+        let server = axum::serve(
             self.listener,
             router.into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
+        .with_graceful_shutdown(async move { stopping.cancelled().await });
+        // New connections stop at once; in-flight requests get `grace` to
+        // finish. Past it they are cut: an upload cut short leaves at most an
+        // intent, which the sweeper turns into an orphan and deletes.
+        tokio::select! {
+            served = server => served?,
+            _ = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(grace).await;
+            } => tracing::warn!(?grace, "in-flight requests outlived the shutdown grace period; closing them"),
+        }
         Ok(())
     }
 }

@@ -15,7 +15,8 @@
 //! - The result goes to a per-operation key, and the waiting instance is
 //!   told on its own channel; the waiter re-reads the key every second in
 //!   case a notice is lost.
-//! - An operation that keeps failing goes to `filedock_queue_dlq`.
+//! - An operation that keeps failing goes to `filedock_queue_dlq`; write
+//!   conflicts and an unreachable store are waited out, not counted.
 //! - Redis unhealthy (checked at most once a second): the direct lock path.
 
 use std::{
@@ -508,7 +509,7 @@ async fn process(
         slot: format!("queue{b}"),
         token: guard.fence() as i64,
     };
-    let mut attempts = 0;
+    let (mut attempts, mut transient) = (0, 0u32);
     let outcome = loop {
         if lost.is_cancelled() {
             return Step::Stop;
@@ -519,6 +520,17 @@ async fn process(
                 Ok(()) => break OpOutcome::ok(),
                 Err(MetaError::NotFound) => break OpOutcome::error(&ApiError::NotFound),
                 Err(MetaError::StaleFence) => return Step::Stop,
+                // Transient: a conflicting transaction (perhaps left open by a
+                // process that died mid-commit, until the server reaps it) or
+                // the store being down. Order forbids skipping ahead, and
+                // these are not the operation's fault: wait and try again.
+                Err(e @ (MetaError::WriteConflict | MetaError::Unavailable(_))) => {
+                    transient += 1;
+                    tracing::warn!(op_id, error = %e, "queued operation waits for the metadata store");
+                    let pause = Duration::from_millis(100 * u64::from(transient.min(10)));
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
                 Err(e) => e.to_string(),
             },
         };

@@ -103,6 +103,10 @@ async fn run(
     new: NewUpload<'_>,
 ) -> Result<Uploaded, ApiError> {
     let settings = &state.settings;
+    let _slot = state
+        .upload_slots
+        .take(&user.id, settings.max_uploads_per_user)
+        .ok_or(ApiError::TooManyUploads(settings.max_uploads_per_user))?;
     let max = settings.max_upload_bytes;
     if new.declared_len.is_some_and(|n| n > max) {
         return Err(ApiError::PayloadTooLarge(max));
@@ -320,5 +324,45 @@ fn crash_point(name: &str) {
     {
         eprintln!("filedock: crash point {name} reached; aborting");
         std::process::abort();
+    }
+}
+
+/// Uploads in flight per user on this instance.
+#[derive(Default)]
+pub struct UploadSlots {
+    in_flight: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+impl UploadSlots {
+    /// A slot for `user`, or `None` if `max` are taken.
+    pub fn take(&self, user: &str, max: usize) -> Option<UploadSlot<'_>> {
+        let mut in_flight = self.in_flight.lock().unwrap();
+        let n = in_flight.entry(user.to_owned()).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(UploadSlot {
+            slots: self,
+            user: user.to_owned(),
+        })
+    }
+}
+
+/// Gives its slot back when dropped.
+pub struct UploadSlot<'a> {
+    slots: &'a UploadSlots,
+    user: String,
+}
+
+impl Drop for UploadSlot<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.slots.in_flight.lock().unwrap();
+        if let Some(n) = in_flight.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.user);
+            }
+        }
     }
 }

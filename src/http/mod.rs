@@ -81,9 +81,7 @@ pub fn router(state: AppState) -> Router {
     let cors = cors(&state.settings.cors_origins);
     api_routes()
         .fallback(|| async { ApiError::NotFound })
-        .method_not_allowed_fallback(|| async {
-            ApiError::InvalidRequest("method not allowed on this path".into())
-        })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(
             ServiceBuilder::new()

@@ -4,6 +4,7 @@
 
 mod crash;
 mod files;
+mod hardening;
 mod helpers;
 mod locks;
 mod openapi;

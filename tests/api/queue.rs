@@ -199,6 +199,14 @@ async fn a_killed_process_leaves_its_operations_to_the_others_none_lost_none_dou
         applied, enqueued,
         "every enqueued operation applied once, in order"
     );
+    let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let dlq = format!("{}filedock_queue_dlq", settings.redis_prefix);
+    let dead: u64 = redis::AsyncCommands::xlen(&mut conn, dlq).await.unwrap();
+    assert_eq!(
+        dead, 0,
+        "a transaction left open by the killed process is waited out, not dead-lettered"
+    );
 }
 
 #[tokio::test]

@@ -370,3 +370,213 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
     assert_eq!(user.file_ids, vec![file.id]);
     assert_eq!(user.used_bytes, 1 + 5, "neither write was lost");
 }
+
+/// A private server process that a test may stop and start again on the same
+/// port and data directory (SecantusDB or s3s-fs).
+pub struct OwnServer {
+    program: String,
+    args: Vec<String>,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl OwnServer {
+    pub async fn mongo(dir: &std::path::Path) -> Self {
+        let port = free_port();
+        // Synced on commit, so that what committed survives the kill, as with mongod's journal.
+        let args = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--storage-path",
+            &dir.display().to_string(),
+            "--sync-on-commit",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        Self::start(
+            std::env::var("FILEDOCK_TEST_SECANTUSD").unwrap(),
+            args,
+            port,
+        )
+        .await
+    }
+
+    pub async fn s3(dir: &std::path::Path) -> Self {
+        let port = free_port();
+        std::fs::create_dir_all(dir).unwrap();
+        let args = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--access-key",
+            &std::env::var("FILEDOCK_TEST_S3_ACCESS_KEY").unwrap(),
+            "--secret-key",
+            &std::env::var("FILEDOCK_TEST_S3_SECRET_KEY").unwrap(),
+            &dir.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        Self::start(std::env::var("FILEDOCK_TEST_S3S_FS").unwrap(), args, port).await
+    }
+
+    async fn start(program: String, args: Vec<String>, port: u16) -> Self {
+        let mut server = Self {
+            program,
+            args,
+            port,
+            child: None,
+        };
+        server.restart().await;
+        server
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub async fn restart(&mut self) {
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "{} did not start", self.program);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Uploads until one succeeds (a dependency is coming back), for at most 30 s.
+async fn upload_until_created(app: &TestApp, user: &TestUser) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let res = app.upload_raw(user, "back.txt", b"back".to_vec()).await;
+        if res.status() == StatusCode::CREATED {
+            return;
+        }
+        let answer = res.text().await.unwrap_or_default();
+        assert!(
+            Instant::now() < deadline,
+            "the service did not recover: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn mongodb_and_s3_outages_fail_fast_name_the_dependency_and_heal_without_restart() {
+    if skip() {
+        return;
+    }
+    let dir =
+        std::env::temp_dir().join(format!("filedock-outage-{}", uuid::Uuid::new_v4().simple()));
+    let mut mongo = OwnServer::mongo(&dir.join("mongo")).await;
+    let mut s3 = OwnServer::s3(&dir.join("s3")).await;
+    let mut settings = test_settings();
+    settings.mongodb_uri = Some(
+        format!(
+            "mongodb://127.0.0.1:{}/?replicaSet=secantus&serverSelectionTimeoutMS=2000",
+            mongo.port()
+        )
+        .into(),
+    );
+    settings.s3.as_mut().unwrap().endpoint = format!("http://127.0.0.1:{}", s3.port());
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("outage").await;
+    assert_eq!(
+        app.upload_raw(&u, "a.txt", b"a".to_vec()).await.status(),
+        StatusCode::CREATED
+    );
+    let failing = || async {
+        let v: Value = app
+            .client
+            .get(app.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["failing"].clone()
+    };
+
+    for (name, which) in [("metadata", 0), ("blobs", 1)] {
+        if which == 0 {
+            mongo.stop()
+        } else {
+            s3.stop()
+        }
+        let started = Instant::now();
+        let res = app.upload_raw(&u, "during.txt", b"during".to_vec()).await;
+        let took = started.elapsed();
+        assert_eq!(
+            error_code(res).await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "dependency_unavailable".into()
+            ),
+            "{name}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "{name}: took {took:?} to fail"
+        );
+        assert_eq!(failing().await, serde_json::json!([name]));
+        if which == 0 {
+            mongo.restart().await
+        } else {
+            s3.restart().await
+        }
+        upload_until_created(&app, &u).await;
+        assert_eq!(failing().await, serde_json::json!([]));
+    }
+    // After a sweep, nothing the outages interrupted is left over.
+    let mut s = app.settings.clone();
+    s.sweep.intent_grace = Duration::ZERO;
+    s.sweep.retry_interval = Duration::ZERO;
+    let state = filedock::startup::AppState::build(s).await.unwrap();
+    filedock::sweeper::Sweeper::new(state.clone())
+        .try_run_once()
+        .await
+        .unwrap();
+    let objects: std::collections::HashSet<String> = state
+        .blobs
+        .list_keys("files/")
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let records: std::collections::HashSet<String> = state
+        .meta
+        .all_files(None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| f.key)
+        .collect();
+    assert_eq!(objects, records);
+    assert_eq!(records.len(), app.list_ids(&u).await.len());
+}
