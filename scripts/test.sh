@@ -14,6 +14,8 @@ echo "== filedock tests: embedded adapters"
 cargo test --locked --all-targets
 echo "== filedock tests: sessions and agents in queue mode (in-process queue)"
 FILEDOCK_TEST_COORDINATION=queue cargo test --locked --test api platform::
+echo "== filedock tests: the OpenAPI contract (schemathesis)"
+bash scripts/contract.sh
 
 echo "== filedock tests: real Redis, MongoDB and S3"
 trap stack_stop EXIT

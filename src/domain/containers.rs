@@ -83,16 +83,27 @@ pub async fn set_attachment(
     file_id: &str,
     attached: bool,
 ) -> Result<(), ApiError> {
-    let file_id = FileId::parse(file_id)
-        .ok_or(ApiError::NotFound)?
-        .to_string();
+    // The session or agent was found by the caller; a file that is not one
+    // of the caller's is a bad reference in the request (400), the same
+    // answer whether it exists for someone else or not at all.
+    let not_yours = || ApiError::InvalidRequest("file_id does not name one of your files".into());
+    let Some(file_id) = FileId::parse(file_id) else {
+        return Err(if attached {
+            not_yours()
+        } else {
+            ApiError::NotFound
+        });
+    };
     let op = Operation::Attach {
         owner_id: user.id.clone(),
         container,
-        file_id,
+        file_id: file_id.to_string(),
         attached,
     };
-    state.coordinator.run(state, op).await
+    match state.coordinator.run(state, op).await {
+        Err(ApiError::NotFound) if attached => Err(not_yours()),
+        other => other,
+    }
 }
 
 /// Connects (PUT) or disconnects (DELETE) an MCP server or toolset; both idempotent.

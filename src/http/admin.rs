@@ -43,7 +43,12 @@ pub async fn orphans(
     State(state): State<AppState>,
     AppQuery(q): AppQuery<OrphanQuery>,
 ) -> ApiResult {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::InvalidRequest(
+            "limit must be between 1 and 1000".into(),
+        ));
+    }
     let orphans: Vec<_> = state
         .meta
         .orphans(q.status, limit)

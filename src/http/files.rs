@@ -55,6 +55,9 @@ impl From<FileRecord> for FileView {
     }
 }
 
+/// The name of an upload that came without one.
+const DEFAULT_FILENAME: &str = "upload";
+
 #[derive(Deserialize)]
 pub struct UploadQuery {
     filename: Option<String>,
@@ -99,11 +102,10 @@ pub async fn upload(
             .map_err(|e| ApiError::InvalidRequest(format!("bad multipart Content-Type: {e}")))?;
         let mp = multer::Multipart::new(body.into_data_stream(), boundary);
         let (part, stream) = multipart::file_part(mp).await?;
-        let name = q.filename.or(part.filename).ok_or_else(|| {
-            ApiError::InvalidRequest(
-                "the file part has no filename; add one or pass ?filename=".into(),
-            )
-        })?;
+        let name = q
+            .filename
+            .or(part.filename)
+            .unwrap_or_else(|| DEFAULT_FILENAME.into());
         NewUpload {
             filename: Filename::parse(&name).map_err(ApiError::InvalidRequest)?,
             content_type: part
@@ -114,9 +116,7 @@ pub async fn upload(
             idempotency_key,
         }
     } else {
-        let name = q
-            .filename
-            .ok_or_else(|| ApiError::InvalidRequest("pass ?filename= with a raw body".into()))?;
+        let name = q.filename.unwrap_or_else(|| DEFAULT_FILENAME.into());
         NewUpload {
             filename: Filename::parse(&name).map_err(ApiError::InvalidRequest)?,
             content_type: content_type.to_owned(),

@@ -257,7 +257,7 @@ async fn deleting_a_file_while_it_is_being_attached_never_leaves_a_dangling_id()
         // An attach either landed before the delete (and was undone by it) or found no file.
         for (status, _) in [s, a] {
             assert!(
-                status == StatusCode::OK || status == StatusCode::NOT_FOUND,
+                status == StatusCode::OK || status == StatusCode::BAD_REQUEST,
                 "round {round}: {status}"
             );
         }
@@ -346,25 +346,21 @@ async fn sessions_agents_and_their_files_belong_to_their_owner() {
             "{method} {path}"
         );
     }
-    // Alice cannot attach Bob's file to her own session either.
-    let (status, _) = app
-        .json(
-            "POST",
-            format!("/v1/sessions/{session}/files"),
-            &alice,
-            f(&bob_file),
-        )
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _) = app
-        .json(
-            "POST",
-            format!("/v1/sessions/{session}/files"),
-            &alice,
-            f("not-an-id"),
-        )
-        .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    // A file that is not the caller's is a bad reference, whether it exists or not.
+    for other in [
+        bob_file.as_str(),
+        "not-an-id",
+        "01a22a8f-0000-7000-8000-000000000000",
+    ] {
+        let path = format!("/v1/sessions/{session}/files");
+        let (status, v) = app.json("POST", path, &alice, f(other)).await;
+        let got = (status, v["error"]["code"].as_str());
+        assert_eq!(
+            got,
+            (StatusCode::BAD_REQUEST, Some("invalid_request")),
+            "{other}"
+        );
+    }
     let (status, v) = app
         .json(
             "PUT",
