@@ -34,7 +34,7 @@ pub enum ApiError {
     /// The user has as many uploads in flight as one instance allows.
     #[error("too many uploads in flight for this user (at most {0}); try again")]
     TooManyUploads(usize),
-    #[error("the file is larger than the limit of {0} bytes")]
+    #[error("the body is larger than the limit of {0} bytes")]
     PayloadTooLarge(u64),
     #[error("the range is outside the file ({size} bytes)")]
     RangeNotSatisfiable { size: u64 },
@@ -179,6 +179,9 @@ impl From<LockError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(e: JsonRejection) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return Self::PayloadTooLarge(crate::http::JSON_BODY_LIMIT as u64);
+        }
         Self::InvalidRequest(e.body_text())
     }
 }

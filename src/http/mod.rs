@@ -32,6 +32,9 @@ use crate::{
     startup::AppState,
 };
 
+/// The largest JSON request body.
+pub const JSON_BODY_LIMIT: usize = 64 * 1024;
+
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Declares every route once: the router is built from it, and
@@ -75,14 +78,12 @@ api! {
 }
 
 pub fn router(state: AppState) -> Router {
-    let max_body = usize::try_from(state.settings.max_upload_bytes)
-        .unwrap_or(usize::MAX)
-        .saturating_add(1024 * 1024);
     let cors = cors(&state.settings.cors_origins);
     api_routes()
         .fallback(|| async { ApiError::NotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(DefaultBodyLimit::max(max_body))
+        // For JSON bodies; uploads stream their bodies and enforce their own limit.
+        .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
         .layer(
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeRequestUuid))

@@ -135,6 +135,28 @@ async fn enormous_headers_are_refused_and_the_server_stays_up() {
 }
 
 #[tokio::test]
+async fn json_bodies_are_small_and_uploads_are_not() {
+    let app = spawn_app().await;
+    let u = app.create_user("json").await;
+    let name = "n".repeat(100 * 1024);
+    let res = app
+        .client
+        .post(app.url("/v1/agents"))
+        .bearer_auth(&u.key)
+        .json(&serde_json::json!({ "name": name }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large".into())
+    );
+    // The JSON limit does not apply to uploads.
+    let res = app.upload_raw(&u, "big.bin", vec![0u8; 1 << 20]).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
 async fn hostile_filenames_are_refused_or_stored_safely() {
     let app = spawn_app().await;
     let u = app.create_user("names").await;

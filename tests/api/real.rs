@@ -510,6 +510,33 @@ async fn mongodb_and_s3_outages_fail_fast_name_the_dependency_and_heal_without_r
         app.upload_raw(&u, "a.txt", b"a".to_vec()).await.status(),
         StatusCode::CREATED
     );
+    // Load runs through both outages: every request must answer, 201 or 503.
+    let stop_load = tokio_util::sync::CancellationToken::new();
+    let load = {
+        let (client, url, key, stop) = (
+            app.client.clone(),
+            app.url("/v1/files?filename=load.txt"),
+            u.key.clone(),
+            stop_load.clone(),
+        );
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            while !stop.is_cancelled() {
+                let batch = (0..4).map(|_| {
+                    client
+                        .post(&url)
+                        .bearer_auth(&key)
+                        .body("load")
+                        .timeout(Duration::from_secs(15))
+                        .send()
+                });
+                for r in futures::future::join_all(batch).await {
+                    statuses.push(r.map(|r| r.status().as_u16()).map_err(|e| e.to_string()));
+                }
+            }
+            statuses
+        })
+    };
     let failing = || async {
         let v: Value = app
             .client
@@ -553,6 +580,21 @@ async fn mongodb_and_s3_outages_fail_fast_name_the_dependency_and_heal_without_r
         upload_until_created(&app, &u).await;
         assert_eq!(failing().await, serde_json::json!([]));
     }
+    stop_load.cancel();
+    let statuses = load.await.unwrap();
+    let unexpected: Vec<_> = statuses
+        .iter()
+        .filter(|s| !matches!(s, Ok(201) | Ok(503)))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "under load, requests hung or failed otherwise: {unexpected:?}"
+    );
+    assert!(
+        statuses.contains(&Ok(503)) && statuses.contains(&Ok(201)),
+        "the load saw both the outages and the service"
+    );
+    eprintln!("{} requests under load through the outages", statuses.len());
     // After a sweep, nothing the outages interrupted is left over.
     let mut s = app.settings.clone();
     s.sweep.intent_grace = Duration::ZERO;
