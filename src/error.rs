@@ -31,6 +31,9 @@ pub enum ApiError {
     InvalidRequest(String),
     #[error("this path does not take that method")]
     MethodNotAllowed,
+    /// The client stopped sending the body.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// The user has as many uploads in flight as one instance allows.
     #[error("too many uploads in flight for this user (at most {0}); try again")]
     TooManyUploads(usize),
@@ -64,6 +67,7 @@ impl ApiError {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TooManyUploads(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
@@ -84,6 +88,7 @@ impl ApiError {
             Self::NotFound => "not_found",
             Self::InvalidRequest(_) => "invalid_request",
             Self::MethodNotAllowed => "method_not_allowed",
+            Self::RequestTimeout(_) => "request_timeout",
             Self::TooManyUploads(_) => "too_many_uploads",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::RangeNotSatisfiable { .. } => "range_not_satisfiable",

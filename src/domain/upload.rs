@@ -46,6 +46,12 @@ struct TooLarge(u64);
 
 /// Maps a failed body stream to the client's error.
 pub fn body_error(e: io::Error) -> ApiError {
+    if let Some(idle) = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<IdleBody>())
+    {
+        return ApiError::RequestTimeout(idle.to_string());
+    }
     match e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<TooLarge>())
@@ -60,6 +66,11 @@ pub fn body_error(e: io::Error) -> ApiError {
         },
     }
 }
+
+/// The client sent nothing for the idle timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the client sent nothing for {0:?}")]
+struct IdleBody(std::time::Duration);
 
 /// A body that is malformed (e.g. a bad multipart structure).
 #[derive(Debug, thiserror::Error)]
@@ -245,6 +256,17 @@ async fn store_blob(
 ) -> Result<(u64, String), ApiError> {
     let mut hasher = Sha256::new();
     let mut size = 0u64;
+    // A client that stops sending holds a connection and (scope = upload) a
+    // lock: give up on it after the idle timeout.
+    let idle = state.settings.body_idle_timeout;
+    let body = futures::stream::unfold(Some(body), move |body| async move {
+        let mut body = body?;
+        match tokio::time::timeout(idle, body.next()).await {
+            Ok(Some(chunk)) => Some((chunk, Some(body))),
+            Ok(None) => None,
+            Err(_) => Some((Err(io::Error::other(IdleBody(idle))), None)),
+        }
+    });
     let counted = body.map(|chunk: io::Result<Bytes>| {
         let chunk = chunk?;
         size += chunk.len() as u64;

@@ -135,6 +135,39 @@ async fn enormous_headers_are_refused_and_the_server_stays_up() {
 }
 
 #[tokio::test]
+async fn a_client_that_stalls_mid_body_is_given_up_on() {
+    let mut settings = test_settings();
+    settings.body_idle_timeout = Duration::from_millis(500);
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("stall").await;
+    use futures::StreamExt;
+    let stalling = futures::stream::iter(0..2).then(|i| async move {
+        if i == 1 {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        Ok::<_, std::io::Error>(vec![1u8; 1000])
+    });
+    let started = Instant::now();
+    let res = app
+        .client
+        .post(app.url("/v1/files?filename=stall.bin"))
+        .bearer_auth(&u.key)
+        .body(reqwest::Body::wrap_stream(stalling))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::REQUEST_TIMEOUT, "request_timeout".into())
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "answered before the client resumed"
+    );
+    nothing_left(&app, &u).await;
+}
+
+#[tokio::test]
 async fn json_bodies_are_small_and_uploads_are_not() {
     let app = spawn_app().await;
     let u = app.create_user("json").await;
