@@ -1,10 +1,7 @@
 //! Crash trials: uploads killed at every phase and at random moments; after
 //! a restart and one sweep, the bucket and the metadata agree exactly.
 
-use std::{
-    collections::HashSet,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use filedock::{domain::users, startup::AppState};
 use futures::future::join_all;
@@ -127,39 +124,7 @@ async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
     );
 
     let state = AppState::build(settings.clone()).await.unwrap();
-    let objects: HashSet<String> = state
-        .blobs
-        .list_keys("files/")
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    let records: HashSet<String> = state
-        .meta
-        .all_files(None, 10_000)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|f| f.key)
-        .collect();
-    assert!(!records.is_empty(), "some uploads committed");
-    assert_eq!(
-        objects.difference(&records).collect::<Vec<_>>(),
-        Vec::<&String>::new(),
-        "objects without a file record"
-    );
-    assert_eq!(
-        records.difference(&objects).collect::<Vec<_>>(),
-        Vec::<&String>::new(),
-        "file records without an object"
-    );
-    let far = filedock::meta::now() + chrono::Duration::days(1);
-    assert!(
-        state.meta.intents(far, 10).await.unwrap().is_empty(),
-        "no intent left behind"
-    );
-    eprintln!(
-        "{} committed files, every one with its object, no strays",
-        records.len()
-    );
+    let files = assert_bucket_matches_metadata(&state).await;
+    assert!(files > 0, "some uploads committed");
+    eprintln!("{files} committed files, every one with its object, no strays");
 }

@@ -384,23 +384,8 @@ async fn sigterm_refuses_new_requests_lets_in_flight_ones_finish_and_leaves_noth
         .await
         .unwrap();
     eprintln!("sweep after shutdown: {report:?}");
-    let objects: std::collections::HashSet<String> = state
-        .blobs
-        .list_keys("files/")
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    let records: std::collections::HashSet<String> = state
-        .meta
-        .all_files(None, 100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|f| f.key)
-        .collect();
-    assert_eq!(records.len(), 1, "the finished upload is kept");
-    assert_eq!(objects, records, "no orphan, no missing object");
+    let files = assert_bucket_matches_metadata(&state).await;
+    assert_eq!(files, 1, "the finished upload is kept");
 }
 
 #[tokio::test]

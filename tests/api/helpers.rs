@@ -398,3 +398,40 @@ pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Se
     }
     panic!("filedock did not start");
 }
+
+/// Asserts that every object in the bucket has a committed file record, every
+/// record has its object, and no upload intent is left; returns the file count.
+pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
+    use std::collections::HashSet;
+    let objects: HashSet<String> = state
+        .blobs
+        .list_keys("files/")
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let records: HashSet<String> = state
+        .meta
+        .all_files(None, 100_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| f.key)
+        .collect();
+    let strays: Vec<_> = objects.difference(&records).collect();
+    let missing: Vec<_> = records.difference(&objects).collect();
+    assert!(
+        strays.is_empty(),
+        "objects without a file record: {strays:?}"
+    );
+    assert!(
+        missing.is_empty(),
+        "file records without an object: {missing:?}"
+    );
+    let far = filedock::meta::now() + chrono::Duration::days(1);
+    assert!(
+        state.meta.intents(far, 10).await.unwrap().is_empty(),
+        "an upload intent was left behind"
+    );
+    records.len()
+}

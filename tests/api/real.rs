@@ -604,21 +604,6 @@ async fn mongodb_and_s3_outages_fail_fast_name_the_dependency_and_heal_without_r
         .try_run_once()
         .await
         .unwrap();
-    let objects: std::collections::HashSet<String> = state
-        .blobs
-        .list_keys("files/")
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    let records: std::collections::HashSet<String> = state
-        .meta
-        .all_files(None, 100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|f| f.key)
-        .collect();
-    assert_eq!(objects, records);
-    assert_eq!(records.len(), app.list_ids(&u).await.len());
+    let files = assert_bucket_matches_metadata(&state).await;
+    assert_eq!(files, app.list_ids(&u).await.len());
 }
