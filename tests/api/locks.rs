@@ -301,3 +301,95 @@ async fn uploads_work_under_the_upload_lock_scope_and_the_backoff_strategy() {
     assert!(res.iter().all(|r| r.status() == StatusCode::CREATED));
     assert_eq!(app.list_ids(&u).await.len(), 10);
 }
+
+/// Milliseconds since the epoch, the clock both processes share.
+fn epoch_ms() -> u64 {
+    filedock::lock::now_micros() / 1000
+}
+
+#[tokio::test]
+async fn waiters_in_two_os_processes_are_served_in_arrival_order() {
+    if !real_backends() {
+        eprintln!("needs Redis: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let prefix = unique_prefix();
+    let key = format!("order:{{{}}}", uuid::Uuid::new_v4());
+    let list = format!("{prefix}fifo-order");
+    let m = redis_locks(&prefix);
+    let first = m.try_acquire(&key, TTL).await.unwrap().unwrap();
+    // Ten waiters arrive 40 ms apart, alternating between two processes.
+    let start = epoch_ms() + 2000;
+    let children: Vec<_> = [("0,2,4,6,8"), ("1,3,5,7,9")]
+        .into_iter()
+        .map(|slots| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["locks::fifo_child", "--exact", "--ignored", "--nocapture"])
+                .env("FIFO_PREFIX", &prefix)
+                .env("FIFO_KEY", &key)
+                .env("FIFO_LIST", &list)
+                .env("FIFO_START", start.to_string())
+                .env("FIFO_SLOTS", slots)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let release_at = start + 10 * 40 + 500;
+    tokio::time::sleep(Duration::from_millis(release_at.saturating_sub(epoch_ms()))).await;
+    m.release(&first).await.unwrap();
+    for mut child in children {
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "a waiter process failed");
+    }
+    let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let order: Vec<u32> = redis::AsyncCommands::lrange(&mut conn, &list, 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(
+        order,
+        (0..10).collect::<Vec<_>>(),
+        "served in arrival order across processes"
+    );
+}
+
+/// The waiter process of the test above (run by it, not on its own).
+#[tokio::test]
+#[ignore = "a helper process for waiters_in_two_os_processes_are_served_in_arrival_order"]
+async fn fifo_child() {
+    let var = |n: &str| std::env::var(n).unwrap();
+    let (key, list) = (var("FIFO_KEY"), var("FIFO_LIST"));
+    let start: u64 = var("FIFO_START").parse().unwrap();
+    let m: Arc<dyn LockManager> = Arc::new(redis_locks(&var("FIFO_PREFIX")));
+    let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
+    let mut tasks = Vec::new();
+    for slot in var("FIFO_SLOTS")
+        .split(',')
+        .map(|s| s.parse::<u64>().unwrap())
+    {
+        let (m, key, list, client) = (m.clone(), key.clone(), list.clone(), client.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(
+                (start + slot * 40).saturating_sub(epoch_ms()),
+            ))
+            .await;
+            let lease = m
+                .acquire_fair(&key, TTL, Instant::now() + Duration::from_secs(30))
+                .await
+                .unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let _: i64 = redis::AsyncCommands::rpush(&mut conn, &list, slot)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            m.release(&lease).await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
