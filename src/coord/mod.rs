@@ -285,6 +285,24 @@ mod tests {
     }
 
     #[test]
+    fn warnings_follow_the_seed_thresholds() {
+        let quiet = QueueStats {
+            length: 100,
+            dead_letter_count: 10,
+            average_wait_ms: 5000.0,
+            ..Default::default()
+        };
+        assert!(quiet.with_warnings().warnings.is_empty());
+        let loud = QueueStats {
+            length: 101,
+            dead_letter_count: 11,
+            average_wait_ms: 5001.0,
+            ..Default::default()
+        };
+        assert_eq!(loud.with_warnings().warnings.len(), 3);
+    }
+
+    #[test]
     fn operations_round_trip_as_json() {
         let op = Operation::Link {
             owner_id: "u".into(),

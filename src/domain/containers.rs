@@ -83,9 +83,13 @@ pub async fn set_attachment(
     file_id: &str,
     attached: bool,
 ) -> Result<(), ApiError> {
-    // The session or agent was found by the caller; a file that is not one
-    // of the caller's is a bad reference in the request (400), the same
-    // answer whether it exists for someone else or not at all.
+    // The session or agent must be the caller's (404 otherwise); a file that
+    // is not one of the caller's is a bad reference in the request (400), the
+    // same answer whether it exists for someone else or not at all.
+    let container = match container {
+        Container::Session(id) => Container::Session(session(state, user, &id).await?.id),
+        Container::Agent(id) => Container::Agent(agent(state, user, &id).await?.id),
+    };
     let not_yours = || ApiError::InvalidRequest("file_id does not name one of your files".into());
     let Some(file_id) = FileId::parse(file_id) else {
         return Err(if attached {
@@ -115,9 +119,7 @@ pub async fn set_link(
     link_id: &str,
     connected: bool,
 ) -> Result<(), ApiError> {
-    let agent_id = AgentId::parse(agent_id)
-        .ok_or(ApiError::NotFound)?
-        .to_string();
+    let agent_id = agent(state, user, agent_id).await?.id;
     let link_id = LinkId::parse(link_id)
         .map_err(ApiError::InvalidRequest)?
         .as_str()

@@ -65,11 +65,7 @@ pub async fn content(
 pub async fn delete(state: &AppState, user: &UserRecord, id: &str) -> Result<(), ApiError> {
     let file = find(state, user, id).await?;
     let user_id = UserId::parse(&user.id).ok_or(ApiError::NotFound)?;
-    let category = match file.category.as_str() {
-        "small" => SizeCategory::Small,
-        "medium" => SizeCategory::Medium,
-        _ => SizeCategory::Large,
-    };
+    let category = SizeCategory::from_stored(&file.category);
     let guard = state
         .locks
         .acquire(&LockKey::user_upload(&user_id, category))

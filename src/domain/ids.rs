@@ -103,6 +103,15 @@ impl SizeCategory {
         }
     }
 
+    /// The category a file was stored under (as `as_str` wrote it).
+    pub fn from_stored(s: &str) -> Self {
+        match s {
+            "small" => Self::Small,
+            "medium" => Self::Medium,
+            _ => Self::Large,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Small => "small",

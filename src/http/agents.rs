@@ -64,16 +64,15 @@ pub async fn attach(
     Path(id): Path<String>,
     AppJson(body): AppJson<FileRef>,
 ) -> ApiResult {
-    let agent = containers::agent(&state, &user, &id).await?;
     containers::set_attachment(
         &state,
         &user,
-        Container::Agent(agent.id.clone()),
+        Container::Agent(id.clone()),
         &body.file_id,
         true,
     )
     .await?;
-    ok(view(containers::agent(&state, &user, &agent.id).await?))
+    ok(view(containers::agent(&state, &user, &id).await?))
 }
 
 /// `DELETE /v1/agents/{id}/files/{file_id}`: detach (idempotent) → the agent.
@@ -82,16 +81,9 @@ pub async fn detach(
     State(state): State<AppState>,
     Path((id, file_id)): Path<(String, String)>,
 ) -> ApiResult {
-    let agent = containers::agent(&state, &user, &id).await?;
-    containers::set_attachment(
-        &state,
-        &user,
-        Container::Agent(agent.id.clone()),
-        &file_id,
-        false,
-    )
-    .await?;
-    ok(view(containers::agent(&state, &user, &agent.id).await?))
+    containers::set_attachment(&state, &user, Container::Agent(id.clone()), &file_id, false)
+        .await?;
+    ok(view(containers::agent(&state, &user, &id).await?))
 }
 
 async fn link(
@@ -103,9 +95,8 @@ async fn link(
     connected: bool,
 ) -> ApiResult {
     let AuthUser(user) = user;
-    let agent = containers::agent(&state, &user, &id).await?;
-    containers::set_link(&state, &user, &agent.id, kind, &link_id, connected).await?;
-    ok(view(containers::agent(&state, &user, &agent.id).await?))
+    containers::set_link(&state, &user, &id, kind, &link_id, connected).await?;
+    ok(view(containers::agent(&state, &user, &id).await?))
 }
 
 /// `PUT /v1/agents/{id}/mcps/{mcp_id}`: connect (idempotent) → the agent.

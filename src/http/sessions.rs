@@ -13,7 +13,11 @@ use super::{
     extract::{AppJson, AuthUser},
     ok,
 };
-use crate::{domain::containers, meta::Container, meta::SessionRecord, startup::AppState};
+use crate::{
+    domain::containers,
+    meta::{Container, SessionRecord, UserRecord},
+    startup::AppState,
+};
 
 fn view(s: SessionRecord) -> Json<Value> {
     Json(json!({"id": s.id, "file_ids": s.file_ids, "created_at": s.created_at}))
@@ -48,16 +52,7 @@ pub async fn attach(
     Path(id): Path<String>,
     AppJson(body): AppJson<FileRef>,
 ) -> ApiResult {
-    let session = containers::session(&state, &user, &id).await?;
-    containers::set_attachment(
-        &state,
-        &user,
-        Container::Session(session.id.clone()),
-        &body.file_id,
-        true,
-    )
-    .await?;
-    ok(view(containers::session(&state, &user, &session.id).await?))
+    change(&state, &user, id, &body.file_id, true).await
 }
 
 /// `DELETE /v1/sessions/{id}/files/{file_id}`: detach (idempotent) → the session.
@@ -66,14 +61,23 @@ pub async fn detach(
     State(state): State<AppState>,
     Path((id, file_id)): Path<(String, String)>,
 ) -> ApiResult {
-    let session = containers::session(&state, &user, &id).await?;
+    change(&state, &user, id, &file_id, false).await
+}
+
+async fn change(
+    state: &AppState,
+    user: &UserRecord,
+    id: String,
+    file_id: &str,
+    attached: bool,
+) -> ApiResult {
     containers::set_attachment(
-        &state,
-        &user,
-        Container::Session(session.id.clone()),
-        &file_id,
-        false,
+        state,
+        user,
+        Container::Session(id.clone()),
+        file_id,
+        attached,
     )
     .await?;
-    ok(view(containers::session(&state, &user, &session.id).await?))
+    ok(view(containers::session(state, user, &id).await?))
 }
