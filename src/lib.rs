@@ -15,3 +15,17 @@ pub mod retry;
 pub mod startup;
 pub mod sweeper;
 pub mod telemetry;
+
+/// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names
+/// this point, the process dies here as if killed (no unwinding, no cleanup).
+pub fn crash_point(name: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT
+        .get_or_init(|| std::env::var("FILEDOCK_TEST_CRASH_AT").ok())
+        .as_deref()
+        == Some(name)
+    {
+        eprintln!("filedock: crash point {name} reached; aborting");
+        std::process::abort();
+    }
+}

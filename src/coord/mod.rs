@@ -161,6 +161,7 @@ impl Coordinator for LockCoordinator {
         let fence = guard.as_ref().map(|g| Fence {
             slot: op.fence_slot().into(),
             token: g.fence() as i64,
+            pinned: false,
         });
         let result = apply(state, &op, fence, None).await;
         if let Some(g) = guard {

@@ -508,6 +508,7 @@ async fn process(
     let fence = Fence {
         slot: format!("queue{b}"),
         token: guard.fence() as i64,
+        pinned: true,
     };
     let (mut attempts, mut transient) = (0, 0u32);
     let outcome = loop {

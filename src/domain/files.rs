@@ -73,6 +73,7 @@ pub async fn delete(state: &AppState, user: &UserRecord, id: &str) -> Result<(),
     let fence = guard.as_ref().map(|g| Fence {
         slot: file.category.clone(),
         token: g.fence() as i64,
+        pinned: false,
     });
     let deleted = with_txn_retry(&state.txn_retry, || {
         state.meta.delete_file(&user.id, &file.id, fence.as_ref())

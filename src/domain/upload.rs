@@ -150,7 +150,7 @@ async fn run(
     };
     // The intent comes first: whatever happens next, the sweeper can find the blob.
     state.meta.put_intent(&intent).await?;
-    crash_point("after_intent");
+    crate::crash_point("after_intent");
 
     let mut guard = match settings.lock.scope {
         LockScope::Upload => match state.locks.acquire(&lock_key).await {
@@ -167,7 +167,7 @@ async fn run(
     let stored = store_blob(state, &intent.key, new.body, max, guard.as_ref()).await;
     let (size, sha256) = match stored {
         Ok(v) => {
-            crash_point("after_blob");
+            crate::crash_point("after_blob");
             v
         }
         Err(e) => {
@@ -206,14 +206,15 @@ async fn run(
         fence: guard.as_ref().map(|g| Fence {
             slot: category.as_str().into(),
             token: g.fence() as i64,
+            pinned: false,
         }),
         quota_bytes: settings.user_quota_bytes,
         idempotency_key: new.idempotency_key,
     };
-    crash_point("before_commit");
+    crate::crash_point("before_commit");
     let committed = with_txn_retry(&state.txn_retry, || state.meta.commit_upload(&commit)).await;
     if committed.is_ok() {
-        crash_point("after_commit");
+        crate::crash_point("after_commit");
     }
     release(guard).await;
     match committed {
@@ -332,20 +333,6 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.metrics.uploads_in_flight.dec();
-    }
-}
-
-/// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names
-/// this point, the process dies here as if killed (no unwinding, no cleanup).
-fn crash_point(name: &str) {
-    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if AT
-        .get_or_init(|| std::env::var("FILEDOCK_TEST_CRASH_AT").ok())
-        .as_deref()
-        == Some(name)
-    {
-        eprintln!("filedock: crash point {name} reached; aborting");
-        std::process::abort();
     }
 }
 

@@ -212,6 +212,12 @@ pub struct Fence {
     /// Which counter on the user document (the lock's category).
     pub slot: String,
     pub token: i64,
+    /// The slot has one holder at a time, whatever document it writes (a
+    /// queue bucket's lease). The store may then pin the holder's
+    /// transactions to one session and, when a newer token takes the slot,
+    /// abort a transaction an earlier holder left open (it died mid-commit),
+    /// instead of letting it block its documents until the server reaps it.
+    pub pinned: bool,
 }
 
 /// Everything one upload commits, atomically.

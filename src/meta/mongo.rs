@@ -4,7 +4,11 @@
 //! transaction (the caller's policy); `UnknownTransactionCommitResult` →
 //! retry the commit here.
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use bson::{Document, doc};
@@ -29,6 +33,25 @@ const COMMIT_ATTEMPTS: u32 = 3;
 pub struct MongoStore {
     client: Client,
     db: Database,
+    pinned: Arc<Mutex<Pinned>>,
+}
+
+/// Sessions of pinned fence slots (see [`Fence::pinned`]): one per slot,
+/// reused by every transaction under it, and the token under which this
+/// process last recorded the session as the slot's holder in `txn_holders`.
+#[derive(Default)]
+struct Pinned {
+    idle: HashMap<String, ClientSession>,
+    recorded: HashMap<String, (Document, i64)>,
+}
+
+/// Who last ran transactions under a pinned fence slot.
+#[derive(Debug, Serialize, Deserialize)]
+struct TxnHolder {
+    #[serde(rename = "_id")]
+    slot: String,
+    lsid: Document,
+    token: i64,
 }
 
 /// The server's error code, wherever the driver put it.
@@ -115,6 +138,7 @@ impl MongoStore {
         let store = Self {
             db: client.database(db),
             client,
+            pinned: Arc::default(),
         };
         store.db.run_command(doc! {"ping": 1}).await?;
         store.create_indexes().await?;
@@ -187,15 +211,88 @@ impl MongoStore {
         self.db.collection("idempotency")
     }
 
-    async fn begin(&self) -> MetaResult<ClientSession> {
-        let mut s = self.client.start_session().await.map_err(classify)?;
+    /// Starts a transaction; under a pinned fence, on the slot's session.
+    async fn begin(&self, fence: Option<&Fence>) -> MetaResult<ClientSession> {
+        let pinned = fence.filter(|f| f.pinned);
+        let idle = pinned.and_then(|f| self.pinned.lock().unwrap().idle.remove(&f.slot));
+        let mut s = match idle {
+            Some(s) => s,
+            None => self.client.start_session().await.map_err(classify)?,
+        };
+        if let Some(f) = pinned {
+            self.take_slot(&s, f).await?;
+        }
         s.start_transaction().await.map_err(classify)?;
         Ok(s)
     }
 
+    /// Records `s` as the holder of `f`'s slot, once per token, and aborts
+    /// what an earlier holder (a lower token, another session) may have left
+    /// open: a process killed mid-transaction would otherwise block the
+    /// documents it wrote until the server reaps the transaction (60 s by
+    /// default), and every queued operation behind it would wait as long.
+    async fn take_slot(&self, s: &ClientSession, f: &Fence) -> MetaResult<()> {
+        let lsid = s.id().clone();
+        let mine = (lsid.clone(), f.token);
+        if self.pinned.lock().unwrap().recorded.get(&f.slot) == Some(&mine) {
+            return Ok(());
+        }
+        let before = self
+            .db
+            .collection::<TxnHolder>("txn_holders")
+            .find_one_and_update(
+                doc! {"_id": &f.slot, "token": {"$lte": f.token}},
+                doc! {"$set": {"lsid": &lsid, "token": f.token}},
+            )
+            .upsert(true)
+            .await;
+        match before.map_err(classify) {
+            Ok(Some(earlier)) if earlier.lsid != lsid => {
+                let kill = doc! {"killSessions": [&earlier.lsid]};
+                match self.client.database("admin").run_command(kill).await {
+                    Ok(_) => tracing::info!(
+                        slot = f.slot,
+                        earlier_token = earlier.token,
+                        "aborted whatever the slot's earlier holder left open"
+                    ),
+                    Err(e) => tracing::warn!(
+                        slot = f.slot,
+                        error = %e,
+                        "could not abort the slot's earlier holder's session"
+                    ),
+                }
+            }
+            Ok(_) => {}
+            // A newer holder took the slot: our fence check will refuse us.
+            Err(MetaError::Duplicate) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        self.pinned
+            .lock()
+            .unwrap()
+            .recorded
+            .insert(f.slot.clone(), mine);
+        Ok(())
+    }
+
+    /// Ends the transaction by [`Self::end`]; a pinned slot's session goes
+    /// back to its slot.
+    async fn finish<T>(
+        &self,
+        mut s: ClientSession,
+        fence: Option<&Fence>,
+        result: MetaResult<T>,
+    ) -> MetaResult<T> {
+        let outcome = self.end(&mut s, result).await;
+        if let Some(f) = fence.filter(|f| f.pinned) {
+            self.pinned.lock().unwrap().idle.insert(f.slot.clone(), s);
+        }
+        outcome
+    }
+
     /// Commits when `result` is Ok (retrying a commit whose outcome is
     /// unknown), aborts otherwise.
-    async fn finish<T>(&self, mut s: ClientSession, result: MetaResult<T>) -> MetaResult<T> {
+    async fn end<T>(&self, s: &mut ClientSession, result: MetaResult<T>) -> MetaResult<T> {
         let value = match result {
             Ok(v) => v,
             Err(e) => {
@@ -203,6 +300,7 @@ impl MongoStore {
                 return Err(e);
             }
         };
+        crate::crash_point("before_txn_commit");
         let mut attempt = 1;
         loop {
             match s.commit_transaction().await {
@@ -498,9 +596,9 @@ impl MetadataStore for MongoStore {
     }
 
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
-        let mut s = self.begin().await?;
+        let mut s = self.begin(commit.fence.as_ref()).await?;
         let result = self.commit_upload_in(&mut s, commit).await;
-        self.finish(s, result).await
+        self.finish(s, commit.fence.as_ref(), result).await
     }
 
     async fn idempotent_file(&self, user_id: &str, key: &str) -> MetaResult<Option<FileRecord>> {
@@ -539,13 +637,13 @@ impl MetadataStore for MongoStore {
         file_id: &str,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
-        let mut s = self.begin().await?;
+        let mut s = self.begin(fence).await?;
         let result = self.delete_file_in(&mut s, owner_id, file_id, fence).await;
-        self.finish(s, result).await
+        self.finish(s, fence, result).await
     }
 
     async fn abandon_intent(&self, file_id: &str) -> MetaResult<Option<OrphanRecord>> {
-        let mut s = self.begin().await?;
+        let mut s = self.begin(None).await?;
         let result = async {
             let Some(intent) = self
                 .intents()
@@ -569,7 +667,7 @@ impl MetadataStore for MongoStore {
             Ok(Some(orphan))
         }
         .await;
-        self.finish(s, result).await
+        self.finish(s, None, result).await
     }
 
     async fn orphans_due(
@@ -651,7 +749,7 @@ impl MetadataStore for MongoStore {
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
-        let mut s = self.begin().await?;
+        let mut s = self.begin(fence).await?;
         let result = async {
             self.record_op(&mut s, op_id).await?;
             let (collection, cid) = (container.collection(), container.id());
@@ -688,7 +786,7 @@ impl MetadataStore for MongoStore {
                 .await
         }
         .await;
-        self.finish(s, result).await
+        self.finish(s, fence, result).await
     }
 
     #[allow(clippy::too_many_arguments)] // the operation's fields, a fence and an op id
@@ -702,9 +800,9 @@ impl MetadataStore for MongoStore {
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
-        let mut s = self.begin().await?;
+        let mut s = self.begin(fence).await?;
         if let Err(e) = self.record_op(&mut s, op_id).await {
-            return self.finish(s, Err(e)).await;
+            return self.finish(s, fence, Err(e)).await;
         }
         let op = if connected { "$addToSet" } else { "$pull" };
         let mut filter = doc! {"_id": agent_id, "owner_id": owner_id};
@@ -713,7 +811,7 @@ impl MetadataStore for MongoStore {
         let result = self
             .update_owned(&mut s, "agents", filter, update, owner_id, agent_id)
             .await;
-        self.finish(s, result).await
+        self.finish(s, fence, result).await
     }
 
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()> {

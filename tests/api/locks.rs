@@ -104,6 +104,7 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
         fence: Some(Fence {
             slot: "small".into(),
             token: stale.fence as i64,
+            pinned: false,
         }),
         quota_bytes: None,
         idempotency_key: None,

@@ -209,6 +209,42 @@ async fn a_killed_process_leaves_its_operations_to_the_others_none_lost_none_dou
     );
 }
 
+/// A process that dies between its writes and its commit leaves the
+/// transaction open on the server, holding the agent's document until the
+/// server reaps it (60 s). The next holder of the bucket aborts it on taking
+/// over, so the operations behind it finish within their waiters' deadline
+/// (30 s plus 2 s per operation ahead) instead of timing out.
+#[tokio::test]
+async fn a_transaction_left_open_by_a_dead_process_does_not_hold_up_the_queue() {
+    if skip() {
+        return;
+    }
+    let settings = test_settings();
+    let crash = [QUEUE[0], ("FILEDOCK_TEST_CRASH_AT", "before_txn_commit")];
+    let mut doomed = spawn_binary(&settings, &crash).await;
+    let (key, agent) = user_and_agent(&doomed.base).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/agents/{agent}/mcps/first", doomed.base);
+    let (status, _) = call(&client, "PUT", url, &key, None).await;
+    assert!(!status.is_success(), "the process died before answering");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while doomed.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the crash point was not reached");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let next = spawn_binary(&settings, &QUEUE).await;
+    let ops = (0..20).map(|i| {
+        let url = format!("{}/v1/agents/{agent}/mcps/after-{i}", next.base);
+        call(&client, "PUT", url, &key, None)
+    });
+    for (status, body) in join_all(ops).await {
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let applied = mcp_ids(&next.base, &key, &agent).await;
+    assert_eq!(applied.len(), 21, "{applied:?}");
+    assert_eq!(applied, enqueued_links(&settings, &agent).await);
+}
+
 #[tokio::test]
 async fn a_poisoned_operation_is_dead_lettered_and_its_waiter_told() {
     if skip() {
