@@ -22,7 +22,9 @@ if [ ! -x "$CACHE/schemathesis/bin/st" ]; then
 fi
 
 cargo build --locked --bin filedock
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# shellcheck source=scripts/stack.sh
+source scripts/stack.sh
+port=$(free_port)
 data=$(mktemp -d "${TMPDIR:-/tmp}/filedock-contract.XXXXXX")
 admin="contract-admin-$RANDOM$RANDOM"
 FILEDOCK_BIND="127.0.0.1:$port" FILEDOCK_DATA_DIR="$data" FILEDOCK_ADMIN_KEY="$admin" RUST_LOG=error \

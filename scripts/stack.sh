@@ -34,8 +34,20 @@ stack_install() {
   fi
 }
 
+# A free loopback port below Linux's ephemeral range (32768-60999): a port that
+# bind(:0) hands out is free only until an outgoing connection takes it as its
+# source port, and a test run makes thousands of those.
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 -c '
+import random, socket
+while True:
+    port = random.randrange(20000, 32768)
+    try:
+        socket.socket().bind(("127.0.0.1", port))
+        print(port)
+        break
+    except OSError:
+        pass'
 }
 
 # wait_for NAME PID COMMAND...: retries COMMAND for up to 60 s while PID lives.

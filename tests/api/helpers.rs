@@ -311,11 +311,15 @@ impl BlobStore for FailingDeletes {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Below Linux's ephemeral range (32768–60999): a port that `bind(:0)`
+    // hands out is free only until an outgoing connection takes it as its
+    // source port, and a test run makes thousands of those.
+    loop {
+        let port = rand::random_range(20_000..32_768);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// The environment that points the `filedock` binary at `settings`' backends.
