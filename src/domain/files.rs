@@ -1,12 +1,11 @@
 //! Reading, listing and deleting files.
 
-use super::{FileId, SizeCategory, UserId};
+use super::{FileId, SizeCategory, UserId, upload::user_commit};
 use crate::{
     blob::{ByteRange, ByteStream},
     error::ApiError,
     lock::LockKey,
     meta::{Fence, FileRecord, OrphanStatus, UserRecord},
-    retry::with_txn_retry,
     startup::AppState,
 };
 
@@ -75,7 +74,7 @@ pub async fn delete(state: &AppState, user: &UserRecord, id: &str) -> Result<(),
         token: g.fence() as i64,
         pinned: false,
     });
-    let deleted = with_txn_retry(&state.txn_retry, || {
+    let deleted = user_commit(state, &user_id, || {
         state.meta.delete_file(&user.id, &file.id, fence.as_ref())
     })
     .await;

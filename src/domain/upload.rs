@@ -15,10 +15,11 @@ use crate::{
     error::ApiError,
     lock::{LockGuard, LockKey},
     meta::{
-        CommitOutcome, CommitUpload, Fence, FileRecord, IntentRecord, OrphanRecord, UserRecord,
+        CommitOutcome, CommitUpload, Fence, FileRecord, IntentRecord, MetaError, OrphanRecord,
+        UserRecord,
     },
     metrics::OutcomeLabel,
-    retry::with_txn_retry,
+    retry::{Retried, with_txn_retry},
     startup::AppState,
 };
 
@@ -212,7 +213,7 @@ async fn run(
         idempotency_key: new.idempotency_key,
     };
     crate::crash_point("before_commit");
-    let committed = with_txn_retry(&state.txn_retry, || state.meta.commit_upload(&commit)).await;
+    let committed = user_commit(state, &user_id, || state.meta.commit_upload(&commit)).await;
     if committed.is_ok() {
         crate::crash_point("after_commit");
     }
@@ -235,15 +236,36 @@ async fn run(
             }
         }
         Err(e) => {
-            if e.is_write_conflict() {
+            if matches!(e, ApiError::WriteConflict) {
                 state
                     .metrics
                     .observe_txn("commit_upload", state.txn_retry.max_attempts - 1);
             }
             compensate(state, &intent).await;
-            Err(e.into())
+            Err(e)
         }
     }
+}
+
+/// Runs `txn`, a transaction that writes the user document, under the
+/// user's commit lock, retried on WriteConflict. Without the lock, commits of
+/// different size categories (different locks, one document) conflict, and a
+/// steady stream in one category can starve another's retries past the last
+/// attempt: 6 of 8 runs of 100 mixed uploads on the test stack had a
+/// `write_conflict` failure.
+pub(crate) async fn user_commit<T, F, Fut>(
+    state: &AppState,
+    user: &UserId,
+    txn: F,
+) -> Result<Retried<T>, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, MetaError>>,
+{
+    let guard = state.locks.acquire(&LockKey::user_commit(user)).await?;
+    let result = with_txn_retry(&state.txn_retry, txn).await;
+    release(guard).await;
+    Ok(result?)
 }
 
 /// Streams the body into the blob store, hashing and counting as it goes;

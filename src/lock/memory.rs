@@ -68,6 +68,7 @@ impl MemoryLocks {
             key: key.to_owned(),
             owner,
             fence,
+            ttl,
         }
     }
 

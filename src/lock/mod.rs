@@ -38,6 +38,17 @@ impl LockKey {
         }
     }
 
+    /// `user_file_upload_lock:{user}:commit`: held only around a transaction
+    /// that writes the user document (an upload's commit, a delete), taken
+    /// after the category lock. Every category's commits write that one
+    /// document, so they are serialized here rather than left to conflict.
+    pub fn user_commit(user: &UserId) -> Self {
+        Self {
+            key: format!("user_file_upload_lock:{{{user}}}:commit"),
+            level: "user",
+        }
+    }
+
     /// `session_file_add_lock:{session}`.
     pub fn session_files(session: &str) -> Self {
         Self {
@@ -95,6 +106,10 @@ pub struct Lease {
     pub key: String,
     pub owner: String,
     pub fence: u64,
+    /// How long the lease runs from its grant, before the first renewal. A
+    /// lock handed over to a waiter starts short, so that a waiter that died
+    /// while queued cannot hold it long.
+    pub ttl: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -152,13 +167,15 @@ impl LockGuard {
         let watchdog = tokio::spawn({
             let (lease, manager, lost) = (lease.clone(), manager.clone(), lost.clone());
             async move {
-                let mut last_renewed = Instant::now();
+                // When the lease runs out unless renewed.
+                let mut expires = Instant::now() + lease.ttl;
                 loop {
-                    tokio::time::sleep(ttl / 3).await;
+                    let now = Instant::now();
+                    tokio::time::sleep(expires.saturating_duration_since(now).min(ttl) / 3).await;
                     match manager.renew(&lease, ttl).await {
-                        Ok(true) => last_renewed = Instant::now(),
+                        Ok(true) => expires = Instant::now() + ttl,
                         Ok(false) => break,
-                        Err(e) if last_renewed.elapsed() < ttl => {
+                        Err(e) if Instant::now() < expires => {
                             tracing::warn!(key = %lease.key, error = %e, "lease renewal failed; retrying");
                         }
                         Err(_) => break,

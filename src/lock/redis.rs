@@ -8,15 +8,22 @@
 //!   by arrival; only the head may take the lock, so waiters are served in
 //!   arrival order across processes. A waiter's ticket stays alive only while
 //!   it keeps re-polling, so a crashed waiter cannot block the queue.
-//! - Wake-up: release publishes the head ticket on the key's channel. Each
-//!   process holds one pattern subscription (made before any wait) and
-//!   wakes only the waiter named, so a release costs about one try.
+//! - Hand-off: release gives the lock straight to the head ticket (the
+//!   ticket is the waiter's owner token) and publishes `ticket:fence` on the
+//!   key's channel. Each process holds one pattern subscription (made before
+//!   any wait) and wakes only the waiter named, which then holds the lock
+//!   without another round trip: one try per hold. The handed-over lease is
+//!   short (the ticket TTL) until its holder's first renewal, so a waiter
+//!   that died while queued holds it for seconds, not a full TTL.
 //!
 //! Every key of one lock shares the lock key's `{id}` hash tag.
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -50,10 +57,11 @@ while true do
 end
 "#;
 
-/// Takes the lock and returns the next fencing token.
+/// Gives the lock to `owner` for `ttl` ms and returns the next fencing token;
+/// `hand_off` gives a freed lock to the head of the queue (or frees it).
 const TAKE: &str = r#"
-local function take()
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local function take(owner, ttl)
+  redis.call('SET', KEYS[1], owner, 'PX', ttl)
   local f = redis.call('INCR', KEYS[2])
   if f < now_us then
     redis.call('SET', KEYS[2], string.format('%d', now_us))
@@ -61,39 +69,54 @@ local function take()
   end
   return f
 end
+local function hand_off(ttl)
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not head then
+    redis.call('DEL', KEYS[1])
+    return
+  end
+  redis.call('ZREM', KEYS[3], head)
+  redis.call('ZREM', KEYS[4], head)
+  local f = take(head, ttl)
+  redis.call('PUBLISH', KEYS[6], head .. ':' .. f)
+end
 "#;
 
-/// KEYS: lock, fence, queue, alive, seq. ARGV: owner, ttl ms, ticket, ticket ttl ms.
-/// Returns the fencing token, or 0 if not taken (the ticket stays queued).
+// Every script below takes the keys lock, fence, queue, alive, seq, channel.
+
+/// ARGV: ticket (the owner token), ttl ms, ticket ttl ms. Returns the fencing
+/// token, or 0 if not taken (the ticket stays queued). A ticket that was
+/// handed the lock (its notice lost) gets the current token.
 const ACQUIRE_FAIR: &str = r#"
-if redis.call('ZSCORE', KEYS[3], ARGV[3]) == false then
-  redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[3])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return tonumber(redis.call('GET', KEYS[2]))
 end
-redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[4]), ARGV[3])
-if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[3] and redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('ZREM', KEYS[3], ARGV[3])
-  redis.call('ZREM', KEYS[4], ARGV[3])
-  return take()
+if redis.call('ZSCORE', KEYS[3], ARGV[1]) == false then
+  redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[1])
+end
+redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[3]), ARGV[1])
+if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  return take(ARGV[1], ARGV[2])
 end
 return 0
 "#;
 
-/// KEYS: lock, fence, queue, alive. ARGV: owner, ttl ms. Takes the lock only
-/// if it is free and nobody is queued for it.
+/// ARGV: owner, ttl ms. Takes the lock only if it is free and nobody is
+/// queued for it.
 const TRY_ACQUIRE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
-  return take()
+  return take(ARGV[1], ARGV[2])
 end
 return 0
 "#;
 
-/// KEYS: lock, queue, channel. ARGV: owner. Deletes only our own lock, then
-/// names the next waiter on the channel.
+/// ARGV: owner, hand-off ttl ms. Only the owner releases; the lock goes
+/// straight to the next live waiter.
 const RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-if head then redis.call('PUBLISH', KEYS[3], head) end
+hand_off(ARGV[2])
 return 1
 "#;
 
@@ -103,15 +126,13 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 "#;
 
-/// KEYS: lock, queue, alive, channel. ARGV: ticket. A waiter giving up leaves
-/// the queue and, if the lock is free, wakes the next in line.
+/// ARGV: ticket, hand-off ttl ms. A waiter giving up leaves the queue; if
+/// the lock is free, or was just handed to it, the next in line gets it.
 const LEAVE: &str = r#"
-redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if head then redis.call('PUBLISH', KEYS[4], head) end
-end
+redis.call('ZREM', KEYS[4], ARGV[1])
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then hand_off(ARGV[2]) end
 return 1
 "#;
 
@@ -123,8 +144,16 @@ struct Scripts {
     leave: Script,
 }
 
-/// Local waiters by ticket, woken by the subscription task.
-type Waiters = Arc<Mutex<HashMap<String, Arc<Notify>>>>;
+/// A local waiter: woken by the subscription task, with the fencing token
+/// when the lock was handed to it.
+#[derive(Default)]
+struct Waiter {
+    wake: Notify,
+    granted: AtomicU64,
+}
+
+/// Local waiters by ticket.
+type Waiters = Arc<Mutex<HashMap<String, Arc<Waiter>>>>;
 
 pub struct RedisLocks {
     conn: ConnectionManager,
@@ -170,6 +199,17 @@ impl Keys {
     fn channel(&self) -> String {
         format!("{}:notify", self.lock)
     }
+    /// `script` with every key of the lock, in the scripts' order.
+    fn invoke<'a>(&self, script: &'a Script) -> redis::ScriptInvocation<'a> {
+        let mut call = script.prepare_invoke();
+        call.key(&self.lock)
+            .key(self.fence())
+            .key(self.queue())
+            .key(self.alive())
+            .key(self.seq())
+            .key(self.channel());
+        call
+    }
 }
 
 impl RedisLocks {
@@ -189,22 +229,16 @@ impl RedisLocks {
             format!("{prefix}*:notify"),
             waiters.clone(),
         ));
-        let script = |body: &str, with_prune: bool| {
-            Script::new(&if with_prune {
-                format!("{PRUNE}{TAKE}{body}")
-            } else {
-                body.to_owned()
-            })
-        };
+        let script = |body: &str| Script::new(&format!("{PRUNE}{TAKE}{body}"));
         Ok(Self {
             conn,
             prefix: prefix.to_owned(),
             scripts: Scripts {
-                acquire_fair: script(ACQUIRE_FAIR, true),
-                try_acquire: script(TRY_ACQUIRE, true),
-                release: script(RELEASE, false),
-                renew: script(RENEW, false),
-                leave: script(LEAVE, false),
+                acquire_fair: script(ACQUIRE_FAIR),
+                try_acquire: script(TRY_ACQUIRE),
+                release: script(RELEASE),
+                renew: Script::new(RENEW),
+                leave: script(LEAVE),
             },
             waiters,
             subscriber,
@@ -214,20 +248,12 @@ impl RedisLocks {
     async fn fair_attempt(
         &self,
         keys: &Keys,
-        owner: &str,
-        ttl: Duration,
         ticket: &str,
+        ttl: Duration,
     ) -> Result<u64, LockError> {
-        self.scripts
-            .acquire_fair
-            .key(&keys.lock)
-            .key(keys.fence())
-            .key(keys.queue())
-            .key(keys.alive())
-            .key(keys.seq())
-            .arg(owner)
-            .arg(ttl.as_millis() as u64)
+        keys.invoke(&self.scripts.acquire_fair)
             .arg(ticket)
+            .arg(ttl.as_millis() as u64)
             .arg(TICKET_TTL.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
@@ -235,14 +261,10 @@ impl RedisLocks {
     }
 
     async fn leave_queue(&self, keys: &Keys, ticket: &str) {
-        let r: Result<i64, _> = self
-            .scripts
-            .leave
-            .key(&keys.lock)
-            .key(keys.queue())
-            .key(keys.alive())
-            .key(keys.channel())
+        let r: Result<i64, _> = keys
+            .invoke(&self.scripts.leave)
             .arg(ticket)
+            .arg(TICKET_TTL.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await;
         if let Err(e) = r {
@@ -260,10 +282,14 @@ async fn subscribe(client: Client, pattern: String, waiters: Waiters) {
                 Ok(()) => {
                     let mut messages = pubsub.on_message();
                     while let Some(msg) = messages.next().await {
-                        if let Ok(ticket) = msg.get_payload::<String>()
-                            && let Some(n) = waiters.lock().unwrap().get(&ticket)
-                        {
-                            n.notify_one();
+                        let Ok(notice) = msg.get_payload::<String>() else {
+                            continue;
+                        };
+                        let (ticket, fence) = notice.split_once(':').unwrap_or((&notice, ""));
+                        if let Some(w) = waiters.lock().unwrap().get(ticket) {
+                            w.granted
+                                .store(fence.parse().unwrap_or(0), Ordering::Release);
+                            w.wake.notify_one();
                         }
                     }
                 }
@@ -272,8 +298,8 @@ async fn subscribe(client: Client, pattern: String, waiters: Waiters) {
             Err(e) => tracing::debug!(error = %e, "lock notice connection failed"),
         }
         // Notices may have been missed while disconnected: every waiter re-polls.
-        for n in waiters.lock().unwrap().values() {
-            n.notify_one();
+        for w in waiters.lock().unwrap().values() {
+            w.wake.notify_one();
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -296,13 +322,8 @@ impl LockManager for RedisLocks {
     async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError> {
         let keys = Keys::new(&self.prefix, key);
         let owner = owner_token();
-        let fence: u64 = self
-            .scripts
-            .try_acquire
-            .key(&keys.lock)
-            .key(keys.fence())
-            .key(keys.queue())
-            .key(keys.alive())
+        let fence: u64 = keys
+            .invoke(&self.scripts.try_acquire)
             .arg(&owner)
             .arg(ttl.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
@@ -312,6 +333,7 @@ impl LockManager for RedisLocks {
             key: key.to_owned(),
             owner,
             fence,
+            ttl,
         }))
     }
 
@@ -323,20 +345,26 @@ impl LockManager for RedisLocks {
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
         let keys = Keys::new(&self.prefix, key);
-        let owner = owner_token();
+        // The ticket is also the owner token: a release hands the lock to it.
         let ticket = owner_token();
         // Registered before the first try, so no notice can slip between them.
-        let wake = Arc::new(Notify::new());
+        let waiter = Arc::new(Waiter::default());
         self.waiters
             .lock()
             .unwrap()
-            .insert(ticket.clone(), wake.clone());
+            .insert(ticket.clone(), waiter.clone());
         let _registered = Registered {
             waiters: &self.waiters,
             ticket: &ticket,
         };
+        let lease = |fence, ttl| Lease {
+            key: key.to_owned(),
+            owner: ticket.clone(),
+            fence,
+            ttl,
+        };
         loop {
-            let fence = match self.fair_attempt(&keys, &owner, ttl, &ticket).await {
+            let fence = match self.fair_attempt(&keys, &ticket, ttl).await {
                 Ok(f) => f,
                 Err(e) => {
                     self.leave_queue(&keys, &ticket).await;
@@ -344,30 +372,30 @@ impl LockManager for RedisLocks {
                 }
             };
             if fence > 0 {
-                return Ok(Lease {
-                    key: key.to_owned(),
-                    owner,
-                    fence,
-                });
+                // Taken by this attempt, or handed over earlier (its notice
+                // lost): in doubt, the short hand-off lease.
+                return Ok(lease(fence, TICKET_TTL.min(ttl)));
             }
             let now = Instant::now();
             if now >= deadline {
+                // Leaving also passes on a lock handed to us meanwhile.
                 self.leave_queue(&keys, &ticket).await;
                 return Err(LockError::Timeout(started.elapsed()));
             }
-            let _ = tokio::time::timeout(REPOLL.min(deadline - now), wake.notified()).await;
+            let _ = tokio::time::timeout(REPOLL.min(deadline - now), waiter.wake.notified()).await;
+            let granted = waiter.granted.swap(0, Ordering::Acquire);
+            if granted > 0 {
+                return Ok(lease(granted, TICKET_TTL));
+            }
         }
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         let keys = Keys::new(&self.prefix, &lease.key);
-        let released: i64 = self
-            .scripts
-            .release
-            .key(&keys.lock)
-            .key(keys.queue())
-            .key(keys.channel())
+        let released: i64 = keys
+            .invoke(&self.scripts.release)
             .arg(&lease.owner)
+            .arg(TICKET_TTL.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;

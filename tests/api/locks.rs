@@ -253,6 +253,33 @@ async fn the_next_waiter_is_woken_by_the_release_not_by_polling() {
     }
 }
 
+/// Release hands the lock straight to the head of the queue. If that waiter's
+/// process died while it waited, the handed-over lease is short (seconds, not
+/// the TTL), so the next live waiter gets the lock well within its wait.
+#[tokio::test]
+async fn a_waiter_that_died_in_the_queue_does_not_keep_the_lock() {
+    let long = Duration::from_secs(300);
+    for (name, m) in managers() {
+        let key = format!("dead-waiter:{{{}}}", uuid::Uuid::new_v4());
+        let held = m.try_acquire(&key, long).await.unwrap().unwrap();
+        // A waiter queues, then vanishes without leaving the queue.
+        let (m2, k2) = (m.clone(), key.clone());
+        let dead = tokio::spawn(async move { m2.acquire_fair(&k2, long, far()).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        dead.abort();
+        let (m3, k3) = (m.clone(), key.clone());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let live = tokio::spawn(async move { m3.acquire_fair(&k3, long, deadline).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        m.release(&held).await.unwrap();
+        let lease = live
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{name}: the live waiter never got the lock: {e}"));
+        assert!(m.release(&lease).await.unwrap(), "{name}");
+    }
+}
+
 #[tokio::test]
 async fn both_strategies_serialize_one_key_without_failures() {
     for (name, m) in managers() {
