@@ -468,6 +468,9 @@ async fn hand_off(r: &mut Report) {
     // 32 waiters, 2 ms holds: the idle time between one holder's end of work
     // (it calls release) and the next holder's start (its acquire returned).
     let mut idle = [Vec::new(), Vec::new()];
+    let mut tries = [Vec::new(), Vec::new()];
+    let redis = redis::Client::open(url.as_str()).unwrap();
+    let mut stats = redis.get_multiplexed_async_connection().await.unwrap();
     for rep in 0..REPS {
         for i in 0..2 {
             let which = (i + rep) % 2;
@@ -477,6 +480,7 @@ async fn hand_off(r: &mut Report) {
                 backoff.clone()
             };
             let key = LockKey::agent_config(&run_id());
+            let scripts_before = script_calls(&mut stats).await;
             let tasks: Vec<_> = (0..32)
                 .map(|_| {
                     let (l, key) = (l.clone(), key.clone());
@@ -500,10 +504,17 @@ async fn hand_off(r: &mut Report) {
                 .map(|w| w[1].0.saturating_duration_since(w[0].1).as_secs_f64() * 1000.0)
                 .sum();
             idle[which].push(gaps / (holds.len() - 1) as f64);
+            let scripts = script_calls(&mut stats).await - scripts_before;
+            tries[which].push(scripts as f64 / holds.len() as f64);
         }
     }
     let (n, b) = (median_f(idle[0].clone()), median_f(idle[1].clone()));
     r.row(format!("| 32 waiters × 2 ms holds: idle between holders (release → next acquire returns), mean | {n:.2} ms | {b:.2} ms | {:.0}× |", b / n.max(0.001)));
+    let (n, b) = (median_f(tries[0].clone()), median_f(tries[1].clone()));
+    r.row(format!(
+        "| 32 waiters: Redis script calls per hold (tries + release) | {n:.1} | {b:.1} | {:.0}× |",
+        b / n
+    ));
     // Uncontended acquire + release round trip (the lock's cost per upload).
     let mut rt = Vec::new();
     for _ in 0..200 {
@@ -517,6 +528,26 @@ async fn hand_off(r: &mut Report) {
         "| uncontended acquire + release, p50 of 200 | {:.2} ms | | |",
         median_f(rt)
     ));
+}
+
+/// Lua script calls Redis has served so far (`INFO commandstats`).
+async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// Scenario 3: 32 concurrent 4 MiB uploads by one user, commit vs upload scope.

@@ -78,7 +78,7 @@ local function hand_off(ttl)
   redis.call('ZREM', KEYS[3], head)
   redis.call('ZREM', KEYS[4], head)
   local f = take(head, ttl)
-  redis.call('PUBLISH', KEYS[6], head .. ':' .. f)
+  redis.call('PUBLISH', KEYS[6], head .. ':' .. string.format('%d', f))
 end
 "#;
 

@@ -280,6 +280,88 @@ async fn a_waiter_that_died_in_the_queue_does_not_keep_the_lock() {
     }
 }
 
+/// Lua script calls a Redis server has served (`INFO commandstats`).
+async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// The release gives the lock to the waiter and tells it the fencing token:
+/// the waiter holds the lock without trying again, so a hand-off costs Redis
+/// one script call. Counted on a private Redis, so that no other test's calls
+/// mix in.
+#[tokio::test]
+async fn a_handed_over_lock_costs_the_waiter_no_second_try() {
+    if !real_backends() {
+        return;
+    }
+    let port = free_port();
+    let _redis = crate::real::OwnRedis::start(port).await;
+    let url = format!("redis://127.0.0.1:{port}/");
+    let m: Arc<dyn LockManager> = Arc::new(RedisLocks::connect(&url, "h:").unwrap());
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let pubsub_ready = async |conn: &mut redis::aio::MultiplexedConnection| {
+        let patterns: u64 = redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query_async(conn)
+            .await
+            .unwrap();
+        patterns > 0
+    };
+    while !pubsub_ready(&mut conn).await {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let key = "handed:{k}";
+    for round in 0..6 {
+        let held = m.try_acquire(key, TTL).await.unwrap().unwrap();
+        let m2 = m.clone();
+        let waiter = tokio::spawn(async move { m2.acquire_fair(key, TTL, far()).await });
+        loop {
+            let queued: u64 = redis::AsyncCommands::zcard(&mut conn, "h:handed:{k}:queue")
+                .await
+                .unwrap();
+            if queued == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let before = script_calls(&mut conn).await;
+        assert!(m.release(&held).await.unwrap());
+        let lease = waiter.await.unwrap().unwrap();
+        let calls = script_calls(&mut conn).await - before;
+        // Round 0 loads the scripts (EVALSHA answers NOSCRIPT, then EVAL).
+        if round > 0 {
+            assert_eq!(
+                calls, 1,
+                "round {round}: the release, and no try by the waiter"
+            );
+        }
+        assert!(lease.fence > held.fence);
+        assert!(
+            m.release(&lease).await.unwrap(),
+            "the waiter holds the lock"
+        );
+    }
+}
+
 #[tokio::test]
 async fn both_strategies_serialize_one_key_without_failures() {
     for (name, m) in managers() {
