@@ -47,8 +47,22 @@ enum UserCommand {
     Create { name: String },
 }
 
+/// glibc raises its mmap threshold each time a large block is freed, so the
+/// 8 MiB multipart buffers end up carved from the heap arenas, which keep
+/// the memory after it is freed. A fixed 1 MiB threshold maps every large
+/// buffer on its own and returns it on free: peak RSS through a 1 GiB upload
+/// went from 91 to 70 MiB (`scripts/bench.sh 5`), same throughput.
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; any value is valid.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tune_allocator();
     let cli = Cli::parse();
     let settings = Settings::from_env()?;
     telemetry::init(settings.log_json);

@@ -438,3 +438,57 @@ impl BlobStore for S3BlobStore {
             .map_err(sdk_err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    /// Cuts chunks of the given lengths into parts of `size`.
+    async fn parts_of(chunks: &[usize], size: usize) -> (Vec<Bytes>, Vec<u8>) {
+        let mut all = Vec::new();
+        let body: Vec<std::io::Result<Bytes>> = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let c: Vec<u8> = (0..n).map(|j| (i * 31 + j) as u8).collect();
+                all.extend_from_slice(&c);
+                Ok(Bytes::from(c))
+            })
+            .collect();
+        let mut body: ByteStream = futures::stream::iter(body).boxed();
+        let mut reader = PartReader::new(&mut body, size);
+        let mut parts = Vec::new();
+        while let Some(p) = reader.next().await.unwrap() {
+            parts.push(p);
+        }
+        assert!(reader.done());
+        (parts, all)
+    }
+
+    #[tokio::test]
+    async fn parts_are_exactly_the_part_size_whatever_the_chunks() {
+        let size = 200 << 10;
+        let cases: [&[usize]; 6] = [
+            &[],
+            &[10],
+            &[1000, 3000, 5],
+            &[size],
+            &[size * 2 + 7],
+            &[70_000, 1, 130_000, 300_000, 64 << 10, 3, size, 9],
+        ];
+        for chunks in cases {
+            let (parts, all) = parts_of(chunks, size).await;
+            let (last, full) = parts
+                .split_last()
+                .map_or((None, &[][..]), |(l, f)| (Some(l), f));
+            assert!(full.iter().all(|p| p.len() == size), "{chunks:?}");
+            assert!(
+                last.is_none_or(|l| !l.is_empty() && l.len() <= size),
+                "{chunks:?}"
+            );
+            assert_eq!(parts.concat(), all, "{chunks:?}: the bytes, in order");
+        }
+    }
+}
