@@ -61,6 +61,7 @@ pub struct Metrics {
     pub queue_length: Gauge,
     pub queue_dead_letters: Gauge,
     pub queue_processed: Family<OutcomeLabel, Counter>,
+    pub queue_grouped: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -93,6 +94,7 @@ impl Default for Metrics {
             queue_length: Gauge::default(),
             queue_dead_letters: Gauge::default(),
             queue_processed: Family::default(),
+            queue_grouped: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -192,6 +194,11 @@ impl Default for Metrics {
             "filedock_queue_processed",
             "Queued operations this instance processed, by outcome",
             m.queue_processed.clone(),
+        );
+        r.register(
+            "filedock_queue_grouped",
+            "Queued operations this instance applied in one transaction with others",
+            m.queue_grouped.clone(),
         );
         Self { registry, ..m }
     }

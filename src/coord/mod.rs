@@ -10,32 +10,14 @@ pub mod queue;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use crate::meta::Operation;
 use crate::{
     error::ApiError,
     lock::LockKey,
-    meta::{Container, Fence, LinkKind, MetaError, MetaResult},
+    meta::{Container, Fence, MetaError, MetaResult},
     retry::with_txn_retry,
     startup::AppState,
 };
-
-/// A write to a container, self-contained so that it can travel through a queue.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Operation {
-    Attach {
-        owner_id: String,
-        container: Container,
-        file_id: String,
-        attached: bool,
-    },
-    Link {
-        owner_id: String,
-        agent_id: String,
-        kind: LinkKind,
-        link_id: String,
-        connected: bool,
-    },
-}
 
 impl Operation {
     /// The lock this write takes on the direct path; also its queue routing key.
@@ -263,6 +245,7 @@ impl OpOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meta::LinkKind;
 
     #[test]
     fn buckets_are_stable_and_spread() {

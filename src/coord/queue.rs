@@ -422,190 +422,267 @@ async fn work(
     stop: CancellationToken,
 ) {
     let lost = guard.lost();
-    if let Err(e) = consume(&queue, &state, b, &guard, &stop, &lost).await {
+    let stream = RedisQueue::stream(&queue.prefix, b);
+    let worker = Worker {
+        queue: &queue,
+        state: &state,
+        stream: &stream,
+        lost: &lost,
+        fence: Fence {
+            slot: format!("queue{b}"),
+            token: guard.fence() as i64,
+            pinned: true,
+        },
+    };
+    if let Err(e) = worker.consume(&stop).await {
         tracing::warn!(bucket = b, error = %e, "queue worker stopped");
     }
     guard.release().await;
 }
 
-async fn consume(
-    queue: &RedisQueue,
-    state: &AppState,
-    b: u32,
-    guard: &LockGuard,
-    stop: &CancellationToken,
-    lost: &CancellationToken,
-) -> redis::RedisResult<()> {
-    // A connection of its own: XREADGROUP blocks it.
-    let mut conn: MultiplexedConnection = queue.client.get_multiplexed_async_connection().await?;
-    let stream = RedisQueue::stream(&queue.prefix, b);
-    let created: redis::RedisResult<()> = conn.xgroup_create_mkstream(&stream, GROUP, "0").await;
-    if let Err(e) = created
-        && e.code() != Some("BUSYGROUP")
-    {
-        return Err(e);
-    }
-    // First what earlier owners left pending, in order.
-    let mut start = "0-0".to_owned();
-    loop {
-        let claimed: redis::streams::StreamAutoClaimReply = conn
-            .xautoclaim_options(
-                &stream,
-                GROUP,
-                &queue.instance,
-                0,
-                &start,
-                StreamAutoClaimOptions::default().count(64),
-            )
-            .await?;
-        for entry in &claimed.claimed {
-            if let Step::Stop =
-                process(queue, state, b, guard, lost, &mut conn, &stream, entry).await
-            {
+impl Worker<'_> {
+    async fn consume(&self, stop: &CancellationToken) -> redis::RedisResult<()> {
+        let (queue, stream) = (self.queue, self.stream);
+        // A connection of its own: XREADGROUP blocks it.
+        let mut conn: MultiplexedConnection =
+            queue.client.get_multiplexed_async_connection().await?;
+        let created: redis::RedisResult<()> = conn.xgroup_create_mkstream(stream, GROUP, "0").await;
+        if let Err(e) = created
+            && e.code() != Some("BUSYGROUP")
+        {
+            return Err(e);
+        }
+        // First what earlier owners left pending, in order.
+        let mut start = "0-0".to_owned();
+        loop {
+            let claimed: redis::streams::StreamAutoClaimReply = conn
+                .xautoclaim_options(
+                    stream,
+                    GROUP,
+                    &queue.instance,
+                    0,
+                    &start,
+                    StreamAutoClaimOptions::default().count(64),
+                )
+                .await?;
+            let entries: Vec<_> = claimed.claimed.iter().map(Entry::decode).collect();
+            if let Step::Stop = self.handle(&mut conn, &entries).await {
+                return Ok(());
+            }
+            if claimed.next_stream_id == "0-0" || claimed.claimed.is_empty() {
+                break;
+            }
+            start = claimed.next_stream_id;
+        }
+        let opts = StreamReadOptions::default()
+            .group(GROUP, &queue.instance)
+            .count(16)
+            .block(500);
+        while !stop.is_cancelled() && !self.lost.is_cancelled() {
+            let reply: StreamReadReply = conn.xread_options(&[stream], &[">"], &opts).await?;
+            let entries: Vec<_> = reply
+                .keys
+                .iter()
+                .flat_map(|k| &k.ids)
+                .map(Entry::decode)
+                .collect();
+            if let Step::Stop = self.handle(&mut conn, &entries).await {
                 return Ok(());
             }
         }
-        if claimed.next_stream_id == "0-0" || claimed.claimed.is_empty() {
-            break;
-        }
-        start = claimed.next_stream_id;
+        Ok(())
     }
-    let opts = StreamReadOptions::default()
-        .group(GROUP, &queue.instance)
-        .count(16)
-        .block(500);
-    while !stop.is_cancelled() && !lost.is_cancelled() {
-        let reply: StreamReadReply = conn.xread_options(&[&stream], &[">"], &opts).await?;
-        for entry in reply.keys.iter().flat_map(|k| &k.ids) {
-            if let Step::Stop =
-                process(queue, state, b, guard, lost, &mut conn, &stream, entry).await
-            {
-                return Ok(());
+
+    /// Applies what one read returned, in order: as a group if it can.
+    async fn handle(&self, conn: &mut MultiplexedConnection, entries: &[Entry<'_>]) -> Step {
+        if entries.len() > 1
+            && let Some(step) = self.process_group(conn, entries).await
+        {
+            return step;
+        }
+        for entry in entries {
+            if let Step::Stop = self.process(conn, entry).await {
+                return Step::Stop;
             }
         }
+        Step::Next
     }
-    Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn process(
-    queue: &RedisQueue,
-    state: &AppState,
-    b: u32,
-    guard: &LockGuard,
-    lost: &CancellationToken,
-    conn: &mut MultiplexedConnection,
-    stream: &str,
-    entry: &StreamId,
-) -> Step {
-    let op_id: String = entry.get("id").unwrap_or_else(|| entry.id.clone());
-    let reply_to: Option<String> = entry.get("reply");
-    let enqueued_ms: u64 = entry.get("at").unwrap_or_else(now_ms);
-    let op: Result<Operation, String> = entry
-        .get::<String>("op")
-        .ok_or_else(|| "no op field".to_owned())
-        .and_then(|raw| serde_json::from_str(&raw).map_err(|e| e.to_string()));
-    let fence = Fence {
-        slot: format!("queue{b}"),
-        token: guard.fence() as i64,
-        pinned: true,
-    };
-    let (mut attempts, mut transient) = (0, 0u32);
-    let outcome = loop {
-        if lost.is_cancelled() {
-            return Step::Stop;
+/// A stream entry, decoded.
+struct Entry<'a> {
+    raw: &'a StreamId,
+    op_id: String,
+    reply_to: Option<String>,
+    enqueued_ms: u64,
+    op: Result<Operation, String>,
+}
+
+impl<'a> Entry<'a> {
+    fn decode(raw: &'a StreamId) -> Self {
+        Self {
+            raw,
+            op_id: raw.get("id").unwrap_or_else(|| raw.id.clone()),
+            reply_to: raw.get("reply"),
+            enqueued_ms: raw.get("at").unwrap_or_else(now_ms),
+            op: raw
+                .get::<String>("op")
+                .ok_or_else(|| "no op field".to_owned())
+                .and_then(|r| serde_json::from_str(&r).map_err(|e| e.to_string())),
         }
-        let error = match &op {
-            Err(e) => format!("undecodable operation: {e}"),
-            Ok(op) => match apply(state, op, Some(fence.clone()), Some(&op_id)).await {
-                Ok(()) => break OpOutcome::ok(),
-                Err(MetaError::NotFound) => break OpOutcome::error(&ApiError::NotFound),
-                Err(MetaError::StaleFence) => return Step::Stop,
-                // Transient: a conflicting transaction (perhaps left open by a
-                // process that died mid-commit, until the server reaps it) or
-                // the store being down. Order forbids skipping ahead, and
-                // these are not the operation's fault: wait and try again.
+    }
+}
+
+/// What the worker holds while it consumes bucket `b`.
+struct Worker<'a> {
+    queue: &'a RedisQueue,
+    state: &'a AppState,
+    stream: &'a str,
+    lost: &'a CancellationToken,
+    fence: Fence,
+}
+
+impl Worker<'_> {
+    /// Applies `entries` in one transaction (a group commit): one commit for
+    /// many operations is what lets a hot key go faster than one transaction
+    /// at a time. `None` if the group was refused (an operation that fails,
+    /// or one applied before): the caller applies them one at a time, so each
+    /// gets its own answer.
+    async fn process_group(
+        &self,
+        conn: &mut MultiplexedConnection,
+        entries: &[Entry<'_>],
+    ) -> Option<Step> {
+        let ops = entries
+            .iter()
+            .map(|e| Some((e.op.clone().ok()?, e.op_id.clone())))
+            .collect::<Option<Vec<_>>>()?;
+        let mut transient = 0u32;
+        loop {
+            if self.lost.is_cancelled() {
+                return Some(Step::Stop);
+            }
+            match self.state.meta.apply_group(&ops, &self.fence).await {
+                Ok(()) => break,
+                Err(MetaError::StaleFence) => return Some(Step::Stop),
                 Err(e @ (MetaError::WriteConflict | MetaError::Unavailable(_))) => {
                     transient += 1;
-                    tracing::warn!(op_id, error = %e, "queued operation waits for the metadata store");
-                    let pause = Duration::from_millis(100 * u64::from(transient.min(10)));
-                    tokio::time::sleep(pause).await;
-                    continue;
+                    tracing::warn!(error = %e, "queued operations wait for the metadata store");
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(transient.min(10))))
+                        .await;
                 }
-                Err(e) => e.to_string(),
-            },
-        };
-        attempts += 1;
-        if attempts >= MAX_ATTEMPTS || op.is_err() {
-            dead_letter(queue, conn, entry, &error, attempts).await;
-            let message = format!(
-                "the operation failed {attempts} times and was moved to the dead-letter queue: {error}"
-            );
-            break OpOutcome {
-                code: Some("dead_lettered".into()),
-                message: Some(message),
-            };
+                Err(e) => {
+                    tracing::debug!(error = %e, n = ops.len(), "group refused; applying one at a time");
+                    return None;
+                }
+            }
         }
-        tracing::warn!(
-            op_id,
-            attempt = attempts,
-            error,
-            "queued operation failed; retrying"
-        );
-        tokio::time::sleep(Duration::from_millis(100 * u64::from(attempts))).await;
-    };
-    let ok = outcome.code.is_none();
-    respond(queue, conn, &op_id, reply_to.as_deref(), &outcome).await;
-    let _: redis::RedisResult<i64> = conn.xack(stream, GROUP, &[&entry.id]).await;
-    let label = if ok {
-        "applied"
-    } else {
-        outcome.code.as_deref().unwrap_or("failed")
-    };
-    state
-        .metrics
-        .queue_processed
-        .get_or_create(&OutcomeLabel {
-            outcome: label.into(),
-        })
-        .inc();
-    let mut recent = queue.recent.lock().unwrap();
-    recent.push_back(Done {
-        at: Instant::now(),
-        wait_ms: now_ms().saturating_sub(enqueued_ms) as f64,
-        ok,
-    });
-    while recent
-        .front()
-        .is_some_and(|d| d.at.elapsed() > Duration::from_secs(60))
-        || recent.len() > 100_000
-    {
-        recent.pop_front();
+        self.state.metrics.queue_grouped.inc_by(ops.len() as u64);
+        let ok = OpOutcome::ok();
+        let done: Vec<_> = entries.iter().map(|e| (e, &ok)).collect();
+        self.deliver(conn, &done).await;
+        Some(Step::Next)
     }
-    Step::Next
-}
 
-async fn respond(
-    queue: &RedisQueue,
-    conn: &mut MultiplexedConnection,
-    op_id: &str,
-    reply_to: Option<&str>,
-    outcome: &OpOutcome,
-) {
-    let body = serde_json::to_string(outcome).unwrap_or_default();
-    let mut pipe = redis::pipe();
-    pipe.set_ex(result_key(&queue.prefix, op_id), body, 300)
-        .ignore();
-    if let Some(instance) = reply_to {
-        pipe.publish(
-            format!("{}filedock_queue_done:{instance}", queue.prefix),
-            op_id,
-        )
-        .ignore();
+    /// Applies one entry, retrying, dead-lettering what keeps failing.
+    async fn process(&self, conn: &mut MultiplexedConnection, entry: &Entry<'_>) -> Step {
+        let (mut attempts, mut transient) = (0, 0u32);
+        let outcome = loop {
+            if self.lost.is_cancelled() {
+                return Step::Stop;
+            }
+            let op_id = entry.op_id.as_str();
+            let error = match &entry.op {
+                Err(e) => format!("undecodable operation: {e}"),
+                Ok(op) => {
+                    match apply(self.state, op, Some(self.fence.clone()), Some(op_id)).await {
+                        Ok(()) => break OpOutcome::ok(),
+                        Err(MetaError::NotFound) => break OpOutcome::error(&ApiError::NotFound),
+                        Err(MetaError::StaleFence) => return Step::Stop,
+                        // Transient: a conflicting transaction (perhaps left open by a
+                        // process that died mid-commit, until it is ended) or the
+                        // store being down. Order forbids skipping ahead, and these
+                        // are not the operation's fault: wait and try again.
+                        Err(e @ (MetaError::WriteConflict | MetaError::Unavailable(_))) => {
+                            transient += 1;
+                            tracing::warn!(op_id, error = %e, "queued operation waits for the metadata store");
+                            let pause = Duration::from_millis(100 * u64::from(transient.min(10)));
+                            tokio::time::sleep(pause).await;
+                            continue;
+                        }
+                        Err(e) => e.to_string(),
+                    }
+                }
+            };
+            attempts += 1;
+            if attempts >= MAX_ATTEMPTS || entry.op.is_err() {
+                dead_letter(self.queue, conn, entry.raw, &error, attempts).await;
+                let message = format!(
+                    "the operation failed {attempts} times and was moved to the dead-letter queue: {error}"
+                );
+                break OpOutcome {
+                    code: Some("dead_lettered".into()),
+                    message: Some(message),
+                };
+            }
+            tracing::warn!(
+                op_id,
+                attempt = attempts,
+                error,
+                "queued operation failed; retrying"
+            );
+            tokio::time::sleep(Duration::from_millis(100 * u64::from(attempts))).await;
+        };
+        self.deliver(conn, &[(entry, &outcome)]).await;
+        Step::Next
     }
-    let r: redis::RedisResult<Value> = pipe.query_async(conn).await;
-    if let Err(e) = r {
-        tracing::warn!(op_id, error = %e, "could not deliver a queued operation's result");
+
+    /// Stores each result, tells its waiter's instance, acknowledges the
+    /// entries (one round trip), and counts them.
+    async fn deliver(&self, conn: &mut MultiplexedConnection, done: &[(&Entry<'_>, &OpOutcome)]) {
+        let prefix = &self.queue.prefix;
+        let mut pipe = redis::pipe();
+        for (entry, outcome) in done {
+            let body = serde_json::to_string(outcome).unwrap_or_default();
+            pipe.set_ex(result_key(prefix, &entry.op_id), body, 300)
+                .ignore();
+            if let Some(instance) = &entry.reply_to {
+                pipe.publish(
+                    format!("{prefix}filedock_queue_done:{instance}"),
+                    &entry.op_id,
+                )
+                .ignore();
+            }
+            pipe.xack(self.stream, GROUP, &[&entry.raw.id]).ignore();
+        }
+        let r: redis::RedisResult<Value> = pipe.query_async(conn).await;
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "could not deliver queued operations' results");
+        }
+        let mut recent = self.queue.recent.lock().unwrap();
+        for (entry, outcome) in done {
+            let ok = outcome.code.is_none();
+            let label = outcome.code.as_deref().unwrap_or("applied");
+            self.state
+                .metrics
+                .queue_processed
+                .get_or_create(&OutcomeLabel {
+                    outcome: label.into(),
+                })
+                .inc();
+            recent.push_back(Done {
+                at: Instant::now(),
+                wait_ms: now_ms().saturating_sub(entry.enqueued_ms) as f64,
+                ok,
+            });
+        }
+        while recent
+            .front()
+            .is_some_and(|d| d.at.elapsed() > Duration::from_secs(60))
+            || recent.len() > 100_000
+        {
+            recent.pop_front();
+        }
     }
 }
 

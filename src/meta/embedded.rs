@@ -260,6 +260,54 @@ fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) {
     }
 }
 
+/// Applies a container write inside `tx`, checking and storing `fence` on
+/// the container.
+fn apply_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> MetaResult<()> {
+    match op {
+        Operation::Attach {
+            owner_id,
+            container,
+            file_id,
+            attached,
+        } => {
+            let (collection, cid) = (container.collection(), container.id());
+            let ckey = format!("{collection}/{cid}");
+            let mut doc = owned(tx.get::<Value>(&ckey)?, owner_id)?;
+            apply_fence_value(&mut doc, fence)?;
+            let fkey = file_key(file_id);
+            match tx.get::<Value>(&fkey)? {
+                // The file's document is written too, so that a concurrent
+                // delete of the file conflicts with this attach.
+                Some(mut file)
+                    if tx
+                        .get::<Value>(&format!("permissions/{file_id}:{owner_id}"))?
+                        .is_some() =>
+                {
+                    set_member(&mut file, collection, cid, *attached);
+                    tx.put(&fkey, &file)?;
+                }
+                _ if *attached => return Err(MetaError::NotFound),
+                _ => {} // detaching a file that is gone: nothing to undo on it
+            }
+            set_member(&mut doc, "file_ids", file_id, *attached);
+            tx.put(&ckey, &doc)
+        }
+        Operation::Link {
+            owner_id,
+            agent_id,
+            kind,
+            link_id,
+            connected,
+        } => {
+            let key = format!("agents/{agent_id}");
+            let mut doc = owned(tx.get::<Value>(&key)?, owner_id)?;
+            apply_fence_value(&mut doc, fence)?;
+            set_member(&mut doc, kind.field(), link_id, *connected);
+            tx.put(&key, &doc)
+        }
+    }
+}
+
 /// Checks and advances a fencing token stored in a document's `fence` map.
 fn apply_fence_value(doc: &mut Value, fence: Option<&Fence>) -> MetaResult<()> {
     if let Some(f) = fence {
@@ -574,31 +622,16 @@ impl MetadataStore for EmbeddedStore {
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
-        let (owner, file_id, fence) = (owner_id.to_owned(), file_id.to_owned(), fence.cloned());
-        let op_id = op_id.map(str::to_owned);
-        let (collection, cid) = (container.collection(), container.id().to_owned());
+        let op = Operation::Attach {
+            owner_id: owner_id.to_owned(),
+            container: container.clone(),
+            file_id: file_id.to_owned(),
+            attached,
+        };
+        let (fence, op_id) = (fence.cloned(), op_id.map(str::to_owned));
         self.transaction(move |tx| {
             record_op(tx, op_id.as_deref())?;
-            let ckey = format!("{collection}/{cid}");
-            let mut doc = owned(tx.get::<Value>(&ckey)?, &owner)?;
-            apply_fence_value(&mut doc, fence.as_ref())?;
-            let fkey = file_key(&file_id);
-            match tx.get::<Value>(&fkey)? {
-                // The file's document is written too, so that a concurrent
-                // delete of the file conflicts with this attach.
-                Some(mut file)
-                    if tx
-                        .get::<Value>(&format!("permissions/{file_id}:{owner}"))?
-                        .is_some() =>
-                {
-                    set_member(&mut file, collection, &cid, attached);
-                    tx.put(&fkey, &file)?;
-                }
-                _ if attached => return Err(MetaError::NotFound),
-                _ => {} // detaching a file that is gone: nothing to undo on it
-            }
-            set_member(&mut doc, "file_ids", &file_id, attached);
-            tx.put(&ckey, &doc)
+            apply_op(tx, &op, fence.as_ref())
         })
         .await
     }
@@ -614,14 +647,29 @@ impl MetadataStore for EmbeddedStore {
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
-        let (owner, link, fence) = (owner_id.to_owned(), link_id.to_owned(), fence.cloned());
-        let (key, op_id) = (format!("agents/{agent_id}"), op_id.map(str::to_owned));
+        let op = Operation::Link {
+            owner_id: owner_id.to_owned(),
+            agent_id: agent_id.to_owned(),
+            kind,
+            link_id: link_id.to_owned(),
+            connected,
+        };
+        let (fence, op_id) = (fence.cloned(), op_id.map(str::to_owned));
         self.transaction(move |tx| {
             record_op(tx, op_id.as_deref())?;
-            let mut doc = owned(tx.get::<Value>(&key)?, &owner)?;
-            apply_fence_value(&mut doc, fence.as_ref())?;
-            set_member(&mut doc, kind.field(), &link, connected);
-            tx.put(&key, &doc)
+            apply_op(tx, &op, fence.as_ref())
+        })
+        .await
+    }
+
+    async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+        let (ops, fence) = (ops.to_vec(), fence.clone());
+        self.transaction(move |tx| {
+            for (op, id) in &ops {
+                record_op(tx, Some(id))?;
+                apply_op(tx, op, Some(&fence))?;
+            }
+            Ok(())
         })
         .await
     }

@@ -113,6 +113,25 @@ impl Container {
     }
 }
 
+/// A write to a container, self-contained so that it can travel through a queue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Operation {
+    Attach {
+        owner_id: String,
+        container: Container,
+        file_id: String,
+        attached: bool,
+    },
+    Link {
+        owner_id: String,
+        agent_id: String,
+        kind: LinkKind,
+        link_id: String,
+        connected: bool,
+    },
+}
+
 /// An agent's connection lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -397,6 +416,12 @@ pub trait MetadataStore: Send + Sync {
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()>;
+    /// Applies queued operations in order in one transaction, recording each
+    /// one's id (the second of the pair) as the single-operation methods do,
+    /// under one fence: all or none. Any refusal, or an id seen before, fails
+    /// the whole group; the caller then applies them one at a time.
+    async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()>;
+
     async fn mark_orphan(
         &self,
         id: &str,

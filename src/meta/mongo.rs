@@ -419,6 +419,71 @@ impl MongoStore {
         }
     }
 
+    /// Applies a container write in `s`, checking and storing `fence` on the
+    /// container.
+    async fn apply_op(
+        &self,
+        s: &mut ClientSession,
+        op: &Operation,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()> {
+        match op {
+            Operation::Attach {
+                owner_id,
+                container,
+                file_id,
+                attached,
+            } => {
+                let (collection, cid) = (container.collection(), container.id());
+                // The file's document is written too, so that a concurrent
+                // delete of the file conflicts with this attach.
+                if *attached {
+                    let allowed = self
+                        .permissions()
+                        .find_one(doc! {"file_id": file_id, "user_id": owner_id})
+                        .session(&mut *s)
+                        .await
+                        .map_err(classify)?;
+                    let updated = self
+                        .files()
+                        .update_one(doc! {"_id": file_id}, doc! {"$addToSet": {collection: cid}})
+                        .session(&mut *s)
+                        .await
+                        .map_err(classify)?;
+                    if allowed.is_none() || updated.matched_count == 0 {
+                        return Err(MetaError::NotFound);
+                    }
+                } else {
+                    self.files()
+                        .update_one(doc! {"_id": file_id}, doc! {"$pull": {collection: cid}})
+                        .session(&mut *s)
+                        .await
+                        .map_err(classify)?;
+                }
+                let verb = if *attached { "$addToSet" } else { "$pull" };
+                let mut filter = doc! {"_id": cid, "owner_id": owner_id};
+                let mut update = doc! {verb: {"file_ids": file_id}};
+                add_fence(&mut filter, &mut update, "fence", fence);
+                self.update_owned(s, collection, filter, update, owner_id, cid)
+                    .await
+            }
+            Operation::Link {
+                owner_id,
+                agent_id,
+                kind,
+                link_id,
+                connected,
+            } => {
+                let verb = if *connected { "$addToSet" } else { "$pull" };
+                let mut filter = doc! {"_id": agent_id, "owner_id": owner_id};
+                let mut update = doc! {verb: {kind.field(): link_id}};
+                add_fence(&mut filter, &mut update, "fence", fence);
+                self.update_owned(s, "agents", filter, update, owner_id, agent_id)
+                    .await
+            }
+        }
+    }
+
     /// Applies a fenced update to an owned document; tells `NotFound` (not
     /// the owner's, or absent) from `StaleFence` when nothing matched.
     async fn update_owned(
@@ -749,41 +814,16 @@ impl MetadataStore for MongoStore {
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
+        let op = Operation::Attach {
+            owner_id: owner_id.to_owned(),
+            container: container.clone(),
+            file_id: file_id.to_owned(),
+            attached,
+        };
         let mut s = self.begin(fence).await?;
         let result = async {
             self.record_op(&mut s, op_id).await?;
-            let (collection, cid) = (container.collection(), container.id());
-            // The file's document is written too, so that a concurrent
-            // delete of the file conflicts with this attach.
-            if attached {
-                let allowed = self
-                    .permissions()
-                    .find_one(doc! {"file_id": file_id, "user_id": owner_id})
-                    .session(&mut s)
-                    .await
-                    .map_err(classify)?;
-                let updated = self
-                    .files()
-                    .update_one(doc! {"_id": file_id}, doc! {"$addToSet": {collection: cid}})
-                    .session(&mut s)
-                    .await
-                    .map_err(classify)?;
-                if allowed.is_none() || updated.matched_count == 0 {
-                    return Err(MetaError::NotFound);
-                }
-            } else {
-                self.files()
-                    .update_one(doc! {"_id": file_id}, doc! {"$pull": {collection: cid}})
-                    .session(&mut s)
-                    .await
-                    .map_err(classify)?;
-            }
-            let op = if attached { "$addToSet" } else { "$pull" };
-            let mut filter = doc! {"_id": cid, "owner_id": owner_id};
-            let mut update = doc! {op: {"file_ids": file_id}};
-            add_fence(&mut filter, &mut update, "fence", fence);
-            self.update_owned(&mut s, collection, filter, update, owner_id, cid)
-                .await
+            self.apply_op(&mut s, &op, fence).await
         }
         .await;
         self.finish(s, fence, result).await
@@ -800,18 +840,33 @@ impl MetadataStore for MongoStore {
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
+        let op = Operation::Link {
+            owner_id: owner_id.to_owned(),
+            agent_id: agent_id.to_owned(),
+            kind,
+            link_id: link_id.to_owned(),
+            connected,
+        };
         let mut s = self.begin(fence).await?;
-        if let Err(e) = self.record_op(&mut s, op_id).await {
-            return self.finish(s, fence, Err(e)).await;
+        let result = async {
+            self.record_op(&mut s, op_id).await?;
+            self.apply_op(&mut s, &op, fence).await
         }
-        let op = if connected { "$addToSet" } else { "$pull" };
-        let mut filter = doc! {"_id": agent_id, "owner_id": owner_id};
-        let mut update = doc! {op: {kind.field(): link_id}};
-        add_fence(&mut filter, &mut update, "fence", fence);
-        let result = self
-            .update_owned(&mut s, "agents", filter, update, owner_id, agent_id)
-            .await;
+        .await;
         self.finish(s, fence, result).await
+    }
+
+    async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+        let mut s = self.begin(Some(fence)).await?;
+        let result = async {
+            for (op, id) in ops {
+                self.record_op(&mut s, Some(id)).await?;
+                self.apply_op(&mut s, op, Some(fence)).await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.finish(s, Some(fence), result).await
     }
 
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()> {

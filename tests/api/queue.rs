@@ -47,6 +47,20 @@ async fn call(
     }
 }
 
+/// The sum of a metric's samples on the server at `base`.
+async fn metric_at(base: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A user (key) and an agent (id) created through `base`.
 async fn user_and_agent(base: &str) -> (String, String) {
     let client = reqwest::Client::new();
@@ -135,6 +149,12 @@ async fn three_processes_apply_300_operations_on_one_agent_once_each_in_enqueue_
     );
     let applied = mcp_ids(&servers[1].base, &key, &agent).await;
     assert_eq!(applied.len(), 300);
+    let mut grouped = 0.0;
+    for s in &servers {
+        grouped += metric_at(&s.base, "filedock_queue_grouped_total").await;
+    }
+    eprintln!("{grouped} of 300 operations applied in group commits");
+    assert!(grouped > 0.0, "a burst on one key is applied in groups");
     assert_eq!(
         applied
             .iter()
@@ -243,6 +263,78 @@ async fn a_transaction_left_open_by_a_dead_process_does_not_hold_up_the_queue() 
     let applied = mcp_ids(&next.base, &key, &agent).await;
     assert_eq!(applied.len(), 21, "{applied:?}");
     assert_eq!(applied, enqueued_links(&settings, &agent).await);
+}
+
+/// Operations read together are applied in one transaction; one operation
+/// the store refuses (here: files whose documents were corrupted, as in the
+/// dead-letter test) refuses the group, and then each is applied alone: the
+/// refused ones are dead-lettered, every other one lands, once.
+#[tokio::test]
+async fn a_refused_operation_in_a_group_fails_alone() {
+    if skip() {
+        return;
+    }
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("grouped").await;
+    let mut files = Vec::new();
+    for i in 0..40 {
+        files.push(app.new_file(&u, i).await);
+    }
+    let (_, session) = app.json("POST", "/v1/sessions", &u, None).await;
+    let session = session["id"].as_str().unwrap().to_owned();
+    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap();
+    let poisoned: Vec<String> = files.iter().step_by(10).cloned().collect();
+    mongo
+        .database(&app.settings.mongodb_db)
+        .collection::<bson::Document>("files")
+        .update_many(
+            bson::doc! {"_id": {"$in": &poisoned}},
+            bson::doc! {"$set": {"sessions": "not a list"}},
+        )
+        .await
+        .unwrap();
+    let attaches = files.iter().map(|f| {
+        app.json(
+            "POST",
+            format!("/v1/sessions/{session}/files"),
+            &u,
+            Some(json!({"file_id": f})),
+        )
+    });
+    for (f, (status, body)) in files.iter().zip(join_all(attaches).await) {
+        if poisoned.contains(f) {
+            assert_eq!(body["error"]["code"], "dead_lettered", "{f}: {body}");
+        } else {
+            assert_eq!(status, StatusCode::OK, "{f}: {body}");
+        }
+    }
+    let grouped = app.metric("filedock_queue_grouped_total", "").await;
+    eprintln!("{grouped} of 40 attaches applied in group commits");
+    let (_, s) = app
+        .json("GET", format!("/v1/sessions/{session}"), &u, None)
+        .await;
+    let attached: Vec<&str> = s["file_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let kept: Vec<&str> = files
+        .iter()
+        .filter(|f| !poisoned.contains(f))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(attached.len(), kept.len(), "each once: {attached:?}");
+    assert_eq!(
+        attached
+            .into_iter()
+            .collect::<std::collections::HashSet<_>>(),
+        kept.into_iter().collect()
+    );
 }
 
 #[tokio::test]
