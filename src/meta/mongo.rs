@@ -11,7 +11,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use bson::{Document, doc};
+use bson::{Document, bson, doc};
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use mongodb::{
@@ -102,6 +102,73 @@ where
         .try_collect()
         .await
         .map_err(classify)
+}
+
+/// Connects and disconnects of one agent's list in a row, each link once.
+/// One `$pullAll` and one `$addToSet` with `$each` leave the list exactly as
+/// applying them one by one would: new links are appended in order, present
+/// ones stay where they are. A link seen again starts a new run (removing
+/// and re-adding it moves it to the end, which one update cannot express).
+struct LinkRun<'a> {
+    owner_id: &'a str,
+    agent_id: &'a str,
+    kind: LinkKind,
+    add: Vec<&'a str>,
+    remove: Vec<&'a str>,
+}
+
+enum GroupStep<'a> {
+    Links(LinkRun<'a>),
+    One(&'a Operation),
+}
+
+/// A group's operations, in order, with runs of link changes merged: a
+/// burst on one agent costs a few statements instead of one per operation.
+fn plan_group(ops: &[(Operation, String)]) -> Vec<GroupStep<'_>> {
+    let mut steps: Vec<GroupStep<'_>> = Vec::new();
+    for (op, _) in ops {
+        let Operation::Link {
+            owner_id,
+            agent_id,
+            kind,
+            link_id,
+            connected,
+        } = op
+        else {
+            steps.push(GroupStep::One(op));
+            continue;
+        };
+        let link = link_id.as_str();
+        let extends = |run: &LinkRun<'_>| {
+            run.agent_id == agent_id
+                && run.owner_id == owner_id
+                && run.kind == *kind
+                && !run.add.contains(&link)
+                && !run.remove.contains(&link)
+        };
+        let run = match steps.last_mut() {
+            Some(GroupStep::Links(run)) if extends(run) => run,
+            _ => {
+                steps.push(GroupStep::Links(LinkRun {
+                    owner_id,
+                    agent_id,
+                    kind: *kind,
+                    add: Vec::new(),
+                    remove: Vec::new(),
+                }));
+                let Some(GroupStep::Links(run)) = steps.last_mut() else {
+                    unreachable!("just pushed")
+                };
+                run
+            }
+        };
+        if *connected {
+            run.add.push(link);
+        } else {
+            run.remove.push(link);
+        }
+    }
+    steps
 }
 
 /// Adds a fencing condition (stored token below ours, or none yet) to
@@ -859,9 +926,48 @@ impl MetadataStore for MongoStore {
     async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
         let mut s = self.begin(Some(fence)).await?;
         let result = async {
-            for (op, id) in ops {
-                self.record_op(&mut s, Some(id)).await?;
-                self.apply_op(&mut s, op, Some(fence)).await?;
+            let records: Vec<ProcessedOp> = ops
+                .iter()
+                .map(|(_, id)| ProcessedOp {
+                    id: id.clone(),
+                    created_at: now(),
+                })
+                .collect();
+            self.db
+                .collection::<ProcessedOp>("processed_ops")
+                .insert_many(records)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            for step in plan_group(ops) {
+                match step {
+                    GroupStep::One(op) => self.apply_op(&mut s, op, Some(fence)).await?,
+                    GroupStep::Links(run) => {
+                        let field = run.kind.field();
+                        let changes = [
+                            ("$pullAll", bson!(&run.remove)),
+                            ("$addToSet", bson!({"$each": &run.add})),
+                        ];
+                        for ((verb, value), ids) in changes.into_iter().zip([&run.remove, &run.add])
+                        {
+                            if ids.is_empty() {
+                                continue;
+                            }
+                            let mut filter = doc! {"_id": run.agent_id, "owner_id": run.owner_id};
+                            let mut update = doc! {verb: {field: value}};
+                            add_fence(&mut filter, &mut update, "fence", Some(fence));
+                            self.update_owned(
+                                &mut s,
+                                "agents",
+                                filter,
+                                update,
+                                run.owner_id,
+                                run.agent_id,
+                            )
+                            .await?;
+                        }
+                    }
+                }
             }
             Ok(())
         }
@@ -909,5 +1015,67 @@ impl MetadataStore for MongoStore {
             None => doc! {},
         };
         find_sorted(self.orphans(), filter, doc! {"created_at": 1}, limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(agent: &str, kind: LinkKind, id: &str, connected: bool) -> (Operation, String) {
+        let op = Operation::Link {
+            owner_id: "u".into(),
+            agent_id: agent.into(),
+            kind,
+            link_id: id.into(),
+            connected,
+        };
+        (op, format!("op-{id}"))
+    }
+
+    /// A merged run: agent, list, added, removed.
+    type Run<'a> = (&'a str, LinkKind, Vec<&'a str>, Vec<&'a str>);
+
+    /// Each step as a run, or `None` for a single operation.
+    fn shape(ops: &[(Operation, String)]) -> Vec<Option<Run<'_>>> {
+        plan_group(ops)
+            .into_iter()
+            .map(|s| match s {
+                GroupStep::Links(r) => Some((r.agent_id, r.kind, r.add, r.remove)),
+                GroupStep::One(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_run_of_link_changes_merges_until_a_link_repeats_or_the_list_changes() {
+        use LinkKind::{Mcp, Toolset};
+        let attach = Operation::Attach {
+            owner_id: "u".into(),
+            container: Container::Agent("a".into()),
+            file_id: "f".into(),
+            attached: true,
+        };
+        let ops = vec![
+            link("a", Mcp, "m1", true),
+            link("a", Mcp, "m2", true),
+            link("a", Mcp, "m3", false),
+            link("a", Mcp, "m1", false), // m1 again: a new run
+            link("a", Toolset, "t1", true),
+            link("b", Toolset, "t2", true),
+            (attach, "op-f".into()),
+            link("b", Toolset, "t3", true),
+        ];
+        assert_eq!(
+            shape(&ops),
+            vec![
+                Some(("a", Mcp, vec!["m1", "m2"], vec!["m3"])),
+                Some(("a", Mcp, vec![], vec!["m1"])),
+                Some(("a", Toolset, vec!["t1"], vec![])),
+                Some(("b", Toolset, vec!["t2"], vec![])),
+                None,
+                Some(("b", Toolset, vec!["t3"], vec![])),
+            ]
+        );
     }
 }
