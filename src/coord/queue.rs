@@ -12,6 +12,9 @@
 //!   transaction, so a redelivered operation is applied once; the lease's
 //!   fencing token is checked too, so a worker that lost its lease cannot
 //!   apply out of order.
+//! - What one read of a bucket returns (up to 16 entries) is applied in one
+//!   transaction, a group commit; a group the store refuses is applied one
+//!   operation at a time, so each still gets its own answer.
 //! - The result goes to a per-operation key, and the waiting instance is
 //!   told on its own channel; the waiter re-reads the key every second in
 //!   case a notice is lost.

@@ -139,33 +139,26 @@ fn plan_group(ops: &[(Operation, String)]) -> Vec<GroupStep<'_>> {
             continue;
         };
         let link = link_id.as_str();
-        let extends = |run: &LinkRun<'_>| {
-            run.agent_id == agent_id
+        let extends = matches!(steps.last(), Some(GroupStep::Links(run))
+            if run.agent_id == agent_id
                 && run.owner_id == owner_id
                 && run.kind == *kind
                 && !run.add.contains(&link)
-                && !run.remove.contains(&link)
-        };
-        let run = match steps.last_mut() {
-            Some(GroupStep::Links(run)) if extends(run) => run,
-            _ => {
-                steps.push(GroupStep::Links(LinkRun {
-                    owner_id,
-                    agent_id,
-                    kind: *kind,
-                    add: Vec::new(),
-                    remove: Vec::new(),
-                }));
-                let Some(GroupStep::Links(run)) = steps.last_mut() else {
-                    unreachable!("just pushed")
-                };
-                run
+                && !run.remove.contains(&link));
+        if !extends {
+            steps.push(GroupStep::Links(LinkRun {
+                owner_id,
+                agent_id,
+                kind: *kind,
+                add: Vec::new(),
+                remove: Vec::new(),
+            }));
+        }
+        if let Some(GroupStep::Links(run)) = steps.last_mut() {
+            match connected {
+                true => run.add.push(link),
+                false => run.remove.push(link),
             }
-        };
-        if *connected {
-            run.add.push(link);
-        } else {
-            run.remove.push(link);
         }
     }
     steps
