@@ -1,9 +1,14 @@
 //! Builds the application from settings: picks an adapter per port, binds
 //! the listener, and runs until a shutdown signal.
 
-use std::{net::SocketAddr, path::Path, sync::Arc};
+use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use anyhow::Context;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::{conn::auto::Builder, graceful::GracefulShutdown},
+    service::TowerToHyperService,
+};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -219,22 +224,49 @@ impl Application {
             queue.spawn_workers(self.state.clone(), shutdown.child_token());
         }
         tracing::info!(addr = %self.local_addr(), "filedock listening");
-        let grace = self.state.settings.shutdown_grace;
-        let stopping = shutdown.clone();
-        let server = axum::serve(
-            self.listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { stopping.cancelled().await });
-        // New connections stop at once; in-flight requests get `grace` to
-        // finish. Past it they are cut: an upload cut short leaves at most an
-        // intent, which the sweeper turns into an orphan and deletes.
-        tokio::select! {
-            served = server => served?,
-            _ = async {
-                shutdown.cancelled().await;
-                tokio::time::sleep(grace).await;
-            } => tracing::warn!(?grace, "in-flight requests outlived the shutdown grace period; closing them"),
+        let settings = &self.state.settings;
+        // hyper's own server (axum::serve sets no timer, so no header timeout).
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(settings.header_timeout);
+        let graceful = GracefulShutdown::new();
+        loop {
+            let stream = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors, say: wait rather than spin.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = shutdown.cancelled() => break,
+            };
+            let service = TowerToHyperService::new(router.clone());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let conn = graceful.watch(conn.into_owned());
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+        // New connections are refused at once; in-flight requests get `grace`
+        // to finish. Past it they are cut: an upload cut short leaves at most
+        // an intent, which the sweeper turns into an orphan and deletes.
+        drop(self.listener);
+        let grace = settings.shutdown_grace;
+        if tokio::time::timeout(grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?grace,
+                "in-flight requests outlived the shutdown grace period; closing them"
+            );
         }
         Ok(())
     }

@@ -2,9 +2,10 @@
 //! fail with the documented error shape.
 
 use axum::{
-    extract::{FromRequest, FromRequestParts, Query},
+    extract::{FromRequest, FromRequestParts, Query, Request},
     http::{header, request::Parts},
 };
+use serde::de::DeserializeOwned;
 
 use crate::{
     domain::users,
@@ -50,10 +51,24 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-/// `axum::Json`, but malformed JSON answers with `invalid_request`.
-#[derive(FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
+/// `axum::Json`, but malformed JSON answers with `invalid_request`, and a
+/// body that has not arrived within the body timeout with `request_timeout`.
 pub struct AppJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for AppJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let limit = state.settings.body_idle_timeout;
+        match tokio::time::timeout(limit, axum::Json::<T>::from_request(req, state)).await {
+            Ok(json) => Ok(Self(json?.0)),
+            Err(_) => Err(ApiError::RequestTimeout(format!(
+                "the request body did not arrive within {} s",
+                limit.as_secs_f64()
+            ))),
+        }
+    }
+}
 
 /// `axum::extract::Query`, but a bad query string answers with `invalid_request`.
 #[derive(FromRequestParts)]

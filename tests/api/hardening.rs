@@ -134,6 +134,63 @@ async fn enormous_headers_are_refused_and_the_server_stays_up() {
     );
 }
 
+/// A client that opens a connection and never finishes its request head
+/// (slowloris) is disconnected after the header timeout; others are served
+/// meanwhile.
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    let mut settings = test_settings();
+    settings.header_timeout = Duration::from_secs(1);
+    let app = spawn_app_with(settings).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let healthy = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(healthy.status(), StatusCode::OK, "others are served");
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "the connection was still open after 10 s (header timeout 1 s)"
+    );
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("200 OK"),
+        "an unfinished request was not served"
+    );
+    eprintln!("closed after {:?}", started.elapsed());
+}
+
+/// A JSON body that stops arriving gets 408 after the body timeout, like an
+/// upload's, instead of holding the request open.
+#[tokio::test]
+async fn a_json_body_that_never_arrives_gets_408() {
+    let mut settings = test_settings();
+    settings.body_idle_timeout = Duration::from_millis(500);
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("slow-json").await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/agents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 40\r\n\r\n{{\"name\":",
+        u.key
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer within 10 s (body timeout 0.5 s)");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    let timeouts = app
+        .metric("filedock_http_requests_total", "status=\"408\"")
+        .await;
+    assert_eq!(timeouts, 1.0, "counted as a 408");
+}
+
 #[tokio::test]
 async fn a_client_that_stalls_mid_body_is_given_up_on() {
     let mut settings = test_settings();
