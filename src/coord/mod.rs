@@ -65,44 +65,8 @@ pub async fn apply(
     fence: Option<Fence>,
     op_id: Option<&str>,
 ) -> MetaResult<()> {
-    let meta = &state.meta;
-    let result = with_txn_retry(&state.txn_retry, || async {
-        match op {
-            Operation::Attach {
-                owner_id,
-                container,
-                file_id,
-                attached,
-            } => {
-                meta.set_attachment(
-                    owner_id,
-                    container,
-                    file_id,
-                    *attached,
-                    fence.as_ref(),
-                    op_id,
-                )
-                .await
-            }
-            Operation::Link {
-                owner_id,
-                agent_id,
-                kind,
-                link_id,
-                connected,
-            } => {
-                meta.set_agent_link(
-                    owner_id,
-                    agent_id,
-                    *kind,
-                    link_id,
-                    *connected,
-                    fence.as_ref(),
-                    op_id,
-                )
-                .await
-            }
-        }
+    let result = with_txn_retry(&state.txn_retry, || {
+        state.meta.apply_op(op, fence.as_ref(), op_id)
     })
     .await;
     match result {

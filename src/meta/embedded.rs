@@ -262,7 +262,7 @@ fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) {
 
 /// Applies a container write inside `tx`, checking and storing `fence` on
 /// the container.
-fn apply_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> MetaResult<()> {
+fn write_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> MetaResult<()> {
     match op {
         Operation::Attach {
             owner_id,
@@ -613,51 +613,16 @@ impl MetadataStore for EmbeddedStore {
             .await
     }
 
-    async fn set_attachment(
+    async fn apply_op(
         &self,
-        owner_id: &str,
-        container: &Container,
-        file_id: &str,
-        attached: bool,
+        op: &Operation,
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
-        let op = Operation::Attach {
-            owner_id: owner_id.to_owned(),
-            container: container.clone(),
-            file_id: file_id.to_owned(),
-            attached,
-        };
-        let (fence, op_id) = (fence.cloned(), op_id.map(str::to_owned));
+        let (op, fence, op_id) = (op.clone(), fence.cloned(), op_id.map(str::to_owned));
         self.transaction(move |tx| {
             record_op(tx, op_id.as_deref())?;
-            apply_op(tx, &op, fence.as_ref())
-        })
-        .await
-    }
-
-    #[allow(clippy::too_many_arguments)] // the operation's fields, a fence and an op id
-    async fn set_agent_link(
-        &self,
-        owner_id: &str,
-        agent_id: &str,
-        kind: LinkKind,
-        link_id: &str,
-        connected: bool,
-        fence: Option<&Fence>,
-        op_id: Option<&str>,
-    ) -> MetaResult<()> {
-        let op = Operation::Link {
-            owner_id: owner_id.to_owned(),
-            agent_id: agent_id.to_owned(),
-            kind,
-            link_id: link_id.to_owned(),
-            connected,
-        };
-        let (fence, op_id) = (fence.cloned(), op_id.map(str::to_owned));
-        self.transaction(move |tx| {
-            record_op(tx, op_id.as_deref())?;
-            apply_op(tx, &op, fence.as_ref())
+            write_op(tx, &op, fence.as_ref())
         })
         .await
     }
@@ -667,7 +632,7 @@ impl MetadataStore for EmbeddedStore {
         self.transaction(move |tx| {
             for (op, id) in &ops {
                 record_op(tx, Some(id))?;
-                apply_op(tx, op, Some(&fence))?;
+                write_op(tx, op, Some(&fence))?;
             }
             Ok(())
         })

@@ -385,39 +385,23 @@ pub trait MetadataStore: Send + Sync {
     /// The agent if `owner_id` owns it.
     async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>>;
 
-    /// Attaches (or detaches) a file the owner may use to (from) a container
-    /// the owner owns, recording the back-reference on the file, checking and
-    /// storing the container's `files` fence — one transaction. Attaching
-    /// twice keeps one entry. `NotFound` if either is not the owner's.
-    async fn set_attachment(
+    /// Applies a container write in one transaction, checking and storing
+    /// the container's fence. An attach (detach) puts (removes) a file the
+    /// owner may use in (from) a container the owner owns and records the
+    /// back-reference on the file; a link connects (disconnects) an MCP or
+    /// toolset. Both are idempotent; `NotFound` if either side is not the
+    /// owner's. With an operation id, the id is recorded in `processed_ops`
+    /// in the same transaction, and an id seen before makes the call
+    /// `AlreadyApplied` without changing anything.
+    async fn apply_op(
         &self,
-        owner_id: &str,
-        container: &Container,
-        file_id: &str,
-        attached: bool,
+        op: &Operation,
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()>;
 
-    /// Connects (or disconnects) an MCP or toolset to (from) an agent,
-    /// checking and storing its `config` fence. Idempotent.
-    ///
-    /// Both container writes take an optional operation id: it is recorded in
-    /// `processed_ops` in the same transaction, and an id seen before makes the
-    /// call `AlreadyApplied` without changing anything.
-    #[allow(clippy::too_many_arguments)] // the operation's fields, a fence and an op id
-    async fn set_agent_link(
-        &self,
-        owner_id: &str,
-        agent_id: &str,
-        kind: LinkKind,
-        link_id: &str,
-        connected: bool,
-        fence: Option<&Fence>,
-        op_id: Option<&str>,
-    ) -> MetaResult<()>;
     /// Applies queued operations in order in one transaction, recording each
-    /// one's id (the second of the pair) as the single-operation methods do,
+    /// one's id (the second of the pair) as `apply_op` does,
     /// under one fence: all or none. Any refusal, or an id seen before, fails
     /// the whole group; the caller then applies them one at a time.
     async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()>;

@@ -481,7 +481,7 @@ impl MongoStore {
 
     /// Applies a container write in `s`, checking and storing `fence` on the
     /// container.
-    async fn apply_op(
+    async fn write_op(
         &self,
         s: &mut ClientSession,
         op: &Operation,
@@ -865,52 +865,16 @@ impl MetadataStore for MongoStore {
             .map_err(classify)
     }
 
-    async fn set_attachment(
+    async fn apply_op(
         &self,
-        owner_id: &str,
-        container: &Container,
-        file_id: &str,
-        attached: bool,
+        op: &Operation,
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
-        let op = Operation::Attach {
-            owner_id: owner_id.to_owned(),
-            container: container.clone(),
-            file_id: file_id.to_owned(),
-            attached,
-        };
         let mut s = self.begin(fence).await?;
         let result = async {
             self.record_op(&mut s, op_id).await?;
-            self.apply_op(&mut s, &op, fence).await
-        }
-        .await;
-        self.finish(s, fence, result).await
-    }
-
-    #[allow(clippy::too_many_arguments)] // the operation's fields, a fence and an op id
-    async fn set_agent_link(
-        &self,
-        owner_id: &str,
-        agent_id: &str,
-        kind: LinkKind,
-        link_id: &str,
-        connected: bool,
-        fence: Option<&Fence>,
-        op_id: Option<&str>,
-    ) -> MetaResult<()> {
-        let op = Operation::Link {
-            owner_id: owner_id.to_owned(),
-            agent_id: agent_id.to_owned(),
-            kind,
-            link_id: link_id.to_owned(),
-            connected,
-        };
-        let mut s = self.begin(fence).await?;
-        let result = async {
-            self.record_op(&mut s, op_id).await?;
-            self.apply_op(&mut s, &op, fence).await
+            self.write_op(&mut s, op, fence).await
         }
         .await;
         self.finish(s, fence, result).await
@@ -934,7 +898,7 @@ impl MetadataStore for MongoStore {
                 .map_err(classify)?;
             for step in plan_group(ops) {
                 match step {
-                    GroupStep::One(op) => self.apply_op(&mut s, op, Some(fence)).await?,
+                    GroupStep::One(op) => self.write_op(&mut s, op, Some(fence)).await?,
                     GroupStep::Links(run) => {
                         let field = run.kind.field();
                         let changes = [

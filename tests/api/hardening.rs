@@ -372,17 +372,7 @@ async fn sigterm_refuses_new_requests_lets_in_flight_ones_finish_and_leaves_noth
     let settings = test_settings();
     let mut server = spawn_binary(&settings, &[("FILEDOCK_SHUTDOWN_GRACE_SECS", "3")]).await;
     let client = reqwest::Client::new();
-    let user: Value = client
-        .post(format!("{}/v1/admin/users", server.base))
-        .bearer_auth(ADMIN_KEY)
-        .json(&serde_json::json!({"name": "shutdown"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = user["api_key"].as_str().unwrap().to_owned();
+    let key = create_user_at(&server.base, ADMIN_KEY, "shutdown").await;
     // One upload that finishes within the grace period, one that does not.
     let upload = |chunks: usize| {
         use futures::StreamExt;
@@ -468,17 +458,7 @@ async fn secrets_never_reach_the_logs() {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let user: Value = client
-        .post(format!("{base}/v1/admin/users"))
-        .bearer_auth(&admin)
-        .json(&serde_json::json!({"name": "secretive"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = user["api_key"].as_str().unwrap().to_owned();
+    let key = create_user_at(&base, &admin, "secretive").await;
     let up = client
         .post(format!("{base}/v1/files?filename=s.txt"))
         .bearer_auth(&key)

@@ -200,19 +200,7 @@ impl TestApp {
 
     /// A counter's value in `/metrics`, summed over label sets matching `labels`.
     pub async fn metric(&self, name: &str, labels: &str) -> f64 {
-        let text = self
-            .client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(name) && l.contains(labels))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_at(&self.base, name, labels).await
     }
 }
 
@@ -371,6 +359,35 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The sum of a metric's samples whose labels contain `labels`, on the
+/// server at `base`.
+pub async fn metric_at(base: &str, name: &str, labels: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Creates a user through the admin API of the server at `base`; its API key.
+pub async fn create_user_at(base: &str, admin_key: &str, name: &str) -> String {
+    let res = reqwest::Client::new()
+        .post(format!("{base}/v1/admin/users"))
+        .bearer_auth(admin_key)
+        .json(&json!({ "name": name }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let body: Value = res.json().await.unwrap();
+    body["api_key"].as_str().unwrap().to_owned()
 }
 
 /// Starts the `filedock` binary on `settings`' backends and waits until it answers.

@@ -47,32 +47,10 @@ async fn call(
     }
 }
 
-/// The sum of a metric's samples on the server at `base`.
-async fn metric_at(base: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// A user (key) and an agent (id) created through `base`.
 async fn user_and_agent(base: &str) -> (String, String) {
     let client = reqwest::Client::new();
-    let (_, user) = call(
-        &client,
-        "POST",
-        format!("{base}/v1/admin/users"),
-        ADMIN_KEY,
-        Some(json!({"name": "q"})),
-    )
-    .await;
-    let key = user["api_key"].as_str().unwrap().to_owned();
+    let key = create_user_at(base, ADMIN_KEY, "q").await;
     let (_, agent) = call(
         &client,
         "POST",
@@ -151,7 +129,7 @@ async fn three_processes_apply_300_operations_on_one_agent_once_each_in_enqueue_
     assert_eq!(applied.len(), 300);
     let mut grouped = 0.0;
     for s in &servers {
-        grouped += metric_at(&s.base, "filedock_queue_grouped_total").await;
+        grouped += metric_at(&s.base, "filedock_queue_grouped_total", "").await;
     }
     eprintln!("{grouped} of 300 operations applied in group commits");
     assert!(grouped > 0.0, "a burst on one key is applied in groups");

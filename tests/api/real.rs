@@ -65,22 +65,12 @@ async fn a_200_mib_upload_streams_through_multipart_in_bounded_memory() {
     }
     let server = spawn_binary(&test_settings(), &[]).await;
     let client = reqwest::Client::new();
-    let user: Value = client
-        .post(format!("{}/v1/admin/users", server.base))
-        .bearer_auth(ADMIN_KEY)
-        .json(&serde_json::json!({"name": "big"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = user["api_key"].as_str().unwrap();
+    let key = create_user_at(&server.base, ADMIN_KEY, "big").await;
     let len = 200 * 1024 * 1024;
     let (body, sha) = generated_body(len, None);
     let res = client
         .post(format!("{}/v1/files?filename=big.bin", server.base))
-        .bearer_auth(key)
+        .bearer_auth(&key)
         .header("content-length", len.to_string())
         .body(body)
         .send()
@@ -111,7 +101,7 @@ async fn a_200_mib_upload_streams_through_multipart_in_bounded_memory() {
             server.base,
             file["id"].as_str().unwrap()
         ))
-        .bearer_auth(key)
+        .bearer_auth(&key)
         .send()
         .await
         .unwrap();
