@@ -70,7 +70,8 @@ pub struct LockSettings {
 pub struct SweepSettings {
     /// Between background passes; zero turns the background sweeper off.
     pub interval: Duration,
-    /// An upload intent older than this is abandoned (its upload died).
+    /// An upload intent not refreshed for this long is abandoned: its upload
+    /// died (a live one refreshes it while it streams).
     pub intent_grace: Duration,
     /// Between delete attempts of one orphan.
     pub retry_interval: Duration,

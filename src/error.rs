@@ -51,6 +51,11 @@ pub enum ApiError {
     UploadExpired,
     #[error("{0} is unavailable")]
     DependencyUnavailable(&'static str),
+    /// The change was sent to the metadata store but its answer was lost: it
+    /// may or may not have applied. `Some(path)` names the resource to read
+    /// to find out (also sent as `Location`).
+    #[error("{}", outcome_unknown_message(.0.as_deref()))]
+    OutcomeUnknown(Option<String>),
     #[error("storage quota exceeded")]
     QuotaExceeded,
     /// A queued operation kept failing and was moved to the dead-letter queue.
@@ -71,11 +76,12 @@ impl ApiError {
             Self::TooManyUploads(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
-            Self::LockTimeout
-            | Self::LockLost
-            | Self::WriteConflict
-            | Self::UploadExpired
-            | Self::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // Contention is the client's to retry, not an outage: a load
+            // balancer must not count it against the instance's health.
+            Self::LockTimeout => StatusCode::TOO_MANY_REQUESTS,
+            Self::LockLost | Self::WriteConflict | Self::UploadExpired => StatusCode::CONFLICT,
+            Self::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
             Self::Internal(_) | Self::DeadLettered(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -97,6 +103,7 @@ impl ApiError {
             Self::WriteConflict => "write_conflict",
             Self::UploadExpired => "upload_expired",
             Self::DependencyUnavailable(_) => "dependency_unavailable",
+            Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::QuotaExceeded => "quota_exceeded",
             Self::DeadLettered(_) => "dead_lettered",
             Self::Internal(_) => "internal",
@@ -132,6 +139,15 @@ impl IntoResponse for ApiError {
             | Self::DependencyUnavailable(_) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
+            Self::OutcomeUnknown(location) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                if let Some(v) = location
+                    .as_deref()
+                    .and_then(|l| HeaderValue::from_str(l).ok())
+                {
+                    headers.insert(header::LOCATION, v);
+                }
+            }
             Self::RangeNotSatisfiable { size } => {
                 if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
                     headers.insert(header::CONTENT_RANGE, v);
@@ -146,6 +162,14 @@ impl IntoResponse for ApiError {
     }
 }
 
+fn outcome_unknown_message(location: Option<&str>) -> String {
+    let read = match location {
+        Some(l) => format!("read {l} to find out"),
+        None => "read the resource to find out".into(),
+    };
+    format!("the metadata store did not confirm the change; it may or may not have applied: {read}")
+}
+
 impl From<MetaError> for ApiError {
     fn from(e: MetaError) -> Self {
         match e {
@@ -157,7 +181,10 @@ impl From<MetaError> for ApiError {
             }
             MetaError::QuotaExceeded => Self::QuotaExceeded,
             MetaError::NotFound => Self::NotFound,
-            MetaError::Unavailable(_) => Self::DependencyUnavailable("metadata store"),
+            MetaError::Unavailable(_) | MetaError::Transient(_) => {
+                Self::DependencyUnavailable("metadata store")
+            }
+            MetaError::OutcomeUnknown(_) => Self::OutcomeUnknown(None),
             e @ (MetaError::Duplicate | MetaError::Other(_)) => Self::internal(e),
         }
     }
@@ -194,5 +221,36 @@ impl From<JsonRejection> for ApiError {
 impl From<QueryRejection> for ApiError {
     fn from(e: QueryRejection) -> Self {
         Self::InvalidRequest(e.body_text())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contention_is_never_answered_as_an_outage() {
+        for e in [
+            ApiError::LockTimeout,
+            ApiError::LockLost,
+            ApiError::WriteConflict,
+            ApiError::UploadExpired,
+        ] {
+            assert!(
+                matches!(e.status().as_u16(), 409 | 429),
+                "{} is {}",
+                e.code(),
+                e.status()
+            );
+        }
+        assert_eq!(
+            ApiError::from(MetaError::Transient("link cut".into())).code(),
+            "dependency_unavailable",
+            "a transaction aborted by a dropped link is an outage, not contention"
+        );
+        assert_eq!(
+            ApiError::from(MetaError::OutcomeUnknown("link cut".into())).status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
     }
 }

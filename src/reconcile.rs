@@ -1,12 +1,21 @@
 //! `filedock reconcile`: audits the bucket against the metadata. Objects with
 //! no file record and no upload in flight are strays; file records whose
 //! object is missing are reported. Strays are deleted only when asked.
+//!
+//! It runs beside live uploads, so the order of the reads matters. Objects
+//! are listed first: an upload writes its intent before its first byte, so
+//! every listed object's upload either still has its intent or has already
+//! committed (the commit deletes the intent and inserts the record in one
+//! transaction) or been abandoned. Before each delete the intent and then the
+//! record are read again, in that order (an upload that commits between the
+//! two reads is seen by the second), and objects younger than the sweeper's
+//! grace period are never touched.
 
 use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::{meta::FileRecord, startup::AppState};
+use crate::{blob::ListedBlob, meta::FileRecord, startup::AppState};
 
 #[derive(Debug, Default, Serialize)]
 pub struct ReconcileReport {
@@ -16,19 +25,13 @@ pub struct ReconcileReport {
     pub strays: Vec<String>,
     /// File ids whose object is missing.
     pub missing: Vec<String>,
+    /// Strays left alone because they are younger than the grace period.
+    pub too_young: usize,
     pub deleted: usize,
 }
 
 pub async fn reconcile(state: &AppState, delete_strays: bool) -> anyhow::Result<ReconcileReport> {
-    // Intents first: an upload that commits during the audit had an intent.
-    let far = crate::meta::now() + chrono::Duration::days(3650);
-    let in_flight: HashSet<String> = state
-        .meta
-        .intents(far, usize::MAX)
-        .await?
-        .into_iter()
-        .map(|i| i.key)
-        .collect();
+    let objects: Vec<ListedBlob> = state.blobs.list("files/").await?;
     let mut files: HashMap<String, FileRecord> = HashMap::new();
     let mut after: Option<String> = None;
     loop {
@@ -37,41 +40,51 @@ pub async fn reconcile(state: &AppState, delete_strays: bool) -> anyhow::Result<
         after = Some(last.id.clone());
         files.extend(page.into_iter().map(|f| (f.key.clone(), f)));
     }
-    let objects: HashSet<String> = state.blobs.list_keys("files/").await?.into_iter().collect();
     let mut report = ReconcileReport {
         objects: objects.len(),
         files: files.len(),
         ..Default::default()
     };
-    for key in &objects {
-        if !files.contains_key(key) && !in_flight.contains(key) {
-            report.strays.push(key.clone());
+    let grace = chrono::Duration::from_std(state.settings.sweep.intent_grace)?;
+    let young_after = crate::meta::now() - grace;
+    for object in &objects {
+        if files.contains_key(&object.key) || !is_still_stray(state, &object.key).await? {
+            continue;
+        }
+        report.strays.push(object.key.clone());
+        if !delete_strays {
+            continue;
+        }
+        if object.modified > young_after {
+            report.too_young += 1;
+        } else {
+            state.blobs.delete(&object.key).await?;
+            report.deleted += 1;
         }
     }
+    let listed: HashSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
     for (key, f) in &files {
-        if !objects.contains(key) {
+        // A file committed after the listing has its object now.
+        if !listed.contains(key.as_str()) && state.blobs.head(key).await?.is_none() {
             report.missing.push(f.id.clone());
         }
     }
     report.strays.sort();
     report.missing.sort();
-    if delete_strays {
-        for key in &report.strays {
-            // A stray may have gained a record since it was listed.
-            if is_still_stray(state, key).await? {
-                state.blobs.delete(key).await?;
-                report.deleted += 1;
-            }
-        }
-    }
     Ok(report)
 }
 
+/// Whether the object at `key` has neither an upload in flight nor a file
+/// record. The intent is read before the record: an upload that commits
+/// between the two reads is seen by the second.
 async fn is_still_stray(state: &AppState, key: &str) -> anyhow::Result<bool> {
-    // Keys are `files/{user}/{file}`.
+    // Keys are `files/{user}/{file}`; anything else is not filedock's upload.
     let mut parts = key.split('/').skip(1);
     let (Some(user), Some(file)) = (parts.next(), parts.next()) else {
         return Ok(true);
     };
+    if state.meta.intent(file).await?.is_some() {
+        return Ok(false);
+    }
     Ok(state.meta.file(user, file).await?.is_none())
 }

@@ -37,8 +37,8 @@ pub struct Retried<T> {
     pub retries: u32,
 }
 
-/// Runs `attempt` until it succeeds, fails with something other than a
-/// write conflict, or the policy's attempts are used up.
+/// Runs `attempt` until it succeeds, fails with an error that a new
+/// attempt cannot cure, or the policy's attempts are used up.
 pub async fn with_txn_retry<T, F, Fut>(
     policy: &TxnRetryPolicy,
     mut attempt: F,
@@ -51,9 +51,9 @@ where
     loop {
         match attempt().await {
             Ok(value) => return Ok(Retried { value, retries: n }),
-            Err(e) if e.is_write_conflict() && n + 1 < policy.max_attempts => {
+            Err(e) if e.is_retryable() && n + 1 < policy.max_attempts => {
                 n += 1;
-                tracing::debug!(attempt = n, "write conflict, retrying transaction");
+                tracing::debug!(attempt = n, error = %e, "retrying transaction");
                 tokio::time::sleep(policy.delay(n)).await;
             }
             Err(e) => return Err(e),

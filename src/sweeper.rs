@@ -78,7 +78,12 @@ impl Sweeper {
         for intent in self.state.meta.intents(stale_before, BATCH).await? {
             // Abandoning is a transaction that deletes the intent: if the
             // upload commits first, there is nothing to abandon.
-            if let Some(orphan) = self.state.meta.abandon_intent(&intent.id).await? {
+            // It is re-checked there too: its upload may have refreshed it since.
+            let abandoned = self
+                .state
+                .meta
+                .abandon_intent(&intent.id, Some(stale_before));
+            if let Some(orphan) = abandoned.await? {
                 report.intents_abandoned += 1;
                 tried.insert(orphan.id.clone());
                 self.delete(orphan, &mut report).await?;

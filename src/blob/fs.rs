@@ -11,7 +11,7 @@ use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio_util::io::ReaderStream;
 
-use super::{BlobError, BlobStore, ByteRange, ByteStream};
+use super::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob};
 
 pub struct FsBlobStore {
     root: PathBuf,
@@ -109,15 +109,16 @@ impl BlobStore for FsBlobStore {
         }
     }
 
-    async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedBlob>, BlobError> {
         let root = self.root.clone();
         let prefix = prefix.to_owned();
         tokio::task::spawn_blocking(move || {
-            let mut keys = Vec::new();
+            let mut listed = Vec::new();
             let mut dirs = vec![root.clone()];
             while let Some(dir) = dirs.pop() {
                 for entry in std::fs::read_dir(&dir).map_err(io_err)? {
-                    let path = entry.map_err(io_err)?.path();
+                    let entry = entry.map_err(io_err)?;
+                    let path = entry.path();
                     if path.is_dir() {
                         dirs.push(path);
                     } else if let Ok(rel) = path.strip_prefix(&root) {
@@ -125,13 +126,17 @@ impl BlobStore for FsBlobStore {
                             .to_string_lossy()
                             .replace(std::path::MAIN_SEPARATOR, "/");
                         if key.starts_with(&prefix) {
-                            keys.push(key);
+                            let modified = entry.metadata().and_then(|m| m.modified());
+                            listed.push(ListedBlob {
+                                key,
+                                modified: modified.map_err(io_err)?.into(),
+                            });
                         }
                     }
                 }
             }
-            keys.sort();
-            Ok(keys)
+            listed.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(listed)
         })
         .await
         .map_err(|e| BlobError::Other(e.to_string()))?

@@ -7,6 +7,7 @@ use std::io;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
 
 /// A stream of body chunks.
@@ -27,6 +28,14 @@ impl ByteRange {
     pub fn is_empty(&self) -> bool {
         false
     }
+}
+
+/// An object as a listing shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedBlob {
+    pub key: String,
+    /// When the object was last written (it appears whole at that moment).
+    pub modified: DateTime<Utc>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,8 +73,19 @@ pub trait BlobStore: Send + Sync {
     /// The object's size, if it exists.
     async fn head(&self, key: &str) -> Result<Option<u64>, BlobError>;
 
-    /// Every key under `prefix` (audits and tests; never on a hot path).
-    async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, BlobError>;
+    /// Every object under `prefix`, in key order (audits and tests; never
+    /// on a hot path).
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedBlob>, BlobError>;
+
+    /// Every key under `prefix`, in key order.
+    async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
+        Ok(self
+            .list(prefix)
+            .await?
+            .into_iter()
+            .map(|b| b.key)
+            .collect())
+    }
 
     async fn ping(&self) -> Result<(), BlobError>;
 }

@@ -23,7 +23,7 @@ use secrecy::ExposeSecret;
 use tokio::task::JoinSet;
 use tokio_util::io::ReaderStream;
 
-use super::{BlobError, BlobStore, ByteRange, ByteStream};
+use super::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob};
 use crate::{
     config::S3Settings,
     metrics::{Metrics, OutcomeLabel},
@@ -409,7 +409,7 @@ impl BlobStore for S3BlobStore {
         }
     }
 
-    async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedBlob>, BlobError> {
         let mut pages = self
             .client
             .list_objects_v2()
@@ -417,15 +417,25 @@ impl BlobStore for S3BlobStore {
             .prefix(self.full_key(prefix))
             .into_paginator()
             .send();
-        let mut keys = Vec::new();
+        let mut listed = Vec::new();
         while let Some(page) = pages.next().await {
             for obj in page.map_err(sdk_err)?.contents() {
-                if let Some(k) = obj.key().and_then(|k| k.strip_prefix(&self.prefix)) {
-                    keys.push(k.to_owned());
-                }
+                let Some(key) = obj.key().and_then(|k| k.strip_prefix(&self.prefix)) else {
+                    continue;
+                };
+                // An object without a time is treated as written just now.
+                let modified = obj
+                    .last_modified()
+                    .and_then(|t| t.to_millis().ok())
+                    .and_then(chrono::DateTime::from_timestamp_millis)
+                    .unwrap_or_else(chrono::Utc::now);
+                listed.push(ListedBlob {
+                    key: key.to_owned(),
+                    modified,
+                });
             }
         }
-        Ok(keys)
+        Ok(listed)
     }
 
     async fn ping(&self) -> Result<(), BlobError> {

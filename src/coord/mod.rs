@@ -35,6 +35,21 @@ impl Operation {
         }
     }
 
+    /// The resource a client reads to see whether this write applied.
+    pub fn resource_path(&self) -> String {
+        match self {
+            Self::Attach {
+                container: Container::Session(id),
+                ..
+            } => format!("/v1/sessions/{id}"),
+            Self::Attach {
+                container: Container::Agent(id),
+                ..
+            }
+            | Self::Link { agent_id: id, .. } => format!("/v1/agents/{id}"),
+        }
+    }
+
     fn fence_slot(&self) -> &'static str {
         match self {
             Self::Attach { .. } => "files",

@@ -223,11 +223,17 @@ async fn listen(
                 let Ok(op_id) = msg.get_payload::<String>() else {
                     continue;
                 };
-                let Some(tx) = waiters.lock().unwrap().remove(&op_id) else {
+                if !waiters.lock().unwrap().contains_key(&op_id) {
+                    continue;
+                }
+                // A result that cannot be read is not a success: the
+                // waiter's own poll reads it again, or answers unknown.
+                let Some(outcome) = read_result(&mut conn.clone(), &prefix, &op_id).await else {
                     continue;
                 };
-                let outcome = read_result(&mut conn.clone(), &prefix, &op_id).await;
-                let _ = tx.send(outcome.unwrap_or_else(OpOutcome::ok));
+                if let Some(tx) = waiters.lock().unwrap().remove(&op_id) {
+                    let _ = tx.send(outcome);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -281,7 +287,8 @@ impl Coordinator for RedisQueue {
         loop {
             let now = Instant::now();
             if now >= deadline {
-                return Err(ApiError::LockTimeout);
+                // Still queued: it may be applied after this answer.
+                return Err(ApiError::OutcomeUnknown(Some(op.resource_path())));
             }
             tokio::select! {
                 outcome = &mut rx => {
@@ -568,7 +575,12 @@ impl Worker<'_> {
             match self.state.meta.apply_group(&ops, &self.fence).await {
                 Ok(()) => break,
                 Err(MetaError::StaleFence) => return Some(Step::Stop),
-                Err(e @ (MetaError::WriteConflict | MetaError::Unavailable(_))) => {
+                Err(
+                    e @ (MetaError::WriteConflict
+                    | MetaError::Transient(_)
+                    | MetaError::Unavailable(_)
+                    | MetaError::OutcomeUnknown(_)),
+                ) => {
                     transient += 1;
                     tracing::warn!(error = %e, "queued operations wait for the metadata store");
                     tokio::time::sleep(Duration::from_millis(100 * u64::from(transient.min(10))))
@@ -603,10 +615,17 @@ impl Worker<'_> {
                         Err(MetaError::NotFound) => break OpOutcome::error(&ApiError::NotFound),
                         Err(MetaError::StaleFence) => return Step::Stop,
                         // Transient: a conflicting transaction (perhaps left open by a
-                        // process that died mid-commit, until it is ended) or the
-                        // store being down. Order forbids skipping ahead, and these
-                        // are not the operation's fault: wait and try again.
-                        Err(e @ (MetaError::WriteConflict | MetaError::Unavailable(_))) => {
+                        // process that died mid-commit, until it is ended), the
+                        // store being down, or a commit whose answer was lost (the
+                        // retry finds its id in `processed_ops` if it applied).
+                        // Order forbids skipping ahead, and these are not the
+                        // operation's fault: wait and try again.
+                        Err(
+                            e @ (MetaError::WriteConflict
+                            | MetaError::Transient(_)
+                            | MetaError::Unavailable(_)
+                            | MetaError::OutcomeUnknown(_)),
+                        ) => {
                             transient += 1;
                             tracing::warn!(op_id, error = %e, "queued operation waits for the metadata store");
                             let pause = Duration::from_millis(100 * u64::from(transient.min(10)));

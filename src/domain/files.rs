@@ -1,11 +1,14 @@
 //! Reading, listing and deleting files.
 
-use super::{FileId, SizeCategory, UserId, upload::user_commit};
+use super::{
+    FileId, SizeCategory, UserId,
+    upload::{UserCommitError, user_commit},
+};
 use crate::{
     blob::{ByteRange, ByteStream},
     error::ApiError,
     lock::LockKey,
-    meta::{Fence, FileRecord, OrphanStatus, UserRecord},
+    meta::{Fence, FileRecord, MetaError, OrphanStatus, UserRecord},
     startup::AppState,
 };
 
@@ -81,7 +84,13 @@ pub async fn delete(state: &AppState, user: &UserRecord, id: &str) -> Result<(),
     if let Some(g) = guard {
         g.release().await;
     }
-    let deleted = deleted?;
+    let deleted = deleted.map_err(|e| match e {
+        // The delete may have applied: if it did, its pending orphan takes the blob.
+        UserCommitError::Meta(MetaError::OutcomeUnknown(_)) => {
+            ApiError::OutcomeUnknown(Some(format!("/v1/files/{}", file.id)))
+        }
+        e => e.into(),
+    })?;
     state.metrics.observe_txn("delete_file", deleted.retries);
     // Deleted concurrently by another request: same answer as never found.
     let gone = deleted.value.ok_or(ApiError::NotFound)?;

@@ -2,7 +2,10 @@
 //! while hashing → (lock, if scope = commit) → one retried transaction →
 //! release. On any failure the blob is deleted (or recorded as an orphan).
 
-use std::{io, time::Instant};
+use std::{
+    io,
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -16,7 +19,7 @@ use crate::{
     lock::{LockGuard, LockKey},
     meta::{
         CommitOutcome, CommitUpload, Fence, FileRecord, IntentRecord, MetaError, OrphanRecord,
-        UserRecord,
+        OrphanStatus, UserRecord,
     },
     metrics::OutcomeLabel,
     retry::{Retried, with_txn_retry},
@@ -148,6 +151,7 @@ async fn run(
         bucket: state.blobs.bucket().to_owned(),
         key: format!("files/{user_id}/{file_id}"),
         created_at: crate::meta::now(),
+        refreshed_at: None,
     };
     // The intent comes first: whatever happens next, the sweeper can find the blob.
     state.meta.put_intent(&intent).await?;
@@ -165,7 +169,7 @@ async fn run(
     };
 
     let _in_flight = InFlight::new(state);
-    let stored = store_blob(state, &intent.key, new.body, max, guard.as_ref()).await;
+    let stored = store_blob(state, &intent, new.body, max, guard.as_ref()).await;
     let (size, sha256) = match stored {
         Ok(v) => {
             crate::crash_point("after_blob");
@@ -213,10 +217,16 @@ async fn run(
         idempotency_key: new.idempotency_key,
     };
     crate::crash_point("before_commit");
-    let committed = user_commit(state, &user_id, || state.meta.commit_upload(&commit)).await;
-    if committed.is_ok() {
-        crate::crash_point("after_commit");
-    }
+    let committed = match user_commit(state, &user_id, || state.meta.commit_upload(&commit)).await {
+        Ok(r) => {
+            crate::crash_point("after_commit");
+            Ok(r)
+        }
+        Err(UserCommitError::Meta(MetaError::OutcomeUnknown(_))) => {
+            Err(CommitError::OutcomeUnknown)
+        }
+        Err(e) => Err(CommitError::Failed(e.into())),
+    };
     release(guard).await;
     match committed {
         Ok(r) => {
@@ -235,7 +245,10 @@ async fn run(
                 }
             }
         }
-        Err(e) => {
+        Err(CommitError::OutcomeUnknown) => {
+            settle_unknown_commit(state, &intent, commit.file).await
+        }
+        Err(CommitError::Failed(e)) => {
             if matches!(e, ApiError::WriteConflict) {
                 state
                     .metrics
@@ -244,6 +257,67 @@ async fn run(
             compensate(state, &intent).await;
             Err(e)
         }
+    }
+}
+
+/// Why a commit did not answer `Ok`.
+enum CommitError {
+    /// It did not happen: undo the upload.
+    Failed(ApiError),
+    /// It may have happened: the blob must stay until that is settled.
+    OutcomeUnknown,
+}
+
+/// How long an upload whose commit answer was lost keeps trying to settle
+/// it before answering `outcome_unknown` (the sweeper settles it later).
+const SETTLE_FOR: Duration = Duration::from_secs(20);
+/// The first and the longest pause between tries to settle.
+const SETTLE_PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// The commit was sent but its answer was lost: it may have applied. The
+/// blob must not be deleted on a guess (that loses an acknowledged file).
+/// Abandoning the intent settles it: the commit deletes the intent in its
+/// transaction, so either the abandon finds the intent (the commit did not
+/// and now never can apply: the blob goes) or it finds none (the commit
+/// applied, or an earlier abandon did: the file record tells which). Until
+/// the store answers, the intent stays for the sweeper, whose grace rule
+/// decides the same way.
+async fn settle_unknown_commit(
+    state: &AppState,
+    intent: &IntentRecord,
+    file: FileRecord,
+) -> Result<Uploaded, ApiError> {
+    let deadline = Instant::now() + SETTLE_FOR;
+    let mut pause = SETTLE_PAUSE.0;
+    loop {
+        match state.meta.abandon_intent(&intent.id, None).await {
+            Ok(Some(orphan)) => {
+                tracing::warn!(file_id = %intent.id, "commit outcome was unknown; it did not apply");
+                delete_abandoned(state, &orphan).await;
+                return Err(ApiError::DependencyUnavailable("metadata store"));
+            }
+            Ok(None) => match state.meta.file(&file.owner_id, &file.id).await {
+                Ok(Some(_)) => {
+                    tracing::info!(file_id = %intent.id, "commit outcome was unknown; it applied");
+                    return Ok(Uploaded {
+                        file,
+                        replayed: false,
+                    });
+                }
+                Ok(None) => return Err(ApiError::DependencyUnavailable("metadata store")),
+                Err(e) => tracing::debug!(error = %e, "reading back an unknown commit"),
+            },
+            Err(e) => tracing::debug!(error = %e, "settling an unknown commit"),
+        }
+        if Instant::now() + pause > deadline {
+            tracing::warn!(file_id = %intent.id, "commit outcome still unknown; the sweeper will settle it");
+            return Err(ApiError::OutcomeUnknown(Some(format!(
+                "/v1/files/{}",
+                intent.id
+            ))));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(SETTLE_PAUSE.1);
     }
 }
 
@@ -257,7 +331,7 @@ pub(crate) async fn user_commit<T, F, Fut>(
     state: &AppState,
     user: &UserId,
     txn: F,
-) -> Result<Retried<T>, ApiError>
+) -> Result<Retried<T>, UserCommitError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, MetaError>>,
@@ -268,11 +342,31 @@ where
     Ok(result?)
 }
 
-/// Streams the body into the blob store, hashing and counting as it goes;
-/// stops early if the body passes `max` or the lease (scope = upload) is lost.
+/// Why [`user_commit`] failed: the lock, or the transaction (whose error the
+/// caller may need to tell apart, e.g. an unknown outcome).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UserCommitError {
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+}
+
+impl From<UserCommitError> for ApiError {
+    fn from(e: UserCommitError) -> Self {
+        match e {
+            UserCommitError::Lock(e) => e.into(),
+            UserCommitError::Meta(e) => e.into(),
+        }
+    }
+}
+
+/// Streams the body into the blob store, hashing and counting as it goes,
+/// and keeps the intent alive meanwhile; stops early if the body passes
+/// `max` or the lease (scope = upload) is lost.
 async fn store_blob(
     state: &AppState,
-    key: &str,
+    intent: &IntentRecord,
     body: ByteStream<'_>,
     max: u64,
     guard: Option<&LockGuard>,
@@ -299,7 +393,12 @@ async fn store_blob(
         hasher.update(&chunk);
         Ok(chunk)
     });
-    let put = state.blobs.put(key, counted.boxed());
+    let put = async {
+        tokio::select! {
+            r = state.blobs.put(&intent.key, counted.boxed()) => r,
+            never = keep_alive(state, &intent.id) => match never {},
+        }
+    };
     let written = match guard {
         Some(g) => {
             let lost = g.lost();
@@ -312,6 +411,29 @@ async fn store_blob(
     };
     debug_assert_eq!(written, size);
     Ok((size, hex::encode(hasher.finalize())))
+}
+
+/// How many times per sweeper grace period a streaming upload refreshes its
+/// intent: a few missed refreshes (a store hiccup) do not get it swept.
+const INTENT_REFRESHES_PER_GRACE: u32 = 4;
+
+/// Refreshes the upload's intent while it streams, so that the sweeper
+/// takes only dead uploads for abandoned ones, however long a live one takes.
+async fn keep_alive(state: &AppState, file_id: &str) -> std::convert::Infallible {
+    let every = state.settings.sweep.intent_grace / INTENT_REFRESHES_PER_GRACE;
+    if every.is_zero() {
+        // No grace at all (tests, audits): every intent is stale at once.
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(every).await;
+        match state.meta.touch_intent(file_id).await {
+            Ok(true) => {}
+            // Swept after all (this process stalled): the commit will say so.
+            Ok(false) => std::future::pending::<()>().await,
+            Err(e) => tracing::warn!(file_id, error = %e, "could not refresh the upload intent"),
+        }
+    }
 }
 
 async fn release(guard: Option<LockGuard>) {
@@ -334,6 +456,23 @@ async fn compensate(state: &AppState, intent: &IntentRecord) {
         state.metrics.orphans_recorded.inc();
     }
     forget_intent(state, intent).await;
+}
+
+/// Deletes the blob of an upload just abandoned; if that fails, the orphan
+/// stays pending and the sweeper retries it.
+async fn delete_abandoned(state: &AppState, orphan: &OrphanRecord) {
+    let deleted = match state.blobs.delete(&orphan.key).await {
+        Ok(()) => {
+            state
+                .meta
+                .mark_orphan(&orphan.id, OrphanStatus::Deleted, None)
+                .await
+        }
+        Err(e) => Err(MetaError::Other(e.to_string())),
+    };
+    if let Err(e) = deleted {
+        tracing::warn!(key = %orphan.key, error = %e, "abandoned upload's blob left for the sweeper");
+    }
 }
 
 async fn forget_intent(state: &AppState, intent: &IntentRecord) {

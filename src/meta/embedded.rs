@@ -366,6 +366,19 @@ impl MetadataStore for EmbeddedStore {
             .await
     }
 
+    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool> {
+        let key = format!("intents/{file_id}");
+        self.transaction(move |tx| {
+            let Some(mut intent) = tx.get::<IntentRecord>(&key)? else {
+                return Ok(false);
+            };
+            intent.refreshed_at = Some(super::now());
+            tx.put(&key, &intent)?;
+            Ok(true)
+        })
+        .await
+    }
+
     async fn delete_intent(&self, file_id: &str) -> MetaResult<()> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {
@@ -373,6 +386,12 @@ impl MetadataStore for EmbeddedStore {
             Ok(())
         })
         .await
+    }
+
+    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>> {
+        let key = format!("intents/{file_id}");
+        self.transaction(move |tx| tx.get::<IntentRecord>(&key))
+            .await
     }
 
     async fn intents(
@@ -384,12 +403,12 @@ impl MetadataStore for EmbeddedStore {
             let mut out: Vec<IntentRecord> = Vec::new();
             for k in tx.keys("intents/", None, usize::MAX)? {
                 if let Some(i) = tx.get::<IntentRecord>(&k)?
-                    && i.created_at < before
+                    && i.alive_at() < before
                 {
                     out.push(i);
                 }
             }
-            out.sort_by_key(|i| i.created_at);
+            out.sort_by_key(|i| i.alive_at());
             out.truncate(limit);
             Ok(out)
         })
@@ -520,12 +539,19 @@ impl MetadataStore for EmbeddedStore {
         .await
     }
 
-    async fn abandon_intent(&self, file_id: &str) -> MetaResult<Option<OrphanRecord>> {
+    async fn abandon_intent(
+        &self,
+        file_id: &str,
+        stale_before: Option<DateTime<Utc>>,
+    ) -> MetaResult<Option<OrphanRecord>> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {
             let Some(intent) = tx.get::<IntentRecord>(&key)? else {
                 return Ok(None);
             };
+            if stale_before.is_some_and(|t| intent.alive_at() >= t) {
+                return Ok(None);
+            }
             tx.delete(&key);
             let orphan = OrphanRecord::pending(
                 &intent.bucket,

@@ -170,6 +170,17 @@ pub struct IntentRecord {
     pub key: String,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
+    /// The last time its upload showed it is alive (it refreshes the intent
+    /// while it streams), if ever: a slow upload is not an abandoned one.
+    #[serde(default, with = "bson_time::option")]
+    pub refreshed_at: Option<DateTime<Utc>>,
+}
+
+impl IntentRecord {
+    /// When its upload last showed it is alive.
+    pub fn alive_at(&self) -> DateTime<Utc> {
+        self.refreshed_at.unwrap_or(self.created_at)
+    }
 }
 
 /// `orphan_minio_objects`: a blob with no metadata that still has to go.
@@ -296,9 +307,19 @@ pub enum MetaError {
     /// redelivered queue message); nothing was changed.
     #[error("operation already applied")]
     AlreadyApplied,
+    /// The server aborted the transaction for a reason other than a write
+    /// conflict (a dropped link, an election): retry it whole; if that keeps
+    /// failing, the store is the problem, not contention.
+    #[error("transaction aborted by the store: {0}")]
+    Transient(String),
     /// The store cannot be reached.
     #[error("metadata store unavailable: {0}")]
     Unavailable(String),
+    /// The commit was sent but its answer was lost (the link dropped, the
+    /// server stepped down): the transaction may or may not have applied.
+    /// Never treat this as a failure; settle it by reading back.
+    #[error("commit outcome unknown: {0}")]
+    OutcomeUnknown(String),
     #[error("metadata store error: {0}")]
     Other(String),
 }
@@ -306,6 +327,11 @@ pub enum MetaError {
 impl MetaError {
     pub fn is_write_conflict(&self) -> bool {
         matches!(self, Self::WriteConflict)
+    }
+
+    /// Whether running the whole transaction again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::WriteConflict | Self::Transient(_))
     }
 }
 
@@ -325,8 +351,12 @@ pub trait MetadataStore: Send + Sync {
 
     async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()>;
     async fn delete_intent(&self, file_id: &str) -> MetaResult<()>;
-    /// Intents created before `before`, oldest first.
+    /// The intent of the upload that will commit as `file_id`, if it is in flight.
+    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>>;
+    /// Intents whose upload was last alive before `before`, oldest first.
     async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>>;
+    /// Marks the intent's upload alive now; `false` if the intent is gone.
+    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool>;
 
     /// Inserts the file and its owner permission, pushes the id onto the
     /// user's `file_ids`, adds to `used_bytes` (checking the quota), checks and
@@ -357,9 +387,15 @@ pub trait MetadataStore: Send + Sync {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>>;
 
-    /// Turns a stale upload intent into a pending orphan, in one transaction.
-    /// `None` if the intent is gone (its upload committed or was cleaned up).
-    async fn abandon_intent(&self, file_id: &str) -> MetaResult<Option<OrphanRecord>>;
+    /// Turns an upload intent into a pending orphan, in one transaction, if
+    /// its upload was last alive before `stale_before` (always, if `None`).
+    /// `None` if the intent is gone (its upload committed or was cleaned up)
+    /// or was refreshed since.
+    async fn abandon_intent(
+        &self,
+        file_id: &str,
+        stale_before: Option<DateTime<Utc>>,
+    ) -> MetaResult<Option<OrphanRecord>>;
 
     /// Pending orphans with fewer than `max_retries` failed deletes whose last
     /// attempt (if any) was at or before `retry_before`, oldest first.

@@ -1,8 +1,8 @@
 //! `MetadataStore` on MongoDB: one multi-document transaction per unit of
 //! work. Errors are classified by code and label, never by message:
-//! `WriteConflict` (112) and `TransientTransactionError` → retry the whole
-//! transaction (the caller's policy); `UnknownTransactionCommitResult` →
-//! retry the commit here.
+//! `WriteConflict` (112) and other `TransientTransactionError`s → retry the
+//! whole transaction (the caller's policy; only 112 is named contention); `UnknownTransactionCommitResult` →
+//! retry the commit here, then report [`MetaError::OutcomeUnknown`].
 
 use std::{
     collections::HashMap,
@@ -34,6 +34,12 @@ pub struct MongoStore {
     client: Client,
     db: Database,
     pinned: Arc<Mutex<Pinned>>,
+    /// Sessions whose transaction may still be open on the server: it failed
+    /// over a broken link, so its abort may never have arrived. Left alone,
+    /// it holds the documents it wrote (a user's, an intent) until the server
+    /// reaps it (60 s by default), and every writer to them meets a write
+    /// conflict meanwhile; the next transaction ends them first.
+    stranded: Arc<Mutex<Vec<Document>>>,
 }
 
 /// Sessions of pinned fence slots (see [`Fence::pinned`]): one per slot,
@@ -64,22 +70,60 @@ fn code(e: &mongodb::error::Error) -> Option<i32> {
     }
 }
 
+/// Whether the error means the server could not be reached.
+fn is_unreachable(e: &mongodb::error::Error) -> bool {
+    matches!(
+        e.kind.as_ref(),
+        ErrorKind::ServerSelection { .. }
+            | ErrorKind::Io(_)
+            | ErrorKind::ConnectionPoolCleared { .. }
+            | ErrorKind::DnsResolve { .. }
+            | ErrorKind::Shutdown
+    )
+}
+
 /// Maps a driver error to the store's error kinds.
 pub fn classify(e: mongodb::error::Error) -> MetaError {
-    match e.kind.as_ref() {
-        ErrorKind::ServerSelection { .. }
-        | ErrorKind::Io(_)
-        | ErrorKind::ConnectionPoolCleared { .. }
-        | ErrorKind::DnsResolve { .. }
-        | ErrorKind::Shutdown => return MetaError::Unavailable(e.to_string()),
-        _ => {}
+    if is_unreachable(&e) {
+        return MetaError::Unavailable(e.to_string());
     }
     match code(&e) {
         Some(WRITE_CONFLICT) => MetaError::WriteConflict,
         Some(DUPLICATE_KEY) => MetaError::Duplicate,
-        _ if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => MetaError::WriteConflict,
+        _ if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => MetaError::Transient(e.to_string()),
         _ => MetaError::Other(e.to_string()),
     }
+}
+
+/// Maps an error of `commitTransaction`. A transient error means the
+/// server aborted the transaction (retry it whole); an unknown result, or a
+/// link that failed after the command was sent, means it may have committed.
+fn classify_commit(e: mongodb::error::Error) -> MetaError {
+    if e.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+        return classify(e);
+    }
+    if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) || is_unreachable(&e) {
+        return MetaError::OutcomeUnknown(e.to_string());
+    }
+    classify(e)
+}
+
+/// Intents whose upload was last alive before `t` (see [`IntentRecord::alive_at`]).
+fn last_alive_before(t: DateTime<Utc>) -> Document {
+    let t = bson::DateTime::from_chrono(t);
+    doc! {"$or": [
+        {"refreshed_at": {"$lt": t}},
+        {"refreshed_at": null, "created_at": {"$lt": t}},
+    ]}
+}
+
+/// Whether the transaction failed over a broken link (so it may still be
+/// open on the server, or even committed).
+fn link_failed(e: &MetaError) -> bool {
+    matches!(
+        e,
+        MetaError::Unavailable(_) | MetaError::Transient(_) | MetaError::OutcomeUnknown(_)
+    )
 }
 
 type Res<T> = Result<T, mongodb::error::Error>;
@@ -199,6 +243,7 @@ impl MongoStore {
             db: client.database(db),
             client,
             pinned: Arc::default(),
+            stranded: Arc::default(),
         };
         store.db.run_command(doc! {"ping": 1}).await?;
         store.create_indexes().await?;
@@ -273,6 +318,7 @@ impl MongoStore {
 
     /// Starts a transaction; under a pinned fence, on the slot's session.
     async fn begin(&self, fence: Option<&Fence>) -> MetaResult<ClientSession> {
+        self.end_stranded().await;
         let pinned = fence.filter(|f| f.pinned);
         let idle = pinned.and_then(|f| self.pinned.lock().unwrap().idle.remove(&f.slot));
         let mut s = match idle {
@@ -335,8 +381,26 @@ impl MongoStore {
         Ok(())
     }
 
+    /// Ends (`killSessions`) the sessions a broken link may have left with
+    /// an open transaction; keeps them for the next try if the server does
+    /// not answer.
+    async fn end_stranded(&self) {
+        let lsids = std::mem::take(&mut *self.stranded.lock().unwrap());
+        if lsids.is_empty() {
+            return;
+        }
+        let kill = doc! {"killSessions": &lsids};
+        match self.client.database("admin").run_command(kill).await {
+            Ok(_) => tracing::info!(n = lsids.len(), "ended sessions a broken link left open"),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not end stranded sessions yet");
+                self.stranded.lock().unwrap().extend(lsids);
+            }
+        }
+    }
+
     /// Ends the transaction by [`Self::end`]; a pinned slot's session goes
-    /// back to its slot.
+    /// back to its slot, unless a broken link stranded it.
     async fn finish<T>(
         &self,
         mut s: ClientSession,
@@ -344,6 +408,12 @@ impl MongoStore {
         result: MetaResult<T>,
     ) -> MetaResult<T> {
         let outcome = self.end(&mut s, result).await;
+        if let Err(e) = &outcome
+            && link_failed(e)
+        {
+            self.stranded.lock().unwrap().push(s.id().clone());
+            return outcome;
+        }
         if let Some(f) = fence.filter(|f| f.pinned) {
             self.pinned.lock().unwrap().idle.insert(f.slot.clone(), s);
         }
@@ -356,6 +426,8 @@ impl MongoStore {
         let value = match result {
             Ok(v) => v,
             Err(e) => {
+                // The driver ignores the abort's own errors: over a broken
+                // link it may not arrive (see `stranded`).
                 let _ = s.abort_transaction().await;
                 return Err(e);
             }
@@ -372,7 +444,7 @@ impl MongoStore {
                     attempt += 1;
                     tracing::debug!(attempt, "commit result unknown; retrying the commit");
                 }
-                Err(e) => return Err(classify(e)),
+                Err(e) => return Err(classify_commit(e)),
             }
         }
     }
@@ -710,14 +782,31 @@ impl MetadataStore for MongoStore {
             .map_err(classify)
     }
 
+    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>> {
+        self.intents()
+            .find_one(doc! {"_id": file_id})
+            .await
+            .map_err(classify)
+    }
+
     async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>> {
         find_sorted(
             self.intents(),
-            doc! {"created_at": {"$lt": bson::DateTime::from_chrono(before)}},
+            last_alive_before(before),
             doc! {"created_at": 1},
             limit,
         )
         .await
+    }
+
+    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool> {
+        let now = bson::DateTime::from_chrono(crate::meta::now());
+        let touched = self
+            .intents()
+            .update_one(doc! {"_id": file_id}, doc! {"$set": {"refreshed_at": now}})
+            .await
+            .map_err(classify)?;
+        Ok(touched.matched_count > 0)
     }
 
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
@@ -767,12 +856,18 @@ impl MetadataStore for MongoStore {
         self.finish(s, fence, result).await
     }
 
-    async fn abandon_intent(&self, file_id: &str) -> MetaResult<Option<OrphanRecord>> {
+    async fn abandon_intent(
+        &self,
+        file_id: &str,
+        stale_before: Option<DateTime<Utc>>,
+    ) -> MetaResult<Option<OrphanRecord>> {
+        let mut filter = stale_before.map_or_else(Document::new, last_alive_before);
+        filter.insert("_id", file_id);
         let mut s = self.begin(None).await?;
         let result = async {
             let Some(intent) = self
                 .intents()
-                .find_one_and_delete(doc! {"_id": file_id})
+                .find_one_and_delete(filter)
                 .session(&mut s)
                 .await
                 .map_err(classify)?

@@ -2,7 +2,7 @@
 //! Redis key prefix and S3 key prefix, so tests run in parallel.
 
 use filedock::{
-    blob::{BlobError, BlobStore, ByteRange, ByteStream},
+    blob::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob},
     config::{S3Settings, Settings},
     startup::{AppState, Application},
 };
@@ -290,8 +290,8 @@ impl BlobStore for FailingDeletes {
     async fn head(&self, key: &str) -> Result<Option<u64>, BlobError> {
         self.inner.head(key).await
     }
-    async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
-        self.inner.list_keys(prefix).await
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedBlob>, BlobError> {
+        self.inner.list(prefix).await
     }
     async fn ping(&self) -> Result<(), BlobError> {
         self.inner.ping().await

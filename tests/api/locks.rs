@@ -503,3 +503,34 @@ async fn fifo_child() {
         t.await.unwrap();
     }
 }
+
+/// A lock wait that runs out is contention, which the client retries: 429
+/// with `Retry-After`, not a 503 that a load balancer counts as an outage.
+#[tokio::test]
+async fn a_lock_wait_that_runs_out_is_answered_429_and_stores_nothing() {
+    let mut settings = test_settings();
+    settings.lock.wait_timeout = Duration::from_millis(300);
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("waiter").await;
+    let user = filedock::domain::UserId::parse(&u.id).unwrap();
+    let held = app
+        .state
+        .locks
+        .acquire(&LockKey::user_commit(&user))
+        .await
+        .unwrap();
+    let res = app.upload_raw(&u, "w.txt", b"wait".to_vec()).await;
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::TOO_MANY_REQUESTS, "lock_timeout".into())
+    );
+    if let Some(g) = held {
+        g.release().await;
+    }
+    assert!(
+        app.blob_keys(&u).await.is_empty(),
+        "a refused upload left its blob"
+    );
+    assert_eq!(app.intents().await, 0, "a refused upload left its intent");
+}

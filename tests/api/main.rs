@@ -3,6 +3,8 @@
 //! otherwise against the embedded adapters.
 
 mod crash;
+mod fault_proxy;
+mod faults;
 mod files;
 mod hardening;
 mod helpers;

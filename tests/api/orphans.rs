@@ -9,6 +9,7 @@ use filedock::{
     startup::AppState,
     sweeper::{Outcome, SweepReport, Sweeper},
 };
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -193,6 +194,7 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
         bucket: app.state.blobs.bucket().into(),
         key: key.clone(),
         created_at: filedock::meta::now() - chrono::Duration::seconds(1),
+        refreshed_at: None,
     };
     app.state.meta.put_intent(&intent).await.unwrap();
     let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"half"))]);
@@ -246,7 +248,9 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
 
 #[tokio::test]
 async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when_asked() {
-    let app = spawn_app().await;
+    let mut settings = test_settings();
+    settings.sweep.intent_grace = std::time::Duration::ZERO;
+    let app = spawn_app_with(settings).await;
     let u = app.create_user("audit").await;
     let kept: Value = app
         .upload_raw(&u, "kept.txt", b"kept".to_vec())
@@ -287,4 +291,141 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
         left,
         vec![format!("files/{}/{}", u.id, kept["id"].as_str().unwrap())]
     );
+}
+
+#[tokio::test]
+async fn reconcile_keeps_strays_younger_than_the_grace_period() {
+    let app = spawn_app().await; // default grace: hours
+    let u = app.create_user("young").await;
+    let stray = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
+    let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
+    app.state.blobs.put(&stray, Box::pin(body)).await.unwrap();
+    let report = reconcile(&app.state, true).await.unwrap();
+    assert_eq!(report.strays, vec![stray.clone()]);
+    assert_eq!((report.deleted, report.too_young), (0, 1));
+    assert_eq!(app.blob_keys(&u).await, vec![stray]);
+}
+
+/// `reconcile --delete` in a loop beside live uploads of one user, with the
+/// grace period off so that only the order of its reads protects them:
+/// every acknowledged upload keeps its bytes, and real strays still go.
+#[tokio::test]
+async fn reconcile_beside_live_uploads_deletes_no_acknowledged_upload() {
+    const UPLOADS: usize = 300;
+    const IN_FLIGHT: usize = 32;
+    let mut settings = test_settings();
+    settings.sweep.intent_grace = std::time::Duration::ZERO;
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("busy").await;
+    let mut strays = Vec::new();
+    for _ in 0..5 {
+        let key = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
+        let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
+        app.state.blobs.put(&key, Box::pin(body)).await.unwrap();
+        strays.push(key);
+    }
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let auditor = {
+        let (state, stop) = (app.state.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut passes, mut deleted) = (0, 0);
+            while !stop.is_cancelled() {
+                let report = reconcile(&state, true).await.unwrap();
+                passes += 1;
+                deleted += report.deleted;
+            }
+            (passes, deleted)
+        })
+    };
+    let uploads = futures::stream::iter(0..UPLOADS)
+        .map(|i| {
+            let app = &app;
+            let u = &u;
+            async move {
+                let bytes = pseudo_random_bytes(2048, i as u64);
+                let res = app.upload_raw(u, &format!("f{i}.bin"), bytes.clone()).await;
+                assert_eq!(res.status(), StatusCode::CREATED);
+                let body: Value = res.json().await.unwrap();
+                (body["id"].as_str().unwrap().to_owned(), bytes)
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+    stop.cancel();
+    let (passes, deleted) = auditor.await.unwrap();
+    eprintln!("{passes} reconcile passes beside {UPLOADS} uploads deleted {deleted} objects");
+
+    let mut lost = 0;
+    for (id, bytes) in &uploads {
+        let res = app.download(&u, id).await;
+        if res.status() != StatusCode::OK || res.bytes().await.unwrap().as_ref() != bytes.as_slice()
+        {
+            lost += 1;
+        }
+    }
+    assert_eq!(
+        lost, 0,
+        "acknowledged uploads whose bytes reconcile deleted"
+    );
+    assert!(passes > 1, "reconcile ran beside the uploads");
+    for key in &strays {
+        assert!(
+            !app.blob_keys(&u).await.contains(key),
+            "a real stray survived"
+        );
+    }
+    assert_eq!(assert_bucket_matches_metadata(&app.state).await, UPLOADS);
+}
+
+/// An upload that streams for five grace periods, with the sweeper running
+/// all along, commits: it keeps its intent alive, so only dead uploads are
+/// taken for abandoned ones.
+#[tokio::test]
+async fn a_slow_live_upload_outlasts_the_grace_period() {
+    use std::time::Duration;
+    const CHUNKS: u8 = 16;
+    const PAUSE: Duration = Duration::from_millis(250);
+    let mut settings = test_settings();
+    settings.sweep.intent_grace = Duration::from_millis(800);
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("slow").await;
+    let body = futures::stream::iter(0..CHUNKS).then(|i| async move {
+        tokio::time::sleep(PAUSE).await;
+        Ok::<_, std::io::Error>(bytes::Bytes::from(vec![i; 1024]))
+    });
+    let upload = app
+        .client
+        .post(app.url("/v1/files?filename=slow.bin"))
+        .bearer_auth(&u.key)
+        .body(reqwest::Body::wrap_stream(body))
+        .send();
+    let sweeper = Sweeper::new(app.state.clone());
+    let mut abandoned = 0;
+    let sweeping = async {
+        loop {
+            if let Outcome::Swept(r) = sweeper.try_run_once().await.unwrap() {
+                abandoned += r.intents_abandoned;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let res = tokio::select! {
+        r = upload => r.unwrap(),
+        _ = sweeping => unreachable!("the sweep loop never ends"),
+    };
+    let (status, body) = (res.status(), res.text().await.unwrap());
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        abandoned, 0,
+        "the sweeper took a live upload for a dead one"
+    );
+    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let expected: Vec<u8> = (0..CHUNKS).flat_map(|i| vec![i; 1024]).collect();
+    let got = app.download(&u, &id).await.bytes().await.unwrap();
+    assert_eq!(got.as_ref(), expected.as_slice());
 }

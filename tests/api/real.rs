@@ -341,6 +341,7 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         bucket: file.bucket.clone(),
         key: file.key.clone(),
         created_at: file.created_at,
+        refreshed_at: None,
     };
     app.state.meta.put_intent(&intent).await.unwrap();
     let commit = CommitUpload {

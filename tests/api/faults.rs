@@ -1,0 +1,198 @@
+//! Network faults between filedock and its backends, injected by a TCP
+//! proxy on the real servers: what a client was told must stay true.
+
+use std::{net::SocketAddr, time::Duration};
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::{fault_proxy::FaultProxy, helpers::*};
+
+/// The real MongoDB's address, from the URI scripts/test.sh exports.
+fn mongo_addr() -> SocketAddr {
+    let uri = std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap();
+    let host = uri
+        .trim_start_matches("mongodb://")
+        .split(['/', '?'])
+        .next()
+        .unwrap();
+    host.parse().unwrap()
+}
+
+/// Settings whose MongoDB link runs through `proxy`. `directConnection`
+/// keeps the driver from discovering the real address and going around it;
+/// `query` adds driver options.
+fn through_mongo_proxy(proxy: &FaultProxy, query: &str) -> filedock::config::Settings {
+    let mut s = test_settings();
+    s.mongodb_uri =
+        Some(format!("mongodb://{}/?directConnection=true{query}", proxy.addr()).into());
+    s
+}
+
+/// A short server selection, so that a link cut for seconds outlasts the
+/// driver's and the store's own commit retries.
+const FAST_SELECTION: &str = "&serverSelectionTimeoutMS=500";
+
+#[tokio::test]
+async fn an_upload_whose_commit_answer_is_lost_keeps_its_bytes() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    let app = spawn_app_with(through_mongo_proxy(&proxy, FAST_SELECTION)).await;
+    let u = app.create_user("unlucky").await;
+    let bytes = pseudo_random_bytes(64 * 1024, 7);
+
+    // The server gets commitTransaction; its answer is lost, and the link
+    // stays down longer than the driver's and the store's commit retries.
+    proxy.cut_after(b"commitTransaction", Duration::from_secs(3));
+    let res = app.upload_raw(&u, "kept.bin", bytes.clone()).await;
+    assert!(proxy.triggered(), "the upload never sent its commit");
+    let status = res.status();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "the commit applied; once the link is back the upload must say so: {body}"
+    );
+    let id = body["id"].as_str().unwrap();
+    let got = app.download(&u, id).await;
+    assert_eq!(
+        got.status(),
+        StatusCode::OK,
+        "the committed file lost its bytes"
+    );
+    assert_eq!(got.bytes().await.unwrap().as_ref(), bytes.as_slice());
+    assert_eq!(app.list_ids(&u).await, vec![id.to_owned()]);
+    assert_eq!(app.intents().await, 0, "the commit removed the intent");
+    assert_bucket_matches_metadata(&app.state).await;
+}
+
+/// The link is cut just after a transaction's first write reached the
+/// server, which keeps that transaction open (MongoDB and SecantusDB do, until
+/// they reap it), holding the user's document. The upload in flight is told
+/// the store was unreachable; once the link is back, the user's next uploads
+/// commit, instead of meeting that transaction as a write conflict.
+#[tokio::test]
+async fn a_transaction_cut_midway_is_an_outage_and_does_not_block_the_next_writers() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    const DOWN: Duration = Duration::from_millis(1500);
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    let app = spawn_app_with(through_mongo_proxy(&proxy, FAST_SELECTION)).await;
+    let u = app.create_user("partitioned").await;
+
+    proxy.cut_after(b"startTransaction", DOWN);
+    let res = app.upload_raw(&u, "cut.bin", vec![1; 4096]).await;
+    assert!(proxy.triggered(), "the upload never began its transaction");
+    assert_eq!(
+        error_code(res).await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "dependency_unavailable".into()
+        ),
+        "a broken link is an outage"
+    );
+
+    tokio::time::sleep(DOWN).await;
+    let mut kept = Vec::new();
+    for i in 0..5u64 {
+        let bytes = pseudo_random_bytes(4096, i);
+        let res = app
+            .upload_raw(&u, &format!("after{i}.bin"), bytes.clone())
+            .await;
+        let (status, body) = (res.status(), res.text().await.unwrap());
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "upload {i} after the link healed: {body}"
+        );
+        let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        kept.push(id);
+    }
+    let mut listed = app.list_ids(&u).await;
+    listed.sort();
+    kept.sort();
+    assert_eq!(listed, kept, "only the acknowledged uploads are listed");
+    let mut keys = app.blob_keys(&u).await;
+    keys.sort();
+    let expected: Vec<String> = kept
+        .iter()
+        .map(|id| format!("files/{}/{id}", u.id))
+        .collect();
+    assert_eq!(keys, expected, "the failed upload left its blob");
+}
+
+/// Same-user uploads while the MongoDB link is cut and restored: a client
+/// must be told the store was unreachable (it can retry later), never that
+/// writers conflicted (there is one committer at a time per user here), and
+/// every upload it was told succeeded keeps its bytes.
+#[tokio::test]
+async fn a_cut_link_is_named_as_an_outage_not_as_contention() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    const UPLOADS: u64 = 40;
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    // The default server selection (5 s): operations wait out a short cut
+    // and go on over a new connection, where the server has lost their
+    // transaction.
+    let app = spawn_app_with(through_mongo_proxy(&proxy, "")).await;
+    let u = app.create_user("partitioned").await;
+    let cutter = async {
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            proxy.cut(Duration::from_millis(1000));
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+        }
+    };
+    let uploads = futures::future::join_all((0..UPLOADS).map(|i| {
+        let (app, u) = (&app, &u);
+        async move {
+            // Spread over the cuts and the time between them.
+            tokio::time::sleep(Duration::from_millis(60 * i)).await;
+            let bytes = pseudo_random_bytes(4096, i);
+            let res = app.upload_raw(u, &format!("p{i}.bin"), bytes.clone()).await;
+            let status = res.status();
+            let body: Value = res.json().await.unwrap_or(Value::Null);
+            (status, body, bytes)
+        }
+    }));
+    let (results, ()) = tokio::join!(uploads, cutter);
+    let mut codes = std::collections::BTreeMap::<String, usize>::new();
+    for (status, body, bytes) in &results {
+        if *status == StatusCode::CREATED {
+            *codes.entry("created".into()).or_default() += 1;
+            let got = app.download(&u, body["id"].as_str().unwrap()).await;
+            assert_eq!(got.bytes().await.unwrap().as_ref(), bytes.as_slice());
+        } else {
+            let code = body["error"]["code"]
+                .as_str()
+                .unwrap_or("<none>")
+                .to_owned();
+            *codes.entry(code).or_default() += 1;
+        }
+    }
+    eprintln!("{} cuts; answers: {codes:?}", proxy.cuts());
+    let misnamed: usize = codes
+        .iter()
+        .filter(|(c, _)| {
+            !matches!(
+                c.as_str(),
+                "created" | "dependency_unavailable" | "outcome_unknown"
+            )
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        misnamed, 0,
+        "answers that do not name the outage: {codes:?}"
+    );
+}
