@@ -26,6 +26,9 @@ pub struct Settings {
     pub txn_retry: TxnRetrySettings,
     pub sweep: SweepSettings,
     pub coordination: Coordination,
+    /// Queue mode: a waiter waits this long plus 2 s per operation ahead of
+    /// it (at most 5 min, or this if longer); then its operation is cancelled.
+    pub queue_wait: Duration,
     /// How long an authenticated key is remembered (zero: ask the store every time).
     pub auth_cache_ttl: Duration,
     /// After SIGTERM, how long in-flight requests may take to finish.
@@ -194,6 +197,7 @@ impl Settings {
                 max_retries: 3,
             },
             coordination: Coordination::Lock,
+            queue_wait: Duration::from_secs(30),
             auth_cache_ttl: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
             max_uploads_per_user: 2048,
@@ -258,6 +262,7 @@ impl Settings {
         parse_into(&get, "LOCK_STRATEGY", &mut s.lock.strategy)?;
         parse_into(&get, "LOCK_SCOPE", &mut s.lock.scope)?;
         parse_into(&get, "COORDINATION", &mut s.coordination)?;
+        parse_secs(&get, "QUEUE_WAIT_SECS", &mut s.queue_wait)?;
         parse_secs(&get, "AUTH_CACHE_SECS", &mut s.auth_cache_ttl)?;
         parse_secs(&get, "SHUTDOWN_GRACE_SECS", &mut s.shutdown_grace)?;
         parse_into(&get, "MAX_UPLOADS_PER_USER", &mut s.max_uploads_per_user)?;

@@ -7,6 +7,8 @@
 pub mod local;
 pub mod queue;
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
@@ -118,13 +120,27 @@ pub struct LockCoordinator;
 #[async_trait]
 impl Coordinator for LockCoordinator {
     async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError> {
+        self.run_as(state, op, None).await
+    }
+}
+
+impl LockCoordinator {
+    /// Runs `op`, recording `op_id` with it when it has one (an operation
+    /// that may also sit in the queue must apply once, whichever path
+    /// gets to it first).
+    pub async fn run_as(
+        &self,
+        state: &AppState,
+        op: Operation,
+        op_id: Option<&str>,
+    ) -> Result<(), ApiError> {
         let guard = state.locks.acquire(&op.lock_key()).await?;
         let fence = guard.as_ref().map(|g| Fence {
             slot: op.fence_slot().into(),
             token: g.fence() as i64,
             pinned: false,
         });
-        let result = apply(state, &op, fence, None).await;
+        let result = apply(state, &op, fence, op_id).await;
         if let Some(g) = guard {
             g.release().await;
         }
@@ -182,10 +198,15 @@ pub fn bucket_of(key: &LockKey) -> u32 {
     crc32fast::hash(key.as_str().as_bytes()) % BUCKETS
 }
 
-/// How long a waiter waits: 30 s + 2 s per queued operation ahead, at most 5 min.
-pub fn wait_timeout(queue_len: u64) -> std::time::Duration {
-    std::time::Duration::from_secs((30 + 2 * queue_len).min(300))
+/// How long a waiter waits: `base` (30 s by default) + 2 s per queued
+/// operation ahead, at most 5 min (or `base`, if that is longer).
+pub fn wait_timeout(base: Duration, queue_len: u64) -> Duration {
+    let cap = MAX_QUEUE_WAIT.max(base);
+    (base + PER_OP_AHEAD * u32::try_from(queue_len).unwrap_or(u32::MAX)).min(cap)
 }
+
+const MAX_QUEUE_WAIT: Duration = Duration::from_secs(300);
+const PER_OP_AHEAD: Duration = Duration::from_secs(2);
 
 /// An operation's result as it travels back to the waiter.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -242,9 +263,10 @@ mod tests {
 
     #[test]
     fn the_wait_grows_with_the_queue_and_is_capped() {
-        assert_eq!(wait_timeout(0).as_secs(), 30);
-        assert_eq!(wait_timeout(10).as_secs(), 50);
-        assert_eq!(wait_timeout(10_000).as_secs(), 300);
+        let base = Duration::from_secs(30);
+        assert_eq!(wait_timeout(base, 0).as_secs(), 30);
+        assert_eq!(wait_timeout(base, 10).as_secs(), 50);
+        assert_eq!(wait_timeout(base, 10_000).as_secs(), 300);
     }
 
     #[test]

@@ -48,6 +48,7 @@ use crate::{
     lock::{LockGuard, LockKey},
     meta::{Fence, MetaError},
     metrics::OutcomeLabel,
+    retry::with_txn_retry,
     startup::AppState,
 };
 
@@ -249,6 +250,20 @@ async fn read_result(conn: &mut ConnectionManager, prefix: &str, op_id: &str) ->
     serde_json::from_str(&raw?).ok()
 }
 
+/// The wait ran out with the operation still queued. Answering now must not
+/// leave it free to apply later, so its id is recorded as processed: the
+/// worker then skips it. If the id was there already, it applied.
+async fn give_up(state: &AppState, op: &Operation, op_id: &str) -> Result<(), ApiError> {
+    match with_txn_retry(&state.txn_retry, || state.meta.cancel_op(op_id)).await {
+        Ok(r) if r.value => Err(ApiError::LockTimeout),
+        Ok(_) => Ok(()),
+        Err(e) => {
+            tracing::warn!(op_id, error = %e, "could not cancel a queued operation that timed out");
+            Err(ApiError::OutcomeUnknown(Some(op.resource_path())))
+        }
+    }
+}
+
 /// Removes a waiter however its wait ends.
 struct Waiting<'a> {
     waiters: &'a Waiters,
@@ -278,17 +293,18 @@ impl Coordinator for RedisQueue {
         let ahead = match self.enqueue(&op, &op_id).await {
             Ok(n) => n,
             Err(e) => {
+                // The entry may have been added all the same (a lost reply):
+                // under its id, whichever copy comes second finds it applied.
                 tracing::warn!(error = %e, "enqueue failed; taking the direct path");
                 self.mark_unhealthy();
-                return LockCoordinator.run(state, op).await;
+                return LockCoordinator.run_as(state, op, Some(&op_id)).await;
             }
         };
-        let deadline = Instant::now() + wait_timeout(ahead);
+        let deadline = Instant::now() + wait_timeout(state.settings.queue_wait, ahead);
         loop {
             let now = Instant::now();
             if now >= deadline {
-                // Still queued: it may be applied after this answer.
-                return Err(ApiError::OutcomeUnknown(Some(op.resource_path())));
+                return give_up(state, &op, &op_id).await;
             }
             tokio::select! {
                 outcome = &mut rx => {
@@ -462,33 +478,18 @@ impl Worker<'_> {
         {
             return Err(e);
         }
-        // First what earlier owners left pending, in order.
-        let mut start = "0-0".to_owned();
-        loop {
-            let claimed: redis::streams::StreamAutoClaimReply = conn
-                .xautoclaim_options(
-                    stream,
-                    GROUP,
-                    &queue.instance,
-                    0,
-                    &start,
-                    StreamAutoClaimOptions::default().count(64),
-                )
-                .await?;
-            let entries: Vec<_> = claimed.claimed.iter().map(Entry::decode).collect();
-            if let Step::Stop = self.handle(&mut conn, &entries).await {
-                return Ok(());
-            }
-            if claimed.next_stream_id == "0-0" || claimed.claimed.is_empty() {
-                break;
-            }
-            start = claimed.next_stream_id;
-        }
         let opts = StreamReadOptions::default()
             .group(GROUP, &queue.instance)
             .count(16)
             .block(500);
         while !stop.is_cancelled() && !self.lost.is_cancelled() {
+            // Before anything new, what is pending in the group, in order:
+            // what earlier owners left, and what was delivered to one that
+            // had lost its lease without knowing (paused) — older entries
+            // than any new one, so order is kept.
+            if let Step::Stop = self.claim_pending(&mut conn).await? {
+                return Ok(());
+            }
             let reply: StreamReadReply = conn.xread_options(&[stream], &[">"], &opts).await?;
             let entries: Vec<_> = reply
                 .keys
@@ -501,6 +502,31 @@ impl Worker<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Takes over and applies every entry pending in the group, oldest first.
+    async fn claim_pending(&self, conn: &mut MultiplexedConnection) -> redis::RedisResult<Step> {
+        let mut start = "0-0".to_owned();
+        loop {
+            let claimed: redis::streams::StreamAutoClaimReply = conn
+                .xautoclaim_options(
+                    self.stream,
+                    GROUP,
+                    &self.queue.instance,
+                    0,
+                    &start,
+                    StreamAutoClaimOptions::default().count(64),
+                )
+                .await?;
+            let entries: Vec<_> = claimed.claimed.iter().map(Entry::decode).collect();
+            if let Step::Stop = self.handle(conn, &entries).await {
+                return Ok(Step::Stop);
+            }
+            if claimed.next_stream_id == "0-0" || claimed.claimed.is_empty() {
+                return Ok(Step::Next);
+            }
+            start = claimed.next_stream_id;
+        }
     }
 
     /// Applies what one read returned, in order: as a group if it can.

@@ -94,18 +94,19 @@ pub async fn delete(state: &AppState, user: &UserRecord, id: &str) -> Result<(),
     state.metrics.observe_txn("delete_file", deleted.retries);
     // Deleted concurrently by another request: same answer as never found.
     let gone = deleted.value.ok_or(ApiError::NotFound)?;
-    // The metadata is gone; the blob follows. If this fails the pending
-    // orphan written with the delete keeps it on the sweeper's list.
-    match state.blobs.delete(&gone.file.key).await {
-        Ok(()) => {
-            state
-                .meta
-                .mark_orphan(&gone.orphan_id, OrphanStatus::Deleted, None)
-                .await?
-        }
-        Err(e) => {
-            tracing::warn!(key = %file.key, error = %e, "blob delete failed; left for the sweeper")
-        }
+    // The metadata is gone, so the delete has happened whatever follows: the
+    // blob goes now, or the pending orphan written with the delete keeps it
+    // on the sweeper's list.
+    let cleaned = match state.blobs.delete(&gone.file.key).await {
+        Ok(()) => state
+            .meta
+            .mark_orphan(&gone.orphan_id, OrphanStatus::Deleted, None)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = cleaned {
+        tracing::warn!(key = %file.key, error = %e, "blob clean-up after a delete left for the sweeper");
     }
     Ok(())
 }

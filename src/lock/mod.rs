@@ -172,8 +172,11 @@ impl LockGuard {
                 loop {
                     let now = Instant::now();
                     tokio::time::sleep(expires.saturating_duration_since(now).min(ttl) / 3).await;
+                    // The lease runs from when the renewal was sent: its
+                    // reply may arrive late, the lease does not wait for it.
+                    let sent = Instant::now();
                     match manager.renew(&lease, ttl).await {
-                        Ok(true) => expires = Instant::now() + ttl,
+                        Ok(true) => expires = sent + ttl,
                         Ok(false) => break,
                         Err(e) if Instant::now() < expires => {
                             tracing::warn!(key = %lease.key, error = %e, "lease renewal failed; retrying");

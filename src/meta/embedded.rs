@@ -653,6 +653,16 @@ impl MetadataStore for EmbeddedStore {
         .await
     }
 
+    async fn cancel_op(&self, op_id: &str) -> MetaResult<bool> {
+        let op_id = op_id.to_owned();
+        self.transaction(move |tx| match record_op(tx, Some(&op_id)) {
+            Ok(()) => Ok(true),
+            Err(MetaError::AlreadyApplied) => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await
+    }
+
     async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
         let (ops, fence) = (ops.to_vec(), fence.clone());
         self.transaction(move |tx| {

@@ -436,6 +436,11 @@ pub trait MetadataStore: Send + Sync {
         op_id: Option<&str>,
     ) -> MetaResult<()>;
 
+    /// Settles a queued operation whose waiter gave up: records its id in
+    /// `processed_ops` so that it can never apply (`true`), unless it already
+    /// did (`false`).
+    async fn cancel_op(&self, op_id: &str) -> MetaResult<bool>;
+
     /// Applies queued operations in order in one transaction, recording each
     /// one's id (the second of the pair) as `apply_op` does,
     /// under one fence: all or none. Any refusal, or an id seen before, fails

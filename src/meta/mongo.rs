@@ -975,6 +975,23 @@ impl MetadataStore for MongoStore {
         self.finish(s, fence, result).await
     }
 
+    async fn cancel_op(&self, op_id: &str) -> MetaResult<bool> {
+        let op = ProcessedOp {
+            id: op_id.to_owned(),
+            created_at: now(),
+        };
+        let inserted = self
+            .db
+            .collection::<ProcessedOp>("processed_ops")
+            .insert_one(&op)
+            .await;
+        match inserted.map_err(classify) {
+            Ok(_) => Ok(true),
+            Err(MetaError::Duplicate) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
         let mut s = self.begin(Some(fence)).await?;
         let result = async {

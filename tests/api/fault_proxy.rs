@@ -75,6 +75,12 @@ impl FaultProxy {
         });
     }
 
+    /// Ends every fault: new connections are let through and no trigger is armed.
+    pub fn heal(&self) {
+        *self.shared.refuse_until.lock().unwrap() = None;
+        self.shared.trigger.lock().unwrap().take();
+    }
+
     /// Whether an armed trigger has fired.
     pub fn triggered(&self) -> bool {
         self.shared.trigger.lock().unwrap().is_none()

@@ -4,13 +4,16 @@
 
 mod crash;
 mod fault_proxy;
+mod fault_suite;
 mod faults;
 mod files;
 mod hardening;
 mod helpers;
+mod history;
 mod locks;
 mod openapi;
 mod orphans;
 mod platform;
 mod queue;
+mod queue_faults;
 mod real;

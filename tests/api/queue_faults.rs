@@ -1,0 +1,131 @@
+//! Queue mode when an answer has to be given before the operation could be
+//! applied: the answer must stay true afterwards.
+
+use std::time::{Duration, Instant};
+
+use filedock::config::Coordination;
+use mongodb::bson::doc;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// The agent as the API shows it.
+async fn agent(app: &TestApp, key: &str, id: &str) -> Value {
+    app.client
+        .get(app.url(&format!("/v1/agents/{id}")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Waits until no operation is queued or in flight.
+async fn drained(app: &TestApp) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let stats: Value = app
+            .client
+            .get(app.url("/v1/admin/queue"))
+            .bearer_auth(ADMIN_KEY)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if stats["length"] == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue did not drain: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A worker cannot apply the operation in time (a transaction left open on
+/// the agent holds it back with write conflicts). The waiter's answer, when
+/// its wait runs out, is a definite "did not happen" (429), and it stays
+/// true: once the agent is free the operation does not apply after all.
+#[tokio::test]
+async fn a_queued_operation_whose_wait_runs_out_never_applies_after_its_answer() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    settings.queue_wait = Duration::from_secs(1);
+    let db_name = settings.mongodb_db.clone();
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("impatient").await;
+    let created: Value = app
+        .client
+        .post(app.url("/v1/agents"))
+        .bearer_auth(&u.key)
+        .json(&json!({"name": "held"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let agent_id = created["id"].as_str().unwrap().to_owned();
+
+    // Another client's transaction writes the agent and stays open.
+    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap();
+    let agents = mongo
+        .database(&db_name)
+        .collection::<mongodb::bson::Document>("agents");
+    let mut blocker = mongo.start_session().await.unwrap();
+    blocker.start_transaction().await.unwrap();
+    agents
+        .update_one(doc! {"_id": &agent_id}, doc! {"$set": {"held": true}})
+        .session(&mut blocker)
+        .await
+        .unwrap();
+
+    let res = app
+        .client
+        .put(app.url(&format!("/v1/agents/{agent_id}/mcps/late")))
+        .bearer_auth(&u.key)
+        .send()
+        .await
+        .unwrap();
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::TOO_MANY_REQUESTS, "lock_timeout".into()),
+        "the wait ran out: the operation did not happen"
+    );
+
+    blocker.abort_transaction().await.unwrap();
+    drained(&app).await;
+    let now = agent(&app, &u.key, &agent_id).await;
+    assert_eq!(
+        now["mcp_ids"],
+        json!([]),
+        "an operation answered as not done was applied afterwards"
+    );
+
+    // The queue itself is fine: the same connect, sent again, applies.
+    let res = app
+        .client
+        .put(app.url(&format!("/v1/agents/{agent_id}/mcps/late")))
+        .bearer_auth(&u.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        agent(&app, &u.key, &agent_id).await["mcp_ids"],
+        json!(["late"])
+    );
+}
