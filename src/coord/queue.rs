@@ -53,6 +53,8 @@ use crate::{
 };
 
 const GROUP: &str = "filedock";
+/// Entries taken per read, and so at most one group commit's size.
+const READ_COUNT: usize = 16;
 /// Attempts before an operation is dead-lettered.
 const MAX_ATTEMPTS: u32 = 5;
 /// A bucket lease; renewed every third of it while the worker lives.
@@ -480,26 +482,18 @@ impl Worker<'_> {
         }
         let opts = StreamReadOptions::default()
             .group(GROUP, &queue.instance)
-            .count(16)
+            .count(READ_COUNT)
             .block(500);
         while !stop.is_cancelled() && !self.lost.is_cancelled() {
-            // Before anything new, what is pending in the group, in order:
-            // what earlier owners left, and what was delivered to one that
-            // had lost its lease without knowing (paused) — older entries
-            // than any new one, so order is kept.
+            // Everything pending in the group, in stream order: what the last
+            // read delivered, what earlier owners left, and what was
+            // delivered to a worker that had lost its lease without knowing
+            // (paused). Applying them all in id order keeps the stream's order.
             if let Step::Stop = self.claim_pending(&mut conn).await? {
                 return Ok(());
             }
-            let reply: StreamReadReply = conn.xread_options(&[stream], &[">"], &opts).await?;
-            let entries: Vec<_> = reply
-                .keys
-                .iter()
-                .flat_map(|k| &k.ids)
-                .map(Entry::decode)
-                .collect();
-            if let Step::Stop = self.handle(&mut conn, &entries).await {
-                return Ok(());
-            }
+            // Waits for new entries and takes them into the pending list.
+            let _: StreamReadReply = conn.xread_options(&[stream], &[">"], &opts).await?;
         }
         Ok(())
     }
@@ -515,7 +509,7 @@ impl Worker<'_> {
                     &self.queue.instance,
                     0,
                     &start,
-                    StreamAutoClaimOptions::default().count(64),
+                    StreamAutoClaimOptions::default().count(READ_COUNT),
                 )
                 .await?;
             let entries: Vec<_> = claimed.claimed.iter().map(Entry::decode).collect();

@@ -519,7 +519,7 @@ async fn run_suite(coordination: &str) {
     let history = world.history.lock().unwrap().clone();
     let v = check(&history, &fin);
     eprintln!(
-        "fault suite ({coordination}) seed {seed}: {} faults, {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, internal errors {}; {reconciles} reconciles and {sweeps} sweeps beside",
+        "fault suite ({coordination}) seed {seed}: {} faults, {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, internal errors {}; {reconciles} reconciles and {sweeps} sweeps beside; not 2xx: {:?}",
         faults.len(),
         v.requests,
         v.acknowledged,
@@ -529,7 +529,8 @@ async fn run_suite(coordination: &str) {
         v.half_done,
         v.reordered,
         v.failed_but_applied,
-        v.internal_errors
+        v.internal_errors,
+        v.codes
     );
     if v.violations() > 0 {
         eprintln!("faults: {faults:?}");

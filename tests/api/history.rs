@@ -81,6 +81,8 @@ pub struct Verdict {
     pub failed_but_applied: usize,
     /// 500s: bugs, whatever they did.
     pub internal_errors: usize,
+    /// How the answers that were not 2xx break down, by code.
+    pub codes: BTreeMap<String, usize>,
     pub notes: Vec<String>,
 }
 
@@ -96,6 +98,9 @@ pub fn check(history: &[Event], fin: &FinalState) -> Verdict {
         ..Default::default()
     };
     for e in history {
+        if let Answer::Failed(code) | Answer::Unknown(code) = &e.answer {
+            *v.codes.entry(code.clone()).or_default() += 1;
+        }
         match &e.answer {
             Answer::Ok => v.acknowledged += 1,
             Answer::Failed(code) if code == "internal" => v.internal_errors += 1,

@@ -129,3 +129,88 @@ async fn a_queued_operation_whose_wait_runs_out_never_applies_after_its_answer()
         json!(["late"])
     );
 }
+
+/// An entry that Redis delivered to a worker that no longer holds the
+/// bucket (paused past its lease, it read after the bucket changed hands) is
+/// taken over by the bucket's owner and applied before the newer entries.
+#[tokio::test]
+async fn an_entry_delivered_to_a_worker_that_lost_its_lease_is_applied_in_order() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    let prefix = settings.redis_prefix.clone();
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("ordered").await;
+    let created: Value = app
+        .client
+        .post(app.url("/v1/agents"))
+        .bearer_auth(&u.key)
+        .json(&json!({"name": "hot"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let agent_id = created["id"].as_str().unwrap().to_owned();
+    let connect = |mcp: &'static str| {
+        app.client
+            .put(app.url(&format!("/v1/agents/{agent_id}/mcps/{mcp}")))
+            .bearer_auth(&u.key)
+            .send()
+    };
+    // The bucket's worker is running (it applied this).
+    assert_eq!(connect("first").await.unwrap().status(), StatusCode::OK);
+
+    // A stale worker ("ghost") reads the next entry: added and delivered to
+    // it in one MULTI, so the owner's blocked read cannot get it first.
+    let op = filedock::coord::Operation::Link {
+        owner_id: u.id.clone(),
+        agent_id: agent_id.clone(),
+        kind: filedock::meta::LinkKind::Mcp,
+        link_id: "second".into(),
+        connected: true,
+    };
+    let stream = filedock::coord::queue::RedisQueue::stream(
+        &prefix,
+        filedock::coord::bucket_of(&filedock::lock::LockKey::agent_config(&agent_id)),
+    );
+    let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let at = chrono::Utc::now().timestamp_millis();
+    let _: redis::Value = redis::pipe()
+        .atomic()
+        .cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("op")
+        .arg(serde_json::to_string(&op).unwrap())
+        .arg("id")
+        .arg(uuid::Uuid::now_v7().to_string())
+        .arg("at")
+        .arg(at)
+        .cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("filedock")
+        .arg("ghost")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    // A newer operation on the same agent, through the API.
+    assert_eq!(connect("third").await.unwrap().status(), StatusCode::OK);
+    drained(&app).await;
+    assert_eq!(
+        agent(&app, &u.key, &agent_id).await["mcp_ids"],
+        json!(["first", "second", "third"]),
+        "the ghost's entry was stranded or applied out of order"
+    );
+}
