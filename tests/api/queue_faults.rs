@@ -214,3 +214,102 @@ async fn an_entry_delivered_to_a_worker_that_lost_its_lease_is_applied_in_order(
         "the ghost's entry was stranded or applied out of order"
     );
 }
+
+/// The waiter is told its operation is done but its result cannot be read
+/// (here: garbage where the result should be). That is not a success: the
+/// waiter keeps waiting for a result it can read, and the operation, held
+/// back until the wait runs out, is answered 429 and never applies.
+#[tokio::test]
+async fn a_result_that_cannot_be_read_is_not_taken_for_success() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    settings.queue_wait = Duration::from_secs(2);
+    let (prefix, db_name) = (settings.redis_prefix.clone(), settings.mongodb_db.clone());
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("garbled").await;
+    let created: Value = app
+        .client
+        .post(app.url("/v1/agents"))
+        .bearer_auth(&u.key)
+        .json(&json!({"name": "held"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let agent_id = created["id"].as_str().unwrap().to_owned();
+    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap();
+    let mut blocker = mongo.start_session().await.unwrap();
+    blocker.start_transaction().await.unwrap();
+    mongo
+        .database(&db_name)
+        .collection::<mongodb::bson::Document>("agents")
+        .update_one(doc! {"_id": &agent_id}, doc! {"$set": {"held": true}})
+        .session(&mut blocker)
+        .await
+        .unwrap();
+
+    let put = app
+        .client
+        .put(app.url(&format!("/v1/agents/{agent_id}/mcps/unread")))
+        .bearer_auth(&u.key)
+        .send();
+    let garble = async {
+        // Find the queued entry, then announce a result nobody can read.
+        let stream = filedock::coord::queue::RedisQueue::stream(
+            &prefix,
+            filedock::coord::bucket_of(&filedock::lock::LockKey::agent_config(&agent_id)),
+        );
+        let client =
+            redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let entry = loop {
+            let reply: redis::streams::StreamRangeReply =
+                redis::AsyncCommands::xrange_all(&mut conn, &stream)
+                    .await
+                    .unwrap();
+            if let Some(e) = reply.ids.into_iter().next() {
+                break e;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (op_id, instance): (String, String) =
+            (entry.get("id").unwrap(), entry.get("reply").unwrap());
+        let _: () = redis::AsyncCommands::set(
+            &mut conn,
+            format!("{prefix}filedock_queue_result:{op_id}"),
+            "not json",
+        )
+        .await
+        .unwrap();
+        let _: i64 = redis::AsyncCommands::publish(
+            &mut conn,
+            format!("{prefix}filedock_queue_done:{instance}"),
+            &op_id,
+        )
+        .await
+        .unwrap();
+    };
+    let (res, ()) = tokio::join!(put, garble);
+    let res = res.unwrap();
+    let status = res.status();
+    let applied = agent(&app, &u.key, &agent_id).await["mcp_ids"] == json!(["unread"]);
+    assert!(
+        status != StatusCode::OK || applied,
+        "answered 200 while the operation had not applied"
+    );
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::TOO_MANY_REQUESTS, "lock_timeout".into())
+    );
+    blocker.abort_transaction().await.unwrap();
+    drained(&app).await;
+    assert_eq!(agent(&app, &u.key, &agent_id).await["mcp_ids"], json!([]));
+}
