@@ -29,6 +29,8 @@ pub struct FaultProxy {
 struct Shared {
     /// Cancelled to cut every open connection; replaced after each cut.
     open: Mutex<CancellationToken>,
+    /// Cancelled to stop every answer (server to client) until the cut.
+    quiet: Mutex<CancellationToken>,
     refuse_until: Mutex<Option<Instant>>,
     trigger: Mutex<Option<Trigger>>,
     /// Cuts made so far (triggered or not).
@@ -107,6 +109,7 @@ impl Shared {
         self.refuse_for(down);
         let old = std::mem::take(&mut *self.open.lock().unwrap());
         old.cancel();
+        std::mem::take(&mut *self.quiet.lock().unwrap()).cancel();
         *self.cuts.lock().unwrap() += 1;
     }
 
@@ -145,7 +148,8 @@ async fn accept_loop(
             continue;
         }
         let open = shared.open.lock().unwrap().clone();
-        tokio::spawn(relay(client, upstream, shared.clone(), open));
+        let quiet = shared.quiet.lock().unwrap().clone();
+        tokio::spawn(relay(client, upstream, shared.clone(), open, quiet));
     }
 }
 
@@ -155,6 +159,7 @@ async fn relay(
     upstream: SocketAddr,
     shared: Arc<Shared>,
     open: CancellationToken,
+    quiet: CancellationToken,
 ) {
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
@@ -163,10 +168,8 @@ async fn relay(
     let _ = server.set_nodelay(true);
     let (mut client_rx, mut client_tx) = client.into_split();
     let (mut server_rx, mut server_tx) = server.into_split();
-    // Set when this connection fired a trigger: its answer must not arrive.
-    let muted = CancellationToken::new();
     let upstream_pump = {
-        let (open, muted) = (open.clone(), muted.clone());
+        let (open, quiet) = (open.clone(), quiet.clone());
         async move {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -176,10 +179,11 @@ async fn relay(
                 };
                 let fired = shared.fired_by(&buf[..n]);
                 if let Some(down) = fired {
-                    // No answer reaches the client, and no second connection
-                    // gets through to retry, from this moment on.
+                    // From this moment no answer reaches any client (the
+                    // link is cut just after the command left), and no new
+                    // connection gets through to retry.
                     shared.refuse_for(ACT_BEFORE_CUT + down);
-                    muted.cancel();
+                    quiet.cancel();
                 }
                 if server_tx.write_all(&buf[..n]).await.is_err() {
                     return;
@@ -198,7 +202,7 @@ async fn relay(
             let n = tokio::select! {
                 _ = open.cancelled() => return,
                 // Hold the connection open, silent, until the cut closes it.
-                _ = muted.cancelled() => return open.cancelled().await,
+                _ = quiet.cancelled() => return open.cancelled().await,
                 r = server_rx.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
             };
             if client_tx.write_all(&buf[..n]).await.is_err() {

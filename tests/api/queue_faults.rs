@@ -313,3 +313,68 @@ async fn a_result_that_cannot_be_read_is_not_taken_for_success() {
     drained(&app).await;
     assert_eq!(agent(&app, &u.key, &agent_id).await["mcp_ids"], json!([]));
 }
+
+/// The Redis link is cut right after an enqueue (XADD) was sent: the entry
+/// is in the stream, but the caller never hears so and takes the lock path,
+/// and so does the next operation on the link. When Redis is back, the
+/// queued copy must not apply a second time, after (and over) the later one.
+#[tokio::test]
+async fn an_enqueue_whose_answer_was_lost_applies_once() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let redis_url = std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap();
+    let redis_addr = redis_url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/');
+    let proxy = crate::fault_proxy::FaultProxy::start(redis_addr.parse().unwrap()).await;
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    settings.redis_url = Some(format!("redis://{}/", proxy.addr()).into());
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("lost-reply").await;
+    let created: Value = app
+        .client
+        .post(app.url("/v1/agents"))
+        .bearer_auth(&u.key)
+        .json(&json!({"name": "a"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let agent_id = created["id"].as_str().unwrap().to_owned();
+    let link = |method: reqwest::Method, mcp: &'static str| {
+        app.client
+            .request(
+                method,
+                app.url(&format!("/v1/agents/{agent_id}/mcps/{mcp}")),
+            )
+            .bearer_auth(&u.key)
+            .send()
+    };
+    assert_eq!(
+        link(reqwest::Method::PUT, "warm").await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    proxy.cut_after(b"XADD", Duration::from_secs(1));
+    let connect = link(reqwest::Method::PUT, "x").await.unwrap();
+    assert!(proxy.triggered(), "the connect was never enqueued");
+    assert_eq!(
+        connect.status(),
+        StatusCode::OK,
+        "connect, by the lock path"
+    );
+    let disconnect = link(reqwest::Method::DELETE, "x").await.unwrap();
+    assert_eq!(disconnect.status(), StatusCode::OK, "then disconnect");
+
+    drained(&app).await;
+    assert_eq!(
+        agent(&app, &u.key, &agent_id).await["mcp_ids"],
+        json!(["warm"]),
+        "the queued copy of the connect applied again, after the disconnect"
+    );
+}
