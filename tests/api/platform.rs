@@ -39,7 +39,7 @@ impl TestApp {
         (status, res.json().await.unwrap_or(Value::Null))
     }
 
-    async fn new_agent(&self, user: &TestUser) -> String {
+    pub(crate) async fn new_agent(&self, user: &TestUser) -> String {
         let (status, agent) = self
             .json("POST", "/v1/agents", user, Some(json!({"name": "helper"})))
             .await;

@@ -3,22 +3,76 @@
 
 use std::time::{Duration, Instant};
 
-use filedock::config::Coordination;
+use filedock::{
+    config::Coordination,
+    coord::{bucket_of, queue::RedisQueue},
+    lock::LockKey,
+};
 use mongodb::bson::doc;
-use reqwest::StatusCode;
+use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::*;
 
-/// The agent as the API shows it.
-async fn agent(app: &TestApp, key: &str, id: &str) -> Value {
+/// An app in queue mode on the real servers, waiting `wait` for a result.
+async fn queue_app(wait: Duration) -> TestApp {
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    settings.queue_wait = wait;
+    spawn_app_with(settings).await
+}
+
+/// The agent's MCP links as the API shows them.
+async fn mcps(app: &TestApp, u: &TestUser, agent: &str) -> Value {
+    app.json("GET", format!("/v1/agents/{agent}"), u, None)
+        .await
+        .1["mcp_ids"]
+        .clone()
+}
+
+/// Connects (PUT) or disconnects (DELETE) an MCP link; the status.
+async fn link(app: &TestApp, u: &TestUser, method: &str, agent: &str, mcp: &str) -> Response {
     app.client
-        .get(app.url(&format!("/v1/agents/{id}")))
-        .bearer_auth(key)
+        .request(
+            method.parse().unwrap(),
+            app.url(&format!("/v1/agents/{agent}/mcps/{mcp}")),
+        )
+        .bearer_auth(&u.key)
         .send()
         .await
         .unwrap()
-        .json()
+}
+
+/// Another client's transaction that writes the agent and stays open, so
+/// that a worker's transactions on it meet write conflicts until it ends.
+async fn hold_agent(app: &TestApp, agent: &str) -> mongodb::ClientSession {
+    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap();
+    let mut held = mongo.start_session().await.unwrap();
+    held.start_transaction().await.unwrap();
+    mongo
+        .database(&app.settings.mongodb_db)
+        .collection::<mongodb::bson::Document>("agents")
+        .update_one(doc! {"_id": agent}, doc! {"$set": {"held": true}})
+        .session(&mut held)
+        .await
+        .unwrap();
+    held
+}
+
+/// The bucket stream that carries the agent's link operations.
+fn link_stream(app: &TestApp, agent: &str) -> String {
+    RedisQueue::stream(
+        &app.settings.redis_prefix,
+        bucket_of(&LockKey::agent_config(agent)),
+    )
+}
+
+async fn redis_conn() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap())
+        .unwrap()
+        .get_multiplexed_async_connection()
         .await
         .unwrap()
 }
@@ -58,47 +112,12 @@ async fn a_queued_operation_whose_wait_runs_out_never_applies_after_its_answer()
         eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
         return;
     }
-    let mut settings = test_settings();
-    settings.coordination = Coordination::Queue;
-    settings.queue_wait = Duration::from_secs(1);
-    let db_name = settings.mongodb_db.clone();
-    let app = spawn_app_with(settings).await;
+    let app = queue_app(Duration::from_secs(1)).await;
     let u = app.create_user("impatient").await;
-    let created: Value = app
-        .client
-        .post(app.url("/v1/agents"))
-        .bearer_auth(&u.key)
-        .json(&json!({"name": "held"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let agent_id = created["id"].as_str().unwrap().to_owned();
+    let agent = app.new_agent(&u).await;
+    let mut held = hold_agent(&app, &agent).await;
 
-    // Another client's transaction writes the agent and stays open.
-    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
-        .await
-        .unwrap();
-    let agents = mongo
-        .database(&db_name)
-        .collection::<mongodb::bson::Document>("agents");
-    let mut blocker = mongo.start_session().await.unwrap();
-    blocker.start_transaction().await.unwrap();
-    agents
-        .update_one(doc! {"_id": &agent_id}, doc! {"$set": {"held": true}})
-        .session(&mut blocker)
-        .await
-        .unwrap();
-
-    let res = app
-        .client
-        .put(app.url(&format!("/v1/agents/{agent_id}/mcps/late")))
-        .bearer_auth(&u.key)
-        .send()
-        .await
-        .unwrap();
+    let res = link(&app, &u, "PUT", &agent, "late").await;
     assert!(res.headers().contains_key("retry-after"));
     assert_eq!(
         error_code(res).await,
@@ -106,28 +125,19 @@ async fn a_queued_operation_whose_wait_runs_out_never_applies_after_its_answer()
         "the wait ran out: the operation did not happen"
     );
 
-    blocker.abort_transaction().await.unwrap();
+    held.abort_transaction().await.unwrap();
     drained(&app).await;
-    let now = agent(&app, &u.key, &agent_id).await;
     assert_eq!(
-        now["mcp_ids"],
+        mcps(&app, &u, &agent).await,
         json!([]),
         "an operation answered as not done was applied afterwards"
     );
-
     // The queue itself is fine: the same connect, sent again, applies.
-    let res = app
-        .client
-        .put(app.url(&format!("/v1/agents/{agent_id}/mcps/late")))
-        .bearer_auth(&u.key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(
-        agent(&app, &u.key, &agent_id).await["mcp_ids"],
-        json!(["late"])
+        link(&app, &u, "PUT", &agent, "late").await.status(),
+        StatusCode::OK
     );
+    assert_eq!(mcps(&app, &u, &agent).await, json!(["late"]));
 }
 
 /// An entry that Redis delivered to a worker that no longer holds the
@@ -139,48 +149,25 @@ async fn an_entry_delivered_to_a_worker_that_lost_its_lease_is_applied_in_order(
         eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
         return;
     }
-    let mut settings = test_settings();
-    settings.coordination = Coordination::Queue;
-    let prefix = settings.redis_prefix.clone();
-    let app = spawn_app_with(settings).await;
+    let app = queue_app(Duration::from_secs(30)).await;
     let u = app.create_user("ordered").await;
-    let created: Value = app
-        .client
-        .post(app.url("/v1/agents"))
-        .bearer_auth(&u.key)
-        .json(&json!({"name": "hot"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let agent_id = created["id"].as_str().unwrap().to_owned();
-    let connect = |mcp: &'static str| {
-        app.client
-            .put(app.url(&format!("/v1/agents/{agent_id}/mcps/{mcp}")))
-            .bearer_auth(&u.key)
-            .send()
-    };
+    let agent = app.new_agent(&u).await;
     // The bucket's worker is running (it applied this).
-    assert_eq!(connect("first").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        link(&app, &u, "PUT", &agent, "first").await.status(),
+        StatusCode::OK
+    );
 
     // A stale worker ("ghost") reads the next entry: added and delivered to
     // it in one MULTI, so the owner's blocked read cannot get it first.
     let op = filedock::coord::Operation::Link {
         owner_id: u.id.clone(),
-        agent_id: agent_id.clone(),
+        agent_id: agent.clone(),
         kind: filedock::meta::LinkKind::Mcp,
         link_id: "second".into(),
         connected: true,
     };
-    let stream = filedock::coord::queue::RedisQueue::stream(
-        &prefix,
-        filedock::coord::bucket_of(&filedock::lock::LockKey::agent_config(&agent_id)),
-    );
-    let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let at = chrono::Utc::now().timestamp_millis();
+    let stream = link_stream(&app, &agent);
     let _: redis::Value = redis::pipe()
         .atomic()
         .cmd("XADD")
@@ -191,7 +178,7 @@ async fn an_entry_delivered_to_a_worker_that_lost_its_lease_is_applied_in_order(
         .arg("id")
         .arg(uuid::Uuid::now_v7().to_string())
         .arg("at")
-        .arg(at)
+        .arg(chrono::Utc::now().timestamp_millis())
         .cmd("XREADGROUP")
         .arg("GROUP")
         .arg("filedock")
@@ -201,15 +188,18 @@ async fn an_entry_delivered_to_a_worker_that_lost_its_lease_is_applied_in_order(
         .arg("STREAMS")
         .arg(&stream)
         .arg(">")
-        .query_async(&mut conn)
+        .query_async(&mut redis_conn().await)
         .await
         .unwrap();
 
     // A newer operation on the same agent, through the API.
-    assert_eq!(connect("third").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        link(&app, &u, "PUT", &agent, "third").await.status(),
+        StatusCode::OK
+    );
     drained(&app).await;
     assert_eq!(
-        agent(&app, &u.key, &agent_id).await["mcp_ids"],
+        mcps(&app, &u, &agent).await,
         json!(["first", "second", "third"]),
         "the ghost's entry was stranded or applied out of order"
     );
@@ -225,51 +215,15 @@ async fn a_result_that_cannot_be_read_is_not_taken_for_success() {
         eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
         return;
     }
-    let mut settings = test_settings();
-    settings.coordination = Coordination::Queue;
-    settings.queue_wait = Duration::from_secs(2);
-    let (prefix, db_name) = (settings.redis_prefix.clone(), settings.mongodb_db.clone());
-    let app = spawn_app_with(settings).await;
+    let app = queue_app(Duration::from_secs(2)).await;
     let u = app.create_user("garbled").await;
-    let created: Value = app
-        .client
-        .post(app.url("/v1/agents"))
-        .bearer_auth(&u.key)
-        .json(&json!({"name": "held"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let agent_id = created["id"].as_str().unwrap().to_owned();
-    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
-        .await
-        .unwrap();
-    let mut blocker = mongo.start_session().await.unwrap();
-    blocker.start_transaction().await.unwrap();
-    mongo
-        .database(&db_name)
-        .collection::<mongodb::bson::Document>("agents")
-        .update_one(doc! {"_id": &agent_id}, doc! {"$set": {"held": true}})
-        .session(&mut blocker)
-        .await
-        .unwrap();
+    let agent = app.new_agent(&u).await;
+    let mut held = hold_agent(&app, &agent).await;
 
-    let put = app
-        .client
-        .put(app.url(&format!("/v1/agents/{agent_id}/mcps/unread")))
-        .bearer_auth(&u.key)
-        .send();
     let garble = async {
         // Find the queued entry, then announce a result nobody can read.
-        let stream = filedock::coord::queue::RedisQueue::stream(
-            &prefix,
-            filedock::coord::bucket_of(&filedock::lock::LockKey::agent_config(&agent_id)),
-        );
-        let client =
-            redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut conn = redis_conn().await;
+        let stream = link_stream(&app, &agent);
         let entry = loop {
             let reply: redis::streams::StreamRangeReply =
                 redis::AsyncCommands::xrange_all(&mut conn, &stream)
@@ -280,38 +234,31 @@ async fn a_result_that_cannot_be_read_is_not_taken_for_success() {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let (op_id, instance): (String, String) =
-            (entry.get("id").unwrap(), entry.get("reply").unwrap());
-        let _: () = redis::AsyncCommands::set(
-            &mut conn,
-            format!("{prefix}filedock_queue_result:{op_id}"),
-            "not json",
-        )
-        .await
-        .unwrap();
-        let _: i64 = redis::AsyncCommands::publish(
-            &mut conn,
-            format!("{prefix}filedock_queue_done:{instance}"),
-            &op_id,
-        )
-        .await
-        .unwrap();
+        let op_id: String = entry.get("id").unwrap();
+        let instance: String = entry.get("reply").unwrap();
+        let prefix = &app.settings.redis_prefix;
+        let result = format!("{prefix}filedock_queue_result:{op_id}");
+        let _: () = redis::AsyncCommands::set(&mut conn, result, "not json")
+            .await
+            .unwrap();
+        let done = format!("{prefix}filedock_queue_done:{instance}");
+        let _: i64 = redis::AsyncCommands::publish(&mut conn, done, &op_id)
+            .await
+            .unwrap();
     };
-    let (res, ()) = tokio::join!(put, garble);
-    let res = res.unwrap();
-    let status = res.status();
-    let applied = agent(&app, &u.key, &agent_id).await["mcp_ids"] == json!(["unread"]);
+    let (res, ()) = tokio::join!(link(&app, &u, "PUT", &agent, "unread"), garble);
+    let applied = mcps(&app, &u, &agent).await == json!(["unread"]);
     assert!(
-        status != StatusCode::OK || applied,
+        res.status() != StatusCode::OK || applied,
         "answered 200 while the operation had not applied"
     );
     assert_eq!(
         error_code(res).await,
         (StatusCode::TOO_MANY_REQUESTS, "lock_timeout".into())
     );
-    blocker.abort_transaction().await.unwrap();
+    held.abort_transaction().await.unwrap();
     drained(&app).await;
-    assert_eq!(agent(&app, &u.key, &agent_id).await["mcp_ids"], json!([]));
+    assert_eq!(mcps(&app, &u, &agent).await, json!([]));
 }
 
 /// The Redis link is cut right after an enqueue (XADD) was sent: the entry
@@ -334,46 +281,26 @@ async fn an_enqueue_whose_answer_was_lost_applies_once() {
     settings.redis_url = Some(format!("redis://{}/", proxy.addr()).into());
     let app = spawn_app_with(settings).await;
     let u = app.create_user("lost-reply").await;
-    let created: Value = app
-        .client
-        .post(app.url("/v1/agents"))
-        .bearer_auth(&u.key)
-        .json(&json!({"name": "a"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let agent_id = created["id"].as_str().unwrap().to_owned();
-    let link = |method: reqwest::Method, mcp: &'static str| {
-        app.client
-            .request(
-                method,
-                app.url(&format!("/v1/agents/{agent_id}/mcps/{mcp}")),
-            )
-            .bearer_auth(&u.key)
-            .send()
-    };
+    let agent = app.new_agent(&u).await;
     assert_eq!(
-        link(reqwest::Method::PUT, "warm").await.unwrap().status(),
+        link(&app, &u, "PUT", &agent, "warm").await.status(),
         StatusCode::OK
     );
 
     proxy.cut_after(b"XADD", Duration::from_secs(1));
-    let connect = link(reqwest::Method::PUT, "x").await.unwrap();
+    let connect = link(&app, &u, "PUT", &agent, "x").await;
     assert!(proxy.triggered(), "the connect was never enqueued");
     assert_eq!(
         connect.status(),
         StatusCode::OK,
         "connect, by the lock path"
     );
-    let disconnect = link(reqwest::Method::DELETE, "x").await.unwrap();
+    let disconnect = link(&app, &u, "DELETE", &agent, "x").await;
     assert_eq!(disconnect.status(), StatusCode::OK, "then disconnect");
 
     drained(&app).await;
     assert_eq!(
-        agent(&app, &u.key, &agent_id).await["mcp_ids"],
+        mcps(&app, &u, &agent).await,
         json!(["warm"]),
         "the queued copy of the connect applied again, after the disconnect"
     );
