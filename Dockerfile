@@ -1,16 +1,22 @@
-# Multi-stage build: compile in the Rust image, run on a slim Debian.
+# syntax=docker/dockerfile:1
+# Multi-stage build: compile in the Rust image, run on a slim Debian. The
+# registry and the target directory are BuildKit cache mounts, so a rebuild
+# after a source change compiles filedock only, not its dependencies.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-RUN cargo build --release --locked --bin filedock
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin filedock \
+    && cp target/release/filedock /usr/local/bin/filedock
 
-FROM debian:bookworm-slim
+FROM debian:12.8-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --home /var/lib/filedock filedock \
     && mkdir -p /var/lib/filedock && chown filedock /var/lib/filedock
-COPY --from=build /src/target/release/filedock /usr/local/bin/filedock
+COPY --from=build /usr/local/bin/filedock /usr/local/bin/filedock
 USER filedock
 ENV FILEDOCK_BIND=0.0.0.0:8080 FILEDOCK_DATA_DIR=/var/lib/filedock
 EXPOSE 8080

@@ -10,6 +10,8 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-0}"
 # shellcheck source=scripts/stack.sh
 source scripts/stack.sh
 
+echo "== filedock checks: docker-compose.yml parses and pins every image"
+bash scripts/compose-check.sh
 echo "== filedock tests: embedded adapters"
 cargo test --locked --all-targets
 echo "== filedock tests: sessions and agents in queue mode (in-process queue)"
