@@ -16,6 +16,8 @@ echo "== filedock tests: embedded adapters"
 cargo test --locked --all-targets
 echo "== filedock tests: sessions and agents in queue mode (in-process queue)"
 FILEDOCK_TEST_COORDINATION=queue cargo test --locked --test api platform::
+echo "== filedock tests: the upload page in a real browser (Chromium, Playwright)"
+bash scripts/browser-test.sh
 echo "== filedock tests: the OpenAPI contract (schemathesis)"
 bash scripts/contract.sh
 

@@ -7,6 +7,7 @@ mod extract;
 mod files;
 mod health;
 mod multipart;
+mod page;
 mod sessions;
 
 use std::time::{Duration, Instant};
@@ -51,6 +52,7 @@ macro_rules! api {
 }
 
 api! {
+    GET "/" => page::index,
     GET "/healthz" => health::healthz,
     GET "/readyz" => health::readyz,
     GET "/metrics" => health::metrics,
