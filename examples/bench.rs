@@ -16,16 +16,12 @@ use bytes::Bytes;
 use filedock::{
     blob::{BlobStore, s3::S3BlobStore},
     config::{LockSettings, LockStrategy, S3Settings, Settings},
-    domain::{
-        Filename,
-        upload::{self, NewUpload},
-        users,
-    },
+    domain::{Filename, upload::NewUpload, users},
     lock::{LockKey, LockManager, Locks, redis::RedisLocks},
     metrics::Metrics,
     startup::AppState,
 };
-use futures::{StreamExt, stream};
+use futures::{StreamExt, TryStreamExt, stream};
 use serde_json::{Value, json};
 
 const ADMIN: &str = "bench-admin-key";
@@ -668,7 +664,10 @@ async fn ceiling(client: &Client, r: &mut Report) {
                     client.upload(&server, &key, body).await.0
                 } else {
                     direct
-                        .put(&format!("direct/{rep}-{size}"), raw.boxed())
+                        .put(
+                            &format!("direct/{rep}-{size}"),
+                            raw.map_err(Into::into).boxed(),
+                        )
                         .await
                         .is_ok()
                 };
@@ -718,7 +717,7 @@ async fn small_files(client: &Client, r: &mut Report) {
     let mut floor_users = Vec::new();
     for u in 0..200 {
         floor_users.push(
-            users::create_user(floor_state.meta.as_ref(), &format!("floor-{u}"))
+            users::create_user(floor_state.ports.meta.as_ref(), &format!("floor-{u}"))
                 .await
                 .unwrap()
                 .0,
@@ -745,7 +744,7 @@ async fn small_files(client: &Client, r: &mut Report) {
                             body: stream::iter([Ok(body)]).boxed(),
                             idempotency_key: None,
                         };
-                        (upload::upload(state, user, new).await.is_ok(), t.elapsed())
+                        (state.uploads.upload(user, new).await.is_ok(), t.elapsed())
                     }
                 })
                 .await

@@ -5,15 +5,12 @@ pub mod blob;
 pub mod config;
 pub mod coord;
 pub mod domain;
-pub mod error;
 pub mod http;
 pub mod lock;
 pub mod meta;
 pub mod metrics;
-pub mod reconcile;
 pub mod retry;
 pub mod startup;
-pub mod sweeper;
 pub mod telemetry;
 
 /// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names

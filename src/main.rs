@@ -3,10 +3,8 @@
 use clap::{Parser, Subcommand};
 use filedock::{
     config::Settings,
-    domain::users,
-    reconcile::reconcile,
-    startup::{AppState, Application, open_metadata, shutdown_signal},
-    sweeper::{Outcome, Sweeper},
+    domain::{reconcile::Reconciler, sweeper::Outcome, users},
+    startup::{AppState, Application, Ports, open_metadata, shutdown_signal},
     telemetry,
 };
 
@@ -73,7 +71,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Sweep => {
             let state = AppState::build(settings).await?;
-            let outcome = Sweeper::new(state).try_run_once().await?;
+            let outcome = state.sweeper.try_run_once().await?;
             println!("{}", serde_json::to_string(&outcome)?);
             match outcome {
                 Outcome::Swept(r) if r.orphans_failed > 0 => std::process::exit(1),
@@ -81,8 +79,11 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Reconcile { delete } => {
-            let state = AppState::build(settings).await?;
-            let report = reconcile(&state, delete).await?;
+            let ports = Ports::connect(&settings).await?;
+            let grace = settings.sweep.intent_grace;
+            let report = Reconciler::new(ports.meta, ports.blobs, grace)
+                .reconcile(delete)
+                .await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }

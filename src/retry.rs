@@ -1,32 +1,45 @@
 //! Retry policies: the transaction retry on `WriteConflict` (quadratic
-//! backoff, as in the seed) and the seed's lock-wait backoff loop.
+//! backoff, as in the seed), run and counted by [`Transactions`], and the
+//! seed's lock-wait backoff loop.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
-use crate::meta::MetaError;
+pub use crate::config::TxnRetryPolicy;
+use crate::{
+    meta::{MetaError, MetaResult},
+    metrics::Metrics,
+};
 
-/// Retry a whole transaction on `WriteConflict`: at most `max_attempts`
-/// attempts, sleeping `attempt² × base_delay` before each (0, 50, 200 ms
-/// with the defaults).
-#[derive(Clone, Copy, Debug)]
-pub struct TxnRetryPolicy {
-    pub max_attempts: u32,
-    pub base_delay: Duration,
+/// Runs transactions the one way every writer does: retried under the
+/// policy, and counted in the metrics under the name of the write.
+#[derive(Clone)]
+pub struct Transactions {
+    policy: TxnRetryPolicy,
+    metrics: Arc<Metrics>,
 }
 
-impl Default for TxnRetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 3,
-            base_delay: Duration::from_millis(50),
-        }
+impl Transactions {
+    pub fn new(policy: TxnRetryPolicy, metrics: Arc<Metrics>) -> Self {
+        Self { policy, metrics }
     }
-}
 
-impl TxnRetryPolicy {
-    /// The sleep before attempt `attempt` (0-based).
-    pub fn delay(&self, attempt: u32) -> Duration {
-        self.base_delay * attempt * attempt
+    /// Runs `txn` under the policy and records its retries under `op`; a
+    /// transaction that ran out of attempts on write conflicts counts as
+    /// retried the most times.
+    pub async fn run<T, F, Fut>(&self, op: &str, txn: F) -> MetaResult<Retried<T>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = MetaResult<T>>,
+    {
+        let result = with_txn_retry(&self.policy, txn).await;
+        match &result {
+            Ok(r) => self.metrics.observe_txn(op, r.retries),
+            Err(e) if e.is_write_conflict() => {
+                self.metrics.observe_txn(op, self.policy.max_attempts - 1)
+            }
+            Err(_) => {}
+        }
+        result
     }
 }
 

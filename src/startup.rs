@@ -16,39 +16,35 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     blob::{BlobStore, fs::FsBlobStore, s3::S3BlobStore},
     config::{Coordination, Settings},
-    coord::{Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
+    coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
-        upload::UploadSlots,
-        users::{AuthCache, auth_cache, new_api_key},
+        containers::ContainerService,
+        files::FileService,
+        reconcile::Reconciler,
+        sweeper::Sweeper,
+        upload::UploadService,
+        users::{UserService, auth_cache, new_api_key, secrets_match},
     },
     http,
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
-    retry::TxnRetryPolicy,
-    sweeper::Sweeper,
+    retry::Transactions,
 };
 
-/// What every handler and service gets: settings and one adapter per port.
+/// One adapter per port, as the settings chose them. Built first, so that
+/// tests can wrap an adapter before the services are built on it.
 #[derive(Clone)]
-pub struct AppState {
-    pub settings: Arc<Settings>,
+pub struct Ports {
     pub meta: Arc<dyn MetadataStore>,
     pub blobs: Arc<dyn BlobStore>,
     pub locks: Arc<Locks>,
     pub metrics: Arc<Metrics>,
-    pub txn_retry: TxnRetryPolicy,
-    pub coordinator: Arc<dyn Coordinator>,
-    pub auth_cache: AuthCache,
-    pub upload_slots: Arc<UploadSlots>,
-    /// The Redis queue, whose workers run with the server (queue mode).
-    pub queue: Option<Arc<RedisQueue>>,
-    admin_key: SecretString,
 }
 
-impl AppState {
+impl Ports {
     /// Connects every adapter the settings name (embedded where unset).
-    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+    pub async fn connect(settings: &Settings) -> anyhow::Result<Self> {
         let embedded: Vec<&str> = [
             settings
                 .mongodb_uri
@@ -75,7 +71,7 @@ impl AppState {
                 embedded.join(", ")
             );
         }
-        let meta = open_metadata(&settings).await?;
+        let meta = open_metadata(settings).await?;
         let metrics = Arc::new(Metrics::default());
         let blobs: Arc<dyn BlobStore> = match &settings.s3 {
             Some(s3) => Arc::new(
@@ -92,38 +88,113 @@ impl AppState {
             )?),
             None => Arc::new(MemoryLocks::new()),
         };
+        let locks = Arc::new(Locks::new(
+            lock_manager,
+            settings.lock.clone(),
+            settings.is_production(),
+            metrics.clone(),
+        ));
+        Ok(Self {
+            meta,
+            blobs,
+            locks,
+            metrics,
+        })
+    }
+}
+
+/// What the handlers get: the services, built once on the ports, plus
+/// settings and metrics. No service sees this struct.
+#[derive(Clone)]
+pub struct AppState {
+    pub settings: Arc<Settings>,
+    pub metrics: Arc<Metrics>,
+    pub users: Arc<UserService>,
+    pub uploads: Arc<UploadService>,
+    pub files: Arc<FileService>,
+    pub containers: Arc<ContainerService>,
+    pub sweeper: Arc<Sweeper>,
+    pub reconciler: Arc<Reconciler>,
+    /// The queue's figures, for `GET /v1/admin/queue`.
+    pub coordinator: Arc<dyn Coordinator>,
+    /// The Redis queue, whose workers run with the server (queue mode).
+    pub queue: Option<Arc<RedisQueue>>,
+    /// The adapters themselves: for readiness checks, admin listings and tests.
+    pub ports: Ports,
+    admin_key: SecretString,
+}
+
+impl AppState {
+    /// Connects every adapter the settings name and builds the services.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let ports = Ports::connect(&settings).await?;
+        Self::with_ports(settings, ports)
+    }
+
+    /// Builds the services on `ports`.
+    pub fn with_ports(settings: Settings, ports: Ports) -> anyhow::Result<Self> {
+        let Ports {
+            meta,
+            blobs,
+            locks,
+            metrics,
+        } = ports.clone();
         let admin_key = admin_key(&settings)?;
+        let txns = Transactions::new(settings.txn_retry, metrics.clone());
+        let applier = Applier::new(meta.clone(), txns.clone());
         let queue = match (settings.coordination, &settings.redis_url) {
             (Coordination::Queue, Some(url)) => Some(Arc::new(RedisQueue::connect(
                 url.expose_secret(),
                 &settings.redis_prefix,
+                locks.clone(),
+                applier.clone(),
+                metrics.clone(),
             )?)),
             _ => None,
         };
         let coordinator: Arc<dyn Coordinator> = match (&queue, settings.coordination) {
             (Some(q), _) => q.clone(),
-            (None, Coordination::Queue) => Arc::new(LocalQueue::default()),
-            (None, Coordination::Lock) => Arc::new(LockCoordinator),
+            (None, Coordination::Queue) => Arc::new(LocalQueue::new(applier)),
+            (None, Coordination::Lock) => Arc::new(LockCoordinator::new(locks.clone(), applier)),
         };
+        let settings = Arc::new(settings);
         Ok(Self {
-            locks: Arc::new(Locks::new(
-                lock_manager,
-                settings.lock.clone(),
-                settings.is_production(),
-                metrics.clone(),
+            users: Arc::new(UserService::new(
+                meta.clone(),
+                auth_cache(settings.auth_cache_ttl),
             )),
-            txn_retry: TxnRetryPolicy {
-                max_attempts: settings.txn_retry.max_attempts,
-                base_delay: settings.txn_retry.base_delay,
-            },
-            auth_cache: auth_cache(settings.auth_cache_ttl),
-            upload_slots: Arc::default(),
-            settings: Arc::new(settings),
+            uploads: Arc::new(UploadService::new(
+                meta.clone(),
+                blobs.clone(),
+                locks.clone(),
+                txns.clone(),
+                metrics.clone(),
+                settings.clone(),
+            )),
+            files: Arc::new(FileService::new(
+                meta.clone(),
+                blobs.clone(),
+                locks.clone(),
+                txns,
+            )),
+            containers: Arc::new(ContainerService::new(meta.clone(), coordinator.clone())),
+            reconciler: Arc::new(Reconciler::new(
+                meta.clone(),
+                blobs.clone(),
+                settings.sweep.intent_grace,
+            )),
+            sweeper: Arc::new(Sweeper::new(
+                meta,
+                blobs,
+                locks,
+                metrics.clone(),
+                settings.sweep.clone(),
+            )),
             coordinator,
             queue,
-            meta,
-            blobs,
+            settings,
             metrics,
+            ports,
             admin_key,
         })
     }
@@ -218,10 +289,11 @@ impl Application {
         let router = http::router(self.state.clone());
         let interval = self.state.settings.sweep.interval;
         if !interval.is_zero() {
-            tokio::spawn(Sweeper::new(self.state.clone()).run(interval, shutdown.child_token()));
+            let (sweeper, stop) = (self.state.sweeper.clone(), shutdown.child_token());
+            tokio::spawn(async move { sweeper.run(interval, stop).await });
         }
         if let Some(queue) = &self.state.queue {
-            queue.spawn_workers(self.state.clone(), shutdown.child_token());
+            queue.spawn_workers(shutdown.child_token());
         }
         tracing::info!(addr = %self.local_addr(), "filedock listening");
         let settings = &self.state.settings;
@@ -300,5 +372,5 @@ pub fn shutdown_signal() -> CancellationToken {
 
 /// Whether `presented` is the admin key.
 pub fn is_admin_key(state: &AppState, presented: &str) -> bool {
-    crate::domain::users::secrets_match(presented, state.admin_key.expose_secret())
+    secrets_match(presented, state.admin_key.expose_secret())
 }

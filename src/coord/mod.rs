@@ -7,16 +7,17 @@
 pub mod local;
 pub mod queue;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use crate::meta::Operation;
+pub use crate::domain::commands::Operation;
 use crate::{
-    error::ApiError,
-    lock::LockKey,
-    meta::{Container, Fence, MetaError, MetaResult},
-    retry::with_txn_retry,
-    startup::AppState,
+    domain::commands::Container,
+    lock::{LockError, LockKey, Locks},
+    meta::{Fence, MetaError, MetaResult, MetadataStore},
+    retry::Transactions,
 };
 
 impl Operation {
@@ -72,39 +73,67 @@ impl Operation {
     }
 }
 
-/// Applies `op` in a retried transaction. With an `op_id`, a redelivered
-/// operation is applied once (`processed_ops`).
-pub async fn apply(
-    state: &AppState,
-    op: &Operation,
-    fence: Option<Fence>,
-    op_id: Option<&str>,
-) -> MetaResult<()> {
-    let result = with_txn_retry(&state.txn_retry, || {
-        state.meta.apply_op(op, fence.as_ref(), op_id)
-    })
-    .await;
-    match result {
-        Ok(r) => {
-            state.metrics.observe_txn(op.metric_op(), r.retries);
-            Ok(())
-        }
-        Err(MetaError::AlreadyApplied) => Ok(()),
-        Err(e) => {
-            if e.is_write_conflict() {
-                state
-                    .metrics
-                    .observe_txn(op.metric_op(), state.txn_retry.max_attempts - 1);
-            }
-            Err(e)
+/// Applies operations to the metadata store: what every coordinator ends in.
+#[derive(Clone)]
+pub struct Applier {
+    meta: Arc<dyn MetadataStore>,
+    txns: Transactions,
+}
+
+impl Applier {
+    pub fn new(meta: Arc<dyn MetadataStore>, txns: Transactions) -> Self {
+        Self { meta, txns }
+    }
+
+    /// Applies `op` in a retried transaction. With an `op_id`, a redelivered
+    /// operation is applied once (`processed_ops`).
+    pub async fn apply(
+        &self,
+        op: &Operation,
+        fence: Option<Fence>,
+        op_id: Option<&str>,
+    ) -> MetaResult<()> {
+        let result = self
+            .txns
+            .run(op.metric_op(), || {
+                self.meta.apply_op(op, fence.as_ref(), op_id)
+            })
+            .await;
+        match result {
+            Ok(_) | Err(MetaError::AlreadyApplied) => Ok(()),
+            Err(e) => Err(e),
         }
     }
+
+    /// Applies queued operations in one transaction (see [`MetadataStore::apply_group`]).
+    pub async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+        self.meta.apply_group(ops, fence).await
+    }
+}
+
+/// Why a coordinated write did not apply (or may not have).
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    /// Still queued when the wait ran out: it may be applied after this
+    /// answer. The resource to read to find out.
+    #[error("the operation is still queued; read {0} to find out whether it applied")]
+    OutcomeUnknown(String),
+    /// It kept failing and was moved to the dead-letter queue.
+    #[error("{0}")]
+    DeadLettered(String),
+    /// A queue worker answered with this error code.
+    #[error("queued operation failed: {0}")]
+    Failed(String),
 }
 
 #[async_trait]
 pub trait Coordinator: Send + Sync {
     /// Applies `op` and answers when it is applied (or failed).
-    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError>;
+    async fn run(&self, op: Operation) -> Result<(), CoordError>;
 
     /// The queue's figures, for `GET /v1/admin/queue` (lock mode has none).
     async fn stats(&self) -> Option<QueueStats> {
@@ -113,22 +142,26 @@ pub trait Coordinator: Send + Sync {
 }
 
 /// The direct path: take the resource's lock, apply, release.
-pub struct LockCoordinator;
+pub struct LockCoordinator {
+    locks: Arc<Locks>,
+    applier: Applier,
+}
+
+impl LockCoordinator {
+    pub fn new(locks: Arc<Locks>, applier: Applier) -> Self {
+        Self { locks, applier }
+    }
+}
 
 #[async_trait]
 impl Coordinator for LockCoordinator {
-    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError> {
-        let guard = state.locks.acquire(&op.lock_key()).await?;
-        let fence = guard.as_ref().map(|g| Fence {
-            slot: op.fence_slot().into(),
-            token: g.fence() as i64,
-            pinned: false,
-        });
-        let result = apply(state, &op, fence, None).await;
-        if let Some(g) = guard {
-            g.release().await;
-        }
-        Ok(result?)
+    async fn run(&self, op: Operation) -> Result<(), CoordError> {
+        self.locks
+            .with_lock(&op.lock_key(), async |held| {
+                let fence = Fence::of_lock(held.fence(), op.fence_slot());
+                Ok(self.applier.apply(&op, fence, None).await?)
+            })
+            .await
     }
 }
 
@@ -202,21 +235,22 @@ impl OpOutcome {
         }
     }
 
-    pub fn error(e: &ApiError) -> Self {
+    /// Either side of the operation is not the owner's.
+    pub fn not_found() -> Self {
         Self {
-            code: Some(e.code().into()),
-            message: Some(e.to_string()),
+            code: Some("not_found".into()),
+            message: Some("not found".into()),
         }
     }
 
-    pub fn into_result(self) -> Result<(), ApiError> {
+    pub fn into_result(self) -> Result<(), CoordError> {
         match self.code.as_deref() {
             None => Ok(()),
-            Some("not_found") => Err(ApiError::NotFound),
-            Some("dead_lettered") => Err(ApiError::DeadLettered(self.message.unwrap_or_default())),
-            Some(code) => Err(ApiError::internal(anyhow::anyhow!(
-                "queued operation failed: {code}"
-            ))),
+            Some("not_found") => Err(MetaError::NotFound.into()),
+            Some("dead_lettered") => {
+                Err(CoordError::DeadLettered(self.message.unwrap_or_default()))
+            }
+            Some(code) => Err(CoordError::Failed(code.to_owned())),
         }
     }
 }
@@ -224,7 +258,7 @@ impl OpOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::LinkKind;
+    use crate::domain::commands::LinkKind;
 
     #[test]
     fn buckets_are_stable_and_spread() {

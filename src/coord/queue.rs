@@ -40,15 +40,13 @@ use tokio::{sync::oneshot, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BUCKETS, Coordinator, LockCoordinator, OpOutcome, Operation, QueueStats, apply, bucket_of,
-    wait_timeout,
+    Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, Operation, QueueStats,
+    bucket_of, wait_timeout,
 };
 use crate::{
-    error::ApiError,
-    lock::{LockGuard, LockKey},
+    lock::{LockGuard, LockKey, Locks},
     meta::{Fence, MetaError},
-    metrics::OutcomeLabel,
-    startup::AppState,
+    metrics::{Metrics, OutcomeLabel},
 };
 
 const GROUP: &str = "filedock";
@@ -73,6 +71,12 @@ pub struct RedisQueue {
     recent: Arc<Mutex<VecDeque<Done>>>,
     held: Arc<Mutex<usize>>,
     subscriber: JoinHandle<()>,
+    /// Bucket leases.
+    locks: Arc<Locks>,
+    applier: Applier,
+    /// Where operations go while Redis is unhealthy.
+    direct: LockCoordinator,
+    metrics: Arc<Metrics>,
 }
 
 /// One applied (or failed) operation, for the last-minute figures.
@@ -93,7 +97,13 @@ fn now_ms() -> u64 {
 }
 
 impl RedisQueue {
-    pub fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
+    pub fn connect(
+        url: &str,
+        prefix: &str,
+        locks: Arc<Locks>,
+        applier: Applier,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Self> {
         let client = Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_millis(500)))
@@ -121,6 +131,10 @@ impl RedisQueue {
             recent: Arc::default(),
             held: Arc::default(),
             subscriber,
+            direct: LockCoordinator::new(locks.clone(), applier.clone()),
+            locks,
+            applier,
+            metrics,
         })
     }
 
@@ -197,12 +211,8 @@ impl RedisQueue {
     }
 
     /// Starts this instance's bucket workers; they stop with `shutdown`.
-    pub fn spawn_workers(
-        self: &Arc<Self>,
-        state: AppState,
-        shutdown: CancellationToken,
-    ) -> JoinHandle<()> {
-        tokio::spawn(manage(self.clone(), state, shutdown))
+    pub fn spawn_workers(self: &Arc<Self>, shutdown: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(manage(self.clone(), shutdown))
     }
 }
 
@@ -263,9 +273,9 @@ impl Drop for Waiting<'_> {
 
 #[async_trait]
 impl Coordinator for RedisQueue {
-    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError> {
+    async fn run(&self, op: Operation) -> Result<(), CoordError> {
         if !self.healthy().await {
-            return LockCoordinator.run(state, op).await;
+            return self.direct.run(op).await;
         }
         let op_id = uuid::Uuid::now_v7().to_string();
         let (tx, mut rx) = oneshot::channel();
@@ -280,7 +290,7 @@ impl Coordinator for RedisQueue {
             Err(e) => {
                 tracing::warn!(error = %e, "enqueue failed; taking the direct path");
                 self.mark_unhealthy();
-                return LockCoordinator.run(state, op).await;
+                return self.direct.run(op).await;
             }
         };
         let deadline = Instant::now() + wait_timeout(ahead);
@@ -288,7 +298,7 @@ impl Coordinator for RedisQueue {
             let now = Instant::now();
             if now >= deadline {
                 // Still queued: it may be applied after this answer.
-                return Err(ApiError::OutcomeUnknown(Some(op.resource_path())));
+                return Err(CoordError::OutcomeUnknown(op.resource_path()));
             }
             tokio::select! {
                 outcome = &mut rx => {
@@ -339,7 +349,7 @@ impl Coordinator for RedisQueue {
 }
 
 /// Keeps this instance's fair share of buckets leased, each with a worker.
-async fn manage(queue: Arc<RedisQueue>, state: AppState, shutdown: CancellationToken) {
+async fn manage(queue: Arc<RedisQueue>, shutdown: CancellationToken) {
     let mut workers: HashMap<u32, (JoinHandle<()>, CancellationToken)> = HashMap::new();
     let mut last_report = Instant::now();
     loop {
@@ -355,10 +365,9 @@ async fn manage(queue: Arc<RedisQueue>, state: AppState, shutdown: CancellationT
                 break;
             }
             let key = LockKey::queue_bucket(b);
-            if let Ok(Some(guard)) = state.locks.try_lease(&key, LEASE_TTL).await {
+            if let Ok(Some(guard)) = queue.locks.try_lease(&key, LEASE_TTL).await {
                 let stop = shutdown.child_token();
-                let handle =
-                    tokio::spawn(work(queue.clone(), state.clone(), b, guard, stop.clone()));
+                let handle = tokio::spawn(work(queue.clone(), b, guard, stop.clone()));
                 workers.insert(b, (handle, stop));
             }
         }
@@ -372,7 +381,7 @@ async fn manage(queue: Arc<RedisQueue>, state: AppState, shutdown: CancellationT
         *queue.held.lock().unwrap() = workers.len();
         if last_report.elapsed() > Duration::from_secs(10) {
             last_report = Instant::now();
-            report(&queue, &state).await;
+            report(&queue).await;
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -404,10 +413,10 @@ async fn heartbeat(queue: &RedisQueue) -> redis::RedisResult<u32> {
 }
 
 /// Publishes the queue figures as metrics and logs the seed's warnings.
-async fn report(queue: &RedisQueue, state: &AppState) {
+async fn report(queue: &RedisQueue) {
     if let Some(stats) = queue.stats().await {
-        state.metrics.queue_length.set(stats.length as i64);
-        state
+        queue.metrics.queue_length.set(stats.length as i64);
+        queue
             .metrics
             .queue_dead_letters
             .set(stats.dead_letter_count as i64);
@@ -424,18 +433,11 @@ enum Step {
 }
 
 /// Consumes bucket `b` in order while the lease holds.
-async fn work(
-    queue: Arc<RedisQueue>,
-    state: AppState,
-    b: u32,
-    guard: LockGuard,
-    stop: CancellationToken,
-) {
+async fn work(queue: Arc<RedisQueue>, b: u32, guard: LockGuard, stop: CancellationToken) {
     let lost = guard.lost();
     let stream = RedisQueue::stream(&queue.prefix, b);
     let worker = Worker {
         queue: &queue,
-        state: &state,
         stream: &stream,
         lost: &lost,
         fence: Fence {
@@ -546,7 +548,6 @@ impl<'a> Entry<'a> {
 /// What the worker holds while it consumes bucket `b`.
 struct Worker<'a> {
     queue: &'a RedisQueue,
-    state: &'a AppState,
     stream: &'a str,
     lost: &'a CancellationToken,
     fence: Fence,
@@ -572,7 +573,7 @@ impl Worker<'_> {
             if self.lost.is_cancelled() {
                 return Some(Step::Stop);
             }
-            match self.state.meta.apply_group(&ops, &self.fence).await {
+            match self.queue.applier.apply_group(&ops, &self.fence).await {
                 Ok(()) => break,
                 Err(MetaError::StaleFence) => return Some(Step::Stop),
                 Err(
@@ -592,7 +593,7 @@ impl Worker<'_> {
                 }
             }
         }
-        self.state.metrics.queue_grouped.inc_by(ops.len() as u64);
+        self.queue.metrics.queue_grouped.inc_by(ops.len() as u64);
         let ok = OpOutcome::ok();
         let done: Vec<_> = entries.iter().map(|e| (e, &ok)).collect();
         self.deliver(conn, &done).await;
@@ -610,9 +611,13 @@ impl Worker<'_> {
             let error = match &entry.op {
                 Err(e) => format!("undecodable operation: {e}"),
                 Ok(op) => {
-                    match apply(self.state, op, Some(self.fence.clone()), Some(op_id)).await {
+                    let applied =
+                        self.queue
+                            .applier
+                            .apply(op, Some(self.fence.clone()), Some(op_id));
+                    match applied.await {
                         Ok(()) => break OpOutcome::ok(),
-                        Err(MetaError::NotFound) => break OpOutcome::error(&ApiError::NotFound),
+                        Err(MetaError::NotFound) => break OpOutcome::not_found(),
                         Err(MetaError::StaleFence) => return Step::Stop,
                         // Transient: a conflicting transaction (perhaps left open by a
                         // process that died mid-commit, until it is ended), the
@@ -685,7 +690,7 @@ impl Worker<'_> {
         for (entry, outcome) in done {
             let ok = outcome.code.is_none();
             let label = outcome.code.as_deref().unwrap_or("applied");
-            self.state
+            self.queue
                 .metrics
                 .queue_processed
                 .get_or_create(&OutcomeLabel {

@@ -3,6 +3,7 @@
 
 mod admin;
 mod agents;
+pub mod error;
 mod extract;
 mod files;
 mod health;
@@ -26,8 +27,9 @@ use tower_http::{
     trace::TraceLayer,
 };
 
+use self::error::{ApiError, REQUEST_ID};
+use crate::domain::DomainError;
 use crate::{
-    error::{ApiError, REQUEST_ID},
     metrics::{HttpLabels, Metrics},
     startup::AppState,
 };
@@ -80,7 +82,7 @@ api! {
 pub fn router(state: AppState) -> Router {
     let cors = cors(&state.settings.cors_origins);
     api_routes()
-        .fallback(|| async { ApiError::NotFound })
+        .fallback(|| async { ApiError::from(DomainError::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         // For JSON bodies; uploads stream their bodies and enforce their own limit.
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))

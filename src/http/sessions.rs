@@ -14,8 +14,8 @@ use super::{
     ok,
 };
 use crate::{
-    domain::containers,
-    meta::{Container, SessionRecord, UserRecord},
+    domain::commands::Container,
+    meta::{SessionRecord, UserRecord},
     startup::AppState,
 };
 
@@ -27,7 +27,7 @@ fn view(s: SessionRecord) -> Json<Value> {
 pub async fn create(AuthUser(user): AuthUser, State(state): State<AppState>) -> ApiResult {
     ok((
         StatusCode::CREATED,
-        view(containers::create_session(&state, &user).await?),
+        view(state.containers.create_session(&user).await?),
     ))
 }
 
@@ -37,7 +37,7 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    ok(view(containers::session(&state, &user, &id).await?))
+    ok(view(state.containers.session(&user, &id).await?))
 }
 
 #[derive(Deserialize)]
@@ -71,13 +71,9 @@ async fn change(
     file_id: &str,
     attached: bool,
 ) -> ApiResult {
-    containers::set_attachment(
-        state,
-        user,
-        Container::Session(id.clone()),
-        file_id,
-        attached,
-    )
-    .await?;
-    ok(view(containers::session(state, user, &id).await?))
+    state
+        .containers
+        .set_attachment(user, Container::Session(id.clone()), file_id, attached)
+        .await?;
+    ok(view(state.containers.session(user, &id).await?))
 }

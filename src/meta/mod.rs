@@ -10,6 +10,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::commands::{LinkKind, Operation};
+
 /// Now, at the millisecond precision the stores keep, so that what a
 /// request returns equals what a later read returns.
 pub fn now() -> DateTime<Utc> {
@@ -87,66 +89,6 @@ pub struct AgentRecord {
     pub fence: BTreeMap<String, i64>,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
-}
-
-/// What a file can be attached to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
-pub enum Container {
-    Session(String),
-    Agent(String),
-}
-
-impl Container {
-    pub fn id(&self) -> &str {
-        match self {
-            Self::Session(id) | Self::Agent(id) => id,
-        }
-    }
-
-    /// The collection (and embedded key prefix) the container lives in.
-    pub fn collection(&self) -> &'static str {
-        match self {
-            Self::Session(_) => "sessions",
-            Self::Agent(_) => "agents",
-        }
-    }
-}
-
-/// A write to a container, self-contained so that it can travel through a queue.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Operation {
-    Attach {
-        owner_id: String,
-        container: Container,
-        file_id: String,
-        attached: bool,
-    },
-    Link {
-        owner_id: String,
-        agent_id: String,
-        kind: LinkKind,
-        link_id: String,
-        connected: bool,
-    },
-}
-
-/// An agent's connection lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LinkKind {
-    Mcp,
-    Toolset,
-}
-
-impl LinkKind {
-    pub fn field(self) -> &'static str {
-        match self {
-            Self::Mcp => "mcp_ids",
-            Self::Toolset => "toolset_ids",
-        }
-    }
 }
 
 /// `permissions` collection.
@@ -239,7 +181,10 @@ impl IdempotencyRecord {
 /// under its token more than once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fence {
-    /// Which counter on the user document (the lock's category).
+    /// Which counter the token is checked against, on the document written:
+    /// an upload-lock category on a user (`small`, `medium`, `large`), a
+    /// lock on a session or an agent (`files`, `config`), or a queue
+    /// bucket's lease (`queue{b}`).
     pub slot: String,
     pub token: i64,
     /// The slot has one holder at a time, whatever document it writes (a
@@ -248,6 +193,18 @@ pub struct Fence {
     /// abort a transaction an earlier holder left open (it died mid-commit),
     /// instead of letting it block its documents until the server reaps it.
     pub pinned: bool,
+}
+
+impl Fence {
+    /// The fence of a lock held with fencing token `token` (`None`: no lock
+    /// held, the lock backend being down in development mode: no fence).
+    pub fn of_lock(token: Option<u64>, slot: impl Into<String>) -> Option<Self> {
+        token.map(|token| Self {
+            slot: slot.into(),
+            token: token as i64,
+            pinned: false,
+        })
+    }
 }
 
 /// Everything one upload commits, atomically.

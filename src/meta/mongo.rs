@@ -1073,6 +1073,7 @@ impl MetadataStore for MongoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::commands::Container;
 
     fn link(agent: &str, kind: LinkKind, id: &str, connected: bool) -> (Operation, String) {
         let op = Operation::Link {

@@ -384,7 +384,7 @@ async fn delete_removes_metadata_and_blob() {
         error_code(app.download(&u, id).await).await.0,
         StatusCode::NOT_FOUND
     );
-    let user = app.state.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
     assert!(user.file_ids.is_empty());
     assert_eq!(user.used_bytes, 0);
     let res = app
@@ -455,7 +455,7 @@ async fn concurrent_uploads_by_one_user_all_land_once() {
         listed.iter().collect::<HashSet<_>>(),
         created.iter().collect::<HashSet<_>>()
     );
-    let user = app.state.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
     assert_eq!(user.file_ids.len(), 50);
     assert_eq!(
         user.file_ids.iter().collect::<HashSet<_>>().len(),
@@ -503,7 +503,7 @@ async fn uploads_spanning_categories_all_commit_once() {
         ));
     }
     assert_eq!(categories.len(), 2);
-    let user = app.state.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
     assert_eq!(user.file_ids.len(), n);
     assert_eq!(
         user.file_ids.iter().collect::<HashSet<_>>().len(),

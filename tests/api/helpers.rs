@@ -182,6 +182,7 @@ impl TestApp {
     /// Every blob key stored for `user`.
     pub async fn blob_keys(&self, user: &TestUser) -> Vec<String> {
         self.state
+            .ports
             .blobs
             .list_keys(&format!("files/{}/", user.id))
             .await
@@ -191,6 +192,7 @@ impl TestApp {
     /// Upload intents left behind (should be none once uploads finish).
     pub async fn intents(&self) -> usize {
         self.state
+            .ports
             .meta
             .intents(chrono::Utc::now() + chrono::Duration::days(1), 10_000)
             .await
@@ -425,6 +427,7 @@ pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Se
 pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
     use std::collections::HashSet;
     let objects: HashSet<String> = state
+        .ports
         .blobs
         .list_keys("files/")
         .await
@@ -432,6 +435,7 @@ pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
         .into_iter()
         .collect();
     let records: HashSet<String> = state
+        .ports
         .meta
         .all_files(None, 100_000)
         .await
@@ -451,7 +455,7 @@ pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
     );
     let far = filedock::meta::now() + chrono::Duration::days(1);
     assert!(
-        state.meta.intents(far, 10).await.unwrap().is_empty(),
+        state.ports.meta.intents(far, 10).await.unwrap().is_empty(),
         "an upload intent was left behind"
     );
     records.len()

@@ -68,7 +68,7 @@ async fn a_lock_released_by_a_non_owner_stays_held() {
 async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
     let app = spawn_app().await;
     let u = app.create_user("fenced").await;
-    let m = app.state.locks.manager().clone();
+    let m = app.state.ports.locks.manager().clone();
     let key = format!("user_file_upload_lock:{{{}}}:small", u.id);
     // A holder stalls past its TTL…
     let stale = m
@@ -93,7 +93,7 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
         size: 3,
         sha256: sha256_hex(b"old"),
         category: "small".into(),
-        bucket: app.state.blobs.bucket().into(),
+        bucket: app.state.ports.blobs.bucket().into(),
         key: "files/none".into(),
         created_at: Utc::now(),
         sessions: Vec::new(),
@@ -109,7 +109,7 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
         quota_bytes: None,
         idempotency_key: None,
     };
-    let r = app.state.meta.commit_upload(&commit).await;
+    let r = app.state.ports.meta.commit_upload(&commit).await;
     assert!(matches!(r, Err(MetaError::StaleFence)), "{r:?}");
     assert_eq!(
         app.list_ids(&u).await.len(),
@@ -515,6 +515,7 @@ async fn a_lock_wait_that_runs_out_is_answered_429_and_stores_nothing() {
     let user = filedock::domain::UserId::parse(&u.id).unwrap();
     let held = app
         .state
+        .ports
         .locks
         .acquire(&LockKey::user_commit(&user))
         .await
@@ -525,9 +526,7 @@ async fn a_lock_wait_that_runs_out_is_answered_429_and_stores_nothing() {
         error_code(res).await,
         (StatusCode::TOO_MANY_REQUESTS, "lock_timeout".into())
     );
-    if let Some(g) = held {
-        g.release().await;
-    }
+    held.release().await;
     assert!(
         app.blob_keys(&u).await.is_empty(),
         "a refused upload left its blob"
