@@ -17,9 +17,9 @@ use filedock::{
     blob::{BlobStore, s3::S3BlobStore},
     config::{LockSettings, LockStrategy, S3Settings, Settings},
     domain::{Filename, upload::NewUpload, users},
+    http::AppState,
     lock::{LockKey, LockManager, Locks, redis::RedisLocks},
     metrics::Metrics,
-    startup::AppState,
 };
 use futures::{StreamExt, TryStreamExt, stream};
 use serde_json::{Value, json};

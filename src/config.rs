@@ -81,7 +81,7 @@ pub struct SweepSettings {
 
 /// Retry a whole transaction on `WriteConflict`: at most `max_attempts`
 /// attempts, sleeping `attempt² × base_delay` before each (0, 50, 200 ms
-/// with the defaults). [`crate::retry::with_txn_retry`] applies it.
+/// with the defaults). [`crate::meta::retry::with_txn_retry`] applies it.
 #[derive(Clone, Copy, Debug)]
 pub struct TxnRetryPolicy {
     pub max_attempts: u32,

@@ -9,7 +9,7 @@ pub mod http;
 pub mod lock;
 pub mod meta;
 pub mod metrics;
-pub mod retry;
+pub mod ports;
 pub mod startup;
 pub mod telemetry;
 

@@ -4,7 +4,9 @@ use clap::{Parser, Subcommand};
 use filedock::{
     config::Settings,
     domain::{reconcile::Reconciler, sweeper::Outcome, users},
-    startup::{AppState, Application, Ports, open_metadata, shutdown_signal},
+    http::AppState,
+    ports::Ports,
+    startup::{Application, open_metadata, shutdown_signal},
     telemetry,
 };
 

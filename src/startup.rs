@@ -23,24 +23,15 @@ use crate::{
         reconcile::Reconciler,
         sweeper::Sweeper,
         upload::UploadService,
-        users::{UserService, auth_cache, new_api_key, secrets_match},
+        users::{UserService, auth_cache, new_api_key},
     },
-    http,
+    http::{self, AppState},
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
+    meta::retry::Transactions,
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
-    retry::Transactions,
+    ports::Ports,
 };
-
-/// One adapter per port, as the settings chose them. Built first, so that
-/// tests can wrap an adapter before the services are built on it.
-#[derive(Clone)]
-pub struct Ports {
-    pub meta: Arc<dyn MetadataStore>,
-    pub blobs: Arc<dyn BlobStore>,
-    pub locks: Arc<Locks>,
-    pub metrics: Arc<Metrics>,
-}
 
 impl Ports {
     /// Connects every adapter the settings name (embedded where unset).
@@ -101,27 +92,6 @@ impl Ports {
             metrics,
         })
     }
-}
-
-/// What the handlers get: the services, built once on the ports, plus
-/// settings and metrics. No service sees this struct.
-#[derive(Clone)]
-pub struct AppState {
-    pub settings: Arc<Settings>,
-    pub metrics: Arc<Metrics>,
-    pub users: Arc<UserService>,
-    pub uploads: Arc<UploadService>,
-    pub files: Arc<FileService>,
-    pub containers: Arc<ContainerService>,
-    pub sweeper: Arc<Sweeper>,
-    pub reconciler: Arc<Reconciler>,
-    /// The queue's figures, for `GET /v1/admin/queue`.
-    pub coordinator: Arc<dyn Coordinator>,
-    /// The Redis queue, whose workers run with the server (queue mode).
-    pub queue: Option<Arc<RedisQueue>>,
-    /// The adapters themselves: for readiness checks, admin listings and tests.
-    pub ports: Ports,
-    admin_key: SecretString,
 }
 
 impl AppState {
@@ -197,10 +167,6 @@ impl AppState {
             ports,
             admin_key,
         })
-    }
-
-    pub fn admin_key(&self) -> &SecretString {
-        &self.admin_key
     }
 }
 
@@ -368,9 +334,4 @@ pub fn shutdown_signal() -> CancellationToken {
         fire.cancel();
     });
     token
-}
-
-/// Whether `presented` is the admin key.
-pub fn is_admin_key(state: &AppState, presented: &str) -> bool {
-    secrets_match(presented, state.admin_key.expose_secret())
 }

@@ -16,8 +16,8 @@ pub use crate::domain::commands::Operation;
 use crate::{
     domain::commands::Container,
     lock::{LockError, LockKey, Locks},
+    meta::retry::Transactions,
     meta::{Fence, MetaError, MetaResult, MetadataStore},
-    retry::Transactions,
 };
 
 impl Operation {

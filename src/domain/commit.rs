@@ -7,7 +7,7 @@ use super::{DomainError, UserId};
 use crate::{
     lock::{LockError, LockKey, Locks},
     meta::MetaError,
-    retry::{Retried, Transactions},
+    meta::retry::{Retried, Transactions},
 };
 
 /// Runs `txn`, a transaction that writes the user document, under the

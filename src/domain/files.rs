@@ -9,8 +9,8 @@ use super::{
 use crate::{
     blob::{BlobStore, ByteRange, ByteStream},
     lock::{LockKey, Locks},
+    meta::retry::Transactions,
     meta::{Fence, FileRecord, MetaError, MetadataStore, OrphanStatus, UserRecord},
-    retry::Transactions,
 };
 
 /// Reading, listing and deleting files, and the ports that takes.

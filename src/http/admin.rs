@@ -6,11 +6,11 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::{
-    ApiResult,
+    ApiResult, AppState,
     extract::{Admin, AppJson, AppQuery},
     ok,
 };
-use crate::{meta::OrphanStatus, startup::AppState};
+use crate::meta::OrphanStatus;
 
 #[derive(Deserialize)]
 pub struct NewUser {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    ApiResult,
+    ApiResult, AppState,
     extract::{AppJson, AuthUser},
     ok,
     sessions::FileRef,
@@ -17,7 +17,6 @@ use super::{
 use crate::{
     domain::commands::{Container, LinkKind},
     meta::AgentRecord,
-    startup::AppState,
 };
 
 fn view(a: AgentRecord) -> Json<Value> {

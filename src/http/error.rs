@@ -9,7 +9,7 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::{blob::BlobError, domain::DomainError, lock::LockError, meta::MetaError};
+use crate::{domain::DomainError, meta::MetaError};
 
 tokio::task_local! {
     /// The current request's id, set by the request-id middleware.
@@ -138,7 +138,7 @@ macro_rules! via_domain {
     )*};
 }
 
-via_domain!(MetaError, BlobError, LockError);
+via_domain!(MetaError);
 
 impl From<JsonRejection> for ApiError {
     fn from(e: JsonRejection) -> Self {

@@ -7,11 +7,12 @@ use axum::{
 };
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use secrecy::ExposeSecret;
+
+use super::{AppState, error::ApiError};
 use crate::{
-    domain::DomainError,
+    domain::{DomainError, users::secrets_match},
     meta::UserRecord,
-    startup::{AppState, is_admin_key},
 };
 
 fn bearer(parts: &Parts) -> Option<&str> {
@@ -43,7 +44,7 @@ impl FromRequestParts<AppState> for Admin {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         match bearer(parts) {
-            Some(key) if is_admin_key(state, key) => Ok(Self),
+            Some(key) if secrets_match(key, state.admin_key.expose_secret()) => Ok(Self),
             _ => Err(DomainError::Unauthenticated.into()),
         }
     }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::{
-    ApiResult,
+    ApiResult, AppState,
     extract::{AppQuery, AuthUser},
     multipart, ok,
 };
@@ -23,7 +23,6 @@ use crate::{
     blob::{BodyError, ByteRange},
     domain::{Filename, upload::NewUpload},
     meta::FileRecord,
-    startup::AppState,
 };
 
 /// A file as the API shows it.

@@ -9,8 +9,8 @@ use axum::{
 };
 use serde_json::{Map, Value, json};
 
+use super::AppState;
 use super::{ApiResult, ok};
-use crate::startup::AppState;
 
 pub async fn healthz() -> ApiResult {
     ok(Json(json!({"status": "ok"})))

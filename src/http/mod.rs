@@ -9,6 +9,9 @@ mod files;
 mod health;
 mod multipart;
 mod sessions;
+mod state;
+
+pub use self::state::AppState;
 
 use std::time::{Duration, Instant};
 
@@ -29,10 +32,7 @@ use tower_http::{
 
 use self::error::{ApiError, REQUEST_ID};
 use crate::domain::DomainError;
-use crate::{
-    metrics::{HttpLabels, Metrics},
-    startup::AppState,
-};
+use crate::metrics::{HttpLabels, Metrics};
 
 /// The largest JSON request body.
 pub const JSON_BODY_LIMIT: usize = 64 * 1024;

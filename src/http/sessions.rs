@@ -9,14 +9,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    ApiResult,
+    ApiResult, AppState,
     extract::{AppJson, AuthUser},
     ok,
 };
 use crate::{
     domain::commands::Container,
     meta::{SessionRecord, UserRecord},
-    startup::AppState,
 };
 
 fn view(s: SessionRecord) -> Json<Value> {

@@ -2,6 +2,7 @@
 //! strategy (wake-on-release or the seed's backoff), lease renewal,
 //! metrics, and the degradation policy when the lock backend is down.
 
+mod backoff;
 pub mod memory;
 pub mod redis;
 
@@ -14,10 +15,11 @@ use async_trait::async_trait;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use self::backoff::LockBackoff;
+
 use crate::{
     config::{LockSettings, LockStrategy},
     metrics::Metrics,
-    retry::LockBackoff,
 };
 
 /// A lock's name and level. Ids sit in `{…}` so that every key of one

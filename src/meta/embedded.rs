@@ -717,7 +717,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::retry::{TxnRetryPolicy, with_txn_retry};
+    use crate::meta::retry::{TxnRetryPolicy, with_txn_retry};
 
     fn user(id: &str) -> UserRecord {
         UserRecord {

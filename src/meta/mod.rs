@@ -3,6 +3,7 @@
 
 pub mod embedded;
 pub mod mongo;
+pub mod retry;
 
 use std::collections::BTreeMap;
 
@@ -296,7 +297,7 @@ pub type MetaResult<T> = Result<T, MetaError>;
 
 /// One method per unit of work; each mutating method is a single transaction
 /// attempt, and a `WriteConflict` is returned, not retried, so that the one
-/// retry policy in [`crate::retry`] serves every adapter.
+/// retry policy in [`retry`] serves every adapter.
 #[async_trait]
 pub trait MetadataStore: Send + Sync {
     /// Answers when the store is reachable.

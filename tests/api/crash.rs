@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use filedock::{domain::users, startup::AppState};
+use filedock::{domain::users, http::AppState};
 use futures::future::join_all;
 use serde_json::Value;
 

@@ -4,7 +4,8 @@
 use filedock::{
     blob::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob},
     config::{S3Settings, Settings},
-    startup::{AppState, Application},
+    http::AppState,
+    startup::Application,
 };
 use reqwest::{Response, StatusCode};
 use secrecy::SecretString;

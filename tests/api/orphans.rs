@@ -5,8 +5,9 @@ use std::sync::{Arc, atomic::Ordering};
 
 use filedock::{
     domain::sweeper::{Outcome, SweepReport},
+    http::AppState,
     meta::{CommitUpload, IntentRecord, MetaError},
-    startup::{AppState, Ports},
+    ports::Ports,
 };
 use futures::StreamExt;
 use reqwest::StatusCode;

@@ -297,8 +297,8 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
     }
     use bson::doc;
     use filedock::{
+        meta::retry::with_txn_retry,
         meta::{CommitUpload, FileRecord, IntentRecord},
-        retry::with_txn_retry,
     };
     let app = spawn_app().await;
     let u = app.create_user("contended").await;
@@ -590,7 +590,7 @@ async fn mongodb_and_s3_outages_fail_fast_name_the_dependency_and_heal_without_r
     let mut s = app.settings.clone();
     s.sweep.intent_grace = Duration::ZERO;
     s.sweep.retry_interval = Duration::ZERO;
-    let state = filedock::startup::AppState::build(s).await.unwrap();
+    let state = filedock::http::AppState::build(s).await.unwrap();
     state.sweeper.try_run_once().await.unwrap();
     let files = assert_bucket_matches_metadata(&state).await;
     assert_eq!(files, app.list_ids(&u).await.len());

@@ -23,12 +23,12 @@ use crate::{
     blob::{BlobStore, BodyError, ByteStream},
     config::{LockScope, Settings},
     lock::{Held, LockKey, Locks},
+    meta::retry::Transactions,
     meta::{
         CommitOutcome, CommitUpload, Fence, FileRecord, IntentRecord, MetaError, MetadataStore,
         UserRecord,
     },
     metrics::{Metrics, OutcomeLabel},
-    retry::Transactions,
 };
 
 /// The upload flow and the ports it uses.

@@ -1,14 +1,12 @@
-//! Retry policies: the transaction retry on `WriteConflict` (quadratic
-//! backoff, as in the seed), run and counted by [`Transactions`], and the
-//! seed's lock-wait backoff loop.
+//! The transaction retry on `WriteConflict` (quadratic backoff, as in the
+//! seed), run and counted by [`Transactions`]: the one retry path that
+//! serves every adapter.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc};
 
+use super::{MetaError, MetaResult};
 pub use crate::config::TxnRetryPolicy;
-use crate::{
-    meta::{MetaError, MetaResult},
-    metrics::Metrics,
-};
+use crate::metrics::Metrics;
 
 /// Runs transactions the one way every writer does: retried under the
 /// policy, and counted in the metrics under the name of the write.
@@ -74,34 +72,6 @@ where
     }
 }
 
-/// The seed's lock-wait loop: 100 ms, then ×1.5 each time, capped at 2 s
-/// (the lock facade adds jitter to each sleep).
-#[derive(Clone, Copy, Debug)]
-pub struct LockBackoff {
-    pub initial: Duration,
-    pub factor: f64,
-    pub max: Duration,
-}
-
-impl Default for LockBackoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(100),
-            factor: 1.5,
-            max: Duration::from_secs(2),
-        }
-    }
-}
-
-impl LockBackoff {
-    /// The sleeps between tries, forever; the caller's deadline ends the loop.
-    pub fn delays(self) -> impl Iterator<Item = Duration> {
-        std::iter::successors(Some(self.initial), move |d| {
-            Some(d.mul_f64(self.factor).min(self.max))
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -113,17 +83,6 @@ mod tests {
         let p = TxnRetryPolicy::default();
         let ms: Vec<_> = (0..3).map(|a| p.delay(a).as_millis()).collect();
         assert_eq!(ms, [0, 50, 200]);
-    }
-
-    #[test]
-    fn lock_backoff_grows_by_half_and_caps_at_two_seconds() {
-        let ms: Vec<_> = LockBackoff::default()
-            .delays()
-            .take(10)
-            .map(|d| d.as_millis())
-            .collect();
-        assert_eq!(&ms[..4], &[100, 150, 225, 337]);
-        assert_eq!(*ms.last().unwrap(), 2000);
     }
 
     #[tokio::test(start_paused = true)]
