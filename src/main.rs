@@ -83,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Reconcile { delete } => {
             let ports = Ports::connect(&settings).await?;
             let grace = settings.sweep.intent_grace;
-            let report = Reconciler::new(ports.meta, ports.blobs, grace)
+            let report = Reconciler::new(ports.meta.clone(), ports.meta, ports.blobs, grace)
                 .reconcile(delete)
                 .await?;
             println!("{}", serde_json::to_string_pretty(&report)?);

@@ -135,6 +135,7 @@ impl AppState {
             )),
             uploads: Arc::new(UploadService::new(
                 meta.clone(),
+                meta.clone(),
                 blobs.clone(),
                 locks.clone(),
                 txns.clone(),
@@ -143,12 +144,14 @@ impl AppState {
             )),
             files: Arc::new(FileService::new(
                 meta.clone(),
+                meta.clone(),
                 blobs.clone(),
                 locks.clone(),
                 txns,
             )),
             containers: Arc::new(ContainerService::new(meta.clone(), coordinator.clone())),
             reconciler: Arc::new(Reconciler::new(
+                meta.clone(),
                 meta.clone(),
                 blobs.clone(),
                 settings.sweep.intent_grace,

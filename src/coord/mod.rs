@@ -17,7 +17,7 @@ use crate::{
     domain::commands::Container,
     lock::{LockError, LockKey, Locks},
     meta::retry::Transactions,
-    meta::{Fence, MetaError, MetaResult, MetadataStore},
+    meta::{ContainerRepo, Fence, MetaError, MetaResult},
 };
 
 impl Operation {
@@ -76,12 +76,12 @@ impl Operation {
 /// Applies operations to the metadata store: what every coordinator ends in.
 #[derive(Clone)]
 pub struct Applier {
-    meta: Arc<dyn MetadataStore>,
+    meta: Arc<dyn ContainerRepo>,
     txns: Transactions,
 }
 
 impl Applier {
-    pub fn new(meta: Arc<dyn MetadataStore>, txns: Transactions) -> Self {
+    pub fn new(meta: Arc<dyn ContainerRepo>, txns: Transactions) -> Self {
         Self { meta, txns }
     }
 
@@ -105,7 +105,7 @@ impl Applier {
         }
     }
 
-    /// Applies queued operations in one transaction (see [`MetadataStore::apply_group`]).
+    /// Applies queued operations in one transaction (see [`ContainerRepo::apply_group`]).
     pub async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
         self.meta.apply_group(ops, fence).await
     }

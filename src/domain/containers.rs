@@ -12,17 +12,17 @@ use super::{
 };
 use crate::{
     coord::Coordinator,
-    meta::{AgentRecord, MetadataStore, SessionRecord, UserRecord, now},
+    meta::{AgentRecord, ContainerRepo, SessionRecord, UserRecord, now},
 };
 
 /// Sessions and agents, and the ports that takes.
 pub struct ContainerService {
-    meta: Arc<dyn MetadataStore>,
+    meta: Arc<dyn ContainerRepo>,
     coordinator: Arc<dyn Coordinator>,
 }
 
 impl ContainerService {
-    pub fn new(meta: Arc<dyn MetadataStore>, coordinator: Arc<dyn Coordinator>) -> Self {
+    pub fn new(meta: Arc<dyn ContainerRepo>, coordinator: Arc<dyn Coordinator>) -> Self {
         Self { meta, coordinator }
     }
 

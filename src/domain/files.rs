@@ -10,12 +10,14 @@ use crate::{
     blob::{BlobStore, ByteRange, ByteStream},
     lock::{LockKey, Locks},
     meta::retry::Transactions,
-    meta::{Fence, FileRecord, MetaError, MetadataStore, OrphanStatus, UserRecord},
+    meta::{CleanupRepo, Fence, FileRecord, FileRepo, MetaError, OrphanStatus, UserRecord},
 };
 
 /// Reading, listing and deleting files, and the ports that takes.
 pub struct FileService {
-    meta: Arc<dyn MetadataStore>,
+    files: Arc<dyn FileRepo>,
+    /// Where a deleted file's blob waits as an orphan until it is gone.
+    cleanup: Arc<dyn CleanupRepo>,
     blobs: Arc<dyn BlobStore>,
     locks: Arc<Locks>,
     txns: Transactions,
@@ -23,13 +25,15 @@ pub struct FileService {
 
 impl FileService {
     pub fn new(
-        meta: Arc<dyn MetadataStore>,
+        files: Arc<dyn FileRepo>,
+        cleanup: Arc<dyn CleanupRepo>,
         blobs: Arc<dyn BlobStore>,
         locks: Arc<Locks>,
         txns: Transactions,
     ) -> Self {
         Self {
-            meta,
+            files,
+            cleanup,
             blobs,
             locks,
             txns,
@@ -39,7 +43,7 @@ impl FileService {
     /// The caller's file, or `NotFound` (also for other users' files).
     pub async fn find(&self, user: &UserRecord, id: &str) -> Result<FileRecord, DomainError> {
         let id = FileId::parse(id).ok_or(DomainError::NotFound)?;
-        self.meta
+        self.files
             .file(&user.id, &id.to_string())
             .await?
             .ok_or(DomainError::NotFound)
@@ -65,7 +69,7 @@ impl FileService {
             None => None,
         };
         let mut files = self
-            .meta
+            .files
             .list_files(&user.id, after.as_deref(), limit + 1)
             .await?;
         let next = if files.len() > limit {
@@ -101,7 +105,7 @@ impl FileService {
             .with_lock(&lock, async |held| {
                 let fence = Fence::of_lock(held.fence(), category.as_str());
                 user_commit(&self.locks, &self.txns, &user_id, "delete_file", || {
-                    self.meta.delete_file(&user.id, &file.id, fence.as_ref())
+                    self.files.delete_file(&user.id, &file.id, fence.as_ref())
                 })
                 .await
             })
@@ -119,7 +123,7 @@ impl FileService {
         // orphan written with the delete keeps it on the sweeper's list.
         match self.blobs.delete(&gone.file.key).await {
             Ok(()) => {
-                self.meta
+                self.cleanup
                     .mark_orphan(&gone.orphan_id, OrphanStatus::Deleted, None)
                     .await?
             }

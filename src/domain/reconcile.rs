@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::{
     blob::{BlobStore, ListedBlob},
-    meta::{FileRecord, MetadataStore},
+    meta::{CleanupRepo, FileRecord, FileRepo},
 };
 
 #[derive(Debug, Default, Serialize)]
@@ -39,7 +39,9 @@ pub struct ReconcileReport {
 
 /// The audit and the ports it reads.
 pub struct Reconciler {
-    meta: Arc<dyn MetadataStore>,
+    files: Arc<dyn FileRepo>,
+    /// Uploads in flight (their intents).
+    cleanup: Arc<dyn CleanupRepo>,
     blobs: Arc<dyn BlobStore>,
     /// Objects younger than this are never deleted (the sweeper's grace).
     intent_grace: Duration,
@@ -47,12 +49,14 @@ pub struct Reconciler {
 
 impl Reconciler {
     pub fn new(
-        meta: Arc<dyn MetadataStore>,
+        files: Arc<dyn FileRepo>,
+        cleanup: Arc<dyn CleanupRepo>,
         blobs: Arc<dyn BlobStore>,
         intent_grace: Duration,
     ) -> Self {
         Self {
-            meta,
+            files,
+            cleanup,
             blobs,
             intent_grace,
         }
@@ -61,12 +65,12 @@ impl Reconciler {
     /// Audits the bucket against the metadata; deletes strays older than the
     /// grace period if `delete_strays`.
     pub async fn reconcile(&self, delete_strays: bool) -> anyhow::Result<ReconcileReport> {
-        let (meta, blobs) = (self.meta.as_ref(), self.blobs.as_ref());
+        let blobs = self.blobs.as_ref();
         let objects: Vec<ListedBlob> = blobs.list("files/").await?;
         let mut files: HashMap<String, FileRecord> = HashMap::new();
         let mut after: Option<String> = None;
         loop {
-            let page = meta.all_files(after.as_deref(), 1000).await?;
+            let page = self.files.all_files(after.as_deref(), 1000).await?;
             let Some(last) = page.last() else { break };
             after = Some(last.id.clone());
             files.extend(page.into_iter().map(|f| (f.key.clone(), f)));
@@ -79,7 +83,7 @@ impl Reconciler {
         let grace = chrono::Duration::from_std(self.intent_grace)?;
         let young_after = crate::meta::now() - grace;
         for object in &objects {
-            if files.contains_key(&object.key) || !is_still_stray(meta, &object.key).await? {
+            if files.contains_key(&object.key) || !self.is_still_stray(&object.key).await? {
                 continue;
             }
             report.strays.push(object.key.clone());
@@ -104,19 +108,19 @@ impl Reconciler {
         report.missing.sort();
         Ok(report)
     }
-}
 
-/// Whether the object at `key` has neither an upload in flight nor a file
-/// record. The intent is read before the record: an upload that commits
-/// between the two reads is seen by the second.
-async fn is_still_stray(meta: &dyn MetadataStore, key: &str) -> anyhow::Result<bool> {
-    // Keys are `files/{user}/{file}`; anything else is not filedock's upload.
-    let mut parts = key.split('/').skip(1);
-    let (Some(user), Some(file)) = (parts.next(), parts.next()) else {
-        return Ok(true);
-    };
-    if meta.intent(file).await?.is_some() {
-        return Ok(false);
+    /// Whether the object at `key` has neither an upload in flight nor a file
+    /// record. The intent is read before the record: an upload that commits
+    /// between the two reads is seen by the second.
+    async fn is_still_stray(&self, key: &str) -> anyhow::Result<bool> {
+        // Keys are `files/{user}/{file}`; anything else is not filedock's upload.
+        let mut parts = key.split('/').skip(1);
+        let (Some(user), Some(file)) = (parts.next(), parts.next()) else {
+            return Ok(true);
+        };
+        if self.cleanup.intent(file).await?.is_some() {
+            return Ok(false);
+        }
+        Ok(self.files.file(user, file).await?.is_none())
     }
-    Ok(meta.file(user, file).await?.is_none())
 }

@@ -14,7 +14,7 @@ use crate::{
     blob::BlobStore,
     config::SweepSettings,
     lock::{LockKey, Locks, TryLock},
-    meta::{self, MetadataStore, OrphanRecord, OrphanStatus},
+    meta::{self, CleanupRepo, OrphanRecord, OrphanStatus},
     metrics::{Metrics, OutcomeLabel, StatusLabel},
 };
 
@@ -42,7 +42,7 @@ pub enum Outcome {
 const BATCH: usize = 500;
 
 pub struct Sweeper {
-    meta: Arc<dyn MetadataStore>,
+    meta: Arc<dyn CleanupRepo>,
     blobs: Arc<dyn BlobStore>,
     locks: Arc<Locks>,
     metrics: Arc<Metrics>,
@@ -51,7 +51,7 @@ pub struct Sweeper {
 
 impl Sweeper {
     pub fn new(
-        meta: Arc<dyn MetadataStore>,
+        meta: Arc<dyn CleanupRepo>,
         blobs: Arc<dyn BlobStore>,
         locks: Arc<Locks>,
         metrics: Arc<Metrics>,

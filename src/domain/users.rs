@@ -9,16 +9,16 @@ use subtle::ConstantTimeEq;
 use std::sync::Arc;
 
 use super::{DomainError, UserId};
-use crate::meta::{MetadataStore, UserRecord};
+use crate::meta::{UserRecord, UserRepo};
 
 /// Users and their keys, and the ports that takes.
 pub struct UserService {
-    meta: Arc<dyn MetadataStore>,
+    meta: Arc<dyn UserRepo>,
     auth_cache: AuthCache,
 }
 
 impl UserService {
-    pub fn new(meta: Arc<dyn MetadataStore>, auth_cache: AuthCache) -> Self {
+    pub fn new(meta: Arc<dyn UserRepo>, auth_cache: AuthCache) -> Self {
         Self { meta, auth_cache }
     }
 
@@ -64,7 +64,7 @@ fn parse_name(raw: &str) -> Result<String, DomainError> {
 
 /// Creates a user; returns the record and the API key (shown once).
 pub async fn create_user(
-    meta: &dyn MetadataStore,
+    meta: &dyn UserRepo,
     name: &str,
 ) -> Result<(UserRecord, String), DomainError> {
     let key = new_api_key();
@@ -86,7 +86,7 @@ pub async fn create_user(
 /// authenticate; the record's `used_bytes` may be that old (the commit
 /// checks the quota again).
 pub async fn authenticate(
-    meta: &dyn MetadataStore,
+    meta: &dyn UserRepo,
     cache: &AuthCache,
     presented: &str,
 ) -> Result<UserRecord, DomainError> {

@@ -25,15 +25,17 @@ use crate::{
     lock::{Held, LockKey, Locks},
     meta::retry::Transactions,
     meta::{
-        CommitOutcome, CommitUpload, Fence, FileRecord, IntentRecord, MetaError, MetadataStore,
-        UserRecord,
+        CleanupRepo, CommitOutcome, CommitUpload, Fence, FileRecord, FileRepo, IntentRecord,
+        MetaError, UserRecord,
     },
     metrics::{Metrics, OutcomeLabel},
 };
 
 /// The upload flow and the ports it uses.
 pub struct UploadService {
-    meta: Arc<dyn MetadataStore>,
+    files: Arc<dyn FileRepo>,
+    /// The upload's intent, and the orphan of a blob it could not delete.
+    cleanup: Arc<dyn CleanupRepo>,
     blobs: Arc<dyn BlobStore>,
     locks: Arc<Locks>,
     txns: Transactions,
@@ -61,7 +63,8 @@ pub struct Uploaded {
 
 impl UploadService {
     pub fn new(
-        meta: Arc<dyn MetadataStore>,
+        files: Arc<dyn FileRepo>,
+        cleanup: Arc<dyn CleanupRepo>,
         blobs: Arc<dyn BlobStore>,
         locks: Arc<Locks>,
         txns: Transactions,
@@ -69,7 +72,8 @@ impl UploadService {
         settings: Arc<Settings>,
     ) -> Self {
         Self {
-            meta,
+            files,
+            cleanup,
             blobs,
             locks,
             txns,
@@ -119,7 +123,7 @@ impl UploadService {
             return Err(DomainError::PayloadTooLarge(max));
         }
         if let Some(key) = &new.idempotency_key
-            && let Some(file) = self.meta.idempotent_file(&user.id, key).await?
+            && let Some(file) = self.files.idempotent_file(&user.id, key).await?
         {
             return Ok(Uploaded {
                 file,
@@ -146,7 +150,7 @@ impl UploadService {
             refreshed_at: None,
         };
         // The intent comes first: whatever happens next, the sweeper can find the blob.
-        self.meta.put_intent(&intent).await?;
+        self.cleanup.put_intent(&intent).await?;
         crate::crash_point("after_intent");
 
         let mut guard = match settings.lock.scope {
@@ -207,7 +211,7 @@ impl UploadService {
         };
         crate::crash_point("before_commit");
         let committed = user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
-            self.meta.commit_upload(&commit)
+            self.files.commit_upload(&commit)
         });
         let committed = match committed.await {
             Ok(r) => {
@@ -306,7 +310,7 @@ impl UploadService {
         }
         loop {
             tokio::time::sleep(every).await;
-            match self.meta.touch_intent(file_id).await {
+            match self.cleanup.touch_intent(file_id).await {
                 Ok(true) => {}
                 // Swept after all (this process stalled): the commit will say so.
                 Ok(false) => std::future::pending::<()>().await,

@@ -40,13 +40,13 @@ impl UploadService {
         let deadline = Instant::now() + SETTLE_FOR;
         let mut pause = SETTLE_PAUSE.0;
         loop {
-            match self.meta.abandon_intent(&intent.id, None).await {
+            match self.cleanup.abandon_intent(&intent.id, None).await {
                 Ok(Some(orphan)) => {
                     tracing::warn!(file_id = %intent.id, "commit outcome was unknown; it did not apply");
                     self.delete_abandoned(&orphan).await;
                     return Err(DomainError::DependencyUnavailable("metadata store"));
                 }
-                Ok(None) => match self.meta.file(&file.owner_id, &file.id).await {
+                Ok(None) => match self.files.file(&file.owner_id, &file.id).await {
                     Ok(Some(_)) => {
                         tracing::info!(file_id = %intent.id, "commit outcome was unknown; it applied");
                         return Ok(Uploaded {
@@ -77,7 +77,7 @@ impl UploadService {
         if let Err(e) = self.blobs.delete(&intent.key).await {
             tracing::warn!(key = %intent.key, error = %e, "compensating blob delete failed; recording an orphan");
             let orphan = OrphanRecord::pending(&intent.bucket, &intent.key, Some(e.to_string()));
-            if let Err(e) = self.meta.record_orphan(&orphan).await {
+            if let Err(e) = self.cleanup.record_orphan(&orphan).await {
                 // The intent stays behind, so the sweeper still finds the blob.
                 tracing::error!(key = %intent.key, error = %e, "could not record orphan; leaving the intent for the sweeper");
                 return;
@@ -92,7 +92,7 @@ impl UploadService {
     async fn delete_abandoned(&self, orphan: &OrphanRecord) {
         let deleted = match self.blobs.delete(&orphan.key).await {
             Ok(()) => {
-                self.meta
+                self.cleanup
                     .mark_orphan(&orphan.id, OrphanStatus::Deleted, None)
                     .await
             }
@@ -104,7 +104,7 @@ impl UploadService {
     }
 
     pub(super) async fn forget_intent(&self, intent: &IntentRecord) {
-        if let Err(e) = self.meta.delete_intent(&intent.id).await {
+        if let Err(e) = self.cleanup.delete_intent(&intent.id).await {
             tracing::warn!(file_id = %intent.id, error = %e, "could not delete upload intent; the sweeper will");
         }
     }
