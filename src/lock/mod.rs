@@ -5,6 +5,7 @@
 mod backoff;
 pub mod memory;
 pub mod redis;
+pub mod waiters;
 
 use std::{
     sync::{Arc, Mutex},

@@ -1,355 +1,40 @@
-//! The Redis Streams queue.
-//!
-//! - An operation goes to one of 64 logical buckets by its lock key's hash;
-//!   each bucket is a stream (`filedock_queue:{b}`) with one consumer group.
-//! - A bucket is consumed by exactly one worker at a time: the worker holds
-//!   the bucket's lease (a lock with renewal). Instances share the buckets
-//!   (each takes at most ⌈64 / live instances⌉), so operations on one key
-//!   apply in enqueue order while different buckets run in parallel.
-//! - Consumer names are unique per process. A worker that takes a bucket
-//!   first claims (`XAUTOCLAIM`) what a dead owner left pending.
-//! - Every operation carries an id, recorded in `processed_ops` in the same
-//!   transaction, so a redelivered operation is applied once; the lease's
-//!   fencing token is checked too, so a worker that lost its lease cannot
-//!   apply out of order.
-//! - What one read of a bucket returns (up to 16 entries) is applied in one
-//!   transaction, a group commit; a group the store refuses is applied one
-//!   operation at a time, so each still gets its own answer.
-//! - The result goes to a per-operation key, and the waiting instance is
-//!   told on its own channel; the waiter re-reads the key every second in
-//!   case a notice is lost.
-//! - An operation that keeps failing goes to `filedock_queue_dlq`; write
-//!   conflicts and an unreachable store are waited out, not counted.
-//! - Redis unhealthy (checked at most once a second): the direct lock path.
+//! The bucket workers: one instance's fair share of the 64 buckets, each
+//! consumed in order by one worker while it holds the bucket's lease.
 
-use std::{
-    collections::{HashMap, VecDeque},
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use super::*;
 
-use async_trait::async_trait;
-use futures::StreamExt;
-use rand::seq::SliceRandom;
-use redis::{
-    AsyncCommands, Client, Value,
-    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
-    streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply},
-};
-use tokio::{sync::oneshot, task::JoinHandle};
-use tokio_util::sync::CancellationToken;
-
-use super::{
-    Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, Operation, QueueStats,
-    bucket_of, wait_timeout,
-};
-use crate::{
-    lock::{LockGuard, LockKey, Locks},
-    meta::{Fence, MetaError},
-    metrics::{Metrics, OutcomeLabel},
-};
-
-const GROUP: &str = "filedock";
 /// Attempts before an operation is dead-lettered.
 const MAX_ATTEMPTS: u32 = 5;
+
 /// A bucket lease; renewed every third of it while the worker lives.
 const LEASE_TTL: Duration = Duration::from_secs(3);
+
 /// How long an instance counts as alive after its last heartbeat.
 const MEMBER_TTL_MS: u64 = 5_000;
+/// How often an instance heartbeats and rebalances its buckets.
+const REBALANCE_EVERY: Duration = Duration::from_millis(500);
+/// How often the queue figures go to the metrics and the log.
+const REPORT_EVERY: Duration = Duration::from_secs(10);
+/// Entries claimed at once from a dead owner's pending list.
+const CLAIM_BATCH: usize = 64;
+/// Entries read at once (a group commit applies at most this many).
+const READ_BATCH: usize = 16;
+/// How long a read blocks waiting for entries, in ms (the worker checks its
+/// stop signal and lease between reads).
+const READ_BLOCK_MS: usize = 500;
+/// How long an operation's result stays readable, in seconds.
+const RESULT_TTL_SECS: u64 = 300;
+/// The pause before a retry grows by this much each time.
+const RETRY_STEP: Duration = Duration::from_millis(100);
 
-type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<OpOutcome>>>>;
-
-pub struct RedisQueue {
-    client: Client,
-    conn: ConnectionManager,
-    prefix: String,
-    /// Unique consumer name of this process.
-    instance: String,
-    waiters: Waiters,
-    /// Last health check: when, and whether Redis answered.
-    health: Mutex<Option<(Instant, bool)>>,
-    recent: Arc<Mutex<VecDeque<Done>>>,
-    held: Arc<Mutex<usize>>,
-    subscriber: JoinHandle<()>,
-    /// Bucket leases.
-    locks: Arc<Locks>,
-    applier: Applier,
-    /// Where operations go while Redis is unhealthy.
-    direct: LockCoordinator,
-    metrics: Arc<Metrics>,
-}
-
-/// One applied (or failed) operation, for the last-minute figures.
-struct Done {
-    at: Instant,
-    wait_ms: f64,
-    ok: bool,
-}
-
-impl Drop for RedisQueue {
-    fn drop(&mut self) {
-        self.subscriber.abort();
-    }
-}
-
-fn now_ms() -> u64 {
-    crate::lock::now_micros() / 1000
-}
-
-impl RedisQueue {
-    pub fn connect(
-        url: &str,
-        prefix: &str,
-        locks: Arc<Locks>,
-        applier: Applier,
-        metrics: Arc<Metrics>,
-    ) -> anyhow::Result<Self> {
-        let client = Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(500)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
-        let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
-        let waiters: Waiters = Arc::default();
-        let channel = format!("{prefix}filedock_queue_done:{instance}");
-        let subscriber = tokio::spawn(listen(
-            client.clone(),
-            channel,
-            conn.clone(),
-            prefix.to_owned(),
-            waiters.clone(),
-        ));
-        Ok(Self {
-            client,
-            conn,
-            prefix: prefix.to_owned(),
-            instance,
-            waiters,
-            health: Mutex::new(None),
-            recent: Arc::default(),
-            held: Arc::default(),
-            subscriber,
-            direct: LockCoordinator::new(locks.clone(), applier.clone()),
-            locks,
-            applier,
-            metrics,
-        })
-    }
-
-    /// The stream of bucket `b`.
-    pub fn stream(prefix: &str, b: u32) -> String {
-        format!("{prefix}filedock_queue:{{{b}}}")
-    }
-
-    fn dlq(&self) -> String {
-        format!("{}filedock_queue_dlq", self.prefix)
-    }
-
-    fn members(&self) -> String {
-        format!("{}filedock_queue_members", self.prefix)
-    }
-
-    /// The circuit breaker: Redis health, checked at most once a second.
-    async fn healthy(&self) -> bool {
-        if let Some((at, ok)) = *self.health.lock().unwrap()
-            && at.elapsed() < Duration::from_secs(1)
-        {
-            return ok;
-        }
-        let ping = tokio::time::timeout(
-            Duration::from_millis(500),
-            self.conn.clone().ping::<String>(),
-        )
-        .await;
-        let ok = matches!(ping, Ok(Ok(_)));
-        *self.health.lock().unwrap() = Some((Instant::now(), ok));
-        ok
-    }
-
-    fn mark_unhealthy(&self) {
-        *self.health.lock().unwrap() = Some((Instant::now(), false));
-    }
-
-    /// Entries waiting or in flight in bucket `b`.
-    async fn bucket_len(&self, b: u32) -> redis::RedisResult<u64> {
-        let groups: redis::streams::StreamInfoGroupsReply = self
-            .conn
-            .clone()
-            .xinfo_groups(Self::stream(&self.prefix, b))
-            .await?;
-        Ok(groups
-            .groups
-            .iter()
-            .map(|g| (g.lag.unwrap_or(0) + g.pending) as u64)
-            .sum())
-    }
-
-    async fn enqueue(&self, op: &Operation, op_id: &str) -> redis::RedisResult<u64> {
-        let b = bucket_of(&op.lock_key());
-        let ahead = self.bucket_len(b).await.unwrap_or(0);
-        let body = serde_json::to_string(op)
-            .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))?;
-        let _: String = redis::cmd("XADD")
-            .arg(Self::stream(&self.prefix, b))
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(100_000)
-            .arg("*")
-            .arg("op")
-            .arg(body)
-            .arg("id")
-            .arg(op_id)
-            .arg("reply")
-            .arg(&self.instance)
-            .arg("at")
-            .arg(now_ms())
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(ahead)
-    }
-
-    /// Starts this instance's bucket workers; they stop with `shutdown`.
-    pub fn spawn_workers(self: &Arc<Self>, shutdown: CancellationToken) -> JoinHandle<()> {
-        tokio::spawn(manage(self.clone(), shutdown))
-    }
-}
-
-/// Wakes local waiters when a worker (in any instance) publishes their result.
-async fn listen(
-    client: Client,
-    channel: String,
-    conn: ConnectionManager,
-    prefix: String,
-    waiters: Waiters,
-) {
-    loop {
-        if let Ok(mut pubsub) = client.get_async_pubsub().await
-            && pubsub.subscribe(&channel).await.is_ok()
-        {
-            let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
-                let Ok(op_id) = msg.get_payload::<String>() else {
-                    continue;
-                };
-                if !waiters.lock().unwrap().contains_key(&op_id) {
-                    continue;
-                }
-                // A result that cannot be read is not a success: the
-                // waiter's own poll reads it again, or answers unknown.
-                let Some(outcome) = read_result(&mut conn.clone(), &prefix, &op_id).await else {
-                    continue;
-                };
-                if let Some(tx) = waiters.lock().unwrap().remove(&op_id) {
-                    let _ = tx.send(outcome);
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn result_key(prefix: &str, op_id: &str) -> String {
-    format!("{prefix}filedock_queue_result:{op_id}")
-}
-
-async fn read_result(conn: &mut ConnectionManager, prefix: &str, op_id: &str) -> Option<OpOutcome> {
-    let raw: Option<String> = conn.get(result_key(prefix, op_id)).await.ok()?;
-    serde_json::from_str(&raw?).ok()
-}
-
-/// Removes a waiter however its wait ends.
-struct Waiting<'a> {
-    waiters: &'a Waiters,
-    op_id: &'a str,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.waiters.lock().unwrap().remove(self.op_id);
-    }
-}
-
-#[async_trait]
-impl Coordinator for RedisQueue {
-    async fn run(&self, op: Operation) -> Result<(), CoordError> {
-        if !self.healthy().await {
-            return self.direct.run(op).await;
-        }
-        let op_id = uuid::Uuid::now_v7().to_string();
-        let (tx, mut rx) = oneshot::channel();
-        // Registered before the enqueue, so the result cannot come too early.
-        self.waiters.lock().unwrap().insert(op_id.clone(), tx);
-        let _waiting = Waiting {
-            waiters: &self.waiters,
-            op_id: &op_id,
-        };
-        let ahead = match self.enqueue(&op, &op_id).await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(error = %e, "enqueue failed; taking the direct path");
-                self.mark_unhealthy();
-                return self.direct.run(op).await;
-            }
-        };
-        let deadline = Instant::now() + wait_timeout(ahead);
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                // Still queued: it may be applied after this answer.
-                return Err(CoordError::OutcomeUnknown(op.resource_path()));
-            }
-            tokio::select! {
-                outcome = &mut rx => {
-                    if let Ok(o) = outcome {
-                        return o.into_result();
-                    }
-                }
-                _ = tokio::time::sleep(Duration::from_secs(1).min(deadline - now)) => {}
-            }
-            if let Some(o) = read_result(&mut self.conn.clone(), &self.prefix, &op_id).await {
-                return o.into_result();
-            }
-        }
-    }
-
-    async fn stats(&self) -> Option<QueueStats> {
-        let mut length = 0;
-        for b in 0..BUCKETS {
-            length += self.bucket_len(b).await.unwrap_or(0);
-        }
-        let dead_letter_count: u64 = self.conn.clone().xlen(self.dlq()).await.unwrap_or(0);
-        let recent = self.recent.lock().unwrap();
-        let window = recent
-            .front()
-            .map_or(1.0, |d| d.at.elapsed().as_secs_f64().clamp(1.0, 60.0));
-        let n = recent.len() as f64;
-        Some(
-            QueueStats {
-                length,
-                processing_rate: n / window,
-                average_wait_ms: if n > 0.0 {
-                    recent.iter().map(|d| d.wait_ms).sum::<f64>() / n
-                } else {
-                    0.0
-                },
-                failure_rate: if n > 0.0 {
-                    recent.iter().filter(|d| !d.ok).count() as f64 / n
-                } else {
-                    0.0
-                },
-                dead_letter_count,
-                buckets_held: *self.held.lock().unwrap(),
-                warnings: Vec::new(),
-            }
-            .with_warnings(),
-        )
-    }
+/// The pause before the `n`th try at something the store refused for a
+/// reason not the operation's (it grows, and stops growing at the tenth).
+fn transient_pause(n: u32) -> Duration {
+    RETRY_STEP * n.min(10)
 }
 
 /// Keeps this instance's fair share of buckets leased, each with a worker.
-async fn manage(queue: Arc<RedisQueue>, shutdown: CancellationToken) {
+pub(super) async fn manage(queue: Arc<RedisQueue>, shutdown: CancellationToken) {
     let mut workers: HashMap<u32, (JoinHandle<()>, CancellationToken)> = HashMap::new();
     let mut last_report = Instant::now();
     loop {
@@ -379,13 +64,13 @@ async fn manage(queue: Arc<RedisQueue>, shutdown: CancellationToken) {
             }
         }
         *queue.held.lock().unwrap() = workers.len();
-        if last_report.elapsed() > Duration::from_secs(10) {
+        if last_report.elapsed() > REPORT_EVERY {
             last_report = Instant::now();
             report(&queue).await;
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = tokio::time::sleep(REBALANCE_EVERY) => {}
         }
     }
     for (_, (handle, stop)) in workers {
@@ -413,7 +98,7 @@ async fn heartbeat(queue: &RedisQueue) -> redis::RedisResult<u32> {
 }
 
 /// Publishes the queue figures as metrics and logs the seed's warnings.
-async fn report(queue: &RedisQueue) {
+pub(super) async fn report(queue: &RedisQueue) {
     if let Some(stats) = queue.stats().await {
         queue.metrics.queue_length.set(stats.length as i64);
         queue
@@ -426,14 +111,19 @@ async fn report(queue: &RedisQueue) {
     }
 }
 
-enum Step {
+pub(super) enum Step {
     Next,
     /// The lease is gone: stop without acknowledging; the next owner redoes it.
     Stop,
 }
 
 /// Consumes bucket `b` in order while the lease holds.
-async fn work(queue: Arc<RedisQueue>, b: u32, guard: LockGuard, stop: CancellationToken) {
+pub(super) async fn work(
+    queue: Arc<RedisQueue>,
+    b: u32,
+    guard: LockGuard,
+    stop: CancellationToken,
+) {
     let lost = guard.lost();
     let stream = RedisQueue::stream(&queue.prefix, b);
     let worker = Worker {
@@ -474,7 +164,7 @@ impl Worker<'_> {
                     &queue.instance,
                     0,
                     &start,
-                    StreamAutoClaimOptions::default().count(64),
+                    StreamAutoClaimOptions::default().count(CLAIM_BATCH),
                 )
                 .await?;
             let entries: Vec<_> = claimed.claimed.iter().map(Entry::decode).collect();
@@ -488,8 +178,8 @@ impl Worker<'_> {
         }
         let opts = StreamReadOptions::default()
             .group(GROUP, &queue.instance)
-            .count(16)
-            .block(500);
+            .count(READ_BATCH)
+            .block(READ_BLOCK_MS);
         while !stop.is_cancelled() && !self.lost.is_cancelled() {
             let reply: StreamReadReply = conn.xread_options(&[stream], &[">"], &opts).await?;
             let entries: Vec<_> = reply
@@ -584,8 +274,7 @@ impl Worker<'_> {
                 ) => {
                     transient += 1;
                     tracing::warn!(error = %e, "queued operations wait for the metadata store");
-                    tokio::time::sleep(Duration::from_millis(100 * u64::from(transient.min(10))))
-                        .await;
+                    tokio::time::sleep(transient_pause(transient)).await;
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, n = ops.len(), "group refused; applying one at a time");
@@ -633,8 +322,7 @@ impl Worker<'_> {
                         ) => {
                             transient += 1;
                             tracing::warn!(op_id, error = %e, "queued operation waits for the metadata store");
-                            let pause = Duration::from_millis(100 * u64::from(transient.min(10)));
-                            tokio::time::sleep(pause).await;
+                            tokio::time::sleep(transient_pause(transient)).await;
                             continue;
                         }
                         Err(e) => e.to_string(),
@@ -658,7 +346,7 @@ impl Worker<'_> {
                 error,
                 "queued operation failed; retrying"
             );
-            tokio::time::sleep(Duration::from_millis(100 * u64::from(attempts))).await;
+            tokio::time::sleep(RETRY_STEP * attempts).await;
         };
         self.deliver(conn, &[(entry, &outcome)]).await;
         Step::Next
@@ -671,7 +359,7 @@ impl Worker<'_> {
         let mut pipe = redis::pipe();
         for (entry, outcome) in done {
             let body = serde_json::to_string(outcome).unwrap_or_default();
-            pipe.set_ex(result_key(prefix, &entry.op_id), body, 300)
+            pipe.set_ex(result_key(prefix, &entry.op_id), body, RESULT_TTL_SECS)
                 .ignore();
             if let Some(instance) = &entry.reply_to {
                 pipe.publish(
@@ -686,9 +374,7 @@ impl Worker<'_> {
         if let Err(e) = r {
             tracing::warn!(error = %e, "could not deliver queued operations' results");
         }
-        let mut recent = self.queue.recent.lock().unwrap();
-        for (entry, outcome) in done {
-            let ok = outcome.code.is_none();
+        for (_, outcome) in done {
             let label = outcome.code.as_deref().unwrap_or("applied");
             self.queue
                 .metrics
@@ -697,19 +383,13 @@ impl Worker<'_> {
                     outcome: label.into(),
                 })
                 .inc();
-            recent.push_back(Done {
-                at: Instant::now(),
-                wait_ms: now_ms().saturating_sub(entry.enqueued_ms) as f64,
-                ok,
-            });
         }
-        while recent
-            .front()
-            .is_some_and(|d| d.at.elapsed() > Duration::from_secs(60))
-            || recent.len() > 100_000
-        {
-            recent.pop_front();
-        }
+        self.queue
+            .recent
+            .record(done.iter().map(|(entry, outcome)| {
+                let wait_ms = now_ms().saturating_sub(entry.enqueued_ms) as f64;
+                (wait_ms, outcome.code.is_none())
+            }));
     }
 }
 
