@@ -15,14 +15,15 @@ declare -A ALLOWED=(
   [config]=""
   [metrics]=""
   [telemetry]=""
+  [worker]=""
   [blob]="config metrics"
   [lock]="config metrics"
   [meta]="vocab config metrics root"
-  [coord]="vocab lock meta metrics config"
+  [coord]="vocab lock meta metrics config worker"
   [ports]="blob lock meta metrics"
-  [domain]="vocab blob coord lock meta metrics config root"
+  [domain]="vocab blob coord lock meta metrics config root worker"
   [http]="domain vocab blob coord meta metrics config ports"
-  [startup]="http domain vocab blob coord lock meta metrics config ports"
+  [startup]="http domain vocab blob coord lock meta metrics config ports worker"
   [main]="startup http domain config ports telemetry"
 )
 

@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod ports;
 pub mod startup;
 pub mod telemetry;
+pub mod worker;
 
 /// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names
 /// this point, the process dies here as if killed (no unwinding, no cleanup).

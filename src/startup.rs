@@ -21,7 +21,7 @@ use crate::{
         containers::ContainerService,
         files::FileService,
         reconcile::Reconciler,
-        sweeper::Sweeper,
+        sweeper::{SweepWorker, Sweeper},
         upload::UploadService,
         users::{UserService, auth_cache, new_api_key},
     },
@@ -31,6 +31,7 @@ use crate::{
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
     ports::Ports,
+    worker,
 };
 
 impl Ports {
@@ -258,8 +259,8 @@ impl Application {
         let router = http::router(self.state.clone());
         let interval = self.state.settings.sweep.interval;
         if !interval.is_zero() {
-            let (sweeper, stop) = (self.state.sweeper.clone(), shutdown.child_token());
-            tokio::spawn(async move { sweeper.run(interval, stop).await });
+            let sweeper = SweepWorker::new(self.state.sweeper.clone(), interval);
+            worker::spawn(sweeper, shutdown.child_token());
         }
         if let Some(queue) = &self.state.queue {
             queue.spawn_workers(shutdown.child_token());

@@ -7,6 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use async_trait::async_trait;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -16,6 +17,7 @@ use crate::{
     lock::{LockKey, Locks, TryLock},
     meta::{self, CleanupRepo, OrphanRecord, OrphanStatus},
     metrics::{Metrics, OutcomeLabel, StatusLabel},
+    worker::{Worker, WorkerState},
 };
 
 /// What one pass did.
@@ -175,22 +177,55 @@ impl Sweeper {
             }
         }
     }
+}
 
-    /// Runs a pass every `interval` until `shutdown`; errors back off.
-    pub async fn run(&self, interval: Duration, shutdown: CancellationToken) {
-        let mut wait = interval;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-            wait = match self.try_run_once().await {
-                Ok(_) => interval,
-                Err(e) => {
-                    tracing::warn!(error = %e, "sweep pass failed; backing off");
-                    (wait * 2).min(interval * 8)
-                }
-            };
+/// The sweeper as a background worker: a pass every `interval`; a pass
+/// that fails backs off (doubling, up to 8 intervals).
+pub struct SweepWorker {
+    sweeper: Arc<Sweeper>,
+    interval: Duration,
+    wait: Duration,
+    last: &'static str,
+}
+
+impl SweepWorker {
+    pub fn new(sweeper: Arc<Sweeper>, interval: Duration) -> Self {
+        Self {
+            sweeper,
+            interval,
+            wait: interval,
+            last: "not run yet",
         }
+    }
+}
+
+#[async_trait]
+impl Worker for SweepWorker {
+    fn name(&self) -> String {
+        "sweeper".into()
+    }
+
+    fn status(&self) -> String {
+        format!("last pass: {}", self.last)
+    }
+
+    fn first_delay(&self) -> Duration {
+        self.interval
+    }
+
+    async fn work(&mut self, _stop: &CancellationToken) -> WorkerState {
+        let interval = self.interval;
+        self.wait = match self.sweeper.try_run_once().await {
+            Ok(_) => {
+                self.last = "ok";
+                interval
+            }
+            Err(e) => {
+                self.last = "failed";
+                tracing::warn!(error = %e, "sweep pass failed; backing off");
+                (self.wait * 2).min(interval * 8)
+            }
+        };
+        WorkerState::Idle(self.wait)
     }
 }

@@ -45,7 +45,7 @@ use redis::{
 use tokio::{sync::oneshot, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use self::{stats::Recent, worker::manage};
+use self::{stats::Recent, worker::Manager};
 use super::{
     Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, Operation, QueueStats,
     bucket_of, wait_timeout,
@@ -206,7 +206,7 @@ impl RedisQueue {
 
     /// Starts this instance's bucket workers; they stop with `shutdown`.
     pub fn spawn_workers(self: &Arc<Self>, shutdown: CancellationToken) -> JoinHandle<()> {
-        tokio::spawn(manage(self.clone(), shutdown))
+        crate::worker::spawn(Manager::new(self.clone()), shutdown)
     }
 }
 

@@ -1,7 +1,10 @@
 //! The bucket workers: one instance's fair share of the 64 buckets, each
 //! consumed in order by one worker while it holds the bucket's lease.
 
+use async_trait::async_trait;
+
 use super::*;
+use crate::worker::{self, WorkerState};
 
 /// Attempts before an operation is dead-lettered.
 const MAX_ATTEMPTS: u32 = 5;
@@ -34,12 +37,40 @@ fn transient_pause(n: u32) -> Duration {
 }
 
 /// Keeps this instance's fair share of buckets leased, each with a worker.
-pub(super) async fn manage(queue: Arc<RedisQueue>, shutdown: CancellationToken) {
-    let mut workers: HashMap<u32, (JoinHandle<()>, CancellationToken)> = HashMap::new();
-    let mut last_report = Instant::now();
-    loop {
+pub(super) struct Manager {
+    queue: Arc<RedisQueue>,
+    workers: HashMap<u32, (JoinHandle<()>, CancellationToken)>,
+    last_report: Instant,
+}
+
+impl Manager {
+    pub(super) fn new(queue: Arc<RedisQueue>) -> Self {
+        Self {
+            queue,
+            workers: HashMap::new(),
+            last_report: Instant::now(),
+        }
+    }
+}
+
+#[async_trait]
+impl worker::Worker for Manager {
+    fn name(&self) -> String {
+        "queue manager".into()
+    }
+
+    fn status(&self) -> String {
+        format!("{} buckets held", self.workers.len())
+    }
+
+    async fn work(&mut self, shutdown: &CancellationToken) -> WorkerState {
+        let Self {
+            queue,
+            workers,
+            last_report,
+        } = self;
         workers.retain(|_, (h, _)| !h.is_finished());
-        let share = match heartbeat(&queue).await {
+        let share = match heartbeat(queue).await {
             Ok(alive) => BUCKETS.div_ceil(alive.max(1)) as usize,
             Err(_) => 0, // Redis is down: hold nothing new; running workers stop on lease loss
         };
@@ -52,8 +83,12 @@ pub(super) async fn manage(queue: Arc<RedisQueue>, shutdown: CancellationToken) 
             let key = LockKey::queue_bucket(b);
             if let Ok(Some(guard)) = queue.locks.try_lease(&key, LEASE_TTL).await {
                 let stop = shutdown.child_token();
-                let handle = tokio::spawn(work(queue.clone(), b, guard, stop.clone()));
-                workers.insert(b, (handle, stop));
+                let bucket = BucketWorker {
+                    queue: queue.clone(),
+                    b,
+                    guard: Some(guard),
+                };
+                workers.insert(b, (worker::spawn(bucket, stop.clone()), stop));
             }
         }
         // Give back what is over our share (another instance joined).
@@ -65,23 +100,25 @@ pub(super) async fn manage(queue: Arc<RedisQueue>, shutdown: CancellationToken) 
         }
         *queue.held.lock().unwrap() = workers.len();
         if last_report.elapsed() > REPORT_EVERY {
-            last_report = Instant::now();
-            report(&queue).await;
+            *last_report = Instant::now();
+            report(queue).await;
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(REBALANCE_EVERY) => {}
+        WorkerState::Idle(REBALANCE_EVERY)
+    }
+
+    /// Stops the bucket workers and leaves the members.
+    async fn stopped(&mut self) {
+        for (_, (handle, stop)) in self.workers.drain() {
+            stop.cancel();
+            let _ = handle.await;
         }
+        let queue = &self.queue;
+        let _: Result<i64, _> = queue
+            .conn
+            .clone()
+            .zrem(queue.members(), &queue.instance)
+            .await;
     }
-    for (_, (handle, stop)) in workers {
-        stop.cancel();
-        let _ = handle.await;
-    }
-    let _: Result<i64, _> = queue
-        .conn
-        .clone()
-        .zrem(queue.members(), &queue.instance)
-        .await;
 }
 
 /// Announces this instance and counts the live ones.
@@ -118,16 +155,40 @@ pub(super) enum Step {
 }
 
 /// Consumes bucket `b` in order while the lease holds.
-pub(super) async fn work(
+struct BucketWorker {
     queue: Arc<RedisQueue>,
     b: u32,
-    guard: LockGuard,
-    stop: CancellationToken,
-) {
+    /// The bucket's lease, until the work is done.
+    guard: Option<LockGuard>,
+}
+
+#[async_trait]
+impl worker::Worker for BucketWorker {
+    fn name(&self) -> String {
+        format!("queue bucket {}", self.b)
+    }
+
+    fn status(&self) -> String {
+        match self.guard {
+            Some(_) => "consuming".into(),
+            None => "done".into(),
+        }
+    }
+
+    /// One step that lasts while the lease holds and `stop` has not fired.
+    async fn work(&mut self, stop: &CancellationToken) -> WorkerState {
+        if let Some(guard) = self.guard.take() {
+            consume_bucket(&self.queue, self.b, guard, stop).await;
+        }
+        WorkerState::Done
+    }
+}
+
+async fn consume_bucket(queue: &RedisQueue, b: u32, guard: LockGuard, stop: &CancellationToken) {
     let lost = guard.lost();
     let stream = RedisQueue::stream(&queue.prefix, b);
-    let worker = Worker {
-        queue: &queue,
+    let consumer = Consumer {
+        queue,
         stream: &stream,
         lost: &lost,
         fence: Fence {
@@ -136,13 +197,13 @@ pub(super) async fn work(
             pinned: true,
         },
     };
-    if let Err(e) = worker.consume(&stop).await {
+    if let Err(e) = consumer.consume(stop).await {
         tracing::warn!(bucket = b, error = %e, "queue worker stopped");
     }
     guard.release().await;
 }
 
-impl Worker<'_> {
+impl Consumer<'_> {
     async fn consume(&self, stop: &CancellationToken) -> redis::RedisResult<()> {
         let (queue, stream) = (self.queue, self.stream);
         // A connection of its own: XREADGROUP blocks it.
@@ -236,14 +297,14 @@ impl<'a> Entry<'a> {
 }
 
 /// What the worker holds while it consumes bucket `b`.
-struct Worker<'a> {
+struct Consumer<'a> {
     queue: &'a RedisQueue,
     stream: &'a str,
     lost: &'a CancellationToken,
     fence: Fence,
 }
 
-impl Worker<'_> {
+impl Consumer<'_> {
     /// Applies `entries` in one transaction (a group commit): one commit for
     /// many operations is what lets a hot key go faster than one transaction
     /// at a time. `None` if the group was refused (an operation that fails,
