@@ -7,7 +7,7 @@
 //! Run it with `scripts/bench.sh` (which starts the stack and builds this).
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -20,6 +20,7 @@ use filedock::{
     http::AppState,
     lock::{LockKey, LockManager, Locks, redis::RedisLocks},
     metrics::Metrics,
+    testing::{Server, create_user_json, free_port, script_calls},
 };
 use futures::{StreamExt, TryStreamExt, stream};
 use serde_json::{Value, json};
@@ -35,32 +36,14 @@ fn run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }
 
-fn free_port() -> u16 {
-    // Below Linux's ephemeral range (32768–60999): a port that `bind(:0)`
-    // hands out is free only until an outgoing connection takes it as its
-    // source port, and a test run makes thousands of those.
-    loop {
-        let port = rand::random_range(20_000..32_768);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
+/// What the benchmarks need of a server beyond the shared test support.
+trait BenchServer: Sized {
+    async fn start(extra: &[(&str, &str)]) -> Self;
+    fn peak_rss_mib(&self) -> u64;
 }
 
 /// A filedock server process (release build) on its own database and prefixes.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
+impl BenchServer for Server {
     async fn start(extra: &[(&str, &str)]) -> Self {
         let id = run_id();
         let port = free_port();
@@ -84,23 +67,7 @@ impl Server {
             .stdout(Stdio::null())
             .spawn()
             .expect("FILEDOCK_BIN runs");
-        let server = Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let client = reqwest::Client::new();
-        for _ in 0..400 {
-            if client
-                .get(format!("{}/healthz", server.base))
-                .send()
-                .await
-                .is_ok()
-            {
-                return server;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("filedock did not start");
+        Server::wait_until_up(child, port, 400, Duration::from_millis(25)).await
     }
 
     fn peak_rss_mib(&self) -> u64 {
@@ -128,17 +95,7 @@ impl Client {
     }
 
     async fn user(&self, server: &Server, name: &str) -> String {
-        let v: Value = self
-            .http
-            .post(format!("{}/v1/admin/users", server.base))
-            .bearer_auth(ADMIN)
-            .json(&json!({ "name": name }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = create_user_json(&self.http, &server.base, ADMIN, name).await;
         v["api_key"].as_str().unwrap().to_owned()
     }
 
@@ -524,26 +481,6 @@ async fn hand_off(r: &mut Report) {
         "| uncontended acquire + release, p50 of 200 | {:.2} ms | | |",
         median_f(rt)
     ));
-}
-
-/// Lua script calls Redis has served so far (`INFO commandstats`).
-async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
 
 /// Scenario 3: 32 concurrent 4 MiB uploads by one user, commit vs upload scope.

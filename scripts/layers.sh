@@ -24,6 +24,7 @@ declare -A ALLOWED=(
   [domain]="vocab blob coord lock meta metrics config root worker"
   [http]="domain vocab blob coord meta metrics config ports"
   [startup]="http domain vocab blob coord lock meta metrics config ports worker"
+  [testing]=""
   [main]="startup http domain config ports telemetry"
 )
 

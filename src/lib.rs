@@ -12,6 +12,8 @@ pub mod metrics;
 pub mod ports;
 pub mod startup;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod worker;
 
 /// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names

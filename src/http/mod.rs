@@ -32,7 +32,7 @@ use tower_http::{
 
 use self::error::{ApiError, REQUEST_ID};
 use crate::domain::DomainError;
-use crate::metrics::{HttpLabels, Metrics};
+use crate::metrics::{HttpLabels, Metrics, RouteLabel};
 
 /// The largest JSON request body.
 pub const JSON_BODY_LIMIT: usize = 64 * 1024;
@@ -125,7 +125,9 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
     let res = REQUEST_ID.scope(id, next.run(req)).await;
     let m: &Metrics = &state.metrics;
     m.http_duration
-        .get_or_create(&Metrics::op(&route))
+        .get_or_create(&RouteLabel {
+            route: route.clone(),
+        })
         .observe(started.elapsed().as_secs_f64());
     m.http_requests
         .get_or_create(&HttpLabels {

@@ -280,26 +280,6 @@ async fn a_waiter_that_died_in_the_queue_does_not_keep_the_lock() {
     }
 }
 
-/// Lua script calls a Redis server has served (`INFO commandstats`).
-async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// The release gives the lock to the waiter and tells it the fencing token:
 /// the waiter holds the lock without trying again, so a hand-off costs Redis
 /// one script call. Counted on a private Redis, so that no other test's calls

@@ -255,18 +255,8 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
     settings.sweep.intent_grace = std::time::Duration::ZERO;
     let app = spawn_app_with(settings).await;
     let u = app.create_user("audit").await;
-    let kept: Value = app
-        .upload_raw(&u, "kept.txt", b"kept".to_vec())
-        .await
-        .json()
-        .await
-        .unwrap();
-    let lost: Value = app
-        .upload_raw(&u, "lost.txt", b"lost".to_vec())
-        .await
-        .json()
-        .await
-        .unwrap();
+    let kept: Value = app.upload_json(&u, "kept.txt", b"kept".to_vec()).await;
+    let lost: Value = app.upload_json(&u, "lost.txt", b"lost".to_vec()).await;
     let lost_id = lost["id"].as_str().unwrap().to_owned();
     app.state
         .ports
