@@ -20,10 +20,10 @@ use filedock::{
     http::AppState,
     lock::{LockKey, LockManager, Locks, redis::RedisLocks},
     metrics::Metrics,
-    testing::{Server, create_user_json, free_port, script_calls},
+    testing::{Server, create_user_json, free_port, json_of, script_calls},
 };
 use futures::{StreamExt, TryStreamExt, stream};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const ADMIN: &str = "bench-admin-key";
 const REPS: usize = 3;
@@ -100,18 +100,12 @@ impl Client {
     }
 
     async fn agent(&self, server: &Server, key: &str) -> String {
-        let v: Value = self
+        let agent = self
             .http
             .post(format!("{}/v1/agents", server.base))
             .bearer_auth(key)
-            .json(&json!({"name": "bench"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        v["id"].as_str().unwrap().to_owned()
+            .json(&json!({"name": "bench"}));
+        json_of(agent).await["id"].as_str().unwrap().to_owned()
     }
 
     /// One upload; `(succeeded, latency)`.

@@ -3,9 +3,8 @@
 use clap::{Parser, Subcommand};
 use filedock::{
     config::Settings,
-    domain::{reconcile::Reconciler, sweeper::Outcome, users},
+    domain::{sweeper::Outcome, users},
     http::AppState,
-    ports::Ports,
     startup::{Application, open_metadata, shutdown_signal},
     telemetry,
 };
@@ -81,11 +80,8 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Reconcile { delete } => {
-            let ports = Ports::connect(&settings).await?;
-            let grace = settings.sweep.intent_grace;
-            let report = Reconciler::new(ports.meta.clone(), ports.meta, ports.blobs, grace)
-                .reconcile(delete)
-                .await?;
+            let state = AppState::build(settings).await?;
+            let report = state.reconciler.reconcile(delete).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }

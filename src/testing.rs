@@ -72,6 +72,11 @@ pub async fn metric_at(base: &str, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
+/// Sends `request` and parses the answer's JSON body (panics if it has none).
+pub async fn json_of(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 /// Creates a user through the admin API of the server at `base`: the body
 /// of the answer (`id`, `name`, `api_key`).
 pub async fn create_user_json(

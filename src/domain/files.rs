@@ -15,31 +15,15 @@ use crate::{
 
 /// Reading, listing and deleting files, and the ports that takes.
 pub struct FileService {
-    files: Arc<dyn FileRepo>,
+    pub(crate) files: Arc<dyn FileRepo>,
     /// Where a deleted file's blob waits as an orphan until it is gone.
-    cleanup: Arc<dyn CleanupRepo>,
-    blobs: Arc<dyn BlobStore>,
-    locks: Arc<Locks>,
-    txns: Transactions,
+    pub(crate) cleanup: Arc<dyn CleanupRepo>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
+    pub(crate) locks: Arc<Locks>,
+    pub(crate) txns: Transactions,
 }
 
 impl FileService {
-    pub fn new(
-        files: Arc<dyn FileRepo>,
-        cleanup: Arc<dyn CleanupRepo>,
-        blobs: Arc<dyn BlobStore>,
-        locks: Arc<Locks>,
-        txns: Transactions,
-    ) -> Self {
-        Self {
-            files,
-            cleanup,
-            blobs,
-            locks,
-            txns,
-        }
-    }
-
     /// The caller's file, or `NotFound` (also for other users' files).
     pub async fn find(&self, user: &UserRecord, id: &str) -> Result<FileRecord, DomainError> {
         let id = FileId::parse(id).ok_or(DomainError::NotFound)?;

@@ -39,29 +39,15 @@ pub struct ReconcileReport {
 
 /// The audit and the ports it reads.
 pub struct Reconciler {
-    files: Arc<dyn FileRepo>,
+    pub(crate) files: Arc<dyn FileRepo>,
     /// Uploads in flight (their intents).
-    cleanup: Arc<dyn CleanupRepo>,
-    blobs: Arc<dyn BlobStore>,
+    pub(crate) cleanup: Arc<dyn CleanupRepo>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
     /// Objects younger than this are never deleted (the sweeper's grace).
-    intent_grace: Duration,
+    pub(crate) intent_grace: Duration,
 }
 
 impl Reconciler {
-    pub fn new(
-        files: Arc<dyn FileRepo>,
-        cleanup: Arc<dyn CleanupRepo>,
-        blobs: Arc<dyn BlobStore>,
-        intent_grace: Duration,
-    ) -> Self {
-        Self {
-            files,
-            cleanup,
-            blobs,
-            intent_grace,
-        }
-    }
-
     /// Audits the bucket against the metadata; deletes strays older than the
     /// grace period if `delete_strays`.
     pub async fn reconcile(&self, delete_strays: bool) -> anyhow::Result<ReconcileReport> {

@@ -44,30 +44,14 @@ pub enum Outcome {
 const BATCH: usize = 500;
 
 pub struct Sweeper {
-    meta: Arc<dyn CleanupRepo>,
-    blobs: Arc<dyn BlobStore>,
-    locks: Arc<Locks>,
-    metrics: Arc<Metrics>,
-    settings: SweepSettings,
+    pub(crate) meta: Arc<dyn CleanupRepo>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
+    pub(crate) locks: Arc<Locks>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) settings: SweepSettings,
 }
 
 impl Sweeper {
-    pub fn new(
-        meta: Arc<dyn CleanupRepo>,
-        blobs: Arc<dyn BlobStore>,
-        locks: Arc<Locks>,
-        metrics: Arc<Metrics>,
-        settings: SweepSettings,
-    ) -> Self {
-        Self {
-            meta,
-            blobs,
-            locks,
-            metrics,
-            settings,
-        }
-    }
-
     /// One pass, unless another instance is sweeping.
     pub async fn try_run_once(&self) -> anyhow::Result<Outcome> {
         let guard = match self.locks.try_acquire(&LockKey::sweeper()).await? {

@@ -30,6 +30,20 @@ const RESULT_TTL_SECS: u64 = 300;
 /// The pause before a retry grows by this much each time.
 const RETRY_STEP: Duration = Duration::from_millis(100);
 
+/// Whether a refusal is the store's and not the operation's: a conflicting
+/// transaction (perhaps left open by a process that died mid-commit, until
+/// it is ended), the store being down, or a commit whose answer was lost.
+/// Queued operations wait these out rather than count them as failures.
+fn waits_for_store(e: &MetaError) -> bool {
+    matches!(
+        e,
+        MetaError::WriteConflict
+            | MetaError::Transient(_)
+            | MetaError::Unavailable(_)
+            | MetaError::OutcomeUnknown(_)
+    )
+}
+
 /// The pause before the `n`th try at something the store refused for a
 /// reason not the operation's (it grows, and stops growing at the tenth).
 fn transient_pause(n: u32) -> Duration {
@@ -327,12 +341,7 @@ impl Consumer<'_> {
             match self.queue.applier.apply_group(&ops, &self.fence).await {
                 Ok(()) => break,
                 Err(MetaError::StaleFence) => return Some(Step::Stop),
-                Err(
-                    e @ (MetaError::WriteConflict
-                    | MetaError::Transient(_)
-                    | MetaError::Unavailable(_)
-                    | MetaError::OutcomeUnknown(_)),
-                ) => {
+                Err(e) if waits_for_store(&e) => {
                     transient += 1;
                     tracing::warn!(error = %e, "queued operations wait for the metadata store");
                     tokio::time::sleep(transient_pause(transient)).await;
@@ -375,12 +384,7 @@ impl Consumer<'_> {
                         // retry finds its id in `processed_ops` if it applied).
                         // Order forbids skipping ahead, and these are not the
                         // operation's fault: wait and try again.
-                        Err(
-                            e @ (MetaError::WriteConflict
-                            | MetaError::Transient(_)
-                            | MetaError::Unavailable(_)
-                            | MetaError::OutcomeUnknown(_)),
-                        ) => {
+                        Err(e) if waits_for_store(&e) => {
                             transient += 1;
                             tracing::warn!(op_id, error = %e, "queued operation waits for the metadata store");
                             tokio::time::sleep(transient_pause(transient)).await;

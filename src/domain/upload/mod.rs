@@ -11,10 +11,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-use self::{
-    settle::CommitError,
-    slots::{InFlight, UploadSlots},
-};
+pub use self::slots::UploadSlots;
+use self::{settle::CommitError, slots::InFlight};
 use super::{
     DomainError, FileId, Filename, SizeCategory, UserId,
     commit::{UserCommitError, user_commit},
@@ -33,15 +31,15 @@ use crate::{
 
 /// The upload flow and the ports it uses.
 pub struct UploadService {
-    files: Arc<dyn FileRepo>,
+    pub(crate) files: Arc<dyn FileRepo>,
     /// The upload's intent, and the orphan of a blob it could not delete.
-    cleanup: Arc<dyn CleanupRepo>,
-    blobs: Arc<dyn BlobStore>,
-    locks: Arc<Locks>,
-    txns: Transactions,
-    metrics: Arc<Metrics>,
-    settings: Arc<Settings>,
-    upload_slots: UploadSlots,
+    pub(crate) cleanup: Arc<dyn CleanupRepo>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
+    pub(crate) locks: Arc<Locks>,
+    pub(crate) txns: Transactions,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) upload_slots: UploadSlots,
 }
 
 /// An upload as the HTTP layer hands it over.
@@ -62,27 +60,6 @@ pub struct Uploaded {
 }
 
 impl UploadService {
-    pub fn new(
-        files: Arc<dyn FileRepo>,
-        cleanup: Arc<dyn CleanupRepo>,
-        blobs: Arc<dyn BlobStore>,
-        locks: Arc<Locks>,
-        txns: Transactions,
-        metrics: Arc<Metrics>,
-        settings: Arc<Settings>,
-    ) -> Self {
-        Self {
-            files,
-            cleanup,
-            blobs,
-            locks,
-            txns,
-            metrics,
-            settings,
-            upload_slots: UploadSlots::default(),
-        }
-    }
-
     pub async fn upload(
         &self,
         user: &UserRecord,
