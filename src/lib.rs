@@ -1,5 +1,18 @@
 //! filedock: a file-upload backend where many writes to the same user,
 //! session or agent, arriving within milliseconds, all succeed.
+//!
+//! Dependencies point one way: `http → domain → ports ← adapters`
+//! (`scripts/layers.sh` checks it; README "Layout" has the table).
+//! - [`http`] extracts, calls one service, maps the result; only it knows
+//!   status codes ([`http::error::ApiError`] wraps [`domain::DomainError`]).
+//! - [`domain`] holds the flows, as services that own the ports they use;
+//!   its vocabulary ([`domain::ids`], [`domain::commands`]) imports nothing
+//!   and every layer may use it.
+//! - The ports ([`meta`], [`blob`], [`lock`], [`coord`]) are narrow traits,
+//!   each with its adapters underneath; they never import a service, HTTP
+//!   or the wiring.
+//! - [`startup`] wires adapters ([`ports::Ports`]) into services and runs
+//!   the server and the background [`worker`]s.
 
 pub mod blob;
 pub mod config;

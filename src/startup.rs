@@ -1,5 +1,8 @@
-//! Builds the application from settings: picks an adapter per port, binds
-//! the listener, and runs until a shutdown signal.
+//! Builds the application from settings: picks an adapter per port
+//! ([`Ports::connect`]), builds the services on them once
+//! ([`AppState::with_ports`]), binds the listener, and runs the server and
+//! the background workers until a shutdown signal. The only module that
+//! knows every layer.
 
 use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 

@@ -3,6 +3,10 @@
 //! resource's lock and applies the write directly; `queue` enqueues it on an
 //! ordered per-key queue and waits for a worker to apply it (Redis Streams
 //! across instances, or in-process without Redis). The HTTP API is the same.
+//!
+//! A coordinator gets its ports when it is built (`Coordinator::run(&self,
+//! op)`), and every one ends in an [`Applier`]: the retried, counted
+//! transaction on the container repository.
 
 pub mod local;
 pub mod queue;

@@ -1,5 +1,7 @@
 //! The HTTP layer: routes, middleware, extractors. Handlers extract, call a
-//! service and map the result; the flows live in `domain`.
+//! service and map the result; the flows live in `domain`. This layer may
+//! import the domain and the ports' types, never the wiring (`startup`
+//! builds [`AppState`] and calls [`router`]).
 
 mod admin;
 mod agents;

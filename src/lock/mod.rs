@@ -1,6 +1,9 @@
 //! The `LockManager` port and [`Locks`], the facade the services use:
 //! strategy (wake-on-release or the seed's backoff), lease renewal,
-//! metrics, and the degradation policy when the lock backend is down.
+//! metrics, and the degradation policy when the lock backend is down: a
+//! lock is [`Held`] `Locked` or, in development with the backend down,
+//! `Degraded` (go on without it). [`Locks::with_lock`] is the one "take,
+//! work, release" sequence.
 
 mod backoff;
 pub mod memory;
