@@ -1,5 +1,5 @@
 //! Test support shared by the API tests (`tests/api`) and the benchmarks
-//! (`examples/bench.rs`), behind the `testing` feature: free ports, the
+//! (`examples/bench/`), behind the `testing` feature: free ports, the
 //! `filedock` binary as a child process, and the client calls both make.
 
 use std::{process::Child, time::Duration};
