@@ -156,7 +156,7 @@ impl AppState {
                 locks: locks.clone(),
                 txns,
             }),
-            containers: Arc::new(ContainerService::new(meta.clone(), coordinator.clone())),
+            containers: Arc::new(ContainerService::new(meta.clone(), coordinator)),
             reconciler: Arc::new(Reconciler {
                 files: meta.clone(),
                 cleanup: meta.clone(),
@@ -170,7 +170,6 @@ impl AppState {
                 metrics: metrics.clone(),
                 settings: settings.sweep.clone(),
             }),
-            coordinator,
             queue,
             settings,
             metrics,

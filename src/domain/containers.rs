@@ -11,7 +11,7 @@ use super::{
     commands::{Container, LinkKind, Operation},
 };
 use crate::{
-    coord::Coordinator,
+    coord::{Coordinator, QueueStats},
     meta::{AgentRecord, ContainerRepo, SessionRecord, UserRecord, now},
 };
 
@@ -24,6 +24,11 @@ pub struct ContainerService {
 impl ContainerService {
     pub fn new(meta: Arc<dyn ContainerRepo>, coordinator: Arc<dyn Coordinator>) -> Self {
         Self { meta, coordinator }
+    }
+
+    /// The queue's figures (queue mode; lock mode has none).
+    pub async fn queue_stats(&self) -> Option<QueueStats> {
+        self.coordinator.stats().await
     }
 
     pub async fn create_session(&self, user: &UserRecord) -> Result<SessionRecord, DomainError> {

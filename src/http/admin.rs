@@ -84,7 +84,7 @@ pub async fn queue(_: Admin, State(state): State<AppState>) -> ApiResult {
         crate::config::Coordination::Lock => "lock",
         crate::config::Coordination::Queue => "queue",
     };
-    let stats = state.coordinator.stats().await.unwrap_or_default();
+    let stats = state.containers.queue_stats().await.unwrap_or_default();
     let mut body = serde_json::to_value(&stats).map_err(ApiError::internal)?;
     body["mode"] = mode.into();
     ok(Json(body))

@@ -8,7 +8,7 @@ use secrecy::SecretString;
 
 use crate::{
     config::Settings,
-    coord::{Coordinator, queue::RedisQueue},
+    coord::queue::RedisQueue,
     domain::{
         containers::ContainerService, files::FileService, reconcile::Reconciler, sweeper::Sweeper,
         upload::UploadService, users::UserService,
@@ -29,10 +29,8 @@ pub struct AppState {
     pub containers: Arc<ContainerService>,
     pub sweeper: Arc<Sweeper>,
     pub reconciler: Arc<Reconciler>,
-    /// The queue's figures, for `GET /v1/admin/queue`.
-    pub coordinator: Arc<dyn Coordinator>,
     /// The Redis queue, whose workers run with the server (queue mode).
-    pub queue: Option<Arc<RedisQueue>>,
+    pub(crate) queue: Option<Arc<RedisQueue>>,
     /// The adapters themselves: for readiness checks, admin listings and tests.
     pub ports: Ports,
     /// Read through [`AppState::admin_key`].
