@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks: starts the real test stack (scripts/stack.sh), builds filedock and
-# its load generator (examples/bench.rs) in release mode, runs every scenario
+# its load generator (examples/bench/) in release mode, runs every scenario
 # against filedock servers on loopback, and prints one markdown table.
 # `scripts/bench.sh 1 6` runs scenarios 1 and 6 only.
 set -euo pipefail

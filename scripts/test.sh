@@ -3,6 +3,7 @@
 # the API suite again against real Redis, MongoDB (SecantusDB) and S3 (s3s-fs),
 # which it installs (once, into ~/.cache/filedock), starts and stops itself.
 # The session/agent tests run once more in queue mode on each backend.
+# First, scripts/layers.sh checks that src/ keeps its dependency rule.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
@@ -10,6 +11,8 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-0}"
 # shellcheck source=scripts/stack.sh
 source scripts/stack.sh
 
+echo "== filedock tests: the layers of src/ (dependency rule, no cycle)"
+bash scripts/layers.sh
 echo "== filedock checks: docker-compose.yml parses and pins every image"
 bash scripts/compose-check.sh
 echo "== filedock tests: embedded adapters"

@@ -23,7 +23,7 @@ pub struct Settings {
     pub redis_prefix: String,
     pub s3: Option<S3Settings>,
     pub lock: LockSettings,
-    pub txn_retry: TxnRetrySettings,
+    pub txn_retry: TxnRetryPolicy,
     pub sweep: SweepSettings,
     pub coordination: Coordination,
     /// Queue mode: a waiter waits this long plus 2 s per operation ahead of
@@ -82,10 +82,29 @@ pub struct SweepSettings {
     pub max_retries: i32,
 }
 
-#[derive(Clone, Debug)]
-pub struct TxnRetrySettings {
+/// Retry a whole transaction on `WriteConflict`: at most `max_attempts`
+/// attempts, sleeping `attempt² × base_delay` before each (0, 50, 200 ms
+/// with the defaults). [`crate::meta::retry::with_txn_retry`] applies it.
+#[derive(Clone, Copy, Debug)]
+pub struct TxnRetryPolicy {
     pub max_attempts: u32,
     pub base_delay: Duration,
+}
+
+impl Default for TxnRetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(50),
+        }
+    }
+}
+
+impl TxnRetryPolicy {
+    /// The sleep before attempt `attempt` (0-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        self.base_delay * attempt * attempt
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,10 +205,7 @@ impl Settings {
                 ttl: Duration::from_secs(300),
                 wait_timeout: Duration::from_secs(30),
             },
-            txn_retry: TxnRetrySettings {
-                max_attempts: 3,
-                base_delay: Duration::from_millis(50),
-            },
+            txn_retry: TxnRetryPolicy::default(),
             sweep: SweepSettings {
                 interval: Duration::from_secs(600),
                 intent_grace: Duration::from_secs(6 * 3600),

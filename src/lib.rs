@@ -1,20 +1,33 @@
 //! filedock: a file-upload backend where many writes to the same user,
 //! session or agent, arriving within milliseconds, all succeed.
+//!
+//! Dependencies point one way: `http → domain → ports ← adapters`
+//! (`scripts/layers.sh` checks it; README "Layout" has the table).
+//! - [`http`] extracts, calls one service, maps the result; only it knows
+//!   status codes ([`http::error::ApiError`] wraps [`domain::DomainError`]).
+//! - [`domain`] holds the flows, as services that own the ports they use;
+//!   its vocabulary ([`domain::ids`], [`domain::commands`]) imports nothing
+//!   and every layer may use it.
+//! - The ports ([`meta`], [`blob`], [`lock`], [`coord`]) are narrow traits,
+//!   each with its adapters underneath; they never import a service, HTTP
+//!   or the wiring.
+//! - [`startup`] wires adapters ([`ports::Ports`]) into services and runs
+//!   the server and the background [`worker`]s.
 
 pub mod blob;
 pub mod config;
 pub mod coord;
 pub mod domain;
-pub mod error;
 pub mod http;
 pub mod lock;
 pub mod meta;
 pub mod metrics;
-pub mod reconcile;
-pub mod retry;
+pub mod ports;
 pub mod startup;
-pub mod sweeper;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod worker;
 
 /// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names
 /// this point, the process dies here as if killed (no unwinding, no cleanup).

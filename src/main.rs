@@ -3,10 +3,9 @@
 use clap::{Parser, Subcommand};
 use filedock::{
     config::Settings,
-    domain::users,
-    reconcile::reconcile,
-    startup::{AppState, Application, open_metadata, shutdown_signal},
-    sweeper::{Outcome, Sweeper},
+    domain::{sweeper::Outcome, users},
+    http::AppState,
+    startup::{Application, open_metadata, shutdown_signal},
     telemetry,
 };
 
@@ -73,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Sweep => {
             let state = AppState::build(settings).await?;
-            let outcome = Sweeper::new(state).try_run_once().await?;
+            let outcome = state.sweeper.try_run_once().await?;
             println!("{}", serde_json::to_string(&outcome)?);
             match outcome {
                 Outcome::Swept(r) if r.orphans_failed > 0 => std::process::exit(1),
@@ -82,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Reconcile { delete } => {
             let state = AppState::build(settings).await?;
-            let report = reconcile(&state, delete).await?;
+            let report = state.reconciler.reconcile(delete).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }

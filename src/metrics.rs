@@ -18,6 +18,12 @@ pub struct OpLabel {
     pub op: String,
 }
 
+/// A matched route (`/v1/files/{id}`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub route: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     pub method: String,
@@ -41,7 +47,7 @@ fn latency_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     pub http_requests: Family<HttpLabels, Counter>,
-    pub http_duration: Family<OpLabel, Histogram>,
+    pub http_duration: Family<RouteLabel, Histogram>,
     pub lock_wait: Family<LevelLabel, Histogram>,
     pub lock_timeouts: Family<LevelLabel, Counter>,
     pub lock_degraded: Family<LevelLabel, Counter>,

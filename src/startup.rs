@@ -1,5 +1,8 @@
-//! Builds the application from settings: picks an adapter per port, binds
-//! the listener, and runs until a shutdown signal.
+//! Builds the application from settings: picks an adapter per port
+//! ([`Ports::connect`]), builds the services on them once
+//! ([`AppState::with_ports`]), binds the listener, and runs the server and
+//! the background workers until a shutdown signal. The only module that
+//! knows every layer.
 
 use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
@@ -16,39 +19,27 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     blob::{BlobStore, fs::FsBlobStore, s3::S3BlobStore},
     config::{Coordination, Settings},
-    coord::{Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
+    coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
-        upload::UploadSlots,
-        users::{AuthCache, auth_cache, new_api_key},
+        containers::ContainerService,
+        files::FileService,
+        reconcile::Reconciler,
+        sweeper::{SweepWorker, Sweeper},
+        upload::{UploadService, UploadSlots},
+        users::{UserService, auth_cache, new_api_key},
     },
-    http,
+    http::{self, AppState},
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
+    meta::retry::Transactions,
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
-    retry::TxnRetryPolicy,
-    sweeper::Sweeper,
+    ports::Ports,
+    worker,
 };
 
-/// What every handler and service gets: settings and one adapter per port.
-#[derive(Clone)]
-pub struct AppState {
-    pub settings: Arc<Settings>,
-    pub meta: Arc<dyn MetadataStore>,
-    pub blobs: Arc<dyn BlobStore>,
-    pub locks: Arc<Locks>,
-    pub metrics: Arc<Metrics>,
-    pub txn_retry: TxnRetryPolicy,
-    pub coordinator: Arc<dyn Coordinator>,
-    pub auth_cache: AuthCache,
-    pub upload_slots: Arc<UploadSlots>,
-    /// The Redis queue, whose workers run with the server (queue mode).
-    pub queue: Option<Arc<RedisQueue>>,
-    admin_key: SecretString,
-}
-
-impl AppState {
+impl Ports {
     /// Connects every adapter the settings name (embedded where unset).
-    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+    pub async fn connect(settings: &Settings) -> anyhow::Result<Self> {
         let embedded: Vec<&str> = [
             settings
                 .mongodb_uri
@@ -75,7 +66,7 @@ impl AppState {
                 embedded.join(", ")
             );
         }
-        let meta = open_metadata(&settings).await?;
+        let meta = open_metadata(settings).await?;
         let metrics = Arc::new(Metrics::default());
         let blobs: Arc<dyn BlobStore> = match &settings.s3 {
             Some(s3) => Arc::new(
@@ -92,44 +83,100 @@ impl AppState {
             )?),
             None => Arc::new(MemoryLocks::new()),
         };
+        let locks = Arc::new(Locks::new(
+            lock_manager,
+            settings.lock.clone(),
+            settings.is_production(),
+            metrics.clone(),
+        ));
+        Ok(Self {
+            meta,
+            blobs,
+            locks,
+            metrics,
+        })
+    }
+}
+
+impl AppState {
+    /// Connects every adapter the settings name and builds the services.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let ports = Ports::connect(&settings).await?;
+        Self::with_ports(settings, ports)
+    }
+
+    /// Builds the services on `ports`.
+    pub fn with_ports(settings: Settings, ports: Ports) -> anyhow::Result<Self> {
+        let Ports {
+            meta,
+            blobs,
+            locks,
+            metrics,
+        } = ports.clone();
         let admin_key = admin_key(&settings)?;
+        let txns = Transactions::new(settings.txn_retry, metrics.clone());
+        let applier = Applier::new(meta.clone(), txns.clone());
         let queue = match (settings.coordination, &settings.redis_url) {
             (Coordination::Queue, Some(url)) => Some(Arc::new(RedisQueue::connect(
                 url.expose_secret(),
                 &settings.redis_prefix,
+                locks.clone(),
+                applier.clone(),
+                metrics.clone(),
+                settings.queue_wait,
             )?)),
             _ => None,
         };
         let coordinator: Arc<dyn Coordinator> = match (&queue, settings.coordination) {
             (Some(q), _) => q.clone(),
-            (None, Coordination::Queue) => Arc::new(LocalQueue::default()),
-            (None, Coordination::Lock) => Arc::new(LockCoordinator),
+            (None, Coordination::Queue) => Arc::new(LocalQueue::new(applier)),
+            (None, Coordination::Lock) => Arc::new(LockCoordinator::new(locks.clone(), applier)),
         };
+        let settings = Arc::new(settings);
         Ok(Self {
-            locks: Arc::new(Locks::new(
-                lock_manager,
-                settings.lock.clone(),
-                settings.is_production(),
-                metrics.clone(),
+            users: Arc::new(UserService::new(
+                meta.clone(),
+                auth_cache(settings.auth_cache_ttl),
             )),
-            txn_retry: TxnRetryPolicy {
-                max_attempts: settings.txn_retry.max_attempts,
-                base_delay: settings.txn_retry.base_delay,
-            },
-            auth_cache: auth_cache(settings.auth_cache_ttl),
-            upload_slots: Arc::default(),
-            settings: Arc::new(settings),
-            coordinator,
+            // Each service gets the narrow repositories it uses; one store
+            // serves them all.
+            uploads: Arc::new(UploadService {
+                files: meta.clone(),
+                cleanup: meta.clone(),
+                blobs: blobs.clone(),
+                locks: locks.clone(),
+                txns: txns.clone(),
+                metrics: metrics.clone(),
+                settings: settings.clone(),
+                upload_slots: UploadSlots::default(),
+            }),
+            files: Arc::new(FileService {
+                files: meta.clone(),
+                cleanup: meta.clone(),
+                blobs: blobs.clone(),
+                locks: locks.clone(),
+                txns,
+            }),
+            containers: Arc::new(ContainerService::new(meta.clone(), coordinator)),
+            reconciler: Arc::new(Reconciler {
+                files: meta.clone(),
+                cleanup: meta.clone(),
+                blobs: blobs.clone(),
+                intent_grace: settings.sweep.intent_grace,
+            }),
+            sweeper: Arc::new(Sweeper {
+                meta,
+                blobs,
+                locks,
+                metrics: metrics.clone(),
+                settings: settings.sweep.clone(),
+            }),
             queue,
-            meta,
-            blobs,
+            settings,
             metrics,
+            ports,
             admin_key,
         })
-    }
-
-    pub fn admin_key(&self) -> &SecretString {
-        &self.admin_key
     }
 }
 
@@ -218,10 +265,11 @@ impl Application {
         let router = http::router(self.state.clone());
         let interval = self.state.settings.sweep.interval;
         if !interval.is_zero() {
-            tokio::spawn(Sweeper::new(self.state.clone()).run(interval, shutdown.child_token()));
+            let sweeper = SweepWorker::new(self.state.sweeper.clone(), interval);
+            worker::spawn(sweeper, shutdown.child_token());
         }
         if let Some(queue) = &self.state.queue {
-            queue.spawn_workers(self.state.clone(), shutdown.child_token());
+            queue.spawn_workers(shutdown.child_token());
         }
         tracing::info!(addr = %self.local_addr(), "filedock listening");
         let settings = &self.state.settings;
@@ -296,9 +344,4 @@ pub fn shutdown_signal() -> CancellationToken {
         fire.cancel();
     });
     token
-}
-
-/// Whether `presented` is the admin key.
-pub fn is_admin_key(state: &AppState, presented: &str) -> bool {
-    crate::domain::users::secrets_match(presented, state.admin_key.expose_secret())
 }

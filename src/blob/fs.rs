@@ -7,11 +7,11 @@ use std::{
 };
 
 use async_trait::async_trait;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio_util::io::ReaderStream;
 
-use super::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob};
+use super::{BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob};
 
 pub struct FsBlobStore {
     root: PathBuf,
@@ -86,10 +86,12 @@ impl BlobStore for FsBlobStore {
             .await
             .map_err(io_err)?;
         Ok(match range {
-            None => ReaderStream::new(file).boxed(),
+            None => ReaderStream::new(file).map_err(BodyError::Read).boxed(),
             Some(r) => {
                 file.seek(SeekFrom::Start(r.start)).await.map_err(io_err)?;
-                ReaderStream::new(file.take(r.len())).boxed()
+                ReaderStream::new(file.take(r.len()))
+                    .map_err(BodyError::Read)
+                    .boxed()
             }
         })
     }

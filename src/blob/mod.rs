@@ -3,7 +3,7 @@
 pub mod fs;
 pub mod s3;
 
-use std::io;
+use std::{io, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -11,7 +11,25 @@ use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
 
 /// A stream of body chunks.
-pub type ByteStream<'a> = BoxStream<'a, io::Result<Bytes>>;
+pub type ByteStream<'a> = BoxStream<'a, Result<Bytes, BodyError>>;
+
+/// Why a body stream ended early. A typed error, so that whoever reads the
+/// stream can tell the client's fault from the store's without guessing.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The client sent nothing for this long.
+    #[error("the client sent nothing for {0:?}")]
+    Idle(Duration),
+    /// The body grew past this many bytes.
+    #[error("the body is larger than {0} bytes")]
+    TooLarge(u64),
+    /// The body is malformed (e.g. a bad multipart structure).
+    #[error("{0}")]
+    Invalid(String),
+    /// Reading failed: the client went away, or a read from the store failed.
+    #[error("{0}")]
+    Read(#[from] io::Error),
+}
 
 /// An inclusive byte range `start..=end`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +62,7 @@ pub enum BlobError {
     NotFound,
     /// The body stream itself failed (client went away, limit hit): not the store's fault.
     #[error("body: {0}")]
-    Body(io::Error),
+    Body(BodyError),
     #[error("blob store unavailable: {0}")]
     Unavailable(String),
     #[error("blob store error: {0}")]

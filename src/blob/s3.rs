@@ -18,12 +18,12 @@ use aws_sdk_s3::{
     types::{CompletedMultipartUpload, CompletedPart},
 };
 use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use secrecy::ExposeSecret;
 use tokio::task::JoinSet;
 use tokio_util::io::ReaderStream;
 
-use super::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob};
+use super::{BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob};
 use crate::{
     config::S3Settings,
     metrics::{Metrics, OutcomeLabel},
@@ -377,7 +377,9 @@ impl BlobStore for S3BlobStore {
             .send()
             .await
             .map_err(sdk_err)?;
-        Ok(ReaderStream::new(out.body.into_async_read()).boxed())
+        Ok(ReaderStream::new(out.body.into_async_read())
+            .map_err(BodyError::Read)
+            .boxed())
     }
 
     async fn delete(&self, key: &str) -> Result<(), BlobError> {
@@ -458,7 +460,7 @@ mod tests {
     /// Cuts chunks of the given lengths into parts of `size`.
     async fn parts_of(chunks: &[usize], size: usize) -> (Vec<Bytes>, Vec<u8>) {
         let mut all = Vec::new();
-        let body: Vec<std::io::Result<Bytes>> = chunks
+        let body: Vec<Result<Bytes, BodyError>> = chunks
             .iter()
             .enumerate()
             .map(|(i, &n)| {

@@ -5,27 +5,28 @@
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use super::{BUCKETS, Coordinator, Operation, apply, bucket_of};
-use crate::{error::ApiError, startup::AppState};
+use super::{Applier, BUCKETS, CoordError, Coordinator, Operation, bucket_of};
 
 pub struct LocalQueue {
     buckets: Vec<Mutex<()>>,
+    applier: Applier,
 }
 
-impl Default for LocalQueue {
-    fn default() -> Self {
+impl LocalQueue {
+    pub fn new(applier: Applier) -> Self {
         Self {
             buckets: (0..BUCKETS).map(|_| Mutex::new(())).collect(),
+            applier,
         }
     }
 }
 
 #[async_trait]
 impl Coordinator for LocalQueue {
-    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError> {
+    async fn run(&self, op: Operation) -> Result<(), CoordError> {
         let _turn = self.buckets[bucket_of(&op.lock_key()) as usize]
             .lock()
             .await;
-        Ok(apply(state, &op, None, None).await?)
+        Ok(self.applier.apply(&op, None, None).await?)
     }
 }

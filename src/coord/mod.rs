@@ -3,22 +3,25 @@
 //! resource's lock and applies the write directly; `queue` enqueues it on an
 //! ordered per-key queue and waits for a worker to apply it (Redis Streams
 //! across instances, or in-process without Redis). The HTTP API is the same.
+//!
+//! A coordinator gets its ports when it is built (`Coordinator::run(&self,
+//! op)`), and every one ends in an [`Applier`]: the retried, counted
+//! transaction on the container repository.
 
 pub mod local;
 pub mod queue;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use crate::meta::Operation;
+pub use crate::domain::commands::Operation;
 use crate::{
-    error::ApiError,
-    lock::LockKey,
-    meta::{Container, Fence, MetaError, MetaResult},
-    retry::with_txn_retry,
-    startup::AppState,
+    domain::commands::Container,
+    lock::{LockError, LockKey, Locks},
+    meta::retry::Transactions,
+    meta::{ContainerRepo, Fence, MetaError, MetaResult},
 };
 
 impl Operation {
@@ -74,39 +77,81 @@ impl Operation {
     }
 }
 
-/// Applies `op` in a retried transaction. With an `op_id`, a redelivered
-/// operation is applied once (`processed_ops`).
-pub async fn apply(
-    state: &AppState,
-    op: &Operation,
-    fence: Option<Fence>,
-    op_id: Option<&str>,
-) -> MetaResult<()> {
-    let result = with_txn_retry(&state.txn_retry, || {
-        state.meta.apply_op(op, fence.as_ref(), op_id)
-    })
-    .await;
-    match result {
-        Ok(r) => {
-            state.metrics.observe_txn(op.metric_op(), r.retries);
-            Ok(())
-        }
-        Err(MetaError::AlreadyApplied) => Ok(()),
-        Err(e) => {
-            if e.is_write_conflict() {
-                state
-                    .metrics
-                    .observe_txn(op.metric_op(), state.txn_retry.max_attempts - 1);
-            }
-            Err(e)
+/// Applies operations to the metadata store: what every coordinator ends in.
+#[derive(Clone)]
+pub struct Applier {
+    meta: Arc<dyn ContainerRepo>,
+    txns: Transactions,
+}
+
+impl Applier {
+    pub fn new(meta: Arc<dyn ContainerRepo>, txns: Transactions) -> Self {
+        Self { meta, txns }
+    }
+
+    /// Applies `op` in a retried transaction. With an `op_id`, a redelivered
+    /// operation is applied once (`processed_ops`).
+    pub async fn apply(
+        &self,
+        op: &Operation,
+        fence: Option<Fence>,
+        op_id: Option<&str>,
+    ) -> MetaResult<()> {
+        let result = self
+            .txns
+            .run(op.metric_op(), || {
+                self.meta.apply_op(op, fence.as_ref(), op_id)
+            })
+            .await;
+        match result {
+            Ok(_) | Err(MetaError::AlreadyApplied) => Ok(()),
+            Err(e) => Err(e),
         }
     }
+
+    /// Settles a queued operation whose waiter gave up (see
+    /// [`ContainerRepo::cancel_op`]): `true` if it can no longer apply,
+    /// `false` if it already did.
+    pub async fn cancel(&self, op_id: &str) -> MetaResult<bool> {
+        Ok(self
+            .txns
+            .run("cancel_op", || self.meta.cancel_op(op_id))
+            .await?
+            .value)
+    }
+
+    /// Applies queued operations in one transaction (see [`ContainerRepo::apply_group`]).
+    pub async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+        self.meta.apply_group(ops, fence).await
+    }
+}
+
+/// Why a coordinated write did not apply (or may not have).
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    /// The change may or may not have applied (a lost answer; a queued
+    /// operation that could not be cancelled). The resource to read to find out.
+    #[error("the operation may or may not have applied; read {0} to find out")]
+    OutcomeUnknown(String),
+    /// Still queued when the wait ran out; cancelled, so it never applies.
+    #[error("timed out waiting in the queue; the operation was cancelled")]
+    Cancelled,
+    /// It kept failing and was moved to the dead-letter queue.
+    #[error("{0}")]
+    DeadLettered(String),
+    /// A queue worker answered with this error code.
+    #[error("queued operation failed: {0}")]
+    Failed(String),
 }
 
 #[async_trait]
 pub trait Coordinator: Send + Sync {
     /// Applies `op` and answers when it is applied (or failed).
-    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError>;
+    async fn run(&self, op: Operation) -> Result<(), CoordError>;
 
     /// The queue's figures, for `GET /v1/admin/queue` (lock mode has none).
     async fn stats(&self) -> Option<QueueStats> {
@@ -115,36 +160,35 @@ pub trait Coordinator: Send + Sync {
 }
 
 /// The direct path: take the resource's lock, apply, release.
-pub struct LockCoordinator;
+pub struct LockCoordinator {
+    locks: Arc<Locks>,
+    applier: Applier,
+}
+
+impl LockCoordinator {
+    pub fn new(locks: Arc<Locks>, applier: Applier) -> Self {
+        Self { locks, applier }
+    }
+}
 
 #[async_trait]
 impl Coordinator for LockCoordinator {
-    async fn run(&self, state: &AppState, op: Operation) -> Result<(), ApiError> {
-        self.run_as(state, op, None).await
+    async fn run(&self, op: Operation) -> Result<(), CoordError> {
+        self.run_as(op, None).await
     }
 }
 
 impl LockCoordinator {
     /// Runs `op`, recording `op_id` with it when it has one (an operation
-    /// that may also sit in the queue must apply once, whichever path
-    /// gets to it first).
-    pub async fn run_as(
-        &self,
-        state: &AppState,
-        op: Operation,
-        op_id: Option<&str>,
-    ) -> Result<(), ApiError> {
-        let guard = state.locks.acquire(&op.lock_key()).await?;
-        let fence = guard.as_ref().map(|g| Fence {
-            slot: op.fence_slot().into(),
-            token: g.fence() as i64,
-            pinned: false,
-        });
-        let result = apply(state, &op, fence, op_id).await;
-        if let Some(g) = guard {
-            g.release().await;
-        }
-        Ok(result?)
+    /// that may also sit in the queue must apply once, whichever path gets
+    /// to it first).
+    pub async fn run_as(&self, op: Operation, op_id: Option<&str>) -> Result<(), CoordError> {
+        self.locks
+            .with_lock(&op.lock_key(), async |held| {
+                let fence = Fence::of_lock(held.fence(), op.fence_slot());
+                Ok(self.applier.apply(&op, fence, op_id).await?)
+            })
+            .await
     }
 }
 
@@ -223,21 +267,22 @@ impl OpOutcome {
         }
     }
 
-    pub fn error(e: &ApiError) -> Self {
+    /// Either side of the operation is not the owner's.
+    pub fn not_found() -> Self {
         Self {
-            code: Some(e.code().into()),
-            message: Some(e.to_string()),
+            code: Some("not_found".into()),
+            message: Some("not found".into()),
         }
     }
 
-    pub fn into_result(self) -> Result<(), ApiError> {
+    pub fn into_result(self) -> Result<(), CoordError> {
         match self.code.as_deref() {
             None => Ok(()),
-            Some("not_found") => Err(ApiError::NotFound),
-            Some("dead_lettered") => Err(ApiError::DeadLettered(self.message.unwrap_or_default())),
-            Some(code) => Err(ApiError::internal(anyhow::anyhow!(
-                "queued operation failed: {code}"
-            ))),
+            Some("not_found") => Err(MetaError::NotFound.into()),
+            Some("dead_lettered") => {
+                Err(CoordError::DeadLettered(self.message.unwrap_or_default()))
+            }
+            Some(code) => Err(CoordError::Failed(code.to_owned())),
         }
     }
 }
@@ -245,7 +290,7 @@ impl OpOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::LinkKind;
+    use crate::domain::commands::LinkKind;
 
     #[test]
     fn buckets_are_stable_and_spread() {

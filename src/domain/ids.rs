@@ -103,12 +103,14 @@ impl SizeCategory {
         }
     }
 
-    /// The category a file was stored under (as `as_str` wrote it).
-    pub fn from_stored(s: &str) -> Self {
+    /// The category a file was stored under (as `as_str` wrote it);
+    /// `None` for anything else, which no filedock wrote.
+    pub fn parse(s: &str) -> Option<Self> {
         match s {
-            "small" => Self::Small,
-            "medium" => Self::Medium,
-            _ => Self::Large,
+            "small" => Some(Self::Small),
+            "medium" => Some(Self::Medium),
+            "large" => Some(Self::Large),
+            _ => None,
         }
     }
 

@@ -6,11 +6,32 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::UserId;
-use crate::{
-    error::ApiError,
-    meta::{MetadataStore, UserRecord},
-};
+use std::sync::Arc;
+
+use super::{DomainError, UserId};
+use crate::meta::{UserRecord, UserRepo};
+
+/// Users and their keys, and the ports that takes.
+pub struct UserService {
+    meta: Arc<dyn UserRepo>,
+    auth_cache: AuthCache,
+}
+
+impl UserService {
+    pub fn new(meta: Arc<dyn UserRepo>, auth_cache: AuthCache) -> Self {
+        Self { meta, auth_cache }
+    }
+
+    /// Creates a user; returns the record and the API key (shown once).
+    pub async fn create_user(&self, name: &str) -> Result<(UserRecord, String), DomainError> {
+        create_user(self.meta.as_ref(), name).await
+    }
+
+    /// The user a bearer key belongs to (see [`authenticate`]).
+    pub async fn authenticate(&self, presented: &str) -> Result<UserRecord, DomainError> {
+        authenticate(self.meta.as_ref(), &self.auth_cache, presented).await
+    }
+}
 
 /// SHA-256 of a presented key, hex.
 pub fn hash_key(key: &str) -> String {
@@ -31,10 +52,10 @@ pub fn secrets_match(presented: &str, expected: &str) -> bool {
         .into()
 }
 
-fn parse_name(raw: &str) -> Result<String, ApiError> {
+fn parse_name(raw: &str) -> Result<String, DomainError> {
     let name = raw.trim();
     if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
-        return Err(ApiError::InvalidRequest(
+        return Err(DomainError::InvalidRequest(
             "name must be 1 to 100 characters without control characters".into(),
         ));
     }
@@ -43,9 +64,9 @@ fn parse_name(raw: &str) -> Result<String, ApiError> {
 
 /// Creates a user; returns the record and the API key (shown once).
 pub async fn create_user(
-    meta: &dyn MetadataStore,
+    meta: &dyn UserRepo,
     name: &str,
-) -> Result<(UserRecord, String), ApiError> {
+) -> Result<(UserRecord, String), DomainError> {
     let key = new_api_key();
     let user = UserRecord {
         id: UserId::new().to_string(),
@@ -65,10 +86,10 @@ pub async fn create_user(
 /// authenticate; the record's `used_bytes` may be that old (the commit
 /// checks the quota again).
 pub async fn authenticate(
-    meta: &dyn MetadataStore,
+    meta: &dyn UserRepo,
     cache: &AuthCache,
     presented: &str,
-) -> Result<UserRecord, ApiError> {
+) -> Result<UserRecord, DomainError> {
     let hash = hash_key(presented);
     if let Some(user) = cache.get(&hash) {
         return Ok(user);
@@ -76,14 +97,14 @@ pub async fn authenticate(
     let user = meta
         .user_by_key_hash(&hash)
         .await?
-        .ok_or(ApiError::Unauthenticated)?;
+        .ok_or(DomainError::Unauthenticated)?;
     // The lookup matched by hash already; compare again in constant time so
     // no store's index behaviour decides authentication.
     if bool::from(user.api_key_hash.as_bytes().ct_eq(hash.as_bytes())) {
         cache.insert(hash, user.clone());
         Ok(user)
     } else {
-        Err(ApiError::Unauthenticated)
+        Err(DomainError::Unauthenticated)
     }
 }
 

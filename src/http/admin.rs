@@ -4,14 +4,13 @@ use axum::{Json, extract::State, http::StatusCode};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::error::ApiError;
 use super::{
-    ApiResult,
+    ApiResult, AppState,
     extract::{Admin, AppJson, AppQuery},
     ok,
 };
-use crate::{
-    domain::users, error::ApiError, meta::OrphanStatus, startup::AppState, sweeper::Sweeper,
-};
+use crate::meta::OrphanStatus;
 
 #[derive(Deserialize)]
 pub struct NewUser {
@@ -24,7 +23,7 @@ pub async fn create_user(
     State(state): State<AppState>,
     AppJson(body): AppJson<NewUser>,
 ) -> ApiResult {
-    let (user, key) = users::create_user(state.meta.as_ref(), &body.name).await?;
+    let (user, key) = state.users.create_user(&body.name).await?;
     ok((
         StatusCode::CREATED,
         Json(json!({"id": user.id, "name": user.name, "api_key": key})),
@@ -45,11 +44,10 @@ pub async fn orphans(
 ) -> ApiResult {
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(ApiError::InvalidRequest(
-            "limit must be between 1 and 1000".into(),
-        ));
+        return Err(ApiError::invalid("limit must be between 1 and 1000"));
     }
     let orphans: Vec<_> = state
+        .ports
         .meta
         .orphans(q.status, limit)
         .await?
@@ -72,7 +70,8 @@ pub async fn orphans(
 
 /// `POST /v1/admin/sweep`: one sweeper pass now.
 pub async fn sweep(_: Admin, State(state): State<AppState>) -> ApiResult {
-    let outcome = Sweeper::new(state)
+    let outcome = state
+        .sweeper
         .try_run_once()
         .await
         .map_err(ApiError::internal)?;
@@ -85,7 +84,7 @@ pub async fn queue(_: Admin, State(state): State<AppState>) -> ApiResult {
         crate::config::Coordination::Lock => "lock",
         crate::config::Coordination::Queue => "queue",
     };
-    let stats = state.coordinator.stats().await.unwrap_or_default();
+    let stats = state.containers.queue_stats().await.unwrap_or_default();
     let mut body = serde_json::to_value(&stats).map_err(ApiError::internal)?;
     body["mode"] = mode.into();
     ok(Json(body))

@@ -9,15 +9,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    ApiResult,
+    ApiResult, AppState,
     extract::{AppJson, AuthUser},
     ok,
     sessions::FileRef,
 };
 use crate::{
-    domain::containers,
-    meta::{AgentRecord, Container, LinkKind},
-    startup::AppState,
+    domain::commands::{Container, LinkKind},
+    meta::AgentRecord,
 };
 
 fn view(a: AgentRecord) -> Json<Value> {
@@ -44,7 +43,7 @@ pub async fn create(
 ) -> ApiResult {
     ok((
         StatusCode::CREATED,
-        view(containers::create_agent(&state, &user, &body.name).await?),
+        view(state.containers.create_agent(&user, &body.name).await?),
     ))
 }
 
@@ -54,7 +53,7 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    ok(view(containers::agent(&state, &user, &id).await?))
+    ok(view(state.containers.agent(&user, &id).await?))
 }
 
 /// `POST /v1/agents/{id}/files {"file_id"}`: attach (idempotent) → the agent.
@@ -64,15 +63,11 @@ pub async fn attach(
     Path(id): Path<String>,
     AppJson(body): AppJson<FileRef>,
 ) -> ApiResult {
-    containers::set_attachment(
-        &state,
-        &user,
-        Container::Agent(id.clone()),
-        &body.file_id,
-        true,
-    )
-    .await?;
-    ok(view(containers::agent(&state, &user, &id).await?))
+    state
+        .containers
+        .set_attachment(&user, Container::Agent(id.clone()), &body.file_id, true)
+        .await?;
+    ok(view(state.containers.agent(&user, &id).await?))
 }
 
 /// `DELETE /v1/agents/{id}/files/{file_id}`: detach (idempotent) → the agent.
@@ -81,9 +76,11 @@ pub async fn detach(
     State(state): State<AppState>,
     Path((id, file_id)): Path<(String, String)>,
 ) -> ApiResult {
-    containers::set_attachment(&state, &user, Container::Agent(id.clone()), &file_id, false)
+    state
+        .containers
+        .set_attachment(&user, Container::Agent(id.clone()), &file_id, false)
         .await?;
-    ok(view(containers::agent(&state, &user, &id).await?))
+    ok(view(state.containers.agent(&user, &id).await?))
 }
 
 async fn link(
@@ -95,8 +92,11 @@ async fn link(
     connected: bool,
 ) -> ApiResult {
     let AuthUser(user) = user;
-    containers::set_link(&state, &user, &id, kind, &link_id, connected).await?;
-    ok(view(containers::agent(&state, &user, &id).await?))
+    state
+        .containers
+        .set_link(&user, &id, kind, &link_id, connected)
+        .await?;
+    ok(view(state.containers.agent(&user, &id).await?))
 }
 
 /// `PUT /v1/agents/{id}/mcps/{mcp_id}`: connect (idempotent) → the agent.

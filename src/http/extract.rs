@@ -7,11 +7,12 @@ use axum::{
 };
 use serde::de::DeserializeOwned;
 
+use secrecy::ExposeSecret;
+
+use super::{AppState, error::ApiError};
 use crate::{
-    domain::users,
-    error::ApiError,
+    domain::{DomainError, users::secrets_match},
     meta::UserRecord,
-    startup::{AppState, is_admin_key},
 };
 
 fn bearer(parts: &Parts) -> Option<&str> {
@@ -30,10 +31,8 @@ impl FromRequestParts<AppState> for AuthUser {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let key = bearer(parts).ok_or(ApiError::Unauthenticated)?;
-        Ok(Self(
-            users::authenticate(state.meta.as_ref(), &state.auth_cache, key).await?,
-        ))
+        let key = bearer(parts).ok_or(DomainError::Unauthenticated)?;
+        Ok(Self(state.users.authenticate(key).await?))
     }
 }
 
@@ -45,8 +44,8 @@ impl FromRequestParts<AppState> for Admin {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         match bearer(parts) {
-            Some(key) if is_admin_key(state, key) => Ok(Self),
-            _ => Err(ApiError::Unauthenticated),
+            Some(key) if secrets_match(key, state.admin_key.expose_secret()) => Ok(Self),
+            _ => Err(DomainError::Unauthenticated.into()),
         }
     }
 }
@@ -62,10 +61,11 @@ impl<T: DeserializeOwned> FromRequest<AppState> for AppJson<T> {
         let limit = state.settings.body_idle_timeout;
         match tokio::time::timeout(limit, axum::Json::<T>::from_request(req, state)).await {
             Ok(json) => Ok(Self(json?.0)),
-            Err(_) => Err(ApiError::RequestTimeout(format!(
+            Err(_) => Err(DomainError::RequestTimeout(format!(
                 "the request body did not arrive within {} s",
                 limit.as_secs_f64()
-            ))),
+            ))
+            .into()),
         }
     }
 }

@@ -13,20 +13,16 @@ use futures::TryStreamExt;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 
+use super::error::ApiError;
 use super::{
-    ApiResult,
+    ApiResult, AppState,
     extract::{AppQuery, AuthUser},
     multipart, ok,
 };
 use crate::{
-    blob::ByteRange,
-    domain::{
-        Filename, files,
-        upload::{self, NewUpload},
-    },
-    error::ApiError,
+    blob::{BodyError, ByteRange},
+    domain::{Filename, upload::NewUpload},
     meta::FileRecord,
-    startup::AppState,
 };
 
 /// A file as the API shows it.
@@ -71,8 +67,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         Ok(k) if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()) => {
             Ok(Some(k.to_owned()))
         }
-        _ => Err(ApiError::InvalidRequest(
-            "Idempotency-Key must be 1 to 255 visible ASCII characters".into(),
+        _ => Err(ApiError::invalid(
+            "Idempotency-Key must be 1 to 255 visible ASCII characters",
         )),
     }
 }
@@ -99,7 +95,7 @@ pub async fn upload(
         .starts_with("multipart/form-data")
     {
         let boundary = multer::parse_boundary(content_type)
-            .map_err(|e| ApiError::InvalidRequest(format!("bad multipart Content-Type: {e}")))?;
+            .map_err(|e| ApiError::invalid(format!("bad multipart Content-Type: {e}")))?;
         let mp = multer::Multipart::new(body.into_data_stream(), boundary);
         let (part, stream) = multipart::file_part(mp).await?;
         let name = q
@@ -107,7 +103,7 @@ pub async fn upload(
             .or(part.filename)
             .unwrap_or_else(|| DEFAULT_FILENAME.into());
         NewUpload {
-            filename: Filename::parse(&name).map_err(ApiError::InvalidRequest)?,
+            filename: Filename::parse(&name).map_err(ApiError::invalid)?,
             content_type: part
                 .content_type
                 .unwrap_or_else(|| "application/octet-stream".into()),
@@ -118,14 +114,17 @@ pub async fn upload(
     } else {
         let name = q.filename.unwrap_or_else(|| DEFAULT_FILENAME.into());
         NewUpload {
-            filename: Filename::parse(&name).map_err(ApiError::InvalidRequest)?,
+            filename: Filename::parse(&name).map_err(ApiError::invalid)?,
             content_type: content_type.to_owned(),
             declared_len,
-            body: Box::pin(body.into_data_stream().map_err(io::Error::other)),
+            body: Box::pin(
+                body.into_data_stream()
+                    .map_err(|e| BodyError::Read(io::Error::other(e))),
+            ),
             idempotency_key,
         }
     };
-    let uploaded = upload::upload(&state, &user, new).await?;
+    let uploaded = state.uploads.upload(&user, new).await?;
     let location = format!("/v1/files/{}", uploaded.file.id);
     let mut res = (StatusCode::CREATED, Json(FileView::from(uploaded.file))).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
@@ -158,11 +157,9 @@ pub async fn list(
 ) -> ApiResult {
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(ApiError::InvalidRequest(
-            "limit must be between 1 and 1000".into(),
-        ));
+        return Err(ApiError::invalid("limit must be between 1 and 1000"));
     }
-    let (files, next_cursor) = files::list(&state, &user, limit, q.cursor.as_deref()).await?;
+    let (files, next_cursor) = state.files.list(&user, limit, q.cursor.as_deref()).await?;
     ok(Json(FileList {
         files: files.into_iter().map(Into::into).collect(),
         next_cursor,
@@ -175,7 +172,7 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    ok(Json(FileView::from(files::find(&state, &user, &id).await?)))
+    ok(Json(FileView::from(state.files.find(&user, &id).await?)))
 }
 
 /// `DELETE /v1/files/{id}` → 204.
@@ -184,7 +181,7 @@ pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    files::delete(&state, &user, &id).await?;
+    state.files.delete(&user, &id).await?;
     ok(StatusCode::NO_CONTENT)
 }
 
@@ -195,7 +192,7 @@ pub async fn content(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let file = files::find(&state, &user, &id).await?;
+    let file = state.files.find(&user, &id).await?;
     let etag = format!("\"{}\"", file.sha256);
     let size = file.size as u64;
     if header_str(&headers, header::IF_NONE_MATCH)
@@ -207,7 +204,7 @@ pub async fn content(
         Some(raw) => requested_range(raw, size)?,
         None => None,
     };
-    let body = files::content(&state, &file, range).await?;
+    let body = state.files.content(&file, range).await?;
     let mut res = Body::from_stream(body).into_response();
     let h = res.headers_mut();
     let set = |h: &mut HeaderMap, name, value: String| {

@@ -9,8 +9,8 @@ use axum::{
 };
 use serde_json::{Map, Value, json};
 
+use super::AppState;
 use super::{ApiResult, ok};
-use crate::startup::AppState;
 
 pub async fn healthz() -> ApiResult {
     ok(Json(json!({"status": "ok"})))
@@ -25,13 +25,13 @@ pub async fn readyz(State(state): State<AppState>) -> ApiResult {
     };
     let (meta, blobs, locks) = tokio::join!(
         tokio::time::timeout(limit, async {
-            state.meta.ping().await.map_err(|e| e.to_string())
+            state.ports.meta.ping().await.map_err(|e| e.to_string())
         }),
         tokio::time::timeout(limit, async {
-            state.blobs.ping().await.map_err(|e| e.to_string())
+            state.ports.blobs.ping().await.map_err(|e| e.to_string())
         }),
         tokio::time::timeout(limit, async {
-            state.locks.ping().await.map_err(|e| e.to_string())
+            state.ports.locks.ping().await.map_err(|e| e.to_string())
         }),
     );
     let mut checks = Map::new();

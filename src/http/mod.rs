@@ -1,14 +1,20 @@
 //! The HTTP layer: routes, middleware, extractors. Handlers extract, call a
-//! service and map the result; the flows live in `domain`.
+//! service and map the result; the flows live in `domain`. This layer may
+//! import the domain and the ports' types, never the wiring (`startup`
+//! builds [`AppState`] and calls [`router`]).
 
 mod admin;
 mod agents;
+pub mod error;
 mod extract;
 mod files;
 mod health;
 mod multipart;
 mod page;
 mod sessions;
+mod state;
+
+pub use self::state::AppState;
 
 use std::time::{Duration, Instant};
 
@@ -27,11 +33,9 @@ use tower_http::{
     trace::TraceLayer,
 };
 
-use crate::{
-    error::{ApiError, REQUEST_ID},
-    metrics::{HttpLabels, Metrics},
-    startup::AppState,
-};
+use self::error::{ApiError, REQUEST_ID};
+use crate::domain::DomainError;
+use crate::metrics::{HttpLabels, Metrics, RouteLabel};
 
 /// The largest JSON request body.
 pub const JSON_BODY_LIMIT: usize = 64 * 1024;
@@ -82,7 +86,7 @@ api! {
 pub fn router(state: AppState) -> Router {
     let cors = cors(&state.settings.cors_origins);
     api_routes()
-        .fallback(|| async { ApiError::NotFound })
+        .fallback(|| async { ApiError::from(DomainError::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         // For JSON bodies; uploads stream their bodies and enforce their own limit.
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
@@ -125,7 +129,9 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
     let res = REQUEST_ID.scope(id, next.run(req)).await;
     let m: &Metrics = &state.metrics;
     m.http_duration
-        .get_or_create(&Metrics::op(&route))
+        .get_or_create(&RouteLabel {
+            route: route.clone(),
+        })
         .observe(started.elapsed().as_secs_f64());
     m.http_requests
         .get_or_create(&HttpLabels {

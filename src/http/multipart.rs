@@ -7,7 +7,8 @@ use std::io;
 use bytes::Bytes;
 use futures::{StreamExt, stream};
 
-use crate::{blob::ByteStream, domain::upload::InvalidBody, error::ApiError};
+use super::error::ApiError;
+use crate::blob::{BodyError, ByteStream};
 
 /// What the `file` part says about itself.
 pub struct FilePart {
@@ -16,11 +17,11 @@ pub struct FilePart {
 }
 
 fn invalid(e: multer::Error) -> ApiError {
-    ApiError::InvalidRequest(format!("malformed multipart body: {e}"))
+    ApiError::invalid(format!("malformed multipart body: {e}"))
 }
 
-fn invalid_io(why: impl Into<String>) -> io::Error {
-    io::Error::other(InvalidBody(why.into()))
+fn invalid_body(why: impl Into<String>) -> BodyError {
+    BodyError::Invalid(why.into())
 }
 
 /// Finds the `file` part and returns it with a stream of its bytes. The
@@ -34,8 +35,8 @@ pub async fn file_part(
             Some(f) if f.name() == Some("file") => break f,
             Some(mut other) => while other.chunk().await.map_err(invalid)?.is_some() {},
             None => {
-                return Err(ApiError::InvalidRequest(
-                    "multipart body has no part named \"file\"".into(),
+                return Err(ApiError::invalid(
+                    "multipart body has no part named \"file\"",
                 ));
             }
         }
@@ -48,7 +49,7 @@ pub async fn file_part(
     let body = stream::unfold(Some((mp, field)), |state| async move {
         let (mut mp, mut field) = state?;
         match field.chunk().await {
-            Ok(Some(chunk)) => return Some((Ok::<Bytes, io::Error>(chunk), Some((mp, field)))),
+            Ok(Some(chunk)) => return Some((Ok::<Bytes, BodyError>(chunk), Some((mp, field)))),
             Ok(None) => {}
             Err(e) => return Some((Err(multer_io(e)), None)),
         }
@@ -60,7 +61,9 @@ pub async fn file_part(
                 Ok(None) => return None,
                 Ok(Some(f)) if f.name() == Some("file") => {
                     return Some((
-                        Err(invalid_io("multipart body has more than one \"file\" part")),
+                        Err(invalid_body(
+                            "multipart body has more than one \"file\" part",
+                        )),
                         None,
                     ));
                 }
@@ -78,9 +81,9 @@ pub async fn file_part(
     Ok((part, body.boxed()))
 }
 
-fn multer_io(e: multer::Error) -> io::Error {
+fn multer_io(e: multer::Error) -> BodyError {
     match e {
-        multer::Error::StreamReadFailed(inner) => io::Error::other(inner),
-        e => invalid_io(format!("malformed multipart body: {e}")),
+        multer::Error::StreamReadFailed(inner) => BodyError::Read(io::Error::other(inner)),
+        e => invalid_body(format!("malformed multipart body: {e}")),
     }
 }

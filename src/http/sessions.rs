@@ -9,14 +9,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    ApiResult,
+    ApiResult, AppState,
     extract::{AppJson, AuthUser},
     ok,
 };
 use crate::{
-    domain::containers,
-    meta::{Container, SessionRecord, UserRecord},
-    startup::AppState,
+    domain::commands::Container,
+    meta::{SessionRecord, UserRecord},
 };
 
 fn view(s: SessionRecord) -> Json<Value> {
@@ -27,7 +26,7 @@ fn view(s: SessionRecord) -> Json<Value> {
 pub async fn create(AuthUser(user): AuthUser, State(state): State<AppState>) -> ApiResult {
     ok((
         StatusCode::CREATED,
-        view(containers::create_session(&state, &user).await?),
+        view(state.containers.create_session(&user).await?),
     ))
 }
 
@@ -37,7 +36,7 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    ok(view(containers::session(&state, &user, &id).await?))
+    ok(view(state.containers.session(&user, &id).await?))
 }
 
 #[derive(Deserialize)]
@@ -71,13 +70,9 @@ async fn change(
     file_id: &str,
     attached: bool,
 ) -> ApiResult {
-    containers::set_attachment(
-        state,
-        user,
-        Container::Session(id.clone()),
-        file_id,
-        attached,
-    )
-    .await?;
-    ok(view(containers::session(state, user, &id).await?))
+    state
+        .containers
+        .set_attachment(user, Container::Session(id.clone()), file_id, attached)
+        .await?;
+    ok(view(state.containers.session(user, &id).await?))
 }

@@ -1,9 +1,14 @@
 //! The `LockManager` port and [`Locks`], the facade the services use:
 //! strategy (wake-on-release or the seed's backoff), lease renewal,
-//! metrics, and the degradation policy when the lock backend is down.
+//! metrics, and the degradation policy when the lock backend is down: a
+//! lock is [`Held`] `Locked` or, in development with the backend down,
+//! `Degraded` (go on without it). [`Locks::with_lock`] is the one "take,
+//! work, release" sequence.
 
+mod backoff;
 pub mod memory;
 pub mod redis;
+pub mod waiters;
 
 use std::{
     sync::{Arc, Mutex},
@@ -14,11 +19,11 @@ use async_trait::async_trait;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use self::backoff::LockBackoff;
+
 use crate::{
     config::{LockSettings, LockStrategy},
-    domain::{SizeCategory, UserId},
     metrics::Metrics,
-    retry::LockBackoff,
 };
 
 /// A lock's name and level. Ids sit in `{…}` so that every key of one
@@ -31,9 +36,9 @@ pub struct LockKey {
 
 impl LockKey {
     /// `user_file_upload_lock:{user}:{small|medium|large}`: uploads and deletes.
-    pub fn user_upload(user: &UserId, category: SizeCategory) -> Self {
+    pub fn user_upload(user: &impl std::fmt::Display, category: &str) -> Self {
         Self {
-            key: format!("user_file_upload_lock:{{{user}}}:{}", category.as_str()),
+            key: format!("user_file_upload_lock:{{{user}}}:{category}"),
             level: "user",
         }
     }
@@ -42,7 +47,7 @@ impl LockKey {
     /// that writes the user document (an upload's commit, a delete), taken
     /// after the category lock. Every category's commits write that one
     /// document, so they are serialized here rather than left to conflict.
-    pub fn user_commit(user: &UserId) -> Self {
+    pub fn user_commit(user: &impl std::fmt::Display) -> Self {
         Self {
             key: format!("user_file_upload_lock:{{{user}}}:commit"),
             level: "user",
@@ -235,6 +240,46 @@ impl Drop for LockGuard {
     }
 }
 
+/// What [`Locks::acquire`] got: the lock, or — the lock backend being down
+/// in development mode — leave to go on without it.
+#[must_use = "a held lock must be released"]
+pub enum Held {
+    Locked(LockGuard),
+    /// The backend is down and development mode goes on without a lock.
+    Degraded,
+}
+
+impl Held {
+    /// The guard, if the lock is held.
+    pub fn guard(&self) -> Option<&LockGuard> {
+        match self {
+            Self::Locked(g) => Some(g),
+            Self::Degraded => None,
+        }
+    }
+
+    /// The fencing token, if the lock is held.
+    pub fn fence(&self) -> Option<u64> {
+        self.guard().map(LockGuard::fence)
+    }
+
+    /// The guard; panics if the lock backend was down (tests and benches,
+    /// which run where it is not).
+    pub fn unwrap(self) -> LockGuard {
+        match self {
+            Self::Locked(g) => g,
+            Self::Degraded => panic!("the lock backend was down: no lock held"),
+        }
+    }
+
+    /// Releases the lock, if held.
+    pub async fn release(self) {
+        if let Self::Locked(g) = self {
+            g.release().await;
+        }
+    }
+}
+
 /// The result of [`Locks::try_acquire`].
 pub enum TryLock {
     Held(LockGuard),
@@ -282,9 +327,9 @@ impl Locks {
         &self.manager
     }
 
-    /// Takes `key` within the configured wait. `Ok(None)` means the backend
-    /// is down and, in development, the caller proceeds without a lock.
-    pub async fn acquire(&self, key: &LockKey) -> Result<Option<LockGuard>, LockError> {
+    /// Takes `key` within the configured wait. `Held::Degraded` means the
+    /// backend is down and, in development, the caller proceeds without a lock.
+    pub async fn acquire(&self, key: &LockKey) -> Result<Held, LockError> {
         let started = Instant::now();
         let result = match self.breaker_open() {
             true => Err(breaker_error()),
@@ -294,7 +339,7 @@ impl Locks {
             Ok(lease) => {
                 self.metrics
                     .observe_lock_wait(key.level(), started.elapsed());
-                Ok(Some(self.guard(lease, key.level())))
+                Ok(Held::Locked(self.guard(lease, key.level())))
             }
             Err(LockError::Timeout(w)) => {
                 self.metrics
@@ -303,8 +348,21 @@ impl Locks {
                     .inc();
                 Err(LockError::Timeout(w))
             }
-            Err(LockError::Unavailable(why)) => self.degrade(key, why).map(|()| None),
+            Err(LockError::Unavailable(why)) => self.degrade(key, why).map(|()| Held::Degraded),
         }
+    }
+
+    /// Takes `key`, runs `work` with what it got, and releases: the
+    /// "lock, do, release" sequence every coordinated write follows.
+    pub async fn with_lock<T, E: From<LockError>>(
+        &self,
+        key: &LockKey,
+        work: impl AsyncFnOnce(&Held) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let held = self.acquire(key).await?;
+        let result = work(&held).await;
+        held.release().await;
+        result
     }
 
     /// One attempt, no waiting: for work that another instance may be doing.

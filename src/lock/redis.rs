@@ -19,9 +19,8 @@
 //! Every key of one lock shares the lock key's `{id}` hash tag.
 
 use std::{
-    collections::HashMap,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -35,7 +34,7 @@ use redis::{
 };
 use tokio::sync::Notify;
 
-use super::{Lease, LockError, LockManager, owner_token};
+use super::{Lease, LockError, LockManager, owner_token, waiters::RESUBSCRIBE_AFTER};
 
 /// How long a waiter's ticket lives without a re-poll.
 const TICKET_TTL: Duration = Duration::from_secs(3);
@@ -153,7 +152,7 @@ struct Waiter {
 }
 
 /// Local waiters by ticket.
-type Waiters = Arc<Mutex<HashMap<String, Arc<Waiter>>>>;
+type Waiters = super::waiters::Waiters<Arc<Waiter>>;
 
 pub struct RedisLocks {
     conn: ConnectionManager,
@@ -212,18 +211,23 @@ impl Keys {
     }
 }
 
+/// How filedock talks to Redis: fail fast (an unreachable Redis is an
+/// outage to degrade around, not something to wait for).
+pub fn connection_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_millis(500)))
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(500))
+}
+
 impl RedisLocks {
     /// Connects lazily (so a development server starts with Redis down) and
     /// starts the one pattern subscription that wakes this process's waiters.
     pub fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
         let client = Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(500)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
-        let waiters: Waiters = Arc::default();
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
+        let waiters = Waiters::default();
         let subscriber = tokio::spawn(subscribe(
             client,
             format!("{prefix}*:notify"),
@@ -286,11 +290,11 @@ async fn subscribe(client: Client, pattern: String, waiters: Waiters) {
                             continue;
                         };
                         let (ticket, fence) = notice.split_once(':').unwrap_or((&notice, ""));
-                        if let Some(w) = waiters.lock().unwrap().get(ticket) {
+                        waiters.with(ticket, |w| {
                             w.granted
                                 .store(fence.parse().unwrap_or(0), Ordering::Release);
                             w.wake.notify_one();
-                        }
+                        });
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "lock notice subscription failed"),
@@ -298,22 +302,8 @@ async fn subscribe(client: Client, pattern: String, waiters: Waiters) {
             Err(e) => tracing::debug!(error = %e, "lock notice connection failed"),
         }
         // Notices may have been missed while disconnected: every waiter re-polls.
-        for w in waiters.lock().unwrap().values() {
-            w.wake.notify_one();
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// Removes a waiter's wake-up slot however its wait ends.
-struct Registered<'a> {
-    waiters: &'a Waiters,
-    ticket: &'a str,
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        self.waiters.lock().unwrap().remove(self.ticket);
+        waiters.for_each(|w| w.wake.notify_one());
+        tokio::time::sleep(RESUBSCRIBE_AFTER).await;
     }
 }
 
@@ -349,14 +339,7 @@ impl LockManager for RedisLocks {
         let ticket = owner_token();
         // Registered before the first try, so no notice can slip between them.
         let waiter = Arc::new(Waiter::default());
-        self.waiters
-            .lock()
-            .unwrap()
-            .insert(ticket.clone(), waiter.clone());
-        let _registered = Registered {
-            waiters: &self.waiters,
-            ticket: &ticket,
-        };
+        let _registered = self.waiters.register(&ticket, waiter.clone());
         let lease = |fence, ttl| Lease {
             key: key.to_owned(),
             owner: ticket.clone(),

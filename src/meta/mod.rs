@@ -1,289 +1,18 @@
 //! The `MetadataStore` port: users, files, permissions, upload intents,
-//! orphans and idempotency records, changed only inside transactions.
+//! orphans and idempotency records, changed only inside transactions. The
+//! store is the sum of narrow repositories (users, files, cleanup,
+//! containers); each adapter implements them one file each.
 
 pub mod embedded;
 pub mod mongo;
-
-use std::collections::BTreeMap;
+mod records;
+pub mod retry;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
-/// Now, at the millisecond precision the stores keep, so that what a
-/// request returns equals what a later read returns.
-pub fn now() -> DateTime<Utc> {
-    DateTime::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap_or_else(Utc::now)
-}
-
-/// `users` collection.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct UserRecord {
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub name: String,
-    /// SHA-256 (hex) of the API key; the key itself is never stored.
-    pub api_key_hash: String,
-    /// Not loaded by `user_by_key_hash` (empty there).
-    #[serde(default)]
-    pub file_ids: Vec<String>,
-    pub used_bytes: i64,
-    /// Highest fencing token committed, per upload-lock category.
-    #[serde(default)]
-    pub upload_fence: BTreeMap<String, i64>,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-}
-
-/// `files` collection.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FileRecord {
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub owner_id: String,
-    pub filename: String,
-    pub content_type: String,
-    pub size: i64,
-    pub sha256: String,
-    pub category: String,
-    pub bucket: String,
-    pub key: String,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-    /// Sessions the file is attached to (so a delete knows where to detach).
-    #[serde(default)]
-    pub sessions: Vec<String>,
-    /// Agents the file is attached to.
-    #[serde(default)]
-    pub agents: Vec<String>,
-}
-
-/// `sessions` collection: a chat session and its files.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SessionRecord {
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub owner_id: String,
-    pub file_ids: Vec<String>,
-    /// Highest fencing token committed, per lock (`files`).
-    #[serde(default)]
-    pub fence: BTreeMap<String, i64>,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-}
-
-/// `agents` collection: an agent, its files and its MCP and toolset connections.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct AgentRecord {
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub owner_id: String,
-    pub name: String,
-    pub file_ids: Vec<String>,
-    pub mcp_ids: Vec<String>,
-    pub toolset_ids: Vec<String>,
-    /// Highest fencing token committed, per lock (`files`, `config`).
-    #[serde(default)]
-    pub fence: BTreeMap<String, i64>,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-}
-
-/// What a file can be attached to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
-pub enum Container {
-    Session(String),
-    Agent(String),
-}
-
-impl Container {
-    pub fn id(&self) -> &str {
-        match self {
-            Self::Session(id) | Self::Agent(id) => id,
-        }
-    }
-
-    /// The collection (and embedded key prefix) the container lives in.
-    pub fn collection(&self) -> &'static str {
-        match self {
-            Self::Session(_) => "sessions",
-            Self::Agent(_) => "agents",
-        }
-    }
-}
-
-/// A write to a container, self-contained so that it can travel through a queue.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Operation {
-    Attach {
-        owner_id: String,
-        container: Container,
-        file_id: String,
-        attached: bool,
-    },
-    Link {
-        owner_id: String,
-        agent_id: String,
-        kind: LinkKind,
-        link_id: String,
-        connected: bool,
-    },
-}
-
-/// An agent's connection lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LinkKind {
-    Mcp,
-    Toolset,
-}
-
-impl LinkKind {
-    pub fn field(self) -> &'static str {
-        match self {
-            Self::Mcp => "mcp_ids",
-            Self::Toolset => "toolset_ids",
-        }
-    }
-}
-
-/// `permissions` collection.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct PermissionRecord {
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub file_id: String,
-    pub user_id: String,
-    pub role: String,
-}
-
-/// `upload_intents`: written before the first blob byte, deleted by the commit.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct IntentRecord {
-    /// The file id the upload will commit under.
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub user_id: String,
-    pub bucket: String,
-    pub key: String,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-    /// The last time its upload showed it is alive (it refreshes the intent
-    /// while it streams), if ever: a slow upload is not an abandoned one.
-    #[serde(default, with = "bson_time::option")]
-    pub refreshed_at: Option<DateTime<Utc>>,
-}
-
-impl IntentRecord {
-    /// When its upload last showed it is alive.
-    pub fn alive_at(&self) -> DateTime<Utc> {
-        self.refreshed_at.unwrap_or(self.created_at)
-    }
-}
-
-/// `orphan_minio_objects`: a blob with no metadata that still has to go.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct OrphanRecord {
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub bucket: String,
-    pub key: String,
-    pub status: OrphanStatus,
-    pub retries: i32,
-    pub error: Option<String>,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-    #[serde(with = "bson_time::option")]
-    pub last_retry_at: Option<DateTime<Utc>>,
-}
-
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum OrphanStatus {
-    Pending,
-    Deleted,
-    Failed,
-}
-
-/// `processed_ops`: ids of queued operations already applied.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ProcessedOp {
-    #[serde(rename = "_id")]
-    pub id: String,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-}
-
-/// `idempotency`: the first result of a request sent with an `Idempotency-Key`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct IdempotencyRecord {
-    /// `{user}:{key}`.
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub file: FileRecord,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-}
-
-impl IdempotencyRecord {
-    pub fn id_for(user_id: &str, key: &str) -> String {
-        format!("{user_id}:{key}")
-    }
-}
-
-/// A fencing token to check and store in one transaction. A commit is
-/// refused if a newer token was stored before it (the holder's lease
-/// expired and someone else's commit landed); the same holder may commit
-/// under its token more than once.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fence {
-    /// Which counter on the user document (the lock's category).
-    pub slot: String,
-    pub token: i64,
-    /// The slot has one holder at a time, whatever document it writes (a
-    /// queue bucket's lease). The store may then pin the holder's
-    /// transactions to one session and, when a newer token takes the slot,
-    /// abort a transaction an earlier holder left open (it died mid-commit),
-    /// instead of letting it block its documents until the server reaps it.
-    pub pinned: bool,
-}
-
-/// Everything one upload commits, atomically.
-#[derive(Clone, Debug)]
-pub struct CommitUpload {
-    pub file: FileRecord,
-    pub fence: Option<Fence>,
-    pub quota_bytes: Option<u64>,
-    pub idempotency_key: Option<String>,
-}
-
-/// A file whose metadata was deleted, and the pending orphan that now
-/// stands for its blob.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DeletedFile {
-    pub file: FileRecord,
-    pub orphan_id: String,
-}
-
-/// Sizes of the bookkeeping collections.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MetaCounts {
-    pub intents: u64,
-    pub orphans_pending: u64,
-    pub orphans_deleted: u64,
-    pub orphans_failed: u64,
-}
-
-/// What a commit did.
-#[derive(Clone, Debug, PartialEq)]
-pub enum CommitOutcome {
-    Committed,
-    /// Another request with the same idempotency key committed first; this
-    /// is its file, and nothing of this attempt was kept.
-    Replayed(Box<FileRecord>),
-}
+pub use self::records::*;
+use crate::domain::commands::{LinkKind, Operation};
 
 /// Errors of the metadata layer, classified so callers never read messages.
 #[derive(Debug, thiserror::Error)]
@@ -337,27 +66,19 @@ impl MetaError {
 
 pub type MetaResult<T> = Result<T, MetaError>;
 
-/// One method per unit of work; each mutating method is a single transaction
-/// attempt, and a `WriteConflict` is returned, not retried, so that the one
-/// retry policy in [`crate::retry`] serves every adapter.
+/// Users and their keys.
 #[async_trait]
-pub trait MetadataStore: Send + Sync {
-    /// Answers when the store is reachable.
-    async fn ping(&self) -> MetaResult<()>;
-
+pub trait UserRepo: Send + Sync {
     async fn insert_user(&self, user: &UserRecord) -> MetaResult<()>;
+
     async fn user(&self, id: &str) -> MetaResult<Option<UserRecord>>;
+
     async fn user_by_key_hash(&self, hash: &str) -> MetaResult<Option<UserRecord>>;
+}
 
-    async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()>;
-    async fn delete_intent(&self, file_id: &str) -> MetaResult<()>;
-    /// The intent of the upload that will commit as `file_id`, if it is in flight.
-    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>>;
-    /// Intents whose upload was last alive before `before`, oldest first.
-    async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>>;
-    /// Marks the intent's upload alive now; `false` if the intent is gone.
-    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool>;
-
+/// Files: the upload commit, reads, lists and the delete.
+#[async_trait]
+pub trait FileRepo: Send + Sync {
     /// Inserts the file and its owner permission, pushes the id onto the
     /// user's `file_ids`, adds to `used_bytes` (checking the quota), checks and
     /// stores the fencing token, deletes the intent and records the
@@ -387,6 +108,27 @@ pub trait MetadataStore: Send + Sync {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>>;
 
+    /// Every file, in id order, after `after` (audits).
+    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>>;
+}
+
+/// Cleanup: upload intents (uploads in flight) and orphans (blobs that
+/// still have to go). The sweeper and reconcile work from it.
+#[async_trait]
+pub trait CleanupRepo: Send + Sync {
+    async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()>;
+
+    async fn delete_intent(&self, file_id: &str) -> MetaResult<()>;
+
+    /// The intent of the upload that will commit as `file_id`, if it is in flight.
+    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>>;
+
+    /// Intents whose upload was last alive before `before`, oldest first.
+    async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>>;
+
+    /// Marks the intent's upload alive now; `false` if the intent is gone.
+    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool>;
+
     /// Turns an upload intent into a pending orphan, in one transaction, if
     /// its upload was last alive before `stale_before` (always, if `None`).
     /// `None` if the intent is gone (its upload committed or was cleaned up)
@@ -406,18 +148,35 @@ pub trait MetadataStore: Send + Sync {
         limit: usize,
     ) -> MetaResult<Vec<OrphanRecord>>;
 
-    /// Every file, in id order, after `after` (audits).
-    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>>;
-
     /// Intents and orphans by status, for metrics.
     async fn counts(&self) -> MetaResult<MetaCounts>;
 
     async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()>;
 
+    async fn mark_orphan(
+        &self,
+        id: &str,
+        status: OrphanStatus,
+        error: Option<String>,
+    ) -> MetaResult<()>;
+
+    async fn orphans(
+        &self,
+        status: Option<OrphanStatus>,
+        limit: usize,
+    ) -> MetaResult<Vec<OrphanRecord>>;
+}
+
+/// Sessions and agents, and the writes to them (commands).
+#[async_trait]
+pub trait ContainerRepo: Send + Sync {
     async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()>;
+
     /// The session if `owner_id` owns it.
     async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>>;
+
     async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()>;
+
     /// The agent if `owner_id` owns it.
     async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>>;
 
@@ -446,86 +205,15 @@ pub trait MetadataStore: Send + Sync {
     /// under one fence: all or none. Any refusal, or an id seen before, fails
     /// the whole group; the caller then applies them one at a time.
     async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()>;
-
-    async fn mark_orphan(
-        &self,
-        id: &str,
-        status: OrphanStatus,
-        error: Option<String>,
-    ) -> MetaResult<()>;
-    async fn orphans(
-        &self,
-        status: Option<OrphanStatus>,
-        limit: usize,
-    ) -> MetaResult<Vec<OrphanRecord>>;
 }
 
-impl OrphanRecord {
-    /// A pending orphan for a blob that has to be deleted.
-    pub fn pending(bucket: &str, key: &str, error: Option<String>) -> Self {
-        Self {
-            id: uuid::Uuid::now_v7().to_string(),
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-            status: OrphanStatus::Pending,
-            retries: 0,
-            error,
-            created_at: now(),
-            last_retry_at: None,
-        }
-    }
-
-    /// Whether a sweep should try this orphan now.
-    pub fn is_due(&self, max_retries: i32, retry_before: DateTime<Utc>) -> bool {
-        self.status == OrphanStatus::Pending
-            && self.retries < max_retries
-            && self.last_retry_at.is_none_or(|t| t <= retry_before)
-    }
-
-    /// The blob of a file whose metadata is being deleted.
-    pub fn pending_for(file: &FileRecord) -> Self {
-        Self::pending(&file.bucket, &file.key, None)
-    }
-
-    /// Records the outcome of a delete attempt.
-    pub fn mark(&mut self, status: OrphanStatus, error: Option<String>) {
-        if status != OrphanStatus::Deleted || error.is_some() {
-            self.retries += 1;
-        }
-        self.status = status;
-        self.error = error.or(self.error.take());
-        self.last_retry_at = Some(now());
-    }
-}
-
-/// Timestamps as BSON dates (so MongoDB can range-query and index them);
-/// other formats (the embedded store's JSON) get BSON's extended JSON.
-pub mod bson_time {
-    use chrono::{DateTime, Utc};
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
-        bson::DateTime::from_chrono(*t).serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
-        Ok(bson::DateTime::deserialize(d)?.to_chrono())
-    }
-
-    pub mod option {
-        use super::*;
-
-        pub fn serialize<S: Serializer>(
-            t: &Option<DateTime<Utc>>,
-            s: S,
-        ) -> Result<S::Ok, S::Error> {
-            t.map(bson::DateTime::from_chrono).serialize(s)
-        }
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<Option<DateTime<Utc>>, D::Error> {
-            Ok(Option::<bson::DateTime>::deserialize(d)?.map(|t| t.to_chrono()))
-        }
-    }
+/// One method per unit of work; each mutating method is a single transaction
+/// attempt, and a `WriteConflict` is returned, not retried, so that the one
+/// retry policy in [`retry`] serves every adapter.
+/// It is the sum of narrow repositories, so that each service and worker
+/// can hold only the one it uses (pict-rs's `FullRepo`).
+#[async_trait]
+pub trait MetadataStore: UserRepo + FileRepo + CleanupRepo + ContainerRepo {
+    /// Answers when the store is reachable.
+    async fn ping(&self) -> MetaResult<()>;
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use filedock::{domain::users, startup::AppState};
+use filedock::{domain::users, http::AppState};
 use futures::future::join_all;
 use serde_json::Value;
 
@@ -57,7 +57,7 @@ async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
     let settings = test_settings();
     let key = {
         let state = AppState::build(settings.clone()).await.unwrap();
-        users::create_user(state.meta.as_ref(), "victim")
+        users::create_user(state.ports.meta.as_ref(), "victim")
             .await
             .unwrap()
             .1

@@ -14,9 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use filedock::{
-    config::Settings, domain::users, reconcile::reconcile, startup::AppState, sweeper::Sweeper,
-};
+use filedock::{config::Settings, domain::users, http::AppState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -356,10 +354,10 @@ async fn nemesis(c: &mut Cluster, rng: &mut StdRng, until: Instant) -> Vec<Strin
 
 /// `reconcile --delete` and one sweeper pass, in turns, until `stop`.
 async fn maintenance(state: AppState, stop: tokio_util::sync::CancellationToken) -> (usize, usize) {
-    let sweeper = Sweeper::new(state.clone());
+    let sweeper = state.sweeper.clone();
     let (mut reconciles, mut sweeps) = (0, 0);
     while !stop.is_cancelled() {
-        if reconcile(&state, true).await.is_ok() {
+        if state.reconciler.reconcile(true).await.is_ok() {
             reconciles += 1;
         }
         if sweeper.try_run_once().await.is_ok() {
@@ -373,7 +371,13 @@ async fn maintenance(state: AppState, stop: tokio_util::sync::CancellationToken)
 /// Reads everything back through the direct backends.
 async fn final_state(w: &World, state: &AppState, user_id: &str) -> FinalState {
     let mut fin = FinalState::default();
-    for f in state.meta.list_files(user_id, None, 100_000).await.unwrap() {
+    for f in state
+        .ports
+        .meta
+        .list_files(user_id, None, 100_000)
+        .await
+        .unwrap()
+    {
         let res = w
             .client
             .get(format!("{}/v1/files/{}/content", w.bases[0], f.id))
@@ -391,16 +395,24 @@ async fn final_state(w: &World, state: &AppState, user_id: &str) -> FinalState {
         fin.files.insert(f.id.clone(), (f.filename.clone(), sha));
     }
     fin.session_files = state
+        .ports
         .meta
         .session(user_id, &w.session)
         .await
         .unwrap()
         .unwrap()
         .file_ids;
-    let agent = state.meta.agent(user_id, &w.agent).await.unwrap().unwrap();
+    let agent = state
+        .ports
+        .meta
+        .agent(user_id, &w.agent)
+        .await
+        .unwrap()
+        .unwrap();
     fin.agent_files = agent.file_ids;
     fin.linked = agent.mcp_ids.iter().any(|m| m == MCP);
     let objects: std::collections::HashSet<String> = state
+        .ports
         .blobs
         .list_keys(&format!("files/{user_id}/"))
         .await
@@ -408,6 +420,7 @@ async fn final_state(w: &World, state: &AppState, user_id: &str) -> FinalState {
         .into_iter()
         .collect();
     let records: std::collections::HashSet<String> = state
+        .ports
         .meta
         .list_files(user_id, None, 100_000)
         .await
@@ -418,6 +431,7 @@ async fn final_state(w: &World, state: &AppState, user_id: &str) -> FinalState {
     fin.strays = objects.difference(&records).count();
     fin.missing = records.difference(&objects).count();
     fin.intents = state
+        .ports
         .meta
         .intents(filedock::meta::now() + chrono::Duration::days(1), 10_000)
         .await
@@ -441,6 +455,7 @@ async fn run_suite(coordination: &str) {
     let key = create_user_at(&base0, ADMIN_KEY, "jepsen").await;
     let user_id = cluster
         .state
+        .ports
         .meta
         .user_by_key_hash(&users::hash_key(&key))
         .await
@@ -511,10 +526,7 @@ async fn run_suite(coordination: &str) {
 
     // Healed: wait out the grace, then one sweep takes what failed uploads left.
     tokio::time::sleep(Duration::from_secs(GRACE_SECS + 1)).await;
-    Sweeper::new(cluster.state.clone())
-        .try_run_once()
-        .await
-        .unwrap();
+    cluster.state.sweeper.try_run_once().await.unwrap();
     let fin = final_state(&world, &cluster.state, &user_id).await;
     let history = world.history.lock().unwrap().clone();
     let v = check(&history, &fin);

@@ -85,12 +85,7 @@ async fn ranges_and_conditional_downloads() {
     let app = spawn_app().await;
     let u = app.create_user("u").await;
     let bytes = pseudo_random_bytes(1000, 7);
-    let file: Value = app
-        .upload_raw(&u, "r.bin", bytes.clone())
-        .await
-        .json()
-        .await
-        .unwrap();
+    let file: Value = app.upload_json(&u, "r.bin", bytes.clone()).await;
     let url = app.url(&format!(
         "/v1/files/{}/content",
         file["id"].as_str().unwrap()
@@ -206,11 +201,8 @@ async fn other_users_files_do_not_exist_for_them() {
     let app = spawn_app().await;
     let (alice, bob) = (app.create_user("alice").await, app.create_user("bob").await);
     let file: Value = app
-        .upload_raw(&alice, "secret.txt", b"mine".to_vec())
-        .await
-        .json()
-        .await
-        .unwrap();
+        .upload_json(&alice, "secret.txt", b"mine".to_vec())
+        .await;
     let id = file["id"].as_str().unwrap();
     for (method, path) in [
         ("GET", format!("/v1/files/{id}")),
@@ -362,12 +354,7 @@ async fn malformed_json_and_unknown_routes_use_the_error_shape() {
 async fn delete_removes_metadata_and_blob() {
     let app = spawn_app().await;
     let u = app.create_user("u").await;
-    let file: Value = app
-        .upload_raw(&u, "gone.txt", b"bye".to_vec())
-        .await
-        .json()
-        .await
-        .unwrap();
+    let file: Value = app.upload_json(&u, "gone.txt", b"bye".to_vec()).await;
     let id = file["id"].as_str().unwrap();
     assert_eq!(app.blob_keys(&u).await.len(), 1);
     let res = app
@@ -384,7 +371,7 @@ async fn delete_removes_metadata_and_blob() {
         error_code(app.download(&u, id).await).await.0,
         StatusCode::NOT_FOUND
     );
-    let user = app.state.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
     assert!(user.file_ids.is_empty());
     assert_eq!(user.used_bytes, 0);
     let res = app
@@ -455,7 +442,7 @@ async fn concurrent_uploads_by_one_user_all_land_once() {
         listed.iter().collect::<HashSet<_>>(),
         created.iter().collect::<HashSet<_>>()
     );
-    let user = app.state.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
     assert_eq!(user.file_ids.len(), 50);
     assert_eq!(
         user.file_ids.iter().collect::<HashSet<_>>().len(),
@@ -503,7 +490,7 @@ async fn uploads_spanning_categories_all_commit_once() {
         ));
     }
     assert_eq!(categories.len(), 2);
-    let user = app.state.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
     assert_eq!(user.file_ids.len(), n);
     assert_eq!(
         user.file_ids.iter().collect::<HashSet<_>>().len(),
@@ -540,12 +527,7 @@ async fn files_survive_a_restart() {
     let app = spawn_app().await;
     let u = app.create_user("durable").await;
     let bytes = pseudo_random_bytes(300_000, 3);
-    let file: Value = app
-        .upload_raw(&u, "keep.bin", bytes.clone())
-        .await
-        .json()
-        .await
-        .unwrap();
+    let file: Value = app.upload_json(&u, "keep.bin", bytes.clone()).await;
     let settings = app.stop().await;
     let app = spawn_app_with(settings).await;
     let got = app.download(&u, file["id"].as_str().unwrap()).await;

@@ -425,11 +425,8 @@ async fn sigterm_refuses_new_requests_lets_in_flight_ones_finish_and_leaves_noth
     // After one sweep, the cut upload has left nothing.
     let mut settings = settings;
     settings.sweep.intent_grace = Duration::ZERO;
-    let state = filedock::startup::AppState::build(settings).await.unwrap();
-    let report = filedock::sweeper::Sweeper::new(state.clone())
-        .try_run_once()
-        .await
-        .unwrap();
+    let state = filedock::http::AppState::build(settings).await.unwrap();
+    let report = state.sweeper.try_run_once().await.unwrap();
     eprintln!("sweep after shutdown: {report:?}");
     let files = assert_bucket_matches_metadata(&state).await;
     assert_eq!(files, 1, "the finished upload is kept");

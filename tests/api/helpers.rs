@@ -1,14 +1,19 @@
 //! `spawn_app`: a filedock on port 0 with its own data dir, database name,
 //! Redis key prefix and S3 key prefix, so tests run in parallel.
 
+pub use filedock::testing::{
+    Server, create_user_at, free_port, metric_at, pseudo_random_bytes, script_calls, sha256_hex,
+};
 use filedock::{
     blob::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob},
     config::{S3Settings, Settings},
-    startup::{AppState, Application},
+    http::AppState,
+    startup::Application,
+    testing::{create_user_json, upload_and_parse, upload_raw_at},
 };
 use reqwest::{Response, StatusCode};
 use secrecy::SecretString;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -92,16 +97,7 @@ impl TestApp {
     }
 
     pub async fn create_user(&self, name: &str) -> TestUser {
-        let res = self
-            .client
-            .post(self.url("/v1/admin/users"))
-            .bearer_auth(ADMIN_KEY)
-            .json(&json!({ "name": name }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::CREATED);
-        let body: Value = res.json().await.unwrap();
+        let body = create_user_json(&self.client, &self.base, ADMIN_KEY, name).await;
         TestUser {
             id: body["id"].as_str().unwrap().into(),
             key: body["api_key"].as_str().unwrap().into(),
@@ -109,15 +105,14 @@ impl TestApp {
     }
 
     pub async fn upload_raw(&self, user: &TestUser, filename: &str, bytes: Vec<u8>) -> Response {
-        self.client
-            .post(self.url("/v1/files"))
-            .query(&[("filename", filename)])
-            .bearer_auth(&user.key)
-            .header("content-type", "application/octet-stream")
-            .body(bytes)
-            .send()
+        upload_raw_at(&self.client, &self.base, &user.key, filename, bytes).await
+    }
+
+    /// Uploads `bytes` raw and parses the answer's JSON body.
+    pub async fn upload_json(&self, user: &TestUser, filename: &str, bytes: Vec<u8>) -> Value {
+        upload_and_parse(&self.client, &self.base, &user.key, filename, bytes)
             .await
-            .unwrap()
+            .1
     }
 
     pub async fn upload_multipart(
@@ -182,6 +177,7 @@ impl TestApp {
     /// Every blob key stored for `user`.
     pub async fn blob_keys(&self, user: &TestUser) -> Vec<String> {
         self.state
+            .ports
             .blobs
             .list_keys(&format!("files/{}/", user.id))
             .await
@@ -191,6 +187,7 @@ impl TestApp {
     /// Upload intents left behind (should be none once uploads finish).
     pub async fn intents(&self) -> usize {
         self.state
+            .ports
             .meta
             .intents(chrono::Utc::now() + chrono::Duration::days(1), 10_000)
             .await
@@ -202,26 +199,6 @@ impl TestApp {
     pub async fn metric(&self, name: &str, labels: &str) -> f64 {
         metric_at(&self.base, name, labels).await
     }
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(bytes))
-}
-
-pub fn pseudo_random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407)
-        | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 pub async fn error_code(res: Response) -> (StatusCode, String) {
@@ -298,18 +275,6 @@ impl BlobStore for FailingDeletes {
     }
 }
 
-pub fn free_port() -> u16 {
-    // Below Linux's ephemeral range (32768–60999): a port that `bind(:0)`
-    // hands out is free only until an outgoing connection takes it as its
-    // source port, and a test run makes thousands of those.
-    loop {
-        let port = rand::random_range(20_000..32_768);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
-
 /// The environment that points the `filedock` binary at `settings`' backends.
 pub fn binary_env(s: &Settings) -> Vec<(String, String)> {
     let mut env = vec![
@@ -348,48 +313,6 @@ pub fn binary_env(s: &Settings) -> Vec<(String, String)> {
     env
 }
 
-/// The real `filedock` binary, killed (SIGKILL) when dropped.
-pub struct Server {
-    pub child: std::process::Child,
-    pub base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The sum of a metric's samples whose labels contain `labels`, on the
-/// server at `base`.
-pub async fn metric_at(base: &str, name: &str, labels: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Creates a user through the admin API of the server at `base`; its API key.
-pub async fn create_user_at(base: &str, admin_key: &str, name: &str) -> String {
-    let res = reqwest::Client::new()
-        .post(format!("{base}/v1/admin/users"))
-        .bearer_auth(admin_key)
-        .json(&json!({ "name": name }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::CREATED);
-    let body: Value = res.json().await.unwrap();
-    body["api_key"].as_str().unwrap().to_owned()
-}
-
 /// Starts the `filedock` binary on `settings`' backends and waits until it answers.
 pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Server {
     let port = free_port();
@@ -401,23 +324,7 @@ pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Se
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let server = Server {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let client = reqwest::Client::new();
-    for _ in 0..200 {
-        if client
-            .get(format!("{}/healthz", server.base))
-            .send()
-            .await
-            .is_ok()
-        {
-            return server;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("filedock did not start");
+    Server::wait_until_up(child, port, 200, std::time::Duration::from_millis(50)).await
 }
 
 /// Asserts that every object in the bucket has a committed file record, every
@@ -425,6 +332,7 @@ pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Se
 pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
     use std::collections::HashSet;
     let objects: HashSet<String> = state
+        .ports
         .blobs
         .list_keys("files/")
         .await
@@ -432,6 +340,7 @@ pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
         .into_iter()
         .collect();
     let records: HashSet<String> = state
+        .ports
         .meta
         .all_files(None, 100_000)
         .await
@@ -451,7 +360,7 @@ pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
     );
     let far = filedock::meta::now() + chrono::Duration::days(1);
     assert!(
-        state.meta.intents(far, 10).await.unwrap().is_empty(),
+        state.ports.meta.intents(far, 10).await.unwrap().is_empty(),
         "an upload intent was left behind"
     );
     records.len()

@@ -68,7 +68,7 @@ async fn a_lock_released_by_a_non_owner_stays_held() {
 async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
     let app = spawn_app().await;
     let u = app.create_user("fenced").await;
-    let m = app.state.locks.manager().clone();
+    let m = app.state.ports.locks.manager().clone();
     let key = format!("user_file_upload_lock:{{{}}}:small", u.id);
     // A holder stalls past its TTL…
     let stale = m
@@ -93,7 +93,7 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
         size: 3,
         sha256: sha256_hex(b"old"),
         category: "small".into(),
-        bucket: app.state.blobs.bucket().into(),
+        bucket: app.state.ports.blobs.bucket().into(),
         key: "files/none".into(),
         created_at: Utc::now(),
         sessions: Vec::new(),
@@ -109,7 +109,7 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
         quota_bytes: None,
         idempotency_key: None,
     };
-    let r = app.state.meta.commit_upload(&commit).await;
+    let r = app.state.ports.meta.commit_upload(&commit).await;
     assert!(matches!(r, Err(MetaError::StaleFence)), "{r:?}");
     assert_eq!(
         app.list_ids(&u).await.len(),
@@ -278,26 +278,6 @@ async fn a_waiter_that_died_in_the_queue_does_not_keep_the_lock() {
             .unwrap_or_else(|e| panic!("{name}: the live waiter never got the lock: {e}"));
         assert!(m.release(&lease).await.unwrap(), "{name}");
     }
-}
-
-/// Lua script calls a Redis server has served (`INFO commandstats`).
-async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
 
 /// The release gives the lock to the waiter and tells it the fencing token:
@@ -515,6 +495,7 @@ async fn a_lock_wait_that_runs_out_is_answered_429_and_stores_nothing() {
     let user = filedock::domain::UserId::parse(&u.id).unwrap();
     let held = app
         .state
+        .ports
         .locks
         .acquire(&LockKey::user_commit(&user))
         .await
@@ -525,9 +506,7 @@ async fn a_lock_wait_that_runs_out_is_answered_429_and_stores_nothing() {
         error_code(res).await,
         (StatusCode::TOO_MANY_REQUESTS, "lock_timeout".into())
     );
-    if let Some(g) = held {
-        g.release().await;
-    }
+    held.release().await;
     assert!(
         app.blob_keys(&u).await.is_empty(),
         "a refused upload left its blob"

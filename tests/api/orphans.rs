@@ -4,10 +4,10 @@
 use std::sync::{Arc, atomic::Ordering};
 
 use filedock::{
+    domain::sweeper::{Outcome, SweepReport},
+    http::AppState,
     meta::{CommitUpload, IntentRecord, MetaError},
-    reconcile::reconcile,
-    startup::AppState,
-    sweeper::{Outcome, SweepReport, Sweeper},
+    ports::Ports,
 };
 use futures::StreamExt;
 use reqwest::StatusCode;
@@ -23,13 +23,14 @@ async fn app_with_failing_deletes() -> (TestApp, Arc<FailingDeletes>) {
     settings.user_quota_bytes = Some(10);
     settings.sweep.retry_interval = std::time::Duration::ZERO;
     settings.sweep.interval = std::time::Duration::ZERO;
-    let mut state = AppState::build(settings).await.unwrap();
+    let mut ports = Ports::connect(&settings).await.unwrap();
     let failing = Arc::new(FailingDeletes {
-        inner: state.blobs.clone(),
+        inner: ports.blobs.clone(),
         fail: true.into(),
         delete_calls: 0.into(),
     });
-    state.blobs = failing.clone();
+    ports.blobs = failing.clone();
+    let state = AppState::with_ports(settings, ports).unwrap();
     (spawn_app_with_state(state).await, failing)
 }
 
@@ -162,7 +163,7 @@ async fn two_sweepers_process_each_orphan_once() {
     } else {
         app.state.clone()
     };
-    let (a, b) = (Sweeper::new(app.state.clone()), Sweeper::new(other));
+    let (a, b) = (app.state.sweeper.clone(), other.sweeper.clone());
     let (ra, rb) = tokio::join!(a.try_run_once(), b.try_run_once());
     let deleted = |o: &Outcome| match o {
         Outcome::Swept(r) => r.orphans_deleted,
@@ -191,19 +192,21 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
     let intent = IntentRecord {
         id: file_id.clone(),
         user_id: u.id.clone(),
-        bucket: app.state.blobs.bucket().into(),
+        bucket: app.state.ports.blobs.bucket().into(),
         key: key.clone(),
         created_at: filedock::meta::now() - chrono::Duration::seconds(1),
         refreshed_at: None,
     };
-    app.state.meta.put_intent(&intent).await.unwrap();
+    app.state.ports.meta.put_intent(&intent).await.unwrap();
     let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"half"))]);
-    app.state.blobs.put(&key, Box::pin(body)).await.unwrap();
-
-    let outcome = Sweeper::new(app.state.clone())
-        .try_run_once()
+    app.state
+        .ports
+        .blobs
+        .put(&key, Box::pin(body))
         .await
         .unwrap();
+
+    let outcome = app.state.sweeper.try_run_once().await.unwrap();
     let Outcome::Swept(report) = outcome else {
         panic!("busy")
     };
@@ -240,7 +243,7 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
         idempotency_key: None,
     };
     assert!(matches!(
-        app.state.meta.commit_upload(&commit).await,
+        app.state.ports.meta.commit_upload(&commit).await,
         Err(MetaError::IntentGone)
     ));
     assert!(app.list_ids(&u).await.is_empty());
@@ -252,29 +255,25 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
     settings.sweep.intent_grace = std::time::Duration::ZERO;
     let app = spawn_app_with(settings).await;
     let u = app.create_user("audit").await;
-    let kept: Value = app
-        .upload_raw(&u, "kept.txt", b"kept".to_vec())
-        .await
-        .json()
-        .await
-        .unwrap();
-    let lost: Value = app
-        .upload_raw(&u, "lost.txt", b"lost".to_vec())
-        .await
-        .json()
-        .await
-        .unwrap();
+    let kept: Value = app.upload_json(&u, "kept.txt", b"kept".to_vec()).await;
+    let lost: Value = app.upload_json(&u, "lost.txt", b"lost".to_vec()).await;
     let lost_id = lost["id"].as_str().unwrap().to_owned();
     app.state
+        .ports
         .blobs
         .delete(&format!("files/{}/{lost_id}", u.id))
         .await
         .unwrap();
     let stray = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
     let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
-    app.state.blobs.put(&stray, Box::pin(body)).await.unwrap();
+    app.state
+        .ports
+        .blobs
+        .put(&stray, Box::pin(body))
+        .await
+        .unwrap();
 
-    let report = reconcile(&app.state, false).await.unwrap();
+    let report = app.state.reconciler.reconcile(false).await.unwrap();
     assert_eq!(report.strays, vec![stray.clone()]);
     assert_eq!(report.missing, vec![lost_id]);
     assert_eq!(report.deleted, 0);
@@ -284,7 +283,7 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
         "an audit alone deletes nothing"
     );
 
-    let report = reconcile(&app.state, true).await.unwrap();
+    let report = app.state.reconciler.reconcile(true).await.unwrap();
     assert_eq!(report.deleted, 1);
     let left = app.blob_keys(&u).await;
     assert_eq!(
@@ -299,8 +298,13 @@ async fn reconcile_keeps_strays_younger_than_the_grace_period() {
     let u = app.create_user("young").await;
     let stray = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
     let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
-    app.state.blobs.put(&stray, Box::pin(body)).await.unwrap();
-    let report = reconcile(&app.state, true).await.unwrap();
+    app.state
+        .ports
+        .blobs
+        .put(&stray, Box::pin(body))
+        .await
+        .unwrap();
+    let report = app.state.reconciler.reconcile(true).await.unwrap();
     assert_eq!(report.strays, vec![stray.clone()]);
     assert_eq!((report.deleted, report.too_young), (0, 1));
     assert_eq!(app.blob_keys(&u).await, vec![stray]);
@@ -321,7 +325,12 @@ async fn reconcile_beside_live_uploads_deletes_no_acknowledged_upload() {
     for _ in 0..5 {
         let key = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
         let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
-        app.state.blobs.put(&key, Box::pin(body)).await.unwrap();
+        app.state
+            .ports
+            .blobs
+            .put(&key, Box::pin(body))
+            .await
+            .unwrap();
         strays.push(key);
     }
 
@@ -331,7 +340,7 @@ async fn reconcile_beside_live_uploads_deletes_no_acknowledged_upload() {
         tokio::spawn(async move {
             let (mut passes, mut deleted) = (0, 0);
             while !stop.is_cancelled() {
-                let report = reconcile(&state, true).await.unwrap();
+                let report = state.reconciler.reconcile(true).await.unwrap();
                 passes += 1;
                 deleted += report.deleted;
             }
@@ -401,7 +410,7 @@ async fn a_slow_live_upload_outlasts_the_grace_period() {
         .bearer_auth(&u.key)
         .body(reqwest::Body::wrap_stream(body))
         .send();
-    let sweeper = Sweeper::new(app.state.clone());
+    let sweeper = app.state.sweeper.clone();
     let mut abandoned = 0;
     let sweeping = async {
         loop {

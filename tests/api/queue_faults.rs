@@ -163,7 +163,7 @@ async fn an_entry_delivered_to_a_worker_that_lost_its_lease_is_applied_in_order(
     let op = filedock::coord::Operation::Link {
         owner_id: u.id.clone(),
         agent_id: agent.clone(),
-        kind: filedock::meta::LinkKind::Mcp,
+        kind: filedock::domain::commands::LinkKind::Mcp,
         link_id: "second".into(),
         connected: true,
     };

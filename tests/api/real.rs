@@ -306,8 +306,8 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
     }
     use bson::doc;
     use filedock::{
+        meta::retry::with_txn_retry,
         meta::{CommitUpload, FileRecord, IntentRecord},
-        retry::with_txn_retry,
     };
     let app = spawn_app().await;
     let u = app.create_user("contended").await;
@@ -338,7 +338,7 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         size: 5,
         sha256: sha256_hex(b"hello"),
         category: "small".into(),
-        bucket: app.state.blobs.bucket().into(),
+        bucket: app.state.ports.blobs.bucket().into(),
         key: "files/x".into(),
         created_at: chrono::Utc::now(),
         sessions: Vec::new(),
@@ -352,21 +352,21 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         created_at: file.created_at,
         refreshed_at: None,
     };
-    app.state.meta.put_intent(&intent).await.unwrap();
+    app.state.ports.meta.put_intent(&intent).await.unwrap();
     let commit = CommitUpload {
         file: file.clone(),
         fence: None,
         quota_bytes: None,
         idempotency_key: None,
     };
-    let r = with_txn_retry(&app.state.txn_retry, || {
-        app.state.meta.commit_upload(&commit)
+    let r = with_txn_retry(&app.state.settings.txn_retry, || {
+        app.state.ports.meta.commit_upload(&commit)
     })
     .await
     .expect("the retry path absorbs the WriteConflict");
     other_commits.await.unwrap();
     assert!(r.retries >= 1, "MongoDB reported no WriteConflict");
-    let user = app.state.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
     assert_eq!(user.file_ids, vec![file.id]);
     assert_eq!(user.used_bytes, 1 + 5, "neither write was lost");
 }
@@ -599,11 +599,8 @@ async fn mongodb_and_s3_outages_fail_fast_name_the_dependency_and_heal_without_r
     let mut s = app.settings.clone();
     s.sweep.intent_grace = Duration::ZERO;
     s.sweep.retry_interval = Duration::ZERO;
-    let state = filedock::startup::AppState::build(s).await.unwrap();
-    filedock::sweeper::Sweeper::new(state.clone())
-        .try_run_once()
-        .await
-        .unwrap();
+    let state = filedock::http::AppState::build(s).await.unwrap();
+    state.sweeper.try_run_once().await.unwrap();
     let files = assert_bucket_matches_metadata(&state).await;
     assert_eq!(files, app.list_ids(&u).await.len());
 }

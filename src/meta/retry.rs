@@ -1,32 +1,43 @@
-//! Retry policies: the transaction retry on `WriteConflict` (quadratic
-//! backoff, as in the seed) and the seed's lock-wait backoff loop.
+//! The transaction retry on `WriteConflict` (quadratic backoff, as in the
+//! seed), run and counted by [`Transactions`]: the one retry path that
+//! serves every adapter.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc};
 
-use crate::meta::MetaError;
+use super::{MetaError, MetaResult};
+pub use crate::config::TxnRetryPolicy;
+use crate::metrics::Metrics;
 
-/// Retry a whole transaction on `WriteConflict`: at most `max_attempts`
-/// attempts, sleeping `attempt² × base_delay` before each (0, 50, 200 ms
-/// with the defaults).
-#[derive(Clone, Copy, Debug)]
-pub struct TxnRetryPolicy {
-    pub max_attempts: u32,
-    pub base_delay: Duration,
+/// Runs transactions the one way every writer does: retried under the
+/// policy, and counted in the metrics under the name of the write.
+#[derive(Clone)]
+pub struct Transactions {
+    policy: TxnRetryPolicy,
+    metrics: Arc<Metrics>,
 }
 
-impl Default for TxnRetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 3,
-            base_delay: Duration::from_millis(50),
-        }
+impl Transactions {
+    pub fn new(policy: TxnRetryPolicy, metrics: Arc<Metrics>) -> Self {
+        Self { policy, metrics }
     }
-}
 
-impl TxnRetryPolicy {
-    /// The sleep before attempt `attempt` (0-based).
-    pub fn delay(&self, attempt: u32) -> Duration {
-        self.base_delay * attempt * attempt
+    /// Runs `txn` under the policy and records its retries under `op`; a
+    /// transaction that ran out of attempts on write conflicts counts as
+    /// retried the most times.
+    pub async fn run<T, F, Fut>(&self, op: &str, txn: F) -> MetaResult<Retried<T>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = MetaResult<T>>,
+    {
+        let result = with_txn_retry(&self.policy, txn).await;
+        match &result {
+            Ok(r) => self.metrics.observe_txn(op, r.retries),
+            Err(e) if e.is_write_conflict() => {
+                self.metrics.observe_txn(op, self.policy.max_attempts - 1)
+            }
+            Err(_) => {}
+        }
+        result
     }
 }
 
@@ -61,34 +72,6 @@ where
     }
 }
 
-/// The seed's lock-wait loop: 100 ms, then ×1.5 each time, capped at 2 s
-/// (the lock facade adds jitter to each sleep).
-#[derive(Clone, Copy, Debug)]
-pub struct LockBackoff {
-    pub initial: Duration,
-    pub factor: f64,
-    pub max: Duration,
-}
-
-impl Default for LockBackoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(100),
-            factor: 1.5,
-            max: Duration::from_secs(2),
-        }
-    }
-}
-
-impl LockBackoff {
-    /// The sleeps between tries, forever; the caller's deadline ends the loop.
-    pub fn delays(self) -> impl Iterator<Item = Duration> {
-        std::iter::successors(Some(self.initial), move |d| {
-            Some(d.mul_f64(self.factor).min(self.max))
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -100,17 +83,6 @@ mod tests {
         let p = TxnRetryPolicy::default();
         let ms: Vec<_> = (0..3).map(|a| p.delay(a).as_millis()).collect();
         assert_eq!(ms, [0, 50, 200]);
-    }
-
-    #[test]
-    fn lock_backoff_grows_by_half_and_caps_at_two_seconds() {
-        let ms: Vec<_> = LockBackoff::default()
-            .delays()
-            .take(10)
-            .map(|d| d.as_millis())
-            .collect();
-        assert_eq!(&ms[..4], &[100, 150, 225, 337]);
-        assert_eq!(*ms.last().unwrap(), 2000);
     }
 
     #[tokio::test(start_paused = true)]

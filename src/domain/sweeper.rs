@@ -5,16 +5,19 @@
 //! sweeps at a time (a lock with lease renewal). The server runs passes on an
 //! interval; `filedock sweep` runs one from cron.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
+use async_trait::async_trait;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    lock::{LockKey, TryLock},
-    meta::{self, OrphanRecord, OrphanStatus},
-    metrics::{OutcomeLabel, StatusLabel},
-    startup::AppState,
+    blob::BlobStore,
+    config::SweepSettings,
+    lock::{LockKey, Locks, TryLock},
+    meta::{self, CleanupRepo, OrphanRecord, OrphanStatus},
+    metrics::{Metrics, OutcomeLabel, StatusLabel},
+    worker::{Worker, WorkerState},
 };
 
 /// What one pass did.
@@ -41,17 +44,17 @@ pub enum Outcome {
 const BATCH: usize = 500;
 
 pub struct Sweeper {
-    state: AppState,
+    pub(crate) meta: Arc<dyn CleanupRepo>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
+    pub(crate) locks: Arc<Locks>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) settings: SweepSettings,
 }
 
 impl Sweeper {
-    pub fn new(state: AppState) -> Self {
-        Self { state }
-    }
-
     /// One pass, unless another instance is sweeping.
     pub async fn try_run_once(&self) -> anyhow::Result<Outcome> {
-        let guard = match self.state.locks.try_acquire(&LockKey::sweeper()).await? {
+        let guard = match self.locks.try_acquire(&LockKey::sweeper()).await? {
             TryLock::Held(g) => Some(g),
             TryLock::Degraded => None,
             TryLock::Busy => {
@@ -69,20 +72,17 @@ impl Sweeper {
     }
 
     async fn pass(&self) -> anyhow::Result<SweepReport> {
-        let s = &self.state.settings.sweep;
+        let s = &self.settings;
         let now = meta::now();
         let mut report = SweepReport::default();
         // Each orphan at most once a pass, however fine the retry interval.
         let mut tried = std::collections::HashSet::new();
         let stale_before = now - chrono::Duration::from_std(s.intent_grace)?;
-        for intent in self.state.meta.intents(stale_before, BATCH).await? {
+        for intent in self.meta.intents(stale_before, BATCH).await? {
             // Abandoning is a transaction that deletes the intent: if the
             // upload commits first, there is nothing to abandon.
             // It is re-checked there too: its upload may have refreshed it since.
-            let abandoned = self
-                .state
-                .meta
-                .abandon_intent(&intent.id, Some(stale_before));
+            let abandoned = self.meta.abandon_intent(&intent.id, Some(stale_before));
             if let Some(orphan) = abandoned.await? {
                 report.intents_abandoned += 1;
                 tried.insert(orphan.id.clone());
@@ -91,7 +91,6 @@ impl Sweeper {
         }
         let retry_before = now - chrono::Duration::from_std(s.retry_interval)?;
         for orphan in self
-            .state
             .meta
             .orphans_due(s.max_retries, retry_before, BATCH)
             .await?
@@ -107,15 +106,15 @@ impl Sweeper {
     }
 
     async fn delete(&self, orphan: OrphanRecord, report: &mut SweepReport) -> anyhow::Result<()> {
-        let meta = &self.state.meta;
-        match self.state.blobs.delete(&orphan.key).await {
+        let meta = &self.meta;
+        match self.blobs.delete(&orphan.key).await {
             Ok(()) => {
                 meta.mark_orphan(&orphan.id, OrphanStatus::Deleted, None)
                     .await?;
                 report.orphans_deleted += 1;
             }
             Err(e) => {
-                let last = orphan.retries + 1 >= self.state.settings.sweep.max_retries;
+                let last = orphan.retries + 1 >= self.settings.max_retries;
                 let status = if last {
                     OrphanStatus::Failed
                 } else {
@@ -125,7 +124,7 @@ impl Sweeper {
                     .await?;
                 if last {
                     report.orphans_failed += 1;
-                    self.state.metrics.orphans_dead_lettered.inc();
+                    self.metrics.orphans_dead_lettered.inc();
                     tracing::error!(bucket = %orphan.bucket, key = %orphan.key, error = %e, "orphan could not be deleted after its last retry; marked failed");
                 } else {
                     report.orphans_retrying += 1;
@@ -137,8 +136,7 @@ impl Sweeper {
     }
 
     fn count(&self, outcome: &str) {
-        self.state
-            .metrics
+        self.metrics
             .sweeps
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.into(),
@@ -147,8 +145,8 @@ impl Sweeper {
     }
 
     async fn update_gauges(&self) {
-        if let Ok(c) = self.state.meta.counts().await {
-            let m = &self.state.metrics;
+        if let Ok(c) = self.meta.counts().await {
+            let m = &self.metrics;
             m.upload_intents.set(c.intents as i64);
             for (status, n) in [
                 ("pending", c.orphans_pending),
@@ -163,22 +161,55 @@ impl Sweeper {
             }
         }
     }
+}
 
-    /// Runs a pass every `interval` until `shutdown`; errors back off.
-    pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
-        let mut wait = interval;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-            wait = match self.try_run_once().await {
-                Ok(_) => interval,
-                Err(e) => {
-                    tracing::warn!(error = %e, "sweep pass failed; backing off");
-                    (wait * 2).min(interval * 8)
-                }
-            };
+/// The sweeper as a background worker: a pass every `interval`; a pass
+/// that fails backs off (doubling, up to 8 intervals).
+pub struct SweepWorker {
+    sweeper: Arc<Sweeper>,
+    interval: Duration,
+    wait: Duration,
+    last: &'static str,
+}
+
+impl SweepWorker {
+    pub fn new(sweeper: Arc<Sweeper>, interval: Duration) -> Self {
+        Self {
+            sweeper,
+            interval,
+            wait: interval,
+            last: "not run yet",
         }
+    }
+}
+
+#[async_trait]
+impl Worker for SweepWorker {
+    fn name(&self) -> String {
+        "sweeper".into()
+    }
+
+    fn status(&self) -> String {
+        format!("last pass: {}", self.last)
+    }
+
+    fn first_delay(&self) -> Duration {
+        self.interval
+    }
+
+    async fn work(&mut self, _stop: &CancellationToken) -> WorkerState {
+        let interval = self.interval;
+        self.wait = match self.sweeper.try_run_once().await {
+            Ok(_) => {
+                self.last = "ok";
+                interval
+            }
+            Err(e) => {
+                self.last = "failed";
+                tracing::warn!(error = %e, "sweep pass failed; backing off");
+                (self.wait * 2).min(interval * 8)
+            }
+        };
+        WorkerState::Idle(self.wait)
     }
 }

@@ -1,0 +1,227 @@
+//! Scenarios 4 to 6: lock vs queue, the ceiling, and small files.
+
+use std::{sync::Arc, time::Instant};
+
+use bytes::Bytes;
+use filedock::{
+    blob::{BlobStore, s3::S3BlobStore},
+    domain::{Filename, upload::NewUpload, users},
+    http::AppState,
+    metrics::Metrics,
+    testing::Server,
+};
+use futures::{StreamExt, TryStreamExt, stream};
+
+use crate::support::*;
+
+/// Scenario 4: lock vs queue coordination, spread over 200 users and on one hot agent.
+pub(crate) async fn lock_vs_queue(client: &Client, r: &mut Report) {
+    r.section(
+        "4. Lock vs queue coordination (1000 MCP connects, 64 in flight)",
+        "| load | coordination | succeeded | ops/s | p50 | p99 |",
+    );
+    let lock = Server::start(&[("FILEDOCK_COORDINATION", "lock")]).await;
+    let queue = Server::start(&[("FILEDOCK_COORDINATION", "queue")]).await;
+    // 200 users with an agent each, on both servers.
+    let mut owners: [Vec<(String, String)>; 2] = [Vec::new(), Vec::new()];
+    for (i, server) in [&lock, &queue].into_iter().enumerate() {
+        for u in 0..200 {
+            let key = client.user(server, &format!("spread-{u}")).await;
+            let agent = client.agent(server, &key).await;
+            owners[i].push((key, agent));
+        }
+    }
+    for (load, spread) in [
+        ("A: spread over 200 agents", true),
+        ("B: one hot agent", false),
+    ] {
+        let mut results = [Vec::new(), Vec::new()];
+        for rep in 0..REPS {
+            for i in 0..2 {
+                let which = (i + rep) % 2;
+                let server = if which == 0 { &lock } else { &queue };
+                let owners = &owners[which];
+                let batch = drive(1000, 64, |n| {
+                    let (key, agent) = if spread { &owners[n % 200] } else { &owners[0] };
+                    let mcp = format!("m{rep}-{n}");
+                    async move { client.connect(server, key, agent, &mcp).await }
+                })
+                .await;
+                results[which].push(batch);
+            }
+        }
+        let (l, q) = (median(results[0].clone()), median(results[1].clone()));
+        for (name, b) in [("lock", l), ("queue", q)] {
+            r.row(format!(
+                "| {load} | {name} | {}/{} | {:.0} | {} | {} |",
+                b.ok,
+                b.total,
+                b.rate(),
+                ms(b.p50),
+                ms(b.p99)
+            ));
+        }
+        r.row(format!(
+            "| {load} | queue ÷ lock (ops/s) | | {:.2}× | | |",
+            q.rate() / l.rate()
+        ));
+    }
+}
+
+/// Scenario 5: large uploads through filedock vs straight to S3, and peak RSS.
+pub(crate) async fn ceiling(client: &Client, r: &mut Report) {
+    r.section(
+        "5. Throughput ceiling: filedock vs a direct aws-sdk-s3 upload of the same bytes",
+        "| size | filedock | direct S3 | filedock ÷ direct |",
+    );
+    let server = Server::start(&[]).await;
+    let key = client.user(&server, "big").await;
+    let direct = S3BlobStore::connect(
+        &s3_store_settings(&format!("d{}/", run_id())),
+        Arc::new(Metrics::default()),
+    )
+    .await
+    .unwrap();
+    for (size, reps) in [(256usize << 20, REPS), (1 << 30, 1)] {
+        let mut rates = [Vec::new(), Vec::new()];
+        for rep in 0..reps {
+            for i in 0..2 {
+                let which = (i + rep) % 2;
+                let (body, raw) = generated(size);
+                let started = Instant::now();
+                let ok = if which == 0 {
+                    client.upload(&server, &key, body).await.0
+                } else {
+                    direct
+                        .put(
+                            &format!("direct/{rep}-{size}"),
+                            raw.map_err(Into::into).boxed(),
+                        )
+                        .await
+                        .is_ok()
+                };
+                assert!(ok, "upload of {size} bytes failed");
+                rates[which].push(size as f64 / (1 << 20) as f64 / started.elapsed().as_secs_f64());
+            }
+        }
+        let (f, d) = (median_f(rates[0].clone()), median_f(rates[1].clone()));
+        r.row(format!(
+            "| {} MiB | {f:.0} MiB/s | {d:.0} MiB/s | {:.2} |",
+            size >> 20,
+            f / d
+        ));
+    }
+    // Peak memory of a fresh server through one 1 GiB upload.
+    let fresh = Server::start(&[]).await;
+    let key = client.user(&fresh, "rss").await;
+    let (body, _) = generated(1 << 30);
+    assert!(client.upload(&fresh, &key, body).await.0);
+    r.note(format!(
+        "Peak RSS of a fresh filedock through one 1 GiB upload (8 MiB parts, 4 in flight): **{} MiB**.",
+        fresh.peak_rss_mib()
+    ));
+}
+
+/// Scenario 6: 4 KiB uploads at 32 in flight over 200 users vs direct S3 PUTs.
+pub(crate) async fn small_files(client: &Client, r: &mut Report) {
+    r.section(
+        "6. Small files: 2000 × 4 KiB, 32 in flight",
+        "| path | succeeded | per second | p50 | p99 |",
+    );
+    let server = Server::start(&[]).await;
+    let mut keys = Vec::new();
+    for u in 0..200 {
+        keys.push(client.user(&server, &format!("small-{u}")).await);
+    }
+    let direct = S3BlobStore::connect(
+        &s3_store_settings(&format!("s{}/", run_id())),
+        Arc::new(Metrics::default()),
+    )
+    .await
+    .unwrap();
+    let body = Bytes::from(vec![9u8; 4096]);
+    // The floor: the same service code (intent, lock, PUT, transaction,
+    // release) called in-process, without HTTP or authentication.
+    let floor_state = AppState::build(floor_settings()).await.unwrap();
+    let mut floor_users = Vec::new();
+    for u in 0..200 {
+        floor_users.push(
+            users::create_user(floor_state.ports.meta.as_ref(), &format!("floor-{u}"))
+                .await
+                .unwrap()
+                .0,
+        );
+    }
+    let mut results = [Vec::new(), Vec::new(), Vec::new()];
+    for rep in 0..REPS {
+        for i in 0..3 {
+            let which = (i + rep) % 3;
+            let batch = if which == 0 {
+                drive(2000, 32, |n| {
+                    client.upload(&server, &keys[n % 200], reqwest::Body::from(body.clone()))
+                })
+                .await
+            } else if which == 2 {
+                drive(2000, 32, |n| {
+                    let (state, user, body) = (&floor_state, &floor_users[n % 200], body.clone());
+                    async move {
+                        let t = Instant::now();
+                        let new = NewUpload {
+                            filename: Filename::parse("floor.bin").unwrap(),
+                            content_type: "application/octet-stream".into(),
+                            declared_len: Some(4096),
+                            body: stream::iter([Ok(body)]).boxed(),
+                            idempotency_key: None,
+                        };
+                        (state.uploads.upload(user, new).await.is_ok(), t.elapsed())
+                    }
+                })
+                .await
+            } else {
+                drive(2000, 32, |n| {
+                    let (direct, body) = (&direct, body.clone());
+                    async move {
+                        let t = Instant::now();
+                        let ok = direct
+                            .put(
+                                &format!("small/{rep}/{n}"),
+                                stream::iter([Ok(body)]).boxed(),
+                            )
+                            .await
+                            .is_ok();
+                        (ok, t.elapsed())
+                    }
+                })
+                .await
+            };
+            results[which].push(batch);
+        }
+    }
+    let (f, d, fl) = (
+        median(results[0].clone()),
+        median(results[1].clone()),
+        median(results[2].clone()),
+    );
+    for (name, b) in [
+        ("filedock over HTTP", f),
+        ("the floor: same service calls in-process, no HTTP", fl),
+        ("direct S3 PUT only", d),
+    ] {
+        r.row(format!(
+            "| {name} | {}/{} | {:.0} | {} | {} |",
+            b.ok,
+            b.total,
+            b.rate(),
+            ms(b.p50),
+            ms(b.p99)
+        ));
+    }
+    r.row(format!(
+        "| filedock ÷ floor (per second) | | {:.2} | | |",
+        f.rate() / fl.rate()
+    ));
+    r.row(format!(
+        "| filedock ÷ direct S3 PUT (per second) | | {:.2} | | |",
+        f.rate() / d.rate()
+    ));
+}

@@ -1,0 +1,335 @@
+//! The Redis Streams queue.
+//!
+//! - An operation goes to one of 64 logical buckets by its lock key's hash;
+//!   each bucket is a stream (`filedock_queue:{b}`) with one consumer group.
+//! - A bucket is consumed by exactly one worker at a time: the worker holds
+//!   the bucket's lease (a lock with renewal). Instances share the buckets
+//!   (each takes at most ⌈64 / live instances⌉), so operations on one key
+//!   apply in enqueue order while different buckets run in parallel.
+//! - Consumer names are unique per process. A worker that takes a bucket
+//!   first claims (`XAUTOCLAIM`) what a dead owner left pending.
+//! - Every operation carries an id, recorded in `processed_ops` in the same
+//!   transaction, so a redelivered operation is applied once; the lease's
+//!   fencing token is checked too, so a worker that lost its lease cannot
+//!   apply out of order.
+//! - What one read of a bucket returns (up to 16 entries) is applied in one
+//!   transaction, a group commit; a group the store refuses is applied one
+//!   operation at a time, so each still gets its own answer.
+//! - The result goes to a per-operation key, and the waiting instance is
+//!   told on its own channel; the waiter re-reads the key every second in
+//!   case a notice is lost.
+//! - An operation that keeps failing goes to `filedock_queue_dlq`; write
+//!   conflicts and an unreachable store are waited out, not counted.
+//! - Redis unhealthy (checked at most once a second): the direct lock path.
+//!
+//! This file is the queue's front (enqueue, wait for the result);
+//! `worker.rs` holds the bucket workers, `stats.rs` the figures.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+mod stats;
+mod worker;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use rand::seq::SliceRandom;
+use redis::{
+    AsyncCommands, Client, Value,
+    aio::{ConnectionManager, MultiplexedConnection},
+    streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply},
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use self::{stats::Recent, worker::Manager};
+use super::{
+    Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, Operation, QueueStats,
+    bucket_of, wait_timeout,
+};
+use crate::{
+    lock::{LockGuard, LockKey, Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
+    meta::{Fence, MetaError},
+    metrics::{Metrics, OutcomeLabel},
+};
+
+const GROUP: &str = "filedock";
+/// About how many entries a bucket's stream keeps (`XADD MAXLEN ~`).
+const MAX_STREAM_LEN: u64 = 100_000;
+/// How long a Redis health check stands (the circuit breaker).
+const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How long the health check waits for `PING`.
+const PING_TIMEOUT: Duration = Duration::from_millis(500);
+/// How often a waiter re-reads its result, in case a notice was lost.
+const RESULT_POLL_EVERY: Duration = Duration::from_secs(1);
+/// How long settling a timed-out operation may take before the answer is
+/// "outcome unknown" (the store may be waiting on a worker's transaction).
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
+
+/// Callers waiting for their operation's result, by operation id.
+type Waiters = crate::lock::waiters::Waiters<oneshot::Sender<OpOutcome>>;
+
+pub struct RedisQueue {
+    client: Client,
+    conn: ConnectionManager,
+    prefix: String,
+    /// Unique consumer name of this process.
+    instance: String,
+    waiters: Waiters,
+    /// Last health check: when, and whether Redis answered.
+    health: Mutex<Option<(Instant, bool)>>,
+    recent: Recent,
+    held: Arc<Mutex<usize>>,
+    subscriber: JoinHandle<()>,
+    /// Bucket leases.
+    locks: Arc<Locks>,
+    applier: Applier,
+    /// Where operations go while Redis is unhealthy.
+    direct: LockCoordinator,
+    metrics: Arc<Metrics>,
+    /// The waiter's base wait (`FILEDOCK_QUEUE_WAIT_SECS`).
+    wait: Duration,
+}
+
+impl Drop for RedisQueue {
+    fn drop(&mut self) {
+        self.subscriber.abort();
+    }
+}
+
+fn now_ms() -> u64 {
+    crate::lock::now_micros() / 1000
+}
+
+impl RedisQueue {
+    pub fn connect(
+        url: &str,
+        prefix: &str,
+        locks: Arc<Locks>,
+        applier: Applier,
+        metrics: Arc<Metrics>,
+        wait: Duration,
+    ) -> anyhow::Result<Self> {
+        let client = Client::open(url)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
+        let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
+        let waiters = Waiters::default();
+        let channel = format!("{prefix}filedock_queue_done:{instance}");
+        let subscriber = tokio::spawn(listen(
+            client.clone(),
+            channel,
+            conn.clone(),
+            prefix.to_owned(),
+            waiters.clone(),
+        ));
+        Ok(Self {
+            client,
+            conn,
+            prefix: prefix.to_owned(),
+            instance,
+            waiters,
+            health: Mutex::new(None),
+            recent: Recent::default(),
+            held: Arc::default(),
+            subscriber,
+            direct: LockCoordinator::new(locks.clone(), applier.clone()),
+            locks,
+            applier,
+            metrics,
+            wait,
+        })
+    }
+
+    /// The stream of bucket `b`.
+    pub fn stream(prefix: &str, b: u32) -> String {
+        format!("{prefix}filedock_queue:{{{b}}}")
+    }
+
+    fn dlq(&self) -> String {
+        format!("{}filedock_queue_dlq", self.prefix)
+    }
+
+    fn members(&self) -> String {
+        format!("{}filedock_queue_members", self.prefix)
+    }
+
+    /// The circuit breaker: Redis health, checked at most once a second.
+    async fn healthy(&self) -> bool {
+        if let Some((at, ok)) = *self.health.lock().unwrap()
+            && at.elapsed() < HEALTH_CHECK_EVERY
+        {
+            return ok;
+        }
+        let ping = tokio::time::timeout(PING_TIMEOUT, self.conn.clone().ping::<String>()).await;
+        let ok = matches!(ping, Ok(Ok(_)));
+        *self.health.lock().unwrap() = Some((Instant::now(), ok));
+        ok
+    }
+
+    fn mark_unhealthy(&self) {
+        *self.health.lock().unwrap() = Some((Instant::now(), false));
+    }
+
+    /// Entries waiting or in flight in bucket `b`.
+    async fn bucket_len(&self, b: u32) -> redis::RedisResult<u64> {
+        let groups: redis::streams::StreamInfoGroupsReply = self
+            .conn
+            .clone()
+            .xinfo_groups(Self::stream(&self.prefix, b))
+            .await?;
+        Ok(groups
+            .groups
+            .iter()
+            .map(|g| (g.lag.unwrap_or(0) + g.pending) as u64)
+            .sum())
+    }
+
+    async fn enqueue(&self, op: &Operation, op_id: &str) -> redis::RedisResult<u64> {
+        let b = bucket_of(&op.lock_key());
+        let ahead = self.bucket_len(b).await.unwrap_or(0);
+        let body = serde_json::to_string(op)
+            .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))?;
+        let _: String = redis::cmd("XADD")
+            .arg(Self::stream(&self.prefix, b))
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(MAX_STREAM_LEN)
+            .arg("*")
+            .arg("op")
+            .arg(body)
+            .arg("id")
+            .arg(op_id)
+            .arg("reply")
+            .arg(&self.instance)
+            .arg("at")
+            .arg(now_ms())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(ahead)
+    }
+
+    /// Starts this instance's bucket workers; they stop with `shutdown`.
+    pub fn spawn_workers(self: &Arc<Self>, shutdown: CancellationToken) -> JoinHandle<()> {
+        crate::worker::spawn(Manager::new(self.clone()), shutdown)
+    }
+}
+
+/// Wakes local waiters when a worker (in any instance) publishes their result.
+async fn listen(
+    client: Client,
+    channel: String,
+    conn: ConnectionManager,
+    prefix: String,
+    waiters: Waiters,
+) {
+    loop {
+        if let Ok(mut pubsub) = client.get_async_pubsub().await
+            && pubsub.subscribe(&channel).await.is_ok()
+        {
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let Ok(op_id) = msg.get_payload::<String>() else {
+                    continue;
+                };
+                if !waiters.contains(&op_id) {
+                    continue;
+                }
+                // A result that cannot be read is not a success: the
+                // waiter's own poll reads it again, or answers unknown.
+                let Some(outcome) = read_result(&mut conn.clone(), &prefix, &op_id).await else {
+                    continue;
+                };
+                if let Some(tx) = waiters.take(&op_id) {
+                    let _ = tx.send(outcome);
+                }
+            }
+        }
+        tokio::time::sleep(RESUBSCRIBE_AFTER).await;
+    }
+}
+
+fn result_key(prefix: &str, op_id: &str) -> String {
+    format!("{prefix}filedock_queue_result:{op_id}")
+}
+
+async fn read_result(conn: &mut ConnectionManager, prefix: &str, op_id: &str) -> Option<OpOutcome> {
+    let raw: Option<String> = conn.get(result_key(prefix, op_id)).await.ok()?;
+    serde_json::from_str(&raw?).ok()
+}
+
+impl RedisQueue {
+    /// Answers for an operation that may still be in the stream without
+    /// leaving it free to apply later: its id is recorded as processed, so
+    /// a worker skips it, and `failure` is the answer. If the id was there
+    /// already, it applied. If the store cannot say in time, the outcome is
+    /// unknown.
+    async fn settle(
+        &self,
+        op: &Operation,
+        op_id: &str,
+        failure: CoordError,
+    ) -> Result<(), CoordError> {
+        match tokio::time::timeout(SETTLE_WAIT, self.applier.cancel(op_id)).await {
+            Ok(Ok(true)) => Err(failure),
+            Ok(Ok(false)) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::warn!(op_id, error = %e, "could not settle a queued operation");
+                Err(CoordError::OutcomeUnknown(op.resource_path()))
+            }
+            Err(_) => Err(CoordError::OutcomeUnknown(op.resource_path())),
+        }
+    }
+}
+
+#[async_trait]
+impl Coordinator for RedisQueue {
+    async fn run(&self, op: Operation) -> Result<(), CoordError> {
+        if !self.healthy().await {
+            return self.direct.run(op).await;
+        }
+        let op_id = uuid::Uuid::now_v7().to_string();
+        let (tx, mut rx) = oneshot::channel();
+        // Registered before the enqueue, so the result cannot come too early.
+        let _waiting = self.waiters.register(&op_id, tx);
+        let ahead = match self.enqueue(&op, &op_id).await {
+            Ok(n) => n,
+            Err(e) => {
+                // The entry may be in the stream all the same (a lost
+                // reply): the direct path applies it under its id, so the
+                // copy applies once; and a failure is settled before it is
+                // told, so the copy cannot apply after the answer.
+                tracing::warn!(error = %e, "enqueue failed; taking the direct path");
+                self.mark_unhealthy();
+                return match self.direct.run_as(op.clone(), Some(&op_id)).await {
+                    Ok(()) => Ok(()),
+                    Err(e) => self.settle(&op, &op_id, e).await,
+                };
+            }
+        };
+        let deadline = Instant::now() + wait_timeout(self.wait, ahead);
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return self.settle(&op, &op_id, CoordError::Cancelled).await;
+            }
+            tokio::select! {
+                outcome = &mut rx => {
+                    if let Ok(o) = outcome {
+                        return o.into_result();
+                    }
+                }
+                _ = tokio::time::sleep(RESULT_POLL_EVERY.min(deadline - now)) => {}
+            }
+            if let Some(o) = read_result(&mut self.conn.clone(), &self.prefix, &op_id).await {
+                return o.into_result();
+            }
+        }
+    }
+
+    async fn stats(&self) -> Option<QueueStats> {
+        Some(self.figures().await)
+    }
+}

@@ -1,0 +1,492 @@
+//! The bucket workers: one instance's fair share of the 64 buckets, each
+//! consumed in order by one worker while it holds the bucket's lease.
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::worker::{self, WorkerState};
+
+/// Attempts before an operation is dead-lettered.
+const MAX_ATTEMPTS: u32 = 5;
+
+/// A bucket lease; renewed every third of it while the worker lives.
+const LEASE_TTL: Duration = Duration::from_secs(3);
+
+/// How long an instance counts as alive after its last heartbeat.
+const MEMBER_TTL_MS: u64 = 5_000;
+/// How often an instance heartbeats and rebalances its buckets.
+const REBALANCE_EVERY: Duration = Duration::from_millis(500);
+/// How often the queue figures go to the metrics and the log.
+const REPORT_EVERY: Duration = Duration::from_secs(10);
+/// Entries read or claimed at once (a group commit applies at most this many).
+const READ_BATCH: usize = 16;
+/// How long a read blocks waiting for entries, in ms (the worker checks its
+/// stop signal and lease between reads).
+const READ_BLOCK_MS: usize = 500;
+/// How long an operation's result stays readable, in seconds.
+const RESULT_TTL_SECS: u64 = 300;
+/// The pause before a retry grows by this much each time.
+const RETRY_STEP: Duration = Duration::from_millis(100);
+
+/// Whether a refusal is the store's and not the operation's: a conflicting
+/// transaction (perhaps left open by a process that died mid-commit, until
+/// it is ended), the store being down, or a commit whose answer was lost.
+/// Queued operations wait these out rather than count them as failures.
+fn waits_for_store(e: &MetaError) -> bool {
+    matches!(
+        e,
+        MetaError::WriteConflict
+            | MetaError::Transient(_)
+            | MetaError::Unavailable(_)
+            | MetaError::OutcomeUnknown(_)
+    )
+}
+
+/// The pause before the `n`th try at something the store refused for a
+/// reason not the operation's (it grows, and stops growing at the tenth).
+fn transient_pause(n: u32) -> Duration {
+    RETRY_STEP * n.min(10)
+}
+
+/// Keeps this instance's fair share of buckets leased, each with a worker.
+pub(super) struct Manager {
+    queue: Arc<RedisQueue>,
+    workers: HashMap<u32, (JoinHandle<()>, CancellationToken)>,
+    last_report: Instant,
+}
+
+impl Manager {
+    pub(super) fn new(queue: Arc<RedisQueue>) -> Self {
+        Self {
+            queue,
+            workers: HashMap::new(),
+            last_report: Instant::now(),
+        }
+    }
+}
+
+#[async_trait]
+impl worker::Worker for Manager {
+    fn name(&self) -> String {
+        "queue manager".into()
+    }
+
+    fn status(&self) -> String {
+        format!("{} buckets held", self.workers.len())
+    }
+
+    async fn work(&mut self, shutdown: &CancellationToken) -> WorkerState {
+        let Self {
+            queue,
+            workers,
+            last_report,
+        } = self;
+        workers.retain(|_, (h, _)| !h.is_finished());
+        let share = match heartbeat(queue).await {
+            Ok(alive) => BUCKETS.div_ceil(alive.max(1)) as usize,
+            Err(_) => 0, // Redis is down: hold nothing new; running workers stop on lease loss
+        };
+        let mut order: Vec<u32> = (0..BUCKETS).filter(|b| !workers.contains_key(b)).collect();
+        order.shuffle(&mut rand::rng());
+        for b in order {
+            if workers.len() >= share {
+                break;
+            }
+            let key = LockKey::queue_bucket(b);
+            if let Ok(Some(guard)) = queue.locks.try_lease(&key, LEASE_TTL).await {
+                let stop = shutdown.child_token();
+                let bucket = BucketWorker {
+                    queue: queue.clone(),
+                    b,
+                    guard: Some(guard),
+                };
+                workers.insert(b, (worker::spawn(bucket, stop.clone()), stop));
+            }
+        }
+        // Give back what is over our share (another instance joined).
+        let extra: Vec<u32> = workers.keys().copied().skip(share).collect();
+        for b in extra {
+            if let Some((_, stop)) = workers.get(&b) {
+                stop.cancel();
+            }
+        }
+        *queue.held.lock().unwrap() = workers.len();
+        if last_report.elapsed() > REPORT_EVERY {
+            *last_report = Instant::now();
+            report(queue).await;
+        }
+        WorkerState::Idle(REBALANCE_EVERY)
+    }
+
+    /// Stops the bucket workers and leaves the members.
+    async fn stopped(&mut self) {
+        for (_, (handle, stop)) in self.workers.drain() {
+            stop.cancel();
+            let _ = handle.await;
+        }
+        let queue = &self.queue;
+        let _: Result<i64, _> = queue
+            .conn
+            .clone()
+            .zrem(queue.members(), &queue.instance)
+            .await;
+    }
+}
+
+/// Announces this instance and counts the live ones.
+async fn heartbeat(queue: &RedisQueue) -> redis::RedisResult<u32> {
+    let now = now_ms();
+    let mut conn = queue.conn.clone();
+    let (_, _, alive): (i64, i64, u32) = redis::pipe()
+        .zadd(queue.members(), &queue.instance, now)
+        .zrembyscore(queue.members(), 0, now.saturating_sub(MEMBER_TTL_MS))
+        .zcard(queue.members())
+        .query_async(&mut conn)
+        .await?;
+    Ok(alive)
+}
+
+/// Publishes the queue figures as metrics and logs the seed's warnings.
+pub(super) async fn report(queue: &RedisQueue) {
+    if let Some(stats) = queue.stats().await {
+        queue.metrics.queue_length.set(stats.length as i64);
+        queue
+            .metrics
+            .queue_dead_letters
+            .set(stats.dead_letter_count as i64);
+        for w in &stats.warnings {
+            tracing::warn!(warning = %w, "queue health");
+        }
+    }
+}
+
+pub(super) enum Step {
+    Next,
+    /// The lease is gone: stop without acknowledging; the next owner redoes it.
+    Stop,
+}
+
+/// Consumes bucket `b` in order while the lease holds.
+struct BucketWorker {
+    queue: Arc<RedisQueue>,
+    b: u32,
+    /// The bucket's lease, until the work is done.
+    guard: Option<LockGuard>,
+}
+
+#[async_trait]
+impl worker::Worker for BucketWorker {
+    fn name(&self) -> String {
+        format!("queue bucket {}", self.b)
+    }
+
+    fn status(&self) -> String {
+        match self.guard {
+            Some(_) => "consuming".into(),
+            None => "done".into(),
+        }
+    }
+
+    /// One step that lasts while the lease holds and `stop` has not fired.
+    async fn work(&mut self, stop: &CancellationToken) -> WorkerState {
+        if let Some(guard) = self.guard.take() {
+            consume_bucket(&self.queue, self.b, guard, stop).await;
+        }
+        WorkerState::Done
+    }
+}
+
+async fn consume_bucket(queue: &RedisQueue, b: u32, guard: LockGuard, stop: &CancellationToken) {
+    let lost = guard.lost();
+    let stream = RedisQueue::stream(&queue.prefix, b);
+    let consumer = Consumer {
+        queue,
+        stream: &stream,
+        lost: &lost,
+        fence: Fence {
+            slot: format!("queue{b}"),
+            token: guard.fence() as i64,
+            pinned: true,
+        },
+    };
+    if let Err(e) = consumer.consume(stop).await {
+        tracing::warn!(bucket = b, error = %e, "queue worker stopped");
+    }
+    guard.release().await;
+}
+
+impl Consumer<'_> {
+    async fn consume(&self, stop: &CancellationToken) -> redis::RedisResult<()> {
+        let (queue, stream) = (self.queue, self.stream);
+        // A connection of its own: XREADGROUP blocks it.
+        let mut conn: MultiplexedConnection =
+            queue.client.get_multiplexed_async_connection().await?;
+        let created: redis::RedisResult<()> = conn.xgroup_create_mkstream(stream, GROUP, "0").await;
+        if let Err(e) = created
+            && e.code() != Some("BUSYGROUP")
+        {
+            return Err(e);
+        }
+        let opts = StreamReadOptions::default()
+            .group(GROUP, &queue.instance)
+            .count(READ_BATCH)
+            .block(READ_BLOCK_MS);
+        while !stop.is_cancelled() && !self.lost.is_cancelled() {
+            // Everything pending in the group, in stream order: what the last
+            // read delivered, what earlier owners left, and what was
+            // delivered to a worker that had lost its lease without knowing
+            // (paused). Applying them all in id order keeps the stream's order.
+            if let Step::Stop = self.claim_pending(&mut conn).await? {
+                return Ok(());
+            }
+            // Waits for new entries and takes them into the pending list.
+            let _: StreamReadReply = conn.xread_options(&[stream], &[">"], &opts).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes over and applies every entry pending in the group, oldest first.
+    async fn claim_pending(&self, conn: &mut MultiplexedConnection) -> redis::RedisResult<Step> {
+        let mut start = "0-0".to_owned();
+        loop {
+            let claimed: redis::streams::StreamAutoClaimReply = conn
+                .xautoclaim_options(
+                    self.stream,
+                    GROUP,
+                    &self.queue.instance,
+                    0,
+                    &start,
+                    StreamAutoClaimOptions::default().count(READ_BATCH),
+                )
+                .await?;
+            let entries: Vec<_> = claimed.claimed.iter().map(Entry::decode).collect();
+            if let Step::Stop = self.handle(conn, &entries).await {
+                return Ok(Step::Stop);
+            }
+            if claimed.next_stream_id == "0-0" || claimed.claimed.is_empty() {
+                return Ok(Step::Next);
+            }
+            start = claimed.next_stream_id;
+        }
+    }
+
+    /// Applies what one read returned, in order: as a group if it can.
+    async fn handle(&self, conn: &mut MultiplexedConnection, entries: &[Entry<'_>]) -> Step {
+        if entries.len() > 1
+            && let Some(step) = self.process_group(conn, entries).await
+        {
+            return step;
+        }
+        for entry in entries {
+            if let Step::Stop = self.process(conn, entry).await {
+                return Step::Stop;
+            }
+        }
+        Step::Next
+    }
+}
+
+/// A stream entry, decoded.
+struct Entry<'a> {
+    raw: &'a StreamId,
+    op_id: String,
+    reply_to: Option<String>,
+    enqueued_ms: u64,
+    op: Result<Operation, String>,
+}
+
+impl<'a> Entry<'a> {
+    fn decode(raw: &'a StreamId) -> Self {
+        Self {
+            raw,
+            op_id: raw.get("id").unwrap_or_else(|| raw.id.clone()),
+            reply_to: raw.get("reply"),
+            enqueued_ms: raw.get("at").unwrap_or_else(now_ms),
+            op: raw
+                .get::<String>("op")
+                .ok_or_else(|| "no op field".to_owned())
+                .and_then(|r| serde_json::from_str(&r).map_err(|e| e.to_string())),
+        }
+    }
+}
+
+/// What the worker holds while it consumes bucket `b`.
+struct Consumer<'a> {
+    queue: &'a RedisQueue,
+    stream: &'a str,
+    lost: &'a CancellationToken,
+    fence: Fence,
+}
+
+impl Consumer<'_> {
+    /// Applies `entries` in one transaction (a group commit): one commit for
+    /// many operations is what lets a hot key go faster than one transaction
+    /// at a time. `None` if the group was refused (an operation that fails,
+    /// or one applied before): the caller applies them one at a time, so each
+    /// gets its own answer.
+    async fn process_group(
+        &self,
+        conn: &mut MultiplexedConnection,
+        entries: &[Entry<'_>],
+    ) -> Option<Step> {
+        let ops = entries
+            .iter()
+            .map(|e| Some((e.op.clone().ok()?, e.op_id.clone())))
+            .collect::<Option<Vec<_>>>()?;
+        let mut transient = 0u32;
+        loop {
+            if self.lost.is_cancelled() {
+                return Some(Step::Stop);
+            }
+            match self.queue.applier.apply_group(&ops, &self.fence).await {
+                Ok(()) => break,
+                Err(MetaError::StaleFence) => return Some(Step::Stop),
+                Err(e) if waits_for_store(&e) => {
+                    transient += 1;
+                    tracing::warn!(error = %e, "queued operations wait for the metadata store");
+                    tokio::time::sleep(transient_pause(transient)).await;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, n = ops.len(), "group refused; applying one at a time");
+                    return None;
+                }
+            }
+        }
+        self.queue.metrics.queue_grouped.inc_by(ops.len() as u64);
+        let ok = OpOutcome::ok();
+        let done: Vec<_> = entries.iter().map(|e| (e, &ok)).collect();
+        self.deliver(conn, &done).await;
+        Some(Step::Next)
+    }
+
+    /// Applies one entry, retrying, dead-lettering what keeps failing.
+    async fn process(&self, conn: &mut MultiplexedConnection, entry: &Entry<'_>) -> Step {
+        let (mut attempts, mut transient) = (0, 0u32);
+        let outcome = loop {
+            if self.lost.is_cancelled() {
+                return Step::Stop;
+            }
+            let op_id = entry.op_id.as_str();
+            let error = match &entry.op {
+                Err(e) => format!("undecodable operation: {e}"),
+                Ok(op) => {
+                    let applied =
+                        self.queue
+                            .applier
+                            .apply(op, Some(self.fence.clone()), Some(op_id));
+                    match applied.await {
+                        Ok(()) => break OpOutcome::ok(),
+                        Err(MetaError::NotFound) => break OpOutcome::not_found(),
+                        Err(MetaError::StaleFence) => return Step::Stop,
+                        // Transient: a conflicting transaction (perhaps left open by a
+                        // process that died mid-commit, until it is ended), the
+                        // store being down, or a commit whose answer was lost (the
+                        // retry finds its id in `processed_ops` if it applied).
+                        // Order forbids skipping ahead, and these are not the
+                        // operation's fault: wait and try again.
+                        Err(e) if waits_for_store(&e) => {
+                            transient += 1;
+                            tracing::warn!(op_id, error = %e, "queued operation waits for the metadata store");
+                            tokio::time::sleep(transient_pause(transient)).await;
+                            continue;
+                        }
+                        Err(e) => e.to_string(),
+                    }
+                }
+            };
+            attempts += 1;
+            if attempts >= MAX_ATTEMPTS || entry.op.is_err() {
+                dead_letter(self.queue, conn, entry.raw, &error, attempts).await;
+                let message = format!(
+                    "the operation failed {attempts} times and was moved to the dead-letter queue: {error}"
+                );
+                break OpOutcome {
+                    code: Some("dead_lettered".into()),
+                    message: Some(message),
+                };
+            }
+            tracing::warn!(
+                op_id,
+                attempt = attempts,
+                error,
+                "queued operation failed; retrying"
+            );
+            tokio::time::sleep(RETRY_STEP * attempts).await;
+        };
+        self.deliver(conn, &[(entry, &outcome)]).await;
+        Step::Next
+    }
+
+    /// Stores each result, tells its waiter's instance, acknowledges the
+    /// entries (one round trip), and counts them.
+    async fn deliver(&self, conn: &mut MultiplexedConnection, done: &[(&Entry<'_>, &OpOutcome)]) {
+        let prefix = &self.queue.prefix;
+        let mut pipe = redis::pipe();
+        for (entry, outcome) in done {
+            let body = serde_json::to_string(outcome).unwrap_or_default();
+            pipe.set_ex(result_key(prefix, &entry.op_id), body, RESULT_TTL_SECS)
+                .ignore();
+            if let Some(instance) = &entry.reply_to {
+                pipe.publish(
+                    format!("{prefix}filedock_queue_done:{instance}"),
+                    &entry.op_id,
+                )
+                .ignore();
+            }
+            pipe.xack(self.stream, GROUP, &[&entry.raw.id]).ignore();
+        }
+        let r: redis::RedisResult<Value> = pipe.query_async(conn).await;
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "could not deliver queued operations' results");
+        }
+        for (_, outcome) in done {
+            let label = outcome.code.as_deref().unwrap_or("applied");
+            self.queue
+                .metrics
+                .queue_processed
+                .get_or_create(&OutcomeLabel {
+                    outcome: label.into(),
+                })
+                .inc();
+        }
+        self.queue
+            .recent
+            .record(done.iter().map(|(entry, outcome)| {
+                let wait_ms = now_ms().saturating_sub(entry.enqueued_ms) as f64;
+                (wait_ms, outcome.code.is_none())
+            }));
+    }
+}
+
+async fn dead_letter(
+    queue: &RedisQueue,
+    conn: &mut MultiplexedConnection,
+    entry: &StreamId,
+    error: &str,
+    attempts: u32,
+) {
+    let op: String = entry.get("op").unwrap_or_default();
+    let id: String = entry.get("id").unwrap_or_default();
+    let r: redis::RedisResult<String> = redis::cmd("XADD")
+        .arg(queue.dlq())
+        .arg("*")
+        .arg("op")
+        .arg(op)
+        .arg("id")
+        .arg(&id)
+        .arg("error")
+        .arg(error)
+        .arg("attempts")
+        .arg(attempts)
+        .arg("entry")
+        .arg(&entry.id)
+        .query_async(conn)
+        .await;
+    tracing::error!(
+        op_id = id,
+        error,
+        attempts,
+        dead_lettered = r.is_ok(),
+        "queued operation moved to the dead-letter queue"
+    );
+}

@@ -1,0 +1,154 @@
+//! `DomainError`: every way a service call can fail, in the domain's terms.
+//! The ports' errors map into it here; `http::ApiError` maps it to a status
+//! and a body (the domain knows no status codes).
+
+use crate::{
+    blob::{BlobError, BodyError},
+    coord::CoordError,
+    lock::LockError,
+    meta::MetaError,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DomainError {
+    #[error("missing or invalid API key")]
+    Unauthenticated,
+    /// Also for other users' resources: existence is never revealed.
+    #[error("not found")]
+    NotFound,
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The client stopped sending the body.
+    #[error("{0}")]
+    RequestTimeout(String),
+    /// The user has as many uploads in flight as one instance allows.
+    #[error("too many uploads in flight for this user (at most {0}); try again")]
+    TooManyUploads(usize),
+    #[error("the body is larger than the limit of {0} bytes")]
+    PayloadTooLarge(u64),
+    #[error("timed out waiting for a lock on this resource; try again")]
+    LockTimeout,
+    #[error("the lock on this resource was lost before the change committed; try again")]
+    LockLost,
+    #[error("too many concurrent writers on this resource; try again")]
+    WriteConflict,
+    #[error("the upload took longer than its reservation allows and was discarded; try again")]
+    UploadExpired,
+    #[error("{0} is unavailable")]
+    DependencyUnavailable(&'static str),
+    /// The change was sent to the metadata store but its answer was lost: it
+    /// may or may not have applied. `Some(path)` names the resource to read
+    /// to find out.
+    #[error("{}", outcome_unknown_message(.0.as_deref()))]
+    OutcomeUnknown(Option<String>),
+    #[error("storage quota exceeded")]
+    QuotaExceeded,
+    /// A queued operation kept failing and was moved to the dead-letter queue.
+    #[error("{0}")]
+    DeadLettered(String),
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl DomainError {
+    /// The stable, documented error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated => "unauthenticated",
+            Self::NotFound => "not_found",
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::RequestTimeout(_) => "request_timeout",
+            Self::TooManyUploads(_) => "too_many_uploads",
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::LockTimeout => "lock_timeout",
+            Self::LockLost => "lock_lost",
+            Self::WriteConflict => "write_conflict",
+            Self::UploadExpired => "upload_expired",
+            Self::DependencyUnavailable(_) => "dependency_unavailable",
+            Self::OutcomeUnknown(_) => "outcome_unknown",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::DeadLettered(_) => "dead_lettered",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    pub fn internal(e: impl Into<anyhow::Error>) -> Self {
+        Self::Internal(e.into())
+    }
+}
+
+fn outcome_unknown_message(location: Option<&str>) -> String {
+    let read = match location {
+        Some(l) => format!("read {l} to find out"),
+        None => "read the resource to find out".into(),
+    };
+    format!("the metadata store did not confirm the change; it may or may not have applied: {read}")
+}
+
+impl From<MetaError> for DomainError {
+    fn from(e: MetaError) -> Self {
+        match e {
+            MetaError::WriteConflict => Self::WriteConflict,
+            MetaError::StaleFence => Self::LockLost,
+            MetaError::IntentGone => Self::UploadExpired,
+            MetaError::AlreadyApplied => {
+                Self::internal(anyhow::anyhow!("operation already applied"))
+            }
+            MetaError::QuotaExceeded => Self::QuotaExceeded,
+            MetaError::NotFound => Self::NotFound,
+            MetaError::Unavailable(_) | MetaError::Transient(_) => {
+                Self::DependencyUnavailable("metadata store")
+            }
+            MetaError::OutcomeUnknown(_) => Self::OutcomeUnknown(None),
+            e @ (MetaError::Duplicate | MetaError::Other(_)) => Self::internal(e),
+        }
+    }
+}
+
+impl From<BlobError> for DomainError {
+    fn from(e: BlobError) -> Self {
+        match e {
+            BlobError::Body(body) => body.into(),
+            BlobError::Unavailable(_) => Self::DependencyUnavailable("blob store"),
+            e @ (BlobError::NotFound | BlobError::Other(_)) => Self::internal(e),
+        }
+    }
+}
+
+/// A failed body stream, as the client's error.
+impl From<BodyError> for DomainError {
+    fn from(e: BodyError) -> Self {
+        match e {
+            e @ BodyError::Idle(_) => Self::RequestTimeout(e.to_string()),
+            BodyError::TooLarge(limit) => Self::PayloadTooLarge(limit),
+            BodyError::Invalid(why) => Self::InvalidRequest(why),
+            BodyError::Read(e) => {
+                Self::InvalidRequest(format!("the request body could not be read: {e}"))
+            }
+        }
+    }
+}
+
+impl From<LockError> for DomainError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Timeout(_) => Self::LockTimeout,
+            LockError::Unavailable(_) => Self::DependencyUnavailable("lock backend"),
+        }
+    }
+}
+
+impl From<CoordError> for DomainError {
+    fn from(e: CoordError) -> Self {
+        match e {
+            CoordError::Lock(e) => e.into(),
+            CoordError::Meta(e) => e.into(),
+            CoordError::OutcomeUnknown(path) => Self::OutcomeUnknown(Some(path)),
+            CoordError::Cancelled => Self::LockTimeout,
+            CoordError::DeadLettered(message) => Self::DeadLettered(message),
+            CoordError::Failed(code) => {
+                Self::internal(anyhow::anyhow!("queued operation failed: {code}"))
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! `filedock reconcile`: audits the bucket against the metadata. Objects with
+//! no file record and no upload in flight are strays; file records whose
+//! object is missing are reported. Strays are deleted only when asked.
+//!
+//! It runs beside live uploads, so the order of the reads matters. Objects
+//! are listed first: an upload writes its intent before its first byte, so
+//! every listed object's upload either still has its intent or has already
+//! committed (the commit deletes the intent and inserts the record in one
+//! transaction) or been abandoned. Before each delete the intent and then the
+//! record are read again, in that order (an upload that commits between the
+//! two reads is seen by the second), and objects younger than the sweeper's
+//! grace period are never touched.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use serde::Serialize;
+
+use crate::{
+    blob::{BlobStore, ListedBlob},
+    meta::{CleanupRepo, FileRecord, FileRepo},
+};
+
+#[derive(Debug, Default, Serialize)]
+pub struct ReconcileReport {
+    pub objects: usize,
+    pub files: usize,
+    /// Objects with neither a file record nor an upload intent.
+    pub strays: Vec<String>,
+    /// File ids whose object is missing.
+    pub missing: Vec<String>,
+    /// Strays left alone because they are younger than the grace period.
+    pub too_young: usize,
+    pub deleted: usize,
+}
+
+/// The audit and the ports it reads.
+pub struct Reconciler {
+    pub(crate) files: Arc<dyn FileRepo>,
+    /// Uploads in flight (their intents).
+    pub(crate) cleanup: Arc<dyn CleanupRepo>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
+    /// Objects younger than this are never deleted (the sweeper's grace).
+    pub(crate) intent_grace: Duration,
+}
+
+impl Reconciler {
+    /// Audits the bucket against the metadata; deletes strays older than the
+    /// grace period if `delete_strays`.
+    pub async fn reconcile(&self, delete_strays: bool) -> anyhow::Result<ReconcileReport> {
+        let blobs = self.blobs.as_ref();
+        let objects: Vec<ListedBlob> = blobs.list("files/").await?;
+        let mut files: HashMap<String, FileRecord> = HashMap::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.files.all_files(after.as_deref(), 1000).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.id.clone());
+            files.extend(page.into_iter().map(|f| (f.key.clone(), f)));
+        }
+        let mut report = ReconcileReport {
+            objects: objects.len(),
+            files: files.len(),
+            ..Default::default()
+        };
+        let grace = chrono::Duration::from_std(self.intent_grace)?;
+        let young_after = crate::meta::now() - grace;
+        for object in &objects {
+            if files.contains_key(&object.key) || !self.is_still_stray(&object.key).await? {
+                continue;
+            }
+            report.strays.push(object.key.clone());
+            if !delete_strays {
+                continue;
+            }
+            if object.modified > young_after {
+                report.too_young += 1;
+            } else {
+                blobs.delete(&object.key).await?;
+                report.deleted += 1;
+            }
+        }
+        let listed: HashSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
+        for (key, f) in &files {
+            // A file committed after the listing has its object now.
+            if !listed.contains(key.as_str()) && blobs.head(key).await?.is_none() {
+                report.missing.push(f.id.clone());
+            }
+        }
+        report.strays.sort();
+        report.missing.sort();
+        Ok(report)
+    }
+
+    /// Whether the object at `key` has neither an upload in flight nor a file
+    /// record. The intent is read before the record: an upload that commits
+    /// between the two reads is seen by the second.
+    async fn is_still_stray(&self, key: &str) -> anyhow::Result<bool> {
+        // Keys are `files/{user}/{file}`; anything else is not filedock's upload.
+        let mut parts = key.split('/').skip(1);
+        let (Some(user), Some(file)) = (parts.next(), parts.next()) else {
+            return Ok(true);
+        };
+        if self.cleanup.intent(file).await?.is_some() {
+            return Ok(false);
+        }
+        Ok(self.files.file(user, file).await?.is_none())
+    }
+}

@@ -1,0 +1,311 @@
+//! The upload flow: intent → (lock, if scope = upload) → stream the blob
+//! while hashing → (lock, if scope = commit) → one retried transaction →
+//! release. On any failure the blob is deleted (or recorded as an orphan).
+
+mod settle;
+mod slots;
+
+use std::{sync::Arc, time::Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+
+pub use self::slots::UploadSlots;
+use self::{settle::CommitError, slots::InFlight};
+use super::{
+    DomainError, FileId, Filename, SizeCategory, UserId,
+    commit::{UserCommitError, user_commit},
+};
+use crate::{
+    blob::{BlobStore, BodyError, ByteStream},
+    config::{LockScope, Settings},
+    lock::{Held, LockKey, Locks},
+    meta::retry::Transactions,
+    meta::{
+        CleanupRepo, CommitOutcome, CommitUpload, Fence, FileRecord, FileRepo, IntentRecord,
+        MetaError, UserRecord,
+    },
+    metrics::{Metrics, OutcomeLabel},
+};
+
+/// The upload flow and the ports it uses.
+pub struct UploadService {
+    pub(crate) files: Arc<dyn FileRepo>,
+    /// The upload's intent, and the orphan of a blob it could not delete.
+    pub(crate) cleanup: Arc<dyn CleanupRepo>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
+    pub(crate) locks: Arc<Locks>,
+    pub(crate) txns: Transactions,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) upload_slots: UploadSlots,
+}
+
+/// An upload as the HTTP layer hands it over.
+pub struct NewUpload<'a> {
+    pub filename: Filename,
+    pub content_type: String,
+    /// The length the client declared, which picks the lock category.
+    pub declared_len: Option<u64>,
+    pub body: ByteStream<'a>,
+    pub idempotency_key: Option<String>,
+}
+
+/// What an upload produced.
+pub struct Uploaded {
+    pub file: FileRecord,
+    /// The result of an earlier request with the same idempotency key.
+    pub replayed: bool,
+}
+
+impl UploadService {
+    pub async fn upload(
+        &self,
+        user: &UserRecord,
+        new: NewUpload<'_>,
+    ) -> Result<Uploaded, DomainError> {
+        let started = Instant::now();
+        let result = self.run(user, new).await;
+        let outcome = match &result {
+            Ok(u) if u.replayed => "replayed",
+            Ok(_) => "committed",
+            Err(e) => e.code(),
+        };
+        self.metrics
+            .uploads
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+        if let Ok(u) = &result
+            && !u.replayed
+        {
+            self.metrics.upload_bytes.inc_by(u.file.size as u64);
+            self.metrics
+                .upload_duration
+                .observe(started.elapsed().as_secs_f64());
+        }
+        result
+    }
+
+    async fn run(&self, user: &UserRecord, new: NewUpload<'_>) -> Result<Uploaded, DomainError> {
+        let settings = &self.settings;
+        let _slot = self
+            .upload_slots
+            .take(&user.id, settings.max_uploads_per_user)
+            .ok_or(DomainError::TooManyUploads(settings.max_uploads_per_user))?;
+        let max = settings.max_upload_bytes;
+        if new.declared_len.is_some_and(|n| n > max) {
+            return Err(DomainError::PayloadTooLarge(max));
+        }
+        if let Some(key) = &new.idempotency_key
+            && let Some(file) = self.files.idempotent_file(&user.id, key).await?
+        {
+            return Ok(Uploaded {
+                file,
+                replayed: true,
+            });
+        }
+        if let (Some(quota), Some(len)) = (settings.user_quota_bytes, new.declared_len)
+            && user.used_bytes as u64 + len > quota
+        {
+            return Err(DomainError::QuotaExceeded);
+        }
+
+        let user_id = UserId::parse(&user.id)
+            .ok_or_else(|| DomainError::internal(anyhow::anyhow!("bad user id")))?;
+        let category = SizeCategory::from_declared_len(new.declared_len);
+        let lock_key = LockKey::user_upload(&user_id, category.as_str());
+        let file_id = FileId::new();
+        let intent = IntentRecord {
+            id: file_id.to_string(),
+            user_id: user.id.clone(),
+            bucket: self.blobs.bucket().to_owned(),
+            key: format!("files/{user_id}/{file_id}"),
+            created_at: crate::meta::now(),
+            refreshed_at: None,
+        };
+        // The intent comes first: whatever happens next, the sweeper can find the blob.
+        self.cleanup.put_intent(&intent).await?;
+        crate::crash_point("after_intent");
+
+        let mut guard = match settings.lock.scope {
+            LockScope::Upload => match self.locks.acquire(&lock_key).await {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    self.forget_intent(&intent).await;
+                    return Err(e.into());
+                }
+            },
+            LockScope::Commit => None,
+        };
+
+        let _in_flight = InFlight::new(&self.metrics);
+        let lease = guard.as_ref().and_then(Held::guard);
+        let stored = self.store_blob(&intent, new.body, max, lease).await;
+        let (size, sha256) = match stored {
+            Ok(v) => {
+                crate::crash_point("after_blob");
+                v
+            }
+            Err(e) => {
+                release(guard).await;
+                self.compensate(&intent).await;
+                return Err(e);
+            }
+        };
+
+        if guard.is_none() && settings.lock.scope == LockScope::Commit {
+            guard = match self.locks.acquire(&lock_key).await {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    self.compensate(&intent).await;
+                    return Err(e.into());
+                }
+            };
+        }
+
+        let file = FileRecord {
+            id: intent.id.clone(),
+            owner_id: user.id.clone(),
+            filename: new.filename.as_str().to_owned(),
+            content_type: new.content_type,
+            size: size as i64,
+            sha256,
+            category: category.as_str().to_owned(),
+            bucket: intent.bucket.clone(),
+            key: intent.key.clone(),
+            created_at: crate::meta::now(),
+            sessions: Vec::new(),
+            agents: Vec::new(),
+        };
+        let commit = CommitUpload {
+            file,
+            fence: Fence::of_lock(guard.as_ref().and_then(Held::fence), category.as_str()),
+            quota_bytes: settings.user_quota_bytes,
+            idempotency_key: new.idempotency_key,
+        };
+        crate::crash_point("before_commit");
+        let committed = user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
+            self.files.commit_upload(&commit)
+        });
+        let committed = match committed.await {
+            Ok(r) => {
+                crate::crash_point("after_commit");
+                Ok(r)
+            }
+            Err(UserCommitError::Meta(MetaError::OutcomeUnknown(_))) => {
+                Err(CommitError::OutcomeUnknown)
+            }
+            Err(e) => Err(CommitError::Failed(e.into())),
+        };
+        release(guard).await;
+        match committed {
+            Ok(r) => match r.value {
+                CommitOutcome::Committed => Ok(Uploaded {
+                    file: commit.file,
+                    replayed: false,
+                }),
+                CommitOutcome::Replayed(first) => {
+                    self.compensate(&intent).await;
+                    Ok(Uploaded {
+                        file: *first,
+                        replayed: true,
+                    })
+                }
+            },
+            Err(CommitError::OutcomeUnknown) => {
+                self.settle_unknown_commit(&intent, commit.file).await
+            }
+            Err(CommitError::Failed(e)) => {
+                self.compensate(&intent).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Streams the body into the blob store, hashing and counting as it goes,
+    /// and keeps the intent alive meanwhile; stops early if the body passes
+    /// `max` or the lease (scope = upload) is lost.
+    async fn store_blob(
+        &self,
+        intent: &IntentRecord,
+        body: ByteStream<'_>,
+        max: u64,
+        guard: Option<&crate::lock::LockGuard>,
+    ) -> Result<(u64, String), DomainError> {
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        // A client that stops sending holds a connection and (scope = upload) a
+        // lock: give up on it after the idle timeout.
+        let idle = self.settings.body_idle_timeout;
+        let body = futures::stream::unfold(Some(body), move |body| async move {
+            let mut body = body?;
+            match tokio::time::timeout(idle, body.next()).await {
+                Ok(Some(chunk)) => Some((chunk, Some(body))),
+                Ok(None) => None,
+                Err(_) => Some((Err(BodyError::Idle(idle)), None)),
+            }
+        });
+        let counted = body.map(|chunk: Result<Bytes, BodyError>| {
+            let chunk = chunk?;
+            size += chunk.len() as u64;
+            if size > max {
+                return Err(BodyError::TooLarge(max));
+            }
+            hasher.update(&chunk);
+            Ok(chunk)
+        });
+        let put = async {
+            tokio::select! {
+                r = self.blobs.put(&intent.key, counted.boxed()) => r,
+                never = self.keep_alive(&intent.id) => match never {},
+            }
+        };
+        let written = match guard {
+            Some(g) => {
+                let lost = g.lost();
+                tokio::select! {
+                    r = put => r?,
+                    _ = lost.cancelled() => return Err(DomainError::LockLost),
+                }
+            }
+            None => put.await?,
+        };
+        debug_assert_eq!(written, size);
+        Ok((size, hex::encode(hasher.finalize())))
+    }
+
+    /// Refreshes the upload's intent while it streams, so that the sweeper
+    /// takes only dead uploads for abandoned ones, however long a live one takes.
+    async fn keep_alive(&self, file_id: &str) -> std::convert::Infallible {
+        let every = self.settings.sweep.intent_grace / INTENT_REFRESHES_PER_GRACE;
+        if every.is_zero() {
+            // No grace at all (tests, audits): every intent is stale at once.
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(every).await;
+            match self.cleanup.touch_intent(file_id).await {
+                Ok(true) => {}
+                // Swept after all (this process stalled): the commit will say so.
+                Ok(false) => std::future::pending::<()>().await,
+                Err(e) => {
+                    tracing::warn!(file_id, error = %e, "could not refresh the upload intent")
+                }
+            }
+        }
+    }
+}
+
+/// How many times per sweeper grace period a streaming upload refreshes its
+/// intent: a few missed refreshes (a store hiccup) do not get it swept.
+const INTENT_REFRESHES_PER_GRACE: u32 = 4;
+
+/// Releases the upload's lock, if it took one.
+async fn release(guard: Option<Held>) {
+    if let Some(g) = guard {
+        g.release().await;
+    }
+}

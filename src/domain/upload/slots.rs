@@ -1,0 +1,59 @@
+//! Uploads in flight: counted in a gauge, and limited per user on one instance.
+
+use crate::metrics::Metrics;
+
+/// Counts an upload in the in-flight gauge while it lives.
+pub(super) struct InFlight<'a>(&'a Metrics);
+
+impl<'a> InFlight<'a> {
+    pub(super) fn new(metrics: &'a Metrics) -> Self {
+        metrics.uploads_in_flight.inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.uploads_in_flight.dec();
+    }
+}
+
+/// Uploads in flight per user on this instance.
+#[derive(Default)]
+pub struct UploadSlots {
+    in_flight: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+impl UploadSlots {
+    /// A slot for `user`, or `None` if `max` are taken.
+    pub fn take(&self, user: &str, max: usize) -> Option<UploadSlot<'_>> {
+        let mut in_flight = self.in_flight.lock().unwrap();
+        let n = in_flight.entry(user.to_owned()).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(UploadSlot {
+            slots: self,
+            user: user.to_owned(),
+        })
+    }
+}
+
+/// Gives its slot back when dropped.
+pub struct UploadSlot<'a> {
+    slots: &'a UploadSlots,
+    user: String,
+}
+
+impl Drop for UploadSlot<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.slots.in_flight.lock().unwrap();
+        if let Some(n) = in_flight.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.user);
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! `ApiError`: every failure a client can see, mapped to a status and the
+//! documented body `{"error":{"code","message","request_id"}}`.
+
+use axum::{
+    Json,
+    extract::rejection::{JsonRejection, QueryRejection},
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::json;
+
+use crate::{domain::DomainError, meta::MetaError};
+
+tokio::task_local! {
+    /// The current request's id, set by the request-id middleware.
+    pub static REQUEST_ID: String;
+}
+
+pub fn current_request_id() -> String {
+    REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
+}
+
+/// A failure as the client sees it: a domain error, or one only HTTP knows.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Domain(#[from] DomainError),
+    #[error("this path does not take that method")]
+    MethodNotAllowed,
+    #[error("the range is outside the file ({size} bytes)")]
+    RangeNotSatisfiable { size: u64 },
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        use DomainError as D;
+        let domain = match self {
+            Self::MethodNotAllowed => return StatusCode::METHOD_NOT_ALLOWED,
+            Self::RangeNotSatisfiable { .. } => return StatusCode::RANGE_NOT_SATISFIABLE,
+            Self::Domain(d) => d,
+        };
+        match domain {
+            D::Unauthenticated => StatusCode::UNAUTHORIZED,
+            D::NotFound => StatusCode::NOT_FOUND,
+            D::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            D::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            D::TooManyUploads(_) => StatusCode::TOO_MANY_REQUESTS,
+            D::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            // Contention is the client's to retry, not an outage: a load
+            // balancer must not count it against the instance's health.
+            D::LockTimeout => StatusCode::TOO_MANY_REQUESTS,
+            D::LockLost | D::WriteConflict | D::UploadExpired => StatusCode::CONFLICT,
+            D::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
+            D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
+            D::Internal(_) | D::DeadLettered(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable, documented error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Domain(d) => d.code(),
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::RangeNotSatisfiable { .. } => "range_not_satisfiable",
+        }
+    }
+
+    /// A `500 internal`, its cause logged and never shown.
+    pub fn internal(e: impl Into<anyhow::Error>) -> Self {
+        DomainError::internal(e).into()
+    }
+
+    /// A `400 invalid_request` with this message.
+    pub fn invalid(why: impl Into<String>) -> Self {
+        DomainError::InvalidRequest(why.into()).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if let Self::Domain(DomainError::Internal(e)) = &self {
+            tracing::error!(error = ?e, "internal error");
+        } else if status.is_server_error() {
+            tracing::warn!(code = self.code(), "{self}");
+        }
+        let body = json!({"error": {
+            "code": self.code(),
+            "message": self.to_string(),
+            "request_id": current_request_id(),
+        }});
+        let mut res = (status, Json(body)).into_response();
+        let headers = res.headers_mut();
+        use DomainError as D;
+        match &self {
+            Self::Domain(
+                D::LockTimeout
+                | D::LockLost
+                | D::WriteConflict
+                | D::UploadExpired
+                | D::TooManyUploads(_)
+                | D::DependencyUnavailable(_),
+            ) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Domain(D::OutcomeUnknown(location)) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                if let Some(v) = location
+                    .as_deref()
+                    .and_then(|l| HeaderValue::from_str(l).ok())
+                {
+                    headers.insert(header::LOCATION, v);
+                }
+            }
+            Self::RangeNotSatisfiable { size } => {
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                    headers.insert(header::CONTENT_RANGE, v);
+                }
+            }
+            Self::Domain(D::Unauthenticated) => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        res
+    }
+}
+
+/// The ports' errors reach HTTP through the domain's mapping.
+macro_rules! via_domain {
+    ($($port:ty),*) => {$(
+        impl From<$port> for ApiError {
+            fn from(e: $port) -> Self {
+                DomainError::from(e).into()
+            }
+        }
+    )*};
+}
+
+via_domain!(MetaError);
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return DomainError::PayloadTooLarge(super::JSON_BODY_LIMIT as u64).into();
+        }
+        Self::invalid(e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        Self::invalid(e.body_text())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contention_is_never_answered_as_an_outage() {
+        for e in [
+            DomainError::LockTimeout,
+            DomainError::LockLost,
+            DomainError::WriteConflict,
+            DomainError::UploadExpired,
+        ]
+        .map(ApiError::from)
+        {
+            assert!(
+                matches!(e.status().as_u16(), 409 | 429),
+                "{} is {}",
+                e.code(),
+                e.status()
+            );
+        }
+        assert_eq!(
+            ApiError::from(MetaError::Transient("link cut".into())).code(),
+            "dependency_unavailable",
+            "a transaction aborted by a dropped link is an outage, not contention"
+        );
+        assert_eq!(
+            ApiError::from(MetaError::OutcomeUnknown("link cut".into())).status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
+    }
+}

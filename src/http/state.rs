@@ -1,0 +1,38 @@
+//! The state the handlers share: the services, built once on the ports at
+//! start-up (`startup.rs` builds it), plus settings and metrics. No service
+//! sees this struct.
+
+use std::sync::Arc;
+
+use secrecy::SecretString;
+
+use crate::{
+    config::Settings,
+    coord::queue::RedisQueue,
+    domain::{
+        containers::ContainerService, files::FileService, reconcile::Reconciler, sweeper::Sweeper,
+        upload::UploadService, users::UserService,
+    },
+    metrics::Metrics,
+    ports::Ports,
+};
+
+/// What the handlers get: the services, built once on the ports, plus
+/// settings and metrics. No service sees this struct.
+#[derive(Clone)]
+pub struct AppState {
+    pub settings: Arc<Settings>,
+    pub metrics: Arc<Metrics>,
+    pub users: Arc<UserService>,
+    pub uploads: Arc<UploadService>,
+    pub files: Arc<FileService>,
+    pub containers: Arc<ContainerService>,
+    pub sweeper: Arc<Sweeper>,
+    pub reconciler: Arc<Reconciler>,
+    /// The Redis queue, whose workers run with the server (queue mode).
+    pub(crate) queue: Option<Arc<RedisQueue>>,
+    /// The adapters themselves: for readiness checks, admin listings and tests.
+    pub ports: Ports,
+    /// Read through [`AppState::admin_key`].
+    pub(crate) admin_key: SecretString,
+}

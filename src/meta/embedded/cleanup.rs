@@ -1,0 +1,161 @@
+//! Upload intents and orphans in the embedded store.
+
+use super::*;
+
+#[async_trait]
+impl CleanupRepo for EmbeddedStore {
+    async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()> {
+        let intent = intent.clone();
+        self.transaction(move |tx| tx.insert(&format!("intents/{}", intent.id), &intent))
+            .await
+    }
+
+    async fn delete_intent(&self, file_id: &str) -> MetaResult<()> {
+        let key = format!("intents/{file_id}");
+        self.transaction(move |tx| {
+            tx.delete(&key);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>> {
+        let key = format!("intents/{file_id}");
+        self.transaction(move |tx| tx.get::<IntentRecord>(&key))
+            .await
+    }
+
+    async fn intents(
+        &self,
+        before: chrono::DateTime<Utc>,
+        limit: usize,
+    ) -> MetaResult<Vec<IntentRecord>> {
+        self.transaction(move |tx| {
+            let mut out: Vec<IntentRecord> = Vec::new();
+            for k in tx.keys("intents/", None, usize::MAX)? {
+                if let Some(i) = tx.get::<IntentRecord>(&k)?
+                    && i.alive_at() < before
+                {
+                    out.push(i);
+                }
+            }
+            out.sort_by_key(|i| i.alive_at());
+            out.truncate(limit);
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool> {
+        let key = format!("intents/{file_id}");
+        self.transaction(move |tx| {
+            let Some(mut intent) = tx.get::<IntentRecord>(&key)? else {
+                return Ok(false);
+            };
+            intent.refreshed_at = Some(super::now());
+            tx.put(&key, &intent)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn abandon_intent(
+        &self,
+        file_id: &str,
+        stale_before: Option<DateTime<Utc>>,
+    ) -> MetaResult<Option<OrphanRecord>> {
+        let key = format!("intents/{file_id}");
+        self.transaction(move |tx| {
+            let Some(intent) = tx.get::<IntentRecord>(&key)? else {
+                return Ok(None);
+            };
+            if stale_before.is_some_and(|t| intent.alive_at() >= t) {
+                return Ok(None);
+            }
+            tx.delete(&key);
+            let orphan = OrphanRecord::pending(
+                &intent.bucket,
+                &intent.key,
+                Some("upload never committed".into()),
+            );
+            tx.insert(&format!("orphans/{}", orphan.id), &orphan)?;
+            Ok(Some(orphan))
+        })
+        .await
+    }
+
+    async fn orphans_due(
+        &self,
+        max_retries: i32,
+        retry_before: DateTime<Utc>,
+        limit: usize,
+    ) -> MetaResult<Vec<OrphanRecord>> {
+        let mut due: Vec<OrphanRecord> = self
+            .orphans(Some(OrphanStatus::Pending), usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|o| o.is_due(max_retries, retry_before))
+            .collect();
+        due.sort_by_key(|o| o.created_at);
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    async fn counts(&self) -> MetaResult<MetaCounts> {
+        let mut c = MetaCounts::default();
+        for o in self.orphans(None, usize::MAX).await? {
+            match o.status {
+                OrphanStatus::Pending => c.orphans_pending += 1,
+                OrphanStatus::Deleted => c.orphans_deleted += 1,
+                OrphanStatus::Failed => c.orphans_failed += 1,
+            }
+        }
+        c.intents = self
+            .transaction(|tx| Ok(tx.keys("intents/", None, usize::MAX)?.len() as u64))
+            .await?;
+        Ok(c)
+    }
+
+    async fn record_orphan(&self, orphan: &OrphanRecord) -> MetaResult<()> {
+        let orphan = orphan.clone();
+        self.transaction(move |tx| tx.put(&format!("orphans/{}", orphan.id), &orphan))
+            .await
+    }
+
+    async fn mark_orphan(
+        &self,
+        id: &str,
+        status: OrphanStatus,
+        error: Option<String>,
+    ) -> MetaResult<()> {
+        let key = format!("orphans/{id}");
+        self.transaction(move |tx| {
+            let mut o: OrphanRecord = tx.get(&key)?.ok_or(MetaError::NotFound)?;
+            o.mark(status, error);
+            tx.put(&key, &o)
+        })
+        .await
+    }
+
+    async fn orphans(
+        &self,
+        status: Option<OrphanStatus>,
+        limit: usize,
+    ) -> MetaResult<Vec<OrphanRecord>> {
+        self.transaction(move |tx| {
+            let mut out = Vec::new();
+            for k in tx.keys("orphans/", None, usize::MAX)? {
+                if let Some(o) = tx.get::<OrphanRecord>(&k)?
+                    && status.is_none_or(|s| s == o.status)
+                {
+                    out.push(o);
+                    if out.len() >= limit {
+                        break;
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+}

@@ -1,0 +1,145 @@
+//! Sessions, agents and the writes to them in the embedded store.
+
+use super::*;
+
+/// Records a queued operation's id; `AlreadyApplied` if it was seen before.
+pub(super) fn record_op(tx: &mut Txn, op_id: Option<&str>) -> MetaResult<()> {
+    let Some(id) = op_id else { return Ok(()) };
+    let op = ProcessedOp {
+        id: id.to_owned(),
+        created_at: now(),
+    };
+    match tx.insert(&format!("processed_ops/{id}"), &op) {
+        Err(MetaError::Duplicate) => Err(MetaError::AlreadyApplied),
+        r => r,
+    }
+}
+
+/// Adds `id` to (or removes it from) the array `field`, keeping one copy.
+pub(super) fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) {
+    if !doc[field].is_array() {
+        doc[field] = Value::Array(Vec::new());
+    }
+    let list = doc[field].as_array_mut().expect("an array");
+    let has = list.iter().any(|v| v == id);
+    if present && !has {
+        list.push(Value::from(id));
+    } else if !present {
+        list.retain(|v| v != id);
+    }
+}
+
+/// Applies a container write inside `tx`, checking and storing `fence` on
+/// the container.
+pub(super) fn write_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> MetaResult<()> {
+    match op {
+        Operation::Attach {
+            owner_id,
+            container,
+            file_id,
+            attached,
+        } => {
+            let (collection, cid) = (container.collection(), container.id());
+            let ckey = format!("{collection}/{cid}");
+            let mut doc = owned(tx.get::<Value>(&ckey)?, owner_id)?;
+            apply_fence_value(&mut doc, fence)?;
+            let fkey = file_key(file_id);
+            match tx.get::<Value>(&fkey)? {
+                // The file's document is written too, so that a concurrent
+                // delete of the file conflicts with this attach.
+                Some(mut file)
+                    if tx
+                        .get::<Value>(&format!("permissions/{file_id}:{owner_id}"))?
+                        .is_some() =>
+                {
+                    set_member(&mut file, collection, cid, *attached);
+                    tx.put(&fkey, &file)?;
+                }
+                _ if *attached => return Err(MetaError::NotFound),
+                _ => {} // detaching a file that is gone: nothing to undo on it
+            }
+            set_member(&mut doc, "file_ids", file_id, *attached);
+            tx.put(&ckey, &doc)
+        }
+        Operation::Link {
+            owner_id,
+            agent_id,
+            kind,
+            link_id,
+            connected,
+        } => {
+            let key = format!("agents/{agent_id}");
+            let mut doc = owned(tx.get::<Value>(&key)?, owner_id)?;
+            apply_fence_value(&mut doc, fence)?;
+            set_member(&mut doc, kind.field(), link_id, *connected);
+            tx.put(&key, &doc)
+        }
+    }
+}
+
+#[async_trait]
+impl ContainerRepo for EmbeddedStore {
+    async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
+        let session = session.clone();
+        self.transaction(move |tx| tx.insert(&format!("sessions/{}", session.id), &session))
+            .await
+    }
+
+    async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>> {
+        let (owner, key) = (owner_id.to_owned(), format!("sessions/{id}"));
+        self.transaction(move |tx| {
+            Ok(tx
+                .get::<SessionRecord>(&key)?
+                .filter(|s| s.owner_id == owner))
+        })
+        .await
+    }
+
+    async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()> {
+        let agent = agent.clone();
+        self.transaction(move |tx| tx.insert(&format!("agents/{}", agent.id), &agent))
+            .await
+    }
+
+    async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>> {
+        let (owner, key) = (owner_id.to_owned(), format!("agents/{id}"));
+        self.transaction(move |tx| Ok(tx.get::<AgentRecord>(&key)?.filter(|a| a.owner_id == owner)))
+            .await
+    }
+
+    async fn apply_op(
+        &self,
+        op: &Operation,
+        fence: Option<&Fence>,
+        op_id: Option<&str>,
+    ) -> MetaResult<()> {
+        let (op, fence, op_id) = (op.clone(), fence.cloned(), op_id.map(str::to_owned));
+        self.transaction(move |tx| {
+            record_op(tx, op_id.as_deref())?;
+            write_op(tx, &op, fence.as_ref())
+        })
+        .await
+    }
+
+    async fn cancel_op(&self, op_id: &str) -> MetaResult<bool> {
+        let op_id = op_id.to_owned();
+        self.transaction(move |tx| match record_op(tx, Some(&op_id)) {
+            Ok(()) => Ok(true),
+            Err(MetaError::AlreadyApplied) => Ok(false),
+            Err(e) => Err(e),
+        })
+        .await
+    }
+
+    async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+        let (ops, fence) = (ops.to_vec(), fence.clone());
+        self.transaction(move |tx| {
+            for (op, id) in &ops {
+                record_op(tx, Some(id))?;
+                write_op(tx, op, Some(&fence))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,145 @@
+//! Files in the embedded store.
+
+use super::*;
+
+#[async_trait]
+impl FileRepo for EmbeddedStore {
+    async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
+        let c = commit.clone();
+        self.transaction(move |tx| {
+            let file = &c.file;
+            if let Some(key) = &c.idempotency_key {
+                let id = IdempotencyRecord::id_for(&file.owner_id, key);
+                let ikey = format!("idempotency/{id}");
+                if let Some(first) = tx.get::<IdempotencyRecord>(&ikey)? {
+                    return Ok(CommitOutcome::Replayed(Box::new(first.file)));
+                }
+                tx.put(
+                    &ikey,
+                    &IdempotencyRecord {
+                        id,
+                        file: file.clone(),
+                        created_at: crate::meta::now(),
+                    },
+                )?;
+            }
+            let ukey = user_key(&file.owner_id);
+            let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+            apply_fence(&mut user, c.fence.as_ref())?;
+            if let Some(quota) = c.quota_bytes
+                && (user.used_bytes + file.size) as u64 > quota
+            {
+                return Err(MetaError::QuotaExceeded);
+            }
+            user.used_bytes += file.size;
+            user.file_ids.push(file.id.clone());
+            tx.put(&ukey, &user)?;
+            tx.insert(&file_key(&file.id), file)?;
+            tx.put(&format!("{}{}", owner_prefix(&file.owner_id), file.id), &())?;
+            let perm = PermissionRecord {
+                id: format!("{}:{}", file.id, file.owner_id),
+                file_id: file.id.clone(),
+                user_id: file.owner_id.clone(),
+                role: "owner".into(),
+            };
+            tx.insert(&format!("permissions/{}", perm.id), &perm)?;
+            let intent_key = format!("intents/{}", file.id);
+            if tx.get::<IntentRecord>(&intent_key)?.is_none() {
+                return Err(MetaError::IntentGone);
+            }
+            tx.delete(&intent_key);
+            Ok(CommitOutcome::Committed)
+        })
+        .await
+    }
+
+    async fn idempotent_file(&self, user_id: &str, key: &str) -> MetaResult<Option<FileRecord>> {
+        let key = format!("idempotency/{}", IdempotencyRecord::id_for(user_id, key));
+        self.transaction(move |tx| Ok(tx.get::<IdempotencyRecord>(&key)?.map(|r| r.file)))
+            .await
+    }
+
+    async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>> {
+        let (owner, key) = (owner_id.to_owned(), file_key(file_id));
+        self.transaction(move |tx| Ok(tx.get::<FileRecord>(&key)?.filter(|f| f.owner_id == owner)))
+            .await
+    }
+
+    async fn list_files(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<FileRecord>> {
+        let prefix = owner_prefix(owner_id);
+        let after = after.map(str::to_owned);
+        self.transaction(move |tx| {
+            let keys = tx.keys(&prefix, after.as_deref(), limit)?;
+            let mut files = Vec::with_capacity(keys.len());
+            for k in keys {
+                if let Some(f) = tx.get(&file_key(&k[prefix.len()..]))? {
+                    files.push(f);
+                }
+            }
+            Ok(files)
+        })
+        .await
+    }
+
+    async fn delete_file(
+        &self,
+        owner_id: &str,
+        file_id: &str,
+        fence: Option<&Fence>,
+    ) -> MetaResult<Option<DeletedFile>> {
+        let (owner, id, fence) = (owner_id.to_owned(), file_id.to_owned(), fence.cloned());
+        self.transaction(move |tx| {
+            let Some(file) = tx
+                .get::<FileRecord>(&file_key(&id))?
+                .filter(|f| f.owner_id == owner)
+            else {
+                return Ok(None);
+            };
+            let ukey = user_key(&owner);
+            let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+            apply_fence(&mut user, fence.as_ref())?;
+            user.file_ids.retain(|f| *f != id);
+            user.used_bytes -= file.size;
+            tx.put(&ukey, &user)?;
+            for (collection, ids) in [("sessions", &file.sessions), ("agents", &file.agents)] {
+                for cid in ids {
+                    let key = format!("{collection}/{cid}");
+                    if let Some(mut doc) = tx.get::<Value>(&key)? {
+                        set_member(&mut doc, "file_ids", &id, false);
+                        tx.put(&key, &doc)?;
+                    }
+                }
+            }
+            tx.delete(&file_key(&id));
+            tx.delete(&format!("{}{}", owner_prefix(&owner), id));
+            tx.delete(&format!("permissions/{id}:{owner}"));
+            let orphan = OrphanRecord::pending_for(&file);
+            tx.insert(&format!("orphans/{}", orphan.id), &orphan)?;
+            Ok(Some(DeletedFile {
+                file,
+                orphan_id: orphan.id,
+            }))
+        })
+        .await
+    }
+
+    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>> {
+        let after = after.map(str::to_owned);
+        self.transaction(move |tx| {
+            let keys = tx.keys("files/", after.as_deref(), limit)?;
+            let mut files = Vec::with_capacity(keys.len());
+            for k in keys {
+                if let Some(f) = tx.get(&k)? {
+                    files.push(f);
+                }
+            }
+            Ok(files)
+        })
+        .await
+    }
+}

@@ -1,0 +1,268 @@
+//! The optimistic-transaction engine: snapshot reads, buffered writes, and
+//! a commit that fails with `WriteConflict` if a key it wrote was committed
+//! by another transaction since its snapshot.
+
+use super::*;
+
+impl EmbeddedStore {
+    /// Begins a transaction on a snapshot of the current state.
+    pub fn begin(&self) -> MetaResult<Txn> {
+        let snapshot = self
+            .db
+            .begin_read()
+            .map_err(other)?
+            .open_table(DOCS)
+            .map_err(other)?;
+        Ok(Txn {
+            snapshot,
+            read_versions: HashMap::new(),
+            writes: BTreeMap::new(),
+        })
+    }
+
+    /// Runs `f` in a transaction on a blocking thread and commits it.
+    pub async fn transaction<T, F>(&self, f: F) -> MetaResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Txn) -> MetaResult<T> + Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut tx = store.begin()?;
+            let out = f(&mut tx)?;
+            tx.commit(&store)?;
+            Ok(out)
+        })
+        .await
+        .map_err(other)?
+    }
+}
+
+/// An open optimistic transaction.
+pub struct Txn {
+    snapshot: ReadOnlyTable<&'static str, &'static [u8]>,
+    read_versions: HashMap<String, u64>,
+    writes: BTreeMap<String, Option<Vec<u8>>>,
+}
+
+pub(super) fn split(raw: &[u8]) -> (u64, &[u8]) {
+    let (v, doc) = raw.split_at(8);
+    (u64::from_le_bytes(v.try_into().expect("8 bytes")), doc)
+}
+
+impl Txn {
+    pub(super) fn snapshot_raw(&self, key: &str) -> MetaResult<Option<(u64, Vec<u8>)>> {
+        Ok(self.snapshot.get(key).map_err(other)?.map(|g| {
+            let (v, doc) = split(g.value());
+            (v, doc.to_vec())
+        }))
+    }
+
+    /// Reads a document: this transaction's own write if any, else the snapshot.
+    pub fn get<T: DeserializeOwned>(&mut self, key: &str) -> MetaResult<Option<T>> {
+        if let Some(w) = self.writes.get(key) {
+            return w
+                .as_deref()
+                .map(serde_json::from_slice)
+                .transpose()
+                .map_err(other);
+        }
+        let raw = self.snapshot_raw(key)?;
+        self.read_versions
+            .insert(key.to_owned(), raw.as_ref().map_or(0, |(v, _)| *v));
+        raw.map(|(_, doc)| serde_json::from_slice(&doc))
+            .transpose()
+            .map_err(other)
+    }
+
+    pub fn put<T: Serialize>(&mut self, key: &str, doc: &T) -> MetaResult<()> {
+        let bytes = serde_json::to_vec(doc).map_err(other)?;
+        self.writes.insert(key.to_owned(), Some(bytes));
+        Ok(())
+    }
+
+    /// Writes a new document; `Duplicate` if the key exists.
+    pub fn insert<T: Serialize>(&mut self, key: &str, doc: &T) -> MetaResult<()> {
+        if self.get::<serde_json::Value>(key)?.is_some() {
+            return Err(MetaError::Duplicate);
+        }
+        self.put(key, doc)
+    }
+
+    pub fn delete(&mut self, key: &str) {
+        self.writes.insert(key.to_owned(), None);
+    }
+
+    /// Keys under `prefix`, after `after` (exclusive), from the snapshot.
+    pub fn keys(&self, prefix: &str, after: Option<&str>, limit: usize) -> MetaResult<Vec<String>> {
+        // The byte after '/' is '0': everything under `prefix/` sorts before `prefix0`.
+        let end = format!(
+            "{}{}",
+            &prefix[..prefix.len() - 1],
+            (prefix.as_bytes()[prefix.len() - 1] + 1) as char
+        );
+        let start_key = after.map(|a| format!("{prefix}{a}"));
+        let start = match &start_key {
+            Some(k) => Bound::Excluded(k.as_str()),
+            None => Bound::Included(prefix),
+        };
+        let mut out = Vec::new();
+        for item in self
+            .snapshot
+            .range::<&str>((start, Bound::Excluded(end.as_str())))
+            .map_err(other)?
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, _) = item.map_err(other)?;
+            out.push(k.value().to_owned());
+        }
+        Ok(out)
+    }
+
+    /// Commits, or fails with `WriteConflict` if a written key changed since the snapshot.
+    pub fn commit(self, store: &EmbeddedStore) -> MetaResult<()> {
+        if self.writes.is_empty() {
+            return Ok(());
+        }
+        let wtx = store.db.begin_write().map_err(other)?;
+        {
+            let mut table = wtx.open_table(DOCS).map_err(other)?;
+            for key in self.writes.keys() {
+                let seen = match self.read_versions.get(key) {
+                    Some(v) => *v,
+                    None => self.snapshot_raw(key)?.map_or(0, |(v, _)| v),
+                };
+                let current = table
+                    .get(key.as_str())
+                    .map_err(other)?
+                    .map_or(0, |g| split(g.value()).0);
+                if current != seen {
+                    return Err(MetaError::WriteConflict); // dropping `wtx` aborts
+                }
+            }
+            let seq = table
+                .get(SEQ_KEY)
+                .map_err(other)?
+                .map_or(0, |g| split(g.value()).0)
+                + 1;
+            for (key, value) in &self.writes {
+                match value {
+                    Some(doc) => {
+                        let mut raw = Vec::with_capacity(8 + doc.len());
+                        raw.extend_from_slice(&seq.to_le_bytes());
+                        raw.extend_from_slice(doc);
+                        table.insert(key.as_str(), raw.as_slice()).map_err(other)?;
+                    }
+                    None => {
+                        table.remove(key.as_str()).map_err(other)?;
+                    }
+                }
+            }
+            table
+                .insert(SEQ_KEY, seq.to_le_bytes().as_slice())
+                .map_err(other)?;
+        }
+        wtx.commit().map_err(other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc, Barrier,
+        atomic::{AtomicU32, Ordering},
+    };
+
+    use super::*;
+    use crate::meta::retry::{TxnRetryPolicy, with_txn_retry};
+
+    fn user(id: &str) -> UserRecord {
+        UserRecord {
+            id: id.into(),
+            name: "u".into(),
+            api_key_hash: format!("hash-{id}"),
+            file_ids: vec![],
+            used_bytes: 0,
+            upload_fence: Default::default(),
+            created_at: crate::meta::now(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_transactions_conflict_and_the_retry_path_absorbs_it() {
+        let dir = tempdir();
+        let store = EmbeddedStore::open(&dir).unwrap();
+        store.insert_user(&user("u1")).await.unwrap();
+
+        // Both transactions read the user document before either commits.
+        let barrier = Arc::new(Barrier::new(2));
+        let attempts = Arc::new(AtomicU32::new(0));
+        let policy = TxnRetryPolicy {
+            max_attempts: 3,
+            base_delay: std::time::Duration::from_millis(5),
+        };
+        let push = |file: &'static str| {
+            let (store, barrier, attempts) = (store.clone(), barrier.clone(), attempts.clone());
+            async move {
+                with_txn_retry(&policy, || {
+                    let (barrier, attempts) = (barrier.clone(), attempts.clone());
+                    store.transaction(move |tx| {
+                        let first = attempts.fetch_add(1, Ordering::SeqCst) < 2;
+                        let mut u: UserRecord = tx.get("users/u1")?.unwrap();
+                        if first {
+                            barrier.wait();
+                        }
+                        u.file_ids.push(file.into());
+                        tx.put("users/u1", &u)
+                    })
+                })
+                .await
+            }
+        };
+        let (a, b) = tokio::join!(push("f1"), push("f2"));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(
+            a.retries + b.retries,
+            1,
+            "exactly one side conflicted and retried"
+        );
+        assert_eq!(attempts.load(Ordering::SeqCst), 3);
+        let mut ids = store.user("u1").await.unwrap().unwrap().file_ids;
+        ids.sort();
+        assert_eq!(ids, ["f1", "f2"], "no update lost");
+    }
+
+    #[tokio::test]
+    async fn a_conflict_is_reported_not_silently_overwritten() {
+        let dir = tempdir();
+        let store = EmbeddedStore::open(&dir).unwrap();
+        store.insert_user(&user("u1")).await.unwrap();
+        let mut a = store.begin().unwrap();
+        let mut b = store.begin().unwrap();
+        let ua: UserRecord = a.get("users/u1").unwrap().unwrap();
+        let ub: UserRecord = b.get("users/u1").unwrap().unwrap();
+        a.put("users/u1", &ua).unwrap();
+        b.put("users/u1", &ub).unwrap();
+        a.commit(&store).unwrap();
+        assert!(matches!(b.commit(&store), Err(MetaError::WriteConflict)));
+    }
+
+    #[tokio::test]
+    async fn a_second_process_cannot_open_the_store() {
+        let dir = tempdir();
+        let _first = EmbeddedStore::open(&dir).unwrap();
+        let err = EmbeddedStore::open(&dir)
+            .err()
+            .expect("second open must fail")
+            .to_string();
+        assert!(err.contains("in use"), "{err}");
+    }
+
+    fn tempdir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("filedock-meta-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}

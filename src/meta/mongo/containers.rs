@@ -1,0 +1,364 @@
+//! Sessions, agents and the writes to them on MongoDB, one at a time or as
+//! a group commit.
+
+use super::*;
+
+/// Connects and disconnects of one agent's list in a row, each link once.
+/// One `$pullAll` and one `$addToSet` with `$each` leave the list exactly as
+/// applying them one by one would: new links are appended in order, present
+/// ones stay where they are. A link seen again starts a new run (removing
+/// and re-adding it moves it to the end, which one update cannot express).
+struct LinkRun<'a> {
+    owner_id: &'a str,
+    agent_id: &'a str,
+    kind: LinkKind,
+    add: Vec<&'a str>,
+    remove: Vec<&'a str>,
+}
+
+enum GroupStep<'a> {
+    Links(LinkRun<'a>),
+    One(&'a Operation),
+}
+
+/// A group's operations, in order, with runs of link changes merged: a
+/// burst on one agent costs a few statements instead of one per operation.
+fn plan_group(ops: &[(Operation, String)]) -> Vec<GroupStep<'_>> {
+    let mut steps: Vec<GroupStep<'_>> = Vec::new();
+    for (op, _) in ops {
+        let Operation::Link {
+            owner_id,
+            agent_id,
+            kind,
+            link_id,
+            connected,
+        } = op
+        else {
+            steps.push(GroupStep::One(op));
+            continue;
+        };
+        let link = link_id.as_str();
+        let extends = matches!(steps.last(), Some(GroupStep::Links(run))
+            if run.agent_id == agent_id
+                && run.owner_id == owner_id
+                && run.kind == *kind
+                && !run.add.contains(&link)
+                && !run.remove.contains(&link));
+        if !extends {
+            steps.push(GroupStep::Links(LinkRun {
+                owner_id,
+                agent_id,
+                kind: *kind,
+                add: Vec::new(),
+                remove: Vec::new(),
+            }));
+        }
+        if let Some(GroupStep::Links(run)) = steps.last_mut() {
+            match connected {
+                true => run.add.push(link),
+                false => run.remove.push(link),
+            }
+        }
+    }
+    steps
+}
+
+impl MongoStore {
+    /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
+    async fn record_op(&self, s: &mut ClientSession, op_id: Option<&str>) -> MetaResult<()> {
+        let Some(id) = op_id else { return Ok(()) };
+        let op = ProcessedOp {
+            id: id.to_owned(),
+            created_at: now(),
+        };
+        match self
+            .db
+            .collection::<ProcessedOp>("processed_ops")
+            .insert_one(&op)
+            .session(&mut *s)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match classify(e) {
+                MetaError::Duplicate => Err(MetaError::AlreadyApplied),
+                e => Err(e),
+            },
+        }
+    }
+
+    /// Applies a container write in `s`, checking and storing `fence` on the
+    /// container.
+    async fn write_op(
+        &self,
+        s: &mut ClientSession,
+        op: &Operation,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()> {
+        match op {
+            Operation::Attach {
+                owner_id,
+                container,
+                file_id,
+                attached,
+            } => {
+                let (collection, cid) = (container.collection(), container.id());
+                // The file's document is written too, so that a concurrent
+                // delete of the file conflicts with this attach.
+                if *attached {
+                    let allowed = self
+                        .permissions()
+                        .find_one(doc! {"file_id": file_id, "user_id": owner_id})
+                        .session(&mut *s)
+                        .await
+                        .map_err(classify)?;
+                    let updated = self
+                        .files()
+                        .update_one(doc! {"_id": file_id}, doc! {"$addToSet": {collection: cid}})
+                        .session(&mut *s)
+                        .await
+                        .map_err(classify)?;
+                    if allowed.is_none() || updated.matched_count == 0 {
+                        return Err(MetaError::NotFound);
+                    }
+                } else {
+                    self.files()
+                        .update_one(doc! {"_id": file_id}, doc! {"$pull": {collection: cid}})
+                        .session(&mut *s)
+                        .await
+                        .map_err(classify)?;
+                }
+                let verb = if *attached { "$addToSet" } else { "$pull" };
+                let mut filter = doc! {"_id": cid, "owner_id": owner_id};
+                let mut update = doc! {verb: {"file_ids": file_id}};
+                add_fence(&mut filter, &mut update, "fence", fence);
+                self.update_owned(s, collection, filter, update, owner_id, cid)
+                    .await
+            }
+            Operation::Link {
+                owner_id,
+                agent_id,
+                kind,
+                link_id,
+                connected,
+            } => {
+                let verb = if *connected { "$addToSet" } else { "$pull" };
+                let mut filter = doc! {"_id": agent_id, "owner_id": owner_id};
+                let mut update = doc! {verb: {kind.field(): link_id}};
+                add_fence(&mut filter, &mut update, "fence", fence);
+                self.update_owned(s, "agents", filter, update, owner_id, agent_id)
+                    .await
+            }
+        }
+    }
+
+    /// Applies a fenced update to an owned document; tells `NotFound` (not
+    /// the owner's, or absent) from `StaleFence` when nothing matched.
+    async fn update_owned(
+        &self,
+        s: &mut ClientSession,
+        collection: &str,
+        filter: Document,
+        update: Document,
+        owner_id: &str,
+        id: &str,
+    ) -> MetaResult<()> {
+        let coll = self.db.collection::<Document>(collection);
+        let updated = coll
+            .update_one(filter, update)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 1 {
+            return Ok(());
+        }
+        match coll
+            .find_one(doc! {"_id": id, "owner_id": owner_id})
+            .session(&mut *s)
+            .await
+        {
+            Ok(Some(_)) => Err(MetaError::StaleFence),
+            Ok(None) => Err(MetaError::NotFound),
+            Err(e) => Err(classify(e)),
+        }
+    }
+}
+
+#[async_trait]
+impl ContainerRepo for MongoStore {
+    async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
+        self.sessions()
+            .insert_one(session)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>> {
+        self.sessions()
+            .find_one(doc! {"_id": id, "owner_id": owner_id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()> {
+        self.agents()
+            .insert_one(agent)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>> {
+        self.agents()
+            .find_one(doc! {"_id": id, "owner_id": owner_id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn apply_op(
+        &self,
+        op: &Operation,
+        fence: Option<&Fence>,
+        op_id: Option<&str>,
+    ) -> MetaResult<()> {
+        let mut s = self.begin(fence).await?;
+        let result = async {
+            self.record_op(&mut s, op_id).await?;
+            self.write_op(&mut s, op, fence).await
+        }
+        .await;
+        self.finish(s, fence, result).await
+    }
+
+    async fn cancel_op(&self, op_id: &str) -> MetaResult<bool> {
+        let op = ProcessedOp {
+            id: op_id.to_owned(),
+            created_at: now(),
+        };
+        let inserted = self
+            .db
+            .collection::<ProcessedOp>("processed_ops")
+            .insert_one(&op)
+            .await;
+        match inserted.map_err(classify) {
+            Ok(_) => Ok(true),
+            Err(MetaError::Duplicate) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+        let mut s = self.begin(Some(fence)).await?;
+        let result = async {
+            let records: Vec<ProcessedOp> = ops
+                .iter()
+                .map(|(_, id)| ProcessedOp {
+                    id: id.clone(),
+                    created_at: now(),
+                })
+                .collect();
+            self.db
+                .collection::<ProcessedOp>("processed_ops")
+                .insert_many(records)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            for step in plan_group(ops) {
+                match step {
+                    GroupStep::One(op) => self.write_op(&mut s, op, Some(fence)).await?,
+                    GroupStep::Links(run) => {
+                        let field = run.kind.field();
+                        let changes = [
+                            ("$pullAll", bson!(&run.remove)),
+                            ("$addToSet", bson!({"$each": &run.add})),
+                        ];
+                        for ((verb, value), ids) in changes.into_iter().zip([&run.remove, &run.add])
+                        {
+                            if ids.is_empty() {
+                                continue;
+                            }
+                            let mut filter = doc! {"_id": run.agent_id, "owner_id": run.owner_id};
+                            let mut update = doc! {verb: {field: value}};
+                            add_fence(&mut filter, &mut update, "fence", Some(fence));
+                            self.update_owned(
+                                &mut s,
+                                "agents",
+                                filter,
+                                update,
+                                run.owner_id,
+                                run.agent_id,
+                            )
+                            .await?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        self.finish(s, Some(fence), result).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::commands::Container;
+
+    fn link(agent: &str, kind: LinkKind, id: &str, connected: bool) -> (Operation, String) {
+        let op = Operation::Link {
+            owner_id: "u".into(),
+            agent_id: agent.into(),
+            kind,
+            link_id: id.into(),
+            connected,
+        };
+        (op, format!("op-{id}"))
+    }
+
+    /// A merged run: agent, list, added, removed.
+    type Run<'a> = (&'a str, LinkKind, Vec<&'a str>, Vec<&'a str>);
+
+    /// Each step as a run, or `None` for a single operation.
+    fn shape(ops: &[(Operation, String)]) -> Vec<Option<Run<'_>>> {
+        plan_group(ops)
+            .into_iter()
+            .map(|s| match s {
+                GroupStep::Links(r) => Some((r.agent_id, r.kind, r.add, r.remove)),
+                GroupStep::One(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_run_of_link_changes_merges_until_a_link_repeats_or_the_list_changes() {
+        use LinkKind::{Mcp, Toolset};
+        let attach = Operation::Attach {
+            owner_id: "u".into(),
+            container: Container::Agent("a".into()),
+            file_id: "f".into(),
+            attached: true,
+        };
+        let ops = vec![
+            link("a", Mcp, "m1", true),
+            link("a", Mcp, "m2", true),
+            link("a", Mcp, "m3", false),
+            link("a", Mcp, "m1", false), // m1 again: a new run
+            link("a", Toolset, "t1", true),
+            link("b", Toolset, "t2", true),
+            (attach, "op-f".into()),
+            link("b", Toolset, "t3", true),
+        ];
+        assert_eq!(
+            shape(&ops),
+            vec![
+                Some(("a", Mcp, vec!["m1", "m2"], vec!["m3"])),
+                Some(("a", Mcp, vec![], vec!["m1"])),
+                Some(("a", Toolset, vec!["t1"], vec![])),
+                Some(("b", Toolset, vec!["t2"], vec![])),
+                None,
+                Some(("b", Toolset, vec!["t3"], vec![])),
+            ]
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! `MetadataStore` on MongoDB: one multi-document transaction per unit of
+//! work. Errors are classified by code and label, never by message:
+//! `WriteConflict` (112) and other `TransientTransactionError`s → retry the
+//! whole transaction (the caller's policy; only 112 is named contention); `UnknownTransactionCommitResult` →
+//! retry the commit here, then report [`MetaError::OutcomeUnknown`].
+//!
+//! `txn.rs` runs the transactions (sessions, fences, stranded and pinned
+//! sessions); `users.rs`, `files.rs`, `cleanup.rs` and `containers.rs`
+//! implement one repository each.
+
+mod cleanup;
+mod containers;
+mod files;
+mod txn;
+mod users;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use bson::{Document, bson, doc};
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use mongodb::{
+    Client, ClientSession, Collection, Database, IndexModel,
+    error::{
+        ErrorKind, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
+    },
+    options::{ClientOptions, IndexOptions},
+};
+
+use self::txn::{Pinned, add_fence};
+use super::*;
+
+const WRITE_CONFLICT: i32 = 112;
+
+const DUPLICATE_KEY: i32 = 11000;
+
+#[derive(Clone)]
+pub struct MongoStore {
+    client: Client,
+    db: Database,
+    pinned: Arc<Mutex<Pinned>>,
+    /// Sessions whose transaction may still be open on the server: it failed
+    /// over a broken link, so its abort may never have arrived. Left alone,
+    /// it holds the documents it wrote (a user's, an intent) until the server
+    /// reaps it (60 s by default), and every writer to them meets a write
+    /// conflict meanwhile; the next transaction ends them first.
+    stranded: Arc<Mutex<Vec<Document>>>,
+}
+
+/// The server's error code, wherever the driver put it.
+fn code(e: &mongodb::error::Error) -> Option<i32> {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        _ => None,
+    }
+}
+
+/// Whether the error means the server could not be reached.
+fn is_unreachable(e: &mongodb::error::Error) -> bool {
+    matches!(
+        e.kind.as_ref(),
+        ErrorKind::ServerSelection { .. }
+            | ErrorKind::Io(_)
+            | ErrorKind::ConnectionPoolCleared { .. }
+            | ErrorKind::DnsResolve { .. }
+            | ErrorKind::Shutdown
+    )
+}
+
+/// Maps a driver error to the store's error kinds.
+pub fn classify(e: mongodb::error::Error) -> MetaError {
+    if is_unreachable(&e) {
+        return MetaError::Unavailable(e.to_string());
+    }
+    match code(&e) {
+        Some(WRITE_CONFLICT) => MetaError::WriteConflict,
+        Some(DUPLICATE_KEY) => MetaError::Duplicate,
+        _ if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => MetaError::Transient(e.to_string()),
+        _ => MetaError::Other(e.to_string()),
+    }
+}
+
+type Res<T> = Result<T, mongodb::error::Error>;
+
+/// Every document matching `filter`, sorted, at most `limit`.
+async fn find_sorted<T>(
+    coll: Collection<T>,
+    filter: Document,
+    sort: Document,
+    limit: usize,
+) -> MetaResult<Vec<T>>
+where
+    T: serde::de::DeserializeOwned + Send + Sync,
+{
+    coll.find(filter)
+        .sort(sort)
+        .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+        .await
+        .map_err(classify)?
+        .try_collect()
+        .await
+        .map_err(classify)
+}
+
+impl MongoStore {
+    /// Connects, checks the server answers, and creates the indexes.
+    pub async fn connect(uri: &str, db: &str) -> anyhow::Result<Self> {
+        let mut opts = ClientOptions::parse(uri).await?;
+        opts.app_name = Some("filedock".into());
+        // Fail fast when the server is gone: requests answer 503, not hang.
+        opts.server_selection_timeout
+            .get_or_insert(Duration::from_secs(5));
+        opts.connect_timeout.get_or_insert(Duration::from_secs(3));
+        let client = Client::with_options(opts)?;
+        let store = Self {
+            db: client.database(db),
+            client,
+            pinned: Arc::default(),
+            stranded: Arc::default(),
+        };
+        store.db.run_command(doc! {"ping": 1}).await?;
+        store.create_indexes().await?;
+        Ok(store)
+    }
+
+    async fn create_indexes(&self) -> Res<()> {
+        let index = |keys: Document, unique: bool| {
+            IndexModel::builder()
+                .keys(keys)
+                .options(IndexOptions::builder().unique(unique).build())
+                .build()
+        };
+        self.users()
+            .create_index(index(doc! {"api_key_hash": 1}, true))
+            .await?;
+        self.files()
+            .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
+            .await?;
+        self.permissions()
+            .create_index(index(doc! {"file_id": 1, "user_id": 1}, true))
+            .await?;
+        self.intents()
+            .create_index(index(doc! {"created_at": 1}, false))
+            .await?;
+        self.orphans()
+            .create_index(index(doc! {"status": 1, "created_at": 1}, false))
+            .await?;
+        self.idempotency()
+            .create_index(index(doc! {"created_at": 1}, false))
+            .await?;
+        self.sessions()
+            .create_index(index(doc! {"owner_id": 1}, false))
+            .await?;
+        // Operation ids only need to outlive redelivery: a week is plenty.
+        let expire = IndexOptions::builder()
+            .expire_after(Duration::from_secs(7 * 24 * 3600))
+            .build();
+        self.db
+            .collection::<ProcessedOp>("processed_ops")
+            .create_index(
+                IndexModel::builder()
+                    .keys(doc! {"created_at": 1})
+                    .options(expire)
+                    .build(),
+            )
+            .await?;
+        self.agents()
+            .create_index(index(doc! {"owner_id": 1}, false))
+            .await?;
+        Ok(())
+    }
+
+    fn users(&self) -> Collection<UserRecord> {
+        self.db.collection("users")
+    }
+
+    fn files(&self) -> Collection<FileRecord> {
+        self.db.collection("files")
+    }
+
+    fn permissions(&self) -> Collection<PermissionRecord> {
+        self.db.collection("permissions")
+    }
+
+    fn intents(&self) -> Collection<IntentRecord> {
+        self.db.collection("upload_intents")
+    }
+
+    fn orphans(&self) -> Collection<OrphanRecord> {
+        self.db.collection("orphan_minio_objects")
+    }
+
+    fn idempotency(&self) -> Collection<IdempotencyRecord> {
+        self.db.collection("idempotency")
+    }
+
+    fn sessions(&self) -> Collection<SessionRecord> {
+        self.db.collection("sessions")
+    }
+
+    fn agents(&self) -> Collection<AgentRecord> {
+        self.db.collection("agents")
+    }
+}
+
+#[async_trait]
+impl MetadataStore for MongoStore {
+    async fn ping(&self) -> MetaResult<()> {
+        self.db
+            .run_command(doc! {"ping": 1})
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+}

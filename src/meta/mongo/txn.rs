@@ -1,0 +1,215 @@
+//! Transactions on MongoDB: begin (ending stranded sessions first, pinning
+//! a fence slot's session), commit with retries of an unknown result, and
+//! the fence check every write adds to its filter.
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// Attempts at `commitTransaction` when its result is unknown.
+pub(super) const COMMIT_ATTEMPTS: u32 = 3;
+
+/// Sessions of pinned fence slots (see [`Fence::pinned`]): one per slot,
+/// reused by every transaction under it, and the token under which this
+/// process last recorded the session as the slot's holder in `txn_holders`.
+#[derive(Default)]
+pub(super) struct Pinned {
+    idle: HashMap<String, ClientSession>,
+    recorded: HashMap<String, (Document, i64)>,
+}
+
+/// Who last ran transactions under a pinned fence slot.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct TxnHolder {
+    #[serde(rename = "_id")]
+    slot: String,
+    lsid: Document,
+    token: i64,
+}
+
+/// Maps an error of `commitTransaction`. A transient error means the
+/// server aborted the transaction (retry it whole); an unknown result, or a
+/// link that failed after the command was sent, means it may have committed.
+pub(super) fn classify_commit(e: mongodb::error::Error) -> MetaError {
+    if e.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+        return classify(e);
+    }
+    if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) || is_unreachable(&e) {
+        return MetaError::OutcomeUnknown(e.to_string());
+    }
+    classify(e)
+}
+
+/// Whether the transaction failed over a broken link (so it may still be
+/// open on the server, or even committed).
+pub(super) fn link_failed(e: &MetaError) -> bool {
+    matches!(
+        e,
+        MetaError::Unavailable(_) | MetaError::Transient(_) | MetaError::OutcomeUnknown(_)
+    )
+}
+
+/// Adds a fencing condition (stored token below ours, or none yet) to
+/// `filter`, and stores our token with `update`.
+pub(super) fn add_fence(
+    filter: &mut Document,
+    update: &mut Document,
+    map: &str,
+    fence: Option<&Fence>,
+) {
+    if let Some(f) = fence {
+        let field = format!("{map}.{}", f.slot);
+        filter.insert(
+            "$or",
+            vec![
+                doc! {&field: {"$lte": f.token}},
+                doc! {&field: {"$exists": false}},
+            ],
+        );
+        if !update.contains_key("$set") {
+            update.insert("$set", Document::new());
+        }
+        if let Ok(set) = update.get_document_mut("$set") {
+            set.insert(field, f.token);
+        }
+    }
+}
+
+impl MongoStore {
+    /// Starts a transaction; under a pinned fence, on the slot's session.
+    pub(super) async fn begin(&self, fence: Option<&Fence>) -> MetaResult<ClientSession> {
+        self.end_stranded().await;
+        let pinned = fence.filter(|f| f.pinned);
+        let idle = pinned.and_then(|f| self.pinned.lock().unwrap().idle.remove(&f.slot));
+        let mut s = match idle {
+            Some(s) => s,
+            None => self.client.start_session().await.map_err(classify)?,
+        };
+        if let Some(f) = pinned {
+            self.take_slot(&s, f).await?;
+        }
+        s.start_transaction().await.map_err(classify)?;
+        Ok(s)
+    }
+
+    /// Records `s` as the holder of `f`'s slot, once per token, and aborts
+    /// what an earlier holder (a lower token, another session) may have left
+    /// open: a process killed mid-transaction would otherwise block the
+    /// documents it wrote until the server reaps the transaction (60 s by
+    /// default), and every queued operation behind it would wait as long.
+    pub(super) async fn take_slot(&self, s: &ClientSession, f: &Fence) -> MetaResult<()> {
+        let lsid = s.id().clone();
+        let mine = (lsid.clone(), f.token);
+        if self.pinned.lock().unwrap().recorded.get(&f.slot) == Some(&mine) {
+            return Ok(());
+        }
+        let before = self
+            .db
+            .collection::<TxnHolder>("txn_holders")
+            .find_one_and_update(
+                doc! {"_id": &f.slot, "token": {"$lte": f.token}},
+                doc! {"$set": {"lsid": &lsid, "token": f.token}},
+            )
+            .upsert(true)
+            .await;
+        match before.map_err(classify) {
+            Ok(Some(earlier)) if earlier.lsid != lsid => {
+                let kill = doc! {"killSessions": [&earlier.lsid]};
+                match self.client.database("admin").run_command(kill).await {
+                    Ok(_) => tracing::info!(
+                        slot = f.slot,
+                        earlier_token = earlier.token,
+                        "aborted whatever the slot's earlier holder left open"
+                    ),
+                    Err(e) => tracing::warn!(
+                        slot = f.slot,
+                        error = %e,
+                        "could not abort the slot's earlier holder's session"
+                    ),
+                }
+            }
+            Ok(_) => {}
+            // A newer holder took the slot: our fence check will refuse us.
+            Err(MetaError::Duplicate) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        self.pinned
+            .lock()
+            .unwrap()
+            .recorded
+            .insert(f.slot.clone(), mine);
+        Ok(())
+    }
+
+    /// Ends (`killSessions`) the sessions a broken link may have left with
+    /// an open transaction; keeps them for the next try if the server does
+    /// not answer.
+    pub(super) async fn end_stranded(&self) {
+        let lsids = std::mem::take(&mut *self.stranded.lock().unwrap());
+        if lsids.is_empty() {
+            return;
+        }
+        let kill = doc! {"killSessions": &lsids};
+        match self.client.database("admin").run_command(kill).await {
+            Ok(_) => tracing::info!(n = lsids.len(), "ended sessions a broken link left open"),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not end stranded sessions yet");
+                self.stranded.lock().unwrap().extend(lsids);
+            }
+        }
+    }
+
+    /// Ends the transaction by [`Self::end`]; a pinned slot's session goes
+    /// back to its slot, unless a broken link stranded it.
+    pub(super) async fn finish<T>(
+        &self,
+        mut s: ClientSession,
+        fence: Option<&Fence>,
+        result: MetaResult<T>,
+    ) -> MetaResult<T> {
+        let outcome = self.end(&mut s, result).await;
+        if let Err(e) = &outcome
+            && link_failed(e)
+        {
+            self.stranded.lock().unwrap().push(s.id().clone());
+            return outcome;
+        }
+        if let Some(f) = fence.filter(|f| f.pinned) {
+            self.pinned.lock().unwrap().idle.insert(f.slot.clone(), s);
+        }
+        outcome
+    }
+
+    /// Commits when `result` is Ok (retrying a commit whose outcome is
+    /// unknown), aborts otherwise.
+    pub(super) async fn end<T>(
+        &self,
+        s: &mut ClientSession,
+        result: MetaResult<T>,
+    ) -> MetaResult<T> {
+        let value = match result {
+            Ok(v) => v,
+            Err(e) => {
+                // The driver ignores the abort's own errors: over a broken
+                // link it may not arrive (see `stranded`).
+                let _ = s.abort_transaction().await;
+                return Err(e);
+            }
+        };
+        crate::crash_point("before_txn_commit");
+        let mut attempt = 1;
+        loop {
+            match s.commit_transaction().await {
+                Ok(()) => return Ok(value),
+                Err(e)
+                    if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                        && attempt < COMMIT_ATTEMPTS =>
+                {
+                    attempt += 1;
+                    tracing::debug!(attempt, "commit result unknown; retrying the commit");
+                }
+                Err(e) => return Err(classify_commit(e)),
+            }
+        }
+    }
+}

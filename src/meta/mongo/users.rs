@@ -1,0 +1,30 @@
+//! Users on MongoDB.
+
+use super::*;
+
+#[async_trait]
+impl UserRepo for MongoStore {
+    async fn insert_user(&self, user: &UserRecord) -> MetaResult<()> {
+        self.users()
+            .insert_one(user)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn user(&self, id: &str) -> MetaResult<Option<UserRecord>> {
+        self.users()
+            .find_one(doc! {"_id": id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn user_by_key_hash(&self, hash: &str) -> MetaResult<Option<UserRecord>> {
+        // Authentication needs neither the file list nor its size on the wire.
+        self.users()
+            .find_one(doc! {"api_key_hash": hash})
+            .projection(doc! {"file_ids": 0})
+            .await
+            .map_err(classify)
+    }
+}

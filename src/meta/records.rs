@@ -1,0 +1,307 @@
+//! The records the metadata store keeps (one struct per MongoDB collection;
+//! the embedded store mirrors them) and the values its methods take.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Now, at the millisecond precision the stores keep, so that what a
+/// request returns equals what a later read returns.
+pub fn now() -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap_or_else(Utc::now)
+}
+
+/// `users` collection.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct UserRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub name: String,
+    /// SHA-256 (hex) of the API key; the key itself is never stored.
+    pub api_key_hash: String,
+    /// Not loaded by `user_by_key_hash` (empty there).
+    #[serde(default)]
+    pub file_ids: Vec<String>,
+    pub used_bytes: i64,
+    /// Highest fencing token committed, per upload-lock category.
+    #[serde(default)]
+    pub upload_fence: BTreeMap<String, i64>,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+}
+
+/// `files` collection.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FileRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub owner_id: String,
+    pub filename: String,
+    pub content_type: String,
+    pub size: i64,
+    pub sha256: String,
+    pub category: String,
+    pub bucket: String,
+    pub key: String,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+    /// Sessions the file is attached to (so a delete knows where to detach).
+    #[serde(default)]
+    pub sessions: Vec<String>,
+    /// Agents the file is attached to.
+    #[serde(default)]
+    pub agents: Vec<String>,
+}
+
+/// `sessions` collection: a chat session and its files.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SessionRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub owner_id: String,
+    pub file_ids: Vec<String>,
+    /// Highest fencing token committed, per lock (`files`).
+    #[serde(default)]
+    pub fence: BTreeMap<String, i64>,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+}
+
+/// `agents` collection: an agent, its files and its MCP and toolset connections.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AgentRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub owner_id: String,
+    pub name: String,
+    pub file_ids: Vec<String>,
+    pub mcp_ids: Vec<String>,
+    pub toolset_ids: Vec<String>,
+    /// Highest fencing token committed, per lock (`files`, `config`).
+    #[serde(default)]
+    pub fence: BTreeMap<String, i64>,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+}
+
+/// `permissions` collection.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PermissionRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub file_id: String,
+    pub user_id: String,
+    pub role: String,
+}
+
+/// `upload_intents`: written before the first blob byte, deleted by the commit.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IntentRecord {
+    /// The file id the upload will commit under.
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub user_id: String,
+    pub bucket: String,
+    pub key: String,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+    /// The last time its upload showed it is alive (it refreshes the intent
+    /// while it streams), if ever: a slow upload is not an abandoned one.
+    #[serde(default, with = "bson_time::option")]
+    pub refreshed_at: Option<DateTime<Utc>>,
+}
+
+impl IntentRecord {
+    /// When its upload last showed it is alive.
+    pub fn alive_at(&self) -> DateTime<Utc> {
+        self.refreshed_at.unwrap_or(self.created_at)
+    }
+}
+
+/// `orphan_minio_objects`: a blob with no metadata that still has to go.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OrphanRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub bucket: String,
+    pub key: String,
+    pub status: OrphanStatus,
+    pub retries: i32,
+    pub error: Option<String>,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+    #[serde(with = "bson_time::option")]
+    pub last_retry_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OrphanStatus {
+    Pending,
+    Deleted,
+    Failed,
+}
+
+/// `processed_ops`: ids of queued operations already applied.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProcessedOp {
+    #[serde(rename = "_id")]
+    pub id: String,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+}
+
+/// `idempotency`: the first result of a request sent with an `Idempotency-Key`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IdempotencyRecord {
+    /// `{user}:{key}`.
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub file: FileRecord,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+}
+
+impl IdempotencyRecord {
+    pub fn id_for(user_id: &str, key: &str) -> String {
+        format!("{user_id}:{key}")
+    }
+}
+
+/// A fencing token to check and store in one transaction. A commit is
+/// refused if a newer token was stored before it (the holder's lease
+/// expired and someone else's commit landed); the same holder may commit
+/// under its token more than once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fence {
+    /// Which counter the token is checked against, on the document written:
+    /// an upload-lock category on a user (`small`, `medium`, `large`), a
+    /// lock on a session or an agent (`files`, `config`), or a queue
+    /// bucket's lease (`queue{b}`).
+    pub slot: String,
+    pub token: i64,
+    /// The slot has one holder at a time, whatever document it writes (a
+    /// queue bucket's lease). The store may then pin the holder's
+    /// transactions to one session and, when a newer token takes the slot,
+    /// abort a transaction an earlier holder left open (it died mid-commit),
+    /// instead of letting it block its documents until the server reaps it.
+    pub pinned: bool,
+}
+
+impl Fence {
+    /// The fence of a lock held with fencing token `token` (`None`: no lock
+    /// held, the lock backend being down in development mode: no fence).
+    pub fn of_lock(token: Option<u64>, slot: impl Into<String>) -> Option<Self> {
+        token.map(|token| Self {
+            slot: slot.into(),
+            token: token as i64,
+            pinned: false,
+        })
+    }
+}
+
+/// Everything one upload commits, atomically.
+#[derive(Clone, Debug)]
+pub struct CommitUpload {
+    pub file: FileRecord,
+    pub fence: Option<Fence>,
+    pub quota_bytes: Option<u64>,
+    pub idempotency_key: Option<String>,
+}
+
+/// A file whose metadata was deleted, and the pending orphan that now
+/// stands for its blob.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeletedFile {
+    pub file: FileRecord,
+    pub orphan_id: String,
+}
+
+/// Sizes of the bookkeeping collections.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetaCounts {
+    pub intents: u64,
+    pub orphans_pending: u64,
+    pub orphans_deleted: u64,
+    pub orphans_failed: u64,
+}
+
+/// What a commit did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CommitOutcome {
+    Committed,
+    /// Another request with the same idempotency key committed first; this
+    /// is its file, and nothing of this attempt was kept.
+    Replayed(Box<FileRecord>),
+}
+
+impl OrphanRecord {
+    /// A pending orphan for a blob that has to be deleted.
+    pub fn pending(bucket: &str, key: &str, error: Option<String>) -> Self {
+        Self {
+            id: uuid::Uuid::now_v7().to_string(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            status: OrphanStatus::Pending,
+            retries: 0,
+            error,
+            created_at: now(),
+            last_retry_at: None,
+        }
+    }
+
+    /// Whether a sweep should try this orphan now.
+    pub fn is_due(&self, max_retries: i32, retry_before: DateTime<Utc>) -> bool {
+        self.status == OrphanStatus::Pending
+            && self.retries < max_retries
+            && self.last_retry_at.is_none_or(|t| t <= retry_before)
+    }
+
+    /// The blob of a file whose metadata is being deleted.
+    pub fn pending_for(file: &FileRecord) -> Self {
+        Self::pending(&file.bucket, &file.key, None)
+    }
+
+    /// Records the outcome of a delete attempt.
+    pub fn mark(&mut self, status: OrphanStatus, error: Option<String>) {
+        if status != OrphanStatus::Deleted || error.is_some() {
+            self.retries += 1;
+        }
+        self.status = status;
+        self.error = error.or(self.error.take());
+        self.last_retry_at = Some(now());
+    }
+}
+
+/// Timestamps as BSON dates (so MongoDB can range-query and index them);
+/// other formats (the embedded store's JSON) get BSON's extended JSON.
+pub mod bson_time {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        bson::DateTime::from_chrono(*t).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        Ok(bson::DateTime::deserialize(d)?.to_chrono())
+    }
+
+    pub mod option {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(
+            t: &Option<DateTime<Utc>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            t.map(bson::DateTime::from_chrono).serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<DateTime<Utc>>, D::Error> {
+            Ok(Option::<bson::DateTime>::deserialize(d)?.map(|t| t.to_chrono()))
+        }
+    }
+}
