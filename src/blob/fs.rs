@@ -127,12 +127,17 @@ impl BlobStore for FsBlobStore {
                         let key = rel
                             .to_string_lossy()
                             .replace(std::path::MAIN_SEPARATOR, "/");
-                        if key.starts_with(&prefix) {
-                            let modified = entry.metadata().and_then(|m| m.modified());
-                            listed.push(ListedBlob {
+                        if !key.starts_with(&prefix) {
+                            continue;
+                        }
+                        match entry.metadata().and_then(|m| m.modified()) {
+                            Ok(t) => listed.push(ListedBlob {
                                 key,
-                                modified: modified.map_err(io_err)?.into(),
-                            });
+                                modified: t.into(),
+                            }),
+                            // Deleted while the walk went on: not there.
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(io_err(e)),
                         }
                     }
                 }

@@ -33,8 +33,6 @@ struct Shared {
     quiet: Mutex<CancellationToken>,
     refuse_until: Mutex<Option<Instant>>,
     trigger: Mutex<Option<Trigger>>,
-    /// Cuts made so far (triggered or not).
-    cuts: Mutex<u64>,
 }
 
 /// Cut once, for `down`, right after a client sends bytes containing `pattern`.
@@ -87,10 +85,6 @@ impl FaultProxy {
     pub fn triggered(&self) -> bool {
         self.shared.trigger.lock().unwrap().is_none()
     }
-
-    pub fn cuts(&self) -> u64 {
-        *self.shared.cuts.lock().unwrap()
-    }
 }
 
 impl Drop for FaultProxy {
@@ -110,7 +104,6 @@ impl Shared {
         let old = std::mem::take(&mut *self.open.lock().unwrap());
         old.cancel();
         std::mem::take(&mut *self.quiet.lock().unwrap()).cancel();
-        *self.cuts.lock().unwrap() += 1;
     }
 
     fn refusing(&self) -> bool {

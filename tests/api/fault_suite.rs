@@ -166,6 +166,9 @@ struct World {
     files: Mutex<Vec<String>>,
     history: Mutex<Vec<Event>>,
     uploads: std::sync::atomic::AtomicUsize,
+    /// Links of their own that clients connect, and those acknowledged.
+    links: std::sync::atomic::AtomicUsize,
+    connected: Mutex<Vec<String>>,
     client: reqwest::Client,
 }
 
@@ -262,20 +265,45 @@ impl World {
                     format!("/v1/agents/{}/files", self.agent),
                     Some(json!({"file_id": file_id})),
                 ),
-                80..90 => (
+                80..85 => (
                     Op::Link { connect: true },
                     Method::PUT,
                     format!("/v1/agents/{}/mcps/{MCP}", self.agent),
                     None,
                 ),
-                _ => (
+                85..90 => (
                     Op::Link { connect: false },
                     Method::DELETE,
                     format!("/v1/agents/{}/mcps/{MCP}", self.agent),
                     None,
                 ),
+                90..95 => {
+                    let n = self.links.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let mcp = format!("own{n}");
+                    let path = format!("/v1/agents/{}/mcps/{mcp}", self.agent);
+                    (Op::OwnLink { mcp, connect: true }, Method::PUT, path, None)
+                }
+                _ => {
+                    // Disconnect a link whose connect was acknowledged, once.
+                    let Some(mcp) = self.connected.lock().unwrap().pop() else {
+                        return;
+                    };
+                    let path = format!("/v1/agents/{}/mcps/{mcp}", self.agent);
+                    (
+                        Op::OwnLink {
+                            mcp,
+                            connect: false,
+                        },
+                        Method::DELETE,
+                        path,
+                        None,
+                    )
+                }
             };
             let (answer, _) = self.send(base, method, &path, None, json).await;
+            if let (Op::OwnLink { mcp, connect: true }, Answer::Ok) = (&op, &answer) {
+                self.connected.lock().unwrap().push(mcp.clone());
+            }
             (op, answer, None)
         };
         self.history.lock().unwrap().push(Event {
@@ -411,6 +439,7 @@ async fn final_state(w: &World, state: &AppState, user_id: &str) -> FinalState {
         .unwrap();
     fin.agent_files = agent.file_ids;
     fin.linked = agent.mcp_ids.iter().any(|m| m == MCP);
+    fin.mcp_ids = agent.mcp_ids;
     let objects: std::collections::HashSet<String> = state
         .ports
         .blobs
@@ -496,6 +525,8 @@ async fn run_suite(coordination: &str) {
         files: Mutex::default(),
         history: Mutex::default(),
         uploads: 0.into(),
+        links: 0.into(),
+        connected: Mutex::default(),
         client,
     });
 

@@ -38,6 +38,12 @@ pub enum Op {
     Link {
         connect: bool,
     },
+    /// A link of one client's own: connected once, then perhaps disconnected
+    /// once after its connect was acknowledged.
+    OwnLink {
+        mcp: String,
+        connect: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -58,6 +64,7 @@ pub struct FinalState {
     pub session_files: Vec<String>,
     pub agent_files: Vec<String>,
     pub linked: bool,
+    pub mcp_ids: Vec<String>,
     /// Objects without a record, records without an object, intents left.
     pub strays: usize,
     pub missing: usize,
@@ -157,6 +164,7 @@ pub fn check(history: &[Event], fin: &FinalState) -> Verdict {
     }
     check_attachments(history, fin, &maybe_deleted, &mut v);
     check_link(history, fin, &mut v);
+    check_own_links(history, fin, &mut v);
     v.half_done += fin.strays + fin.missing + fin.intents;
     if fin.strays + fin.missing + fin.intents > 0 {
         v.notes.push(format!(
@@ -196,6 +204,24 @@ fn check_attachments(
                 ));
             }
         }
+        // Only attaches put a file in a container: one that is there with no
+        // attach that may have applied came from an attach answered failed.
+        let may_have_attached: HashSet<&str> = history
+            .iter()
+            .filter_map(|e| match (&e.op, &e.answer, container) {
+                (Op::AttachSession { file_id }, Answer::Ok | Answer::Unknown(_), "session")
+                | (Op::AttachAgent { file_id }, Answer::Ok | Answer::Unknown(_), "agent") => {
+                    Some(file_id.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        for id in ids.iter().filter(|id| !may_have_attached.contains(*id)) {
+            v.failed_but_applied += 1;
+            v.notes.push(format!(
+                "{id} is in the {container}, though every attach of it failed"
+            ));
+        }
         for id in &ids {
             if !fin.files.contains_key(*id) {
                 v.half_done += 1;
@@ -216,7 +242,13 @@ fn check_link(history: &[Event], fin: &FinalState, v: &mut Verdict) {
         .collect();
     let effect = |e: &Event| matches!(e.op, Op::Link { connect: true });
     let explains = |candidate: Option<&Event>| {
-        let done = candidate.map(|c| c.completed);
+        // An operation whose outcome is unknown may take effect after its
+        // answer (a queued one applied once the store is back).
+        let done = match candidate {
+            None => None,
+            Some(c) if matches!(c.answer, Answer::Unknown(_)) => return true,
+            Some(c) => Some(c.completed),
+        };
         !links.iter().any(|later| {
             later.answer == Answer::Ok
                 && effect(later) != fin.linked
@@ -238,5 +270,48 @@ fn check_link(history: &[Event], fin: &FinalState, v: &mut Verdict) {
             "link ends {} which no acknowledged order explains: {tally:?}",
             fin.linked
         ));
+    }
+}
+
+/// Each client's own links end as the history says: an acknowledged
+/// connect with no disconnect since is there; an acknowledged disconnect
+/// is gone; an operation answered failed changed nothing.
+fn check_own_links(history: &[Event], fin: &FinalState, v: &mut Verdict) {
+    let present: HashSet<&str> = fin.mcp_ids.iter().map(String::as_str).collect();
+    type Answers<'a> = (Option<&'a Answer>, Option<&'a Answer>);
+    let mut by_link: BTreeMap<&str, Answers<'_>> = BTreeMap::new();
+    for e in history {
+        if let Op::OwnLink { mcp, connect } = &e.op {
+            let entry = by_link.entry(mcp.as_str()).or_default();
+            if *connect {
+                entry.0 = Some(&e.answer);
+            } else {
+                entry.1 = Some(&e.answer);
+            }
+        }
+    }
+    for (mcp, (connect, disconnect)) in by_link {
+        let here = present.contains(mcp);
+        let wrong = match (connect, disconnect) {
+            (Some(Answer::Failed(_)), _) if here => {
+                Some((&mut v.failed_but_applied, "its connect failed"))
+            }
+            (Some(Answer::Ok), None) if !here => {
+                Some((&mut v.lost, "its connect was acknowledged"))
+            }
+            (Some(Answer::Ok), Some(Answer::Ok)) if here => Some((
+                &mut v.reordered,
+                "its disconnect was acknowledged after the connect",
+            )),
+            (Some(Answer::Ok), Some(Answer::Failed(_))) if !here => {
+                Some((&mut v.failed_but_applied, "its disconnect failed"))
+            }
+            _ => None,
+        };
+        if let Some((count, why)) = wrong {
+            *count += 1;
+            let now = if here { "there" } else { "gone" };
+            v.notes.push(format!("link {mcp}: {why}, yet it is {now}"));
+        }
     }
 }

@@ -388,16 +388,16 @@ async fn reconcile_beside_live_uploads_deletes_no_acknowledged_upload() {
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, UPLOADS);
 }
 
-/// An upload that streams for five grace periods, with the sweeper running
+/// An upload that streams for three grace periods, with the sweeper running
 /// all along, commits: it keeps its intent alive, so only dead uploads are
 /// taken for abandoned ones.
 #[tokio::test]
 async fn a_slow_live_upload_outlasts_the_grace_period() {
     use std::time::Duration;
-    const CHUNKS: u8 = 16;
-    const PAUSE: Duration = Duration::from_millis(250);
+    const CHUNKS: u8 = 20;
+    const PAUSE: Duration = Duration::from_millis(300);
     let mut settings = test_settings();
-    settings.sweep.intent_grace = Duration::from_millis(800);
+    settings.sweep.intent_grace = Duration::from_secs(2);
     let app = spawn_app_with(settings).await;
     let u = app.create_user("slow").await;
     let body = futures::stream::iter(0..CHUNKS).then(|i| async move {

@@ -48,8 +48,10 @@ pub struct MongoStore {
     /// over a broken link, so its abort may never have arrived. Left alone,
     /// it holds the documents it wrote (a user's, an intent) until the server
     /// reaps it (60 s by default), and every writer to them meets a write
-    /// conflict meanwhile; the next transaction ends them first.
-    stranded: Arc<Mutex<Vec<Document>>>,
+    /// conflict meanwhile; the next transaction ends them first. The sessions
+    /// themselves are held until then: dropped, they would go back to the
+    /// driver's pool and be handed to another request before the kill.
+    stranded: Arc<Mutex<Vec<ClientSession>>>,
 }
 
 /// The server's error code, wherever the driver put it.

@@ -28,16 +28,16 @@ pub(super) struct TxnHolder {
 }
 
 /// Maps an error of `commitTransaction`. A transient error means the
-/// server aborted the transaction (retry it whole); an unknown result, or a
-/// link that failed after the command was sent, means it may have committed.
+/// server aborted the transaction (retry it whole); anything else means it
+/// may have committed.
 pub(super) fn classify_commit(e: mongodb::error::Error) -> MetaError {
+    // Only the transient label says the transaction did not commit; any other
+    // failure of the commit (a lost answer, a write concern error, a commit
+    // interrupted after it applied) may hide one that did.
     if e.contains_label(TRANSIENT_TRANSACTION_ERROR) {
         return classify(e);
     }
-    if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT) || is_unreachable(&e) {
-        return MetaError::OutcomeUnknown(e.to_string());
-    }
-    classify(e)
+    MetaError::OutcomeUnknown(e.to_string())
 }
 
 /// Whether the transaction failed over a broken link (so it may still be
@@ -145,16 +145,18 @@ impl MongoStore {
     /// an open transaction; keeps them for the next try if the server does
     /// not answer.
     pub(super) async fn end_stranded(&self) {
-        let lsids = std::mem::take(&mut *self.stranded.lock().unwrap());
-        if lsids.is_empty() {
+        let sessions = std::mem::take(&mut *self.stranded.lock().unwrap());
+        if sessions.is_empty() {
             return;
         }
-        let kill = doc! {"killSessions": &lsids};
+        let lsids: Vec<Document> = sessions.iter().map(|s| s.id().clone()).collect();
+        let kill = doc! {"killSessions": lsids};
         match self.client.database("admin").run_command(kill).await {
-            Ok(_) => tracing::info!(n = lsids.len(), "ended sessions a broken link left open"),
+            // Only now may they go back to the pool.
+            Ok(_) => tracing::info!(n = sessions.len(), "ended sessions a broken link left open"),
             Err(e) => {
                 tracing::debug!(error = %e, "could not end stranded sessions yet");
-                self.stranded.lock().unwrap().extend(lsids);
+                self.stranded.lock().unwrap().extend(sessions);
             }
         }
     }
@@ -171,7 +173,7 @@ impl MongoStore {
         if let Err(e) = &outcome
             && link_failed(e)
         {
-            self.stranded.lock().unwrap().push(s.id().clone());
+            self.stranded.lock().unwrap().push(s);
             return outcome;
         }
         if let Some(f) = fence.filter(|f| f.pinned) {
