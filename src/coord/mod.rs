@@ -186,7 +186,12 @@ impl LockCoordinator {
         self.locks
             .with_lock(&op.lock_key(), async |held| {
                 let fence = Fence::of_lock(held.fence(), op.fence_slot());
-                Ok(self.applier.apply(&op, fence, op_id).await?)
+                match self.applier.apply(&op, fence, op_id).await {
+                    Err(MetaError::OutcomeUnknown(_)) => {
+                        Err(CoordError::OutcomeUnknown(op.resource_path()))
+                    }
+                    other => Ok(other?),
+                }
             })
             .await
     }

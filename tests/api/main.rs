@@ -3,8 +3,10 @@
 //! otherwise against the embedded adapters.
 
 mod crash;
+mod fault_cluster;
 mod fault_proxy;
 mod fault_suite;
+mod fault_workload;
 mod faults;
 mod files;
 mod hardening;

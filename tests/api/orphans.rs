@@ -438,3 +438,44 @@ async fn a_slow_live_upload_outlasts_the_grace_period() {
     let got = app.download(&u, &id).await.bytes().await.unwrap();
     assert_eq!(got.as_ref(), expected.as_slice());
 }
+
+/// An upload that waits for its commit lock longer than the grace period,
+/// with the sweeper running all along, commits: its intent is kept alive
+/// while it waits, not only while it streams.
+#[tokio::test]
+async fn an_upload_waiting_for_its_lock_outlasts_the_grace_period() {
+    use std::time::Duration;
+    let mut settings = test_settings();
+    settings.sweep.intent_grace = Duration::from_secs(2);
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("patient").await;
+    let user = filedock::domain::UserId::parse(&u.id).unwrap();
+    let lock = filedock::lock::LockKey::user_commit(&user);
+    let held = app.state.ports.locks.acquire(&lock).await.unwrap();
+    let sweeper = app.state.sweeper.clone();
+    let mut abandoned = 0;
+    let sweeping = async {
+        loop {
+            if let Outcome::Swept(r) = sweeper.try_run_once().await.unwrap() {
+                abandoned += r.intents_abandoned;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let holding = async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        held.release().await;
+        std::future::pending::<()>().await
+    };
+    let res = tokio::select! {
+        r = app.upload_raw(&u, "patient.txt", b"waited".to_vec()) => r,
+        _ = sweeping => unreachable!("the sweep loop never ends"),
+        _ = holding => unreachable!(),
+    };
+    let (status, body) = (res.status(), res.text().await.unwrap());
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        abandoned, 0,
+        "the sweeper took a waiting upload for a dead one"
+    );
+}

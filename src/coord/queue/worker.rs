@@ -396,6 +396,17 @@ impl Consumer<'_> {
             };
             attempts += 1;
             if attempts >= MAX_ATTEMPTS || entry.op.is_err() {
+                // Given up on: settled first, so that the answer stays true
+                // (another worker with the same entry may have applied it).
+                match self.queue.applier.cancel(op_id).await {
+                    Ok(true) => {}
+                    Ok(false) => break OpOutcome::ok(),
+                    Err(e) => {
+                        tracing::warn!(op_id, error = %e, "cannot settle a failing operation yet");
+                        tokio::time::sleep(RETRY_STEP * attempts).await;
+                        continue;
+                    }
+                }
                 dead_letter(self.queue, conn, entry.raw, &error, attempts).await;
                 let message = format!(
                     "the operation failed {attempts} times and was moved to the dead-letter queue: {error}"

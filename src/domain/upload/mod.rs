@@ -126,15 +126,35 @@ impl UploadService {
             created_at: crate::meta::now(),
             refreshed_at: None,
         };
-        // The intent comes first: whatever happens next, the sweeper can find the blob.
+        // The intent comes first: whatever happens next, the sweeper can find
+        // the blob. It is kept alive until the upload has its answer, so that
+        // only dead uploads are taken for abandoned ones, however long a live
+        // one streams or waits for its lock.
         self.cleanup.put_intent(&intent).await?;
         crate::crash_point("after_intent");
+        tokio::select! {
+            r = self.after_intent(user, new, &intent, user_id, category, lock_key) => r,
+            never = self.keep_alive(&intent.id) => match never {},
+        }
+    }
 
+    /// Everything after the intent: lock (scope = upload), blob, lock (scope
+    /// = commit), the commit, and undoing or settling what failed.
+    async fn after_intent(
+        &self,
+        user: &UserRecord,
+        new: NewUpload<'_>,
+        intent: &IntentRecord,
+        user_id: UserId,
+        category: SizeCategory,
+        lock_key: LockKey,
+    ) -> Result<Uploaded, DomainError> {
+        let (settings, max) = (&self.settings, self.settings.max_upload_bytes);
         let mut guard = match settings.lock.scope {
             LockScope::Upload => match self.locks.acquire(&lock_key).await {
                 Ok(g) => Some(g),
                 Err(e) => {
-                    self.forget_intent(&intent).await;
+                    self.forget_intent(intent).await;
                     return Err(e.into());
                 }
             },
@@ -143,7 +163,7 @@ impl UploadService {
 
         let _in_flight = InFlight::new(&self.metrics);
         let lease = guard.as_ref().and_then(Held::guard);
-        let stored = self.store_blob(&intent, new.body, max, lease).await;
+        let stored = self.store_blob(intent, new.body, max, lease).await;
         let (size, sha256) = match stored {
             Ok(v) => {
                 crate::crash_point("after_blob");
@@ -151,7 +171,7 @@ impl UploadService {
             }
             Err(e) => {
                 release(guard).await;
-                self.compensate(&intent).await;
+                self.compensate(intent).await;
                 return Err(e);
             }
         };
@@ -160,7 +180,7 @@ impl UploadService {
             guard = match self.locks.acquire(&lock_key).await {
                 Ok(g) => Some(g),
                 Err(e) => {
-                    self.compensate(&intent).await;
+                    self.compensate(intent).await;
                     return Err(e.into());
                 }
             };
@@ -208,7 +228,7 @@ impl UploadService {
                     replayed: false,
                 }),
                 CommitOutcome::Replayed(first) => {
-                    self.compensate(&intent).await;
+                    self.compensate(intent).await;
                     Ok(Uploaded {
                         file: *first,
                         replayed: true,
@@ -216,18 +236,17 @@ impl UploadService {
                 }
             },
             Err(CommitError::OutcomeUnknown) => {
-                self.settle_unknown_commit(&intent, commit.file).await
+                self.settle_unknown_commit(intent, commit.file).await
             }
             Err(CommitError::Failed(e)) => {
-                self.compensate(&intent).await;
+                self.compensate(intent).await;
                 Err(e)
             }
         }
     }
 
-    /// Streams the body into the blob store, hashing and counting as it goes,
-    /// and keeps the intent alive meanwhile; stops early if the body passes
-    /// `max` or the lease (scope = upload) is lost.
+    /// Streams the body into the blob store, hashing and counting as it goes;
+    /// stops early if the body passes `max` or the lease (scope = upload) is lost.
     async fn store_blob(
         &self,
         intent: &IntentRecord,
@@ -257,12 +276,7 @@ impl UploadService {
             hasher.update(&chunk);
             Ok(chunk)
         });
-        let put = async {
-            tokio::select! {
-                r = self.blobs.put(&intent.key, counted.boxed()) => r,
-                never = self.keep_alive(&intent.id) => match never {},
-            }
-        };
+        let put = self.blobs.put(&intent.key, counted.boxed());
         let written = match guard {
             Some(g) => {
                 let lost = g.lost();
@@ -277,8 +291,8 @@ impl UploadService {
         Ok((size, hex::encode(hasher.finalize())))
     }
 
-    /// Refreshes the upload's intent while it streams, so that the sweeper
-    /// takes only dead uploads for abandoned ones, however long a live one takes.
+    /// Refreshes the upload's intent until the upload is done, so that the
+    /// sweeper takes only dead uploads for abandoned ones.
     async fn keep_alive(&self, file_id: &str) -> std::convert::Infallible {
         let every = self.settings.sweep.intent_grace / INTENT_REFRESHES_PER_GRACE;
         if every.is_zero() {

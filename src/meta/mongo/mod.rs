@@ -36,6 +36,8 @@ use self::txn::{Pinned, add_fence};
 use super::*;
 
 const WRITE_CONFLICT: i32 = 112;
+/// The server waited too long for a lock another transaction holds: contention too.
+const LOCK_TIMEOUT: i32 = 24;
 
 const DUPLICATE_KEY: i32 = 11000;
 
@@ -82,7 +84,7 @@ pub fn classify(e: mongodb::error::Error) -> MetaError {
         return MetaError::Unavailable(e.to_string());
     }
     match code(&e) {
-        Some(WRITE_CONFLICT) => MetaError::WriteConflict,
+        Some(WRITE_CONFLICT | LOCK_TIMEOUT) => MetaError::WriteConflict,
         Some(DUPLICATE_KEY) => MetaError::Duplicate,
         _ if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => MetaError::Transient(e.to_string()),
         _ => MetaError::Other(e.to_string()),
