@@ -158,6 +158,45 @@ impl Filename {
     }
 }
 
+/// A media type as a client declared it (`type/subtype`, perhaps with
+/// parameters): tokens of visible ASCII, at most 255 bytes, stored and
+/// echoed back as given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MediaType(String);
+
+impl MediaType {
+    pub const MAX_BYTES: usize = 255;
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.len() > Self::MAX_BYTES {
+            return Err(format!(
+                "Content-Type is longer than {} bytes",
+                Self::MAX_BYTES
+            ));
+        }
+        let essence = raw.split(';').next().unwrap_or_default().trim();
+        let token = |t: &str| {
+            !t.is_empty()
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+        };
+        let well_formed = essence
+            .split_once('/')
+            .is_some_and(|(ty, sub)| token(ty) && token(sub))
+            && raw
+                .bytes()
+                .all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic());
+        if !well_formed {
+            return Err(format!("Content-Type {raw:?} is not a media type"));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
 fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }

@@ -15,4 +15,4 @@ pub mod upload;
 pub mod users;
 
 pub use error::DomainError;
-pub use ids::{AgentId, FileId, Filename, LinkId, SessionId, SizeCategory, UserId};
+pub use ids::{AgentId, FileId, Filename, LinkId, MediaType, SessionId, SizeCategory, UserId};

@@ -1,6 +1,10 @@
 //! Admin endpoints (admin key required).
 
-use axum::{Json, extract::State, http::StatusCode};
+use axum::{
+    Json,
+    extract::State,
+    http::{StatusCode, header},
+};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -26,6 +30,8 @@ pub async fn create_user(
     let (user, key) = state.users.create_user(&body.name).await?;
     ok((
         StatusCode::CREATED,
+        // The key is shown once: no cache may keep it.
+        [(header::CACHE_CONTROL, "no-store")],
         Json(json!({"id": user.id, "name": user.name, "api_key": key})),
     ))
 }

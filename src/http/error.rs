@@ -29,6 +29,9 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("the range is outside the file ({size} bytes)")]
     RangeNotSatisfiable { size: u64 },
+    /// A valid user key on an admin route.
+    #[error("this operation needs the admin key")]
+    Forbidden,
 }
 
 impl ApiError {
@@ -37,6 +40,7 @@ impl ApiError {
         let domain = match self {
             Self::MethodNotAllowed => return StatusCode::METHOD_NOT_ALLOWED,
             Self::RangeNotSatisfiable { .. } => return StatusCode::RANGE_NOT_SATISFIABLE,
+            Self::Forbidden => return StatusCode::FORBIDDEN,
             Self::Domain(d) => d,
         };
         match domain {
@@ -63,6 +67,7 @@ impl ApiError {
             Self::Domain(d) => d.code(),
             Self::MethodNotAllowed => "method_not_allowed",
             Self::RangeNotSatisfiable { .. } => "range_not_satisfiable",
+            Self::Forbidden => "forbidden",
         }
     }
 

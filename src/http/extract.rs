@@ -45,6 +45,8 @@ impl FromRequestParts<AppState> for Admin {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         match bearer(parts) {
             Some(key) if secrets_match(key, state.admin_key.expose_secret()) => Ok(Self),
+            // A user's key is a known caller without the right: 403, not 401.
+            Some(key) if state.users.authenticate(key).await.is_ok() => Err(ApiError::Forbidden),
             _ => Err(DomainError::Unauthenticated.into()),
         }
     }

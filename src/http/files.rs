@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     blob::{BodyError, ByteRange},
-    domain::{Filename, upload::NewUpload},
+    domain::{Filename, MediaType, upload::NewUpload},
     meta::FileRecord,
 };
 
@@ -104,9 +104,7 @@ pub async fn upload(
             .unwrap_or_else(|| DEFAULT_FILENAME.into());
         NewUpload {
             filename: Filename::parse(&name).map_err(ApiError::invalid)?,
-            content_type: part
-                .content_type
-                .unwrap_or_else(|| "application/octet-stream".into()),
+            content_type: media_type(part.content_type.as_deref())?,
             declared_len,
             body: stream,
             idempotency_key,
@@ -115,7 +113,7 @@ pub async fn upload(
         let name = q.filename.unwrap_or_else(|| DEFAULT_FILENAME.into());
         NewUpload {
             filename: Filename::parse(&name).map_err(ApiError::invalid)?,
-            content_type: content_type.to_owned(),
+            content_type: media_type(Some(content_type))?,
             declared_len,
             body: Box::pin(
                 body.into_data_stream()
@@ -213,6 +211,11 @@ pub async fn content(
         }
     };
     set(h, header::CONTENT_TYPE, file.content_type.clone());
+    // Whatever type the uploader claimed, a browser must neither sniff the
+    // bytes nor run them as a page of this origin.
+    set(h, header::X_CONTENT_TYPE_OPTIONS, "nosniff".into());
+    set(h, header::CONTENT_SECURITY_POLICY, "sandbox".into());
+    set(h, header::CACHE_CONTROL, "private".into());
     set(h, header::ETAG, etag);
     set(h, header::ACCEPT_RANGES, "bytes".into());
     set(
@@ -242,6 +245,10 @@ fn requested_range(raw: &str, size: u64) -> Result<Option<ByteRange>, ApiError> 
     let Ok(parsed) = http_range_header::parse_range_header(raw) else {
         return Ok(None); // RFC 9110: an unparseable Range is ignored
     };
+    if size == 0 {
+        // No byte range of an empty file is satisfiable (RFC 9110 §14.1.2).
+        return Err(ApiError::RangeNotSatisfiable { size });
+    }
     let ranges = parsed
         .validate(size)
         .map_err(|_| ApiError::RangeNotSatisfiable { size })?;
@@ -252,6 +259,14 @@ fn requested_range(raw: &str, size: u64) -> Result<Option<ByteRange>, ApiError> 
         }),
         _ => None,
     })
+}
+
+/// The media type to store: the client's, if it is one (400 otherwise).
+fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
+    let declared = declared.unwrap_or("application/octet-stream");
+    Ok(MediaType::parse(declared)
+        .map_err(ApiError::invalid)?
+        .into_string())
 }
 
 /// `attachment` with an ASCII fallback and the exact name per RFC 6266/5987.

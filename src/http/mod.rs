@@ -92,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
         .layer(
             ServiceBuilder::new()
+                .layer(middleware::from_fn(sanitize_request_id))
                 .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeRequestUuid))
                 .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
                 .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
@@ -121,7 +122,7 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let method = req.method().to_string();
+    let method = method_label(req.method()).to_owned();
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -142,6 +143,44 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         .inc();
     res
 }
+
+/// The `method` label: a client may send any token as a method, and each
+/// would be a new series for ever, so those outside RFC 9110 are `other`.
+fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    KNOWN
+        .iter()
+        .find(|m| *m == method)
+        .map_or("other", |m| m.as_str())
+}
+
+/// Drops a client's `x-request-id` unless it is a short token, so that a new
+/// one is made: it is echoed and logged, and must not carry anything else.
+async fn sanitize_request_id(mut req: Request, next: Next) -> Response {
+    let valid = |v: &HeaderValue| {
+        (1..=MAX_REQUEST_ID).contains(&v.len())
+            && v.as_bytes()
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || b".-_".contains(b))
+    };
+    if req.headers().get(X_REQUEST_ID).is_some_and(|v| !valid(v)) {
+        req.headers_mut().remove(X_REQUEST_ID);
+    }
+    next.run(req).await
+}
+
+/// The longest request id a client may choose.
+const MAX_REQUEST_ID: usize = 128;
 
 fn cors(origins: &[String]) -> Option<CorsLayer> {
     if origins.is_empty() {

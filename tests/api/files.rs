@@ -180,7 +180,7 @@ async fn requests_without_a_valid_key_are_refused() {
         error_code(res).await,
         (StatusCode::UNAUTHORIZED, "unauthenticated".into())
     );
-    // A user's key is not the admin key.
+    // A user's key is not the admin key: a known caller without the right.
     let u = app.create_user("u").await;
     let res = app
         .client
@@ -192,7 +192,7 @@ async fn requests_without_a_valid_key_are_refused() {
         .unwrap();
     assert_eq!(
         error_code(res).await,
-        (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+        (StatusCode::FORBIDDEN, "forbidden".into())
     );
 }
 

@@ -12,6 +12,7 @@ mod files;
 mod hardening;
 mod helpers;
 mod history;
+mod http_semantics;
 mod locks;
 mod openapi;
 mod orphans;

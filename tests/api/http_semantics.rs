@@ -1,0 +1,207 @@
+//! What a hostile or careless client can send outside the happy path:
+//! made-up methods, odd ranges, bogus content types and request ids, a
+//! user key on an admin route. Each answer is bounded and truthful.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn made_up_methods_do_not_grow_the_metrics() {
+    let app = spawn_app().await;
+    for method in ["PROBEA1", "PROBEB2", &"X".repeat(10_000)] {
+        let res = app
+            .client
+            .request(
+                Method::from_bytes(method.as_bytes()).unwrap(),
+                app.url("/x"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            res.status().is_client_error(),
+            "{method:.20}: {}",
+            res.status()
+        );
+    }
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !text.contains("PROBE"),
+        "a client's method became a metric label"
+    );
+    assert!(
+        !text.contains("XXXX"),
+        "a client's method became a metric label"
+    );
+    assert!(
+        app.metric("filedock_http_requests_total", "method=\"other\"")
+            .await
+            >= 3.0,
+        "made-up methods are counted as other"
+    );
+}
+
+#[tokio::test]
+async fn a_range_of_an_empty_file_is_not_satisfiable() {
+    let app = spawn_app().await;
+    let u = app.create_user("empty").await;
+    let id = app.upload_json(&u, "empty.bin", Vec::new()).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for range in ["bytes=0-0", "bytes=-1", "bytes=0-"] {
+        let res = app
+            .client
+            .get(app.url(&format!("/v1/files/{id}/content")))
+            .bearer_auth(&u.key)
+            .header("range", range)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::RANGE_NOT_SATISFIABLE, "{range}");
+        assert_eq!(res.headers()["content-range"], "bytes */0", "{range}");
+    }
+}
+
+#[tokio::test]
+async fn a_content_type_that_is_not_a_media_type_is_refused_and_nothing_stored() {
+    let app = spawn_app().await;
+    let u = app.create_user("typed").await;
+    for bad in [
+        "x".repeat(1000),
+        "not a type".into(),
+        "text/".into(),
+        "a/b c".into(),
+    ] {
+        let res = app
+            .client
+            .post(app.url("/v1/files?filename=t.txt"))
+            .bearer_auth(&u.key)
+            .header("content-type", bad.as_bytes())
+            .body("body")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            error_code(res).await,
+            (StatusCode::BAD_REQUEST, "invalid_request".into()),
+            "{bad:.30}"
+        );
+    }
+    assert!(app.list_ids(&u).await.is_empty());
+    assert!(app.blob_keys(&u).await.is_empty());
+    let ok = app
+        .client
+        .post(app.url("/v1/files?filename=t.txt"))
+        .bearer_auth(&u.key)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body("body")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_request_id_is_echoed_only_when_it_is_a_short_token() {
+    let app = spawn_app().await;
+    let send = |id: &'static str| {
+        app.client
+            .get(app.url("/healthz"))
+            .header("x-request-id", id)
+            .send()
+    };
+    let res = send("abc-123_x.y").await.unwrap();
+    assert_eq!(res.headers()["x-request-id"], "abc-123_x.y");
+    let res = send("attacker {\"level\":\"ERROR\"}").await.unwrap();
+    let echoed = res.headers()["x-request-id"].to_str().unwrap();
+    assert!(!echoed.contains("attacker"), "echoed {echoed}");
+    assert!(
+        uuid::Uuid::parse_str(echoed).is_ok(),
+        "a fresh id replaced it: {echoed}"
+    );
+}
+
+#[tokio::test]
+async fn a_user_key_on_an_admin_route_is_forbidden_and_new_keys_are_not_cached() {
+    let app = spawn_app().await;
+    let res = app
+        .client
+        .post(app.url("/v1/admin/users"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"name": "someone"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(
+        res.headers()["cache-control"],
+        "no-store",
+        "the key is shown once"
+    );
+    let key = res.json::<serde_json::Value>().await.unwrap()["api_key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let res = app
+        .client
+        .get(app.url("/v1/admin/orphans"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::FORBIDDEN, "forbidden".into())
+    );
+    let res = app
+        .client
+        .get(app.url("/v1/admin/orphans"))
+        .bearer_auth("nobody")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::UNAUTHORIZED, "unauthenticated".into())
+    );
+}
+
+#[tokio::test]
+async fn a_download_can_never_run_as_a_page_of_this_origin() {
+    let app = spawn_app().await;
+    let u = app.create_user("html").await;
+    let res = app
+        .client
+        .post(app.url("/v1/files?filename=x.html"))
+        .bearer_auth(&u.key)
+        .header("content-type", "text/html")
+        .body("<script>alert(1)</script>")
+        .send()
+        .await
+        .unwrap();
+    let id = res.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let res = app.download(&u, &id).await;
+    let h = res.headers();
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    assert_eq!(h["content-security-policy"], "sandbox");
+    assert!(
+        h["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment")
+    );
+}
