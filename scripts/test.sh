@@ -27,6 +27,8 @@ bash scripts/contract.sh
 echo "== filedock tests: real Redis, MongoDB and S3"
 trap stack_stop EXIT
 stack_start
-FILEDOCK_TEST_BACKEND=real cargo test --locked --test api
+FILEDOCK_TEST_BACKEND=real cargo test --locked --test api -- --skip fault_suite::
+echo "== filedock tests: the fault suite, lock and queue mode (one summary line per run)"
+FILEDOCK_TEST_BACKEND=real cargo test --locked --test api fault_suite:: -- --nocapture
 echo "== filedock tests: sessions and agents in queue mode (Redis Streams)"
 FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_COORDINATION=queue cargo test --locked --test api platform::

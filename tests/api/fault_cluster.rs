@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use filedock::{config::Settings, http::AppState};
 use rand::{Rng, rngs::StdRng};
 
-use crate::{fault_proxy::FaultProxy, helpers::*, real::OwnRedis};
+use crate::{fault_proxy::FaultProxy, helpers::*, servers::OwnRedis};
 
 /// Leases and grace short enough that a paused process outlives them.
 const LOCK_TTL_SECS: &str = "2";

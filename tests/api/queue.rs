@@ -13,7 +13,7 @@ use futures::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::{helpers::*, real::OwnRedis};
+use crate::{helpers::*, servers::OwnRedis};
 
 const QUEUE: [(&str, &str); 1] = [("FILEDOCK_COORDINATION", "queue")];
 

@@ -1,10 +1,7 @@
 //! What only the real servers can show: large multipart uploads and their
 //! memory, aborted multipart uploads, and a Redis outage and recovery.
 
-use std::{
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use filedock::config::Environment;
 use futures::StreamExt;
@@ -12,7 +9,10 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::helpers::*;
+use crate::{
+    helpers::*,
+    servers::{OwnRedis, OwnServer},
+};
 
 fn skip() -> bool {
     if !real_backends() {
@@ -152,55 +152,6 @@ async fn a_broken_upload_aborts_its_multipart_upload_and_leaves_nothing() {
     }
     assert!(app.blob_keys(&u).await.is_empty(), "no object");
     assert!(app.list_ids(&u).await.is_empty(), "no metadata");
-}
-
-/// A private redis-server a test may stop and start.
-pub struct OwnRedis {
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    pub async fn start(port: u16) -> Self {
-        let bin =
-            std::env::var("FILEDOCK_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let child = Command::new(bin)
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Self { child: Some(child) }
-    }
-
-    pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 #[tokio::test]
@@ -369,104 +320,6 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
     let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
     assert_eq!(user.file_ids, vec![file.id]);
     assert_eq!(user.used_bytes, 1 + 5, "neither write was lost");
-}
-
-/// A private server process that a test may stop and start again on the same
-/// port and data directory (SecantusDB or s3s-fs).
-pub struct OwnServer {
-    program: String,
-    args: Vec<String>,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl OwnServer {
-    pub async fn mongo(dir: &std::path::Path) -> Self {
-        let port = free_port();
-        // Synced on commit, so that what committed survives the kill, as with mongod's journal.
-        let args = [
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--storage-path",
-            &dir.display().to_string(),
-            "--sync-on-commit",
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        Self::start(
-            std::env::var("FILEDOCK_TEST_SECANTUSD").unwrap(),
-            args,
-            port,
-        )
-        .await
-    }
-
-    pub async fn s3(dir: &std::path::Path) -> Self {
-        let port = free_port();
-        std::fs::create_dir_all(dir).unwrap();
-        let args = [
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--access-key",
-            &std::env::var("FILEDOCK_TEST_S3_ACCESS_KEY").unwrap(),
-            "--secret-key",
-            &std::env::var("FILEDOCK_TEST_S3_SECRET_KEY").unwrap(),
-            &dir.display().to_string(),
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        Self::start(std::env::var("FILEDOCK_TEST_S3S_FS").unwrap(), args, port).await
-    }
-
-    async fn start(program: String, args: Vec<String>, port: u16) -> Self {
-        let mut server = Self {
-            program,
-            args,
-            port,
-            child: None,
-        };
-        server.restart().await;
-        server
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    pub async fn restart(&mut self) {
-        let child = Command::new(&self.program)
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "{} did not start", self.program);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// Uploads until one succeeds (a dependency is coming back), for at most 30 s.

@@ -1,0 +1,156 @@
+//! Private server processes a test may stop and start again: its own
+//! redis-server, SecantusDB or s3s-fs, on a free port.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::helpers::free_port;
+
+/// A private redis-server a test may stop and start.
+pub struct OwnRedis {
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    pub async fn start(port: u16) -> Self {
+        let bin =
+            std::env::var("FILEDOCK_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = Command::new(bin)
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self { child: Some(child) }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A private server process that a test may stop and start again on the same
+/// port and data directory (SecantusDB or s3s-fs).
+pub struct OwnServer {
+    program: String,
+    args: Vec<String>,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl OwnServer {
+    pub async fn mongo(dir: &std::path::Path) -> Self {
+        let port = free_port();
+        // Synced on commit, so that what committed survives the kill, as with mongod's journal.
+        let args = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--storage-path",
+            &dir.display().to_string(),
+            "--sync-on-commit",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        Self::start(
+            std::env::var("FILEDOCK_TEST_SECANTUSD").unwrap(),
+            args,
+            port,
+        )
+        .await
+    }
+
+    pub async fn s3(dir: &std::path::Path) -> Self {
+        let port = free_port();
+        std::fs::create_dir_all(dir).unwrap();
+        let args = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--access-key",
+            &std::env::var("FILEDOCK_TEST_S3_ACCESS_KEY").unwrap(),
+            "--secret-key",
+            &std::env::var("FILEDOCK_TEST_S3_SECRET_KEY").unwrap(),
+            &dir.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        Self::start(std::env::var("FILEDOCK_TEST_S3S_FS").unwrap(), args, port).await
+    }
+
+    async fn start(program: String, args: Vec<String>, port: u16) -> Self {
+        let mut server = Self {
+            program,
+            args,
+            port,
+            child: None,
+        };
+        server.restart().await;
+        server
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub async fn restart(&mut self) {
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "{} did not start", self.program);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
