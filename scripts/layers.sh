@@ -15,6 +15,7 @@ declare -A ALLOWED=(
   [config]=""
   [metrics]=""
   [telemetry]=""
+  [client]=""
   [worker]=""
   [blob]="config metrics"
   [lock]="config metrics"

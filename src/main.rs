@@ -1,8 +1,14 @@
-//! The `filedock` binary: `serve` (default), `sweep`, `reconcile` and `user create NAME`.
+//! The `filedock` binary: the server (`serve`, the default; `sweep`,
+//! `reconcile`, `user create NAME`) and its command-line client (`upload`,
+//! `ls`, `get`, `rm`).
+
+mod client;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use filedock::{
-    config::Settings,
+    config::{self, Settings},
     domain::{sweeper::Outcome, users},
     http::AppState,
     startup::{Application, open_metadata, shutdown_signal},
@@ -12,11 +18,26 @@ use filedock::{
 #[derive(Parser)]
 #[command(
     version,
-    about = "File-upload backend: many concurrent writers, nothing lost"
+    about = "File-upload backend: many concurrent writers, nothing lost",
+    after_help = settings_help()
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    remote: client::Remote,
+}
+
+/// The server's settings for `--help`: every one, with its variable and default.
+fn settings_help() -> String {
+    let mut help = String::from("Server settings (environment variables):\n");
+    for s in config::SETTINGS {
+        help.push_str(&format!(
+            "  {:<36} {} [default: {}]\n",
+            s.var, s.meaning, s.default
+        ));
+    }
+    help
 }
 
 #[derive(Subcommand)]
@@ -38,6 +59,8 @@ enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    #[command(flatten)]
+    Client(client::ClientCommand),
 }
 
 #[derive(Subcommand)]
@@ -60,12 +83,21 @@ fn tune_allocator() {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tune_allocator();
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::Serve);
+    if let Command::Client(c) = command {
+        return Ok(client::run(cli.remote, c).await);
+    }
+    serve(command).await.map(|()| ExitCode::SUCCESS)
+}
+
+/// The server's commands.
+async fn serve(command: Command) -> anyhow::Result<()> {
+    tune_allocator();
     let settings = Settings::from_env()?;
     telemetry::init(settings.log_json);
-    match cli.command.unwrap_or(Command::Serve) {
+    match command {
         Command::Serve => {
             let app = Application::build(settings).await?;
             app.run_until_stopped(shutdown_signal()).await
@@ -96,5 +128,6 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Client(_) => unreachable!("handled in main"),
     }
 }

@@ -2,6 +2,7 @@
 //! them against Redis, MongoDB and S3 servers (scripts/test.sh starts them);
 //! otherwise against the embedded adapters.
 
+mod cli;
 mod crash;
 mod fault_cluster;
 mod fault_proxy;

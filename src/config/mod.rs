@@ -1,5 +1,9 @@
 //! Typed settings: defaults overridden by `FILEDOCK_*` environment variables.
 
+mod table;
+
+pub use table::{SETTINGS, Setting};
+
 use std::{path::PathBuf, str::FromStr, time::Duration};
 
 use anyhow::{Context, bail};
@@ -344,6 +348,28 @@ fn parse_secs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn help_lists_every_setting_the_server_reads() {
+        let read = std::cell::RefCell::new(Vec::<String>::new());
+        // Values for the few settings that open others (S3's endpoint and keys).
+        let _ = Settings::from_lookup(|name| {
+            read.borrow_mut().push(name.to_owned());
+            name.starts_with("FILEDOCK_S3_")
+                .then(|| name.ends_with("ENDPOINT") || name.ends_with("_KEY"))
+                .filter(|&v| v)
+                .map(|_| "x".to_owned())
+        });
+        let listed: Vec<&str> = SETTINGS.iter().map(|s| s.var).collect();
+        let missing: Vec<_> = read
+            .borrow()
+            .iter()
+            .filter(|n| !listed.contains(&n.as_str()))
+            .cloned()
+            .collect();
+        assert!(missing.is_empty(), "read but not in --help: {missing:?}");
+        assert!(read.borrow().len() > 30, "the S3 settings were read too");
+    }
 
     #[test]
     fn defaults_match_the_design() {

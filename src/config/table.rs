@@ -1,0 +1,208 @@
+//! Every setting the server reads, with its meaning and default, as
+//! `filedock --help` lists them (a test checks that `Settings::from_lookup`
+//! reads no variable missing here).
+
+/// One setting as `filedock --help` lists it.
+pub struct Setting {
+    pub var: &'static str,
+    pub meaning: &'static str,
+    pub default: &'static str,
+}
+
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        var: "FILEDOCK_BIND",
+        meaning: "listen address",
+        default: "127.0.0.1:8080",
+    },
+    Setting {
+        var: "FILEDOCK_DATA_DIR",
+        meaning: "embedded store, local blobs, generated admin key",
+        default: "./data",
+    },
+    Setting {
+        var: "FILEDOCK_ENV",
+        meaning: "development or production; production refuses embedded adapters and answers 503 when Redis is down",
+        default: "development",
+    },
+    Setting {
+        var: "FILEDOCK_ALLOW_EMBEDDED",
+        meaning: "let production run on embedded adapters",
+        default: "false",
+    },
+    Setting {
+        var: "FILEDOCK_ADMIN_KEY",
+        meaning: "admin bearer key",
+        default: "generated into data/admin.key",
+    },
+    Setting {
+        var: "FILEDOCK_MAX_UPLOAD_BYTES",
+        meaning: "largest accepted file",
+        default: "10 GiB",
+    },
+    Setting {
+        var: "FILEDOCK_USER_QUOTA_BYTES",
+        meaning: "per-user storage quota",
+        default: "unlimited",
+    },
+    Setting {
+        var: "FILEDOCK_MONGODB_URI",
+        meaning: "MongoDB (a replica set: transactions need one)",
+        default: "unset → embedded store",
+    },
+    Setting {
+        var: "FILEDOCK_MONGODB_DB",
+        meaning: "database name",
+        default: "filedock",
+    },
+    Setting {
+        var: "FILEDOCK_REDIS_URL",
+        meaning: "Redis",
+        default: "unset → in-process locks",
+    },
+    Setting {
+        var: "FILEDOCK_REDIS_PREFIX",
+        meaning: "prefix of every Redis key (several deployments on one Redis)",
+        default: "empty",
+    },
+    Setting {
+        var: "FILEDOCK_S3_ENDPOINT",
+        meaning: "S3 endpoint, e.g. http://127.0.0.1:9000",
+        default: "unset → local files",
+    },
+    Setting {
+        var: "FILEDOCK_S3_BUCKET",
+        meaning: "bucket, region",
+        default: "filedock",
+    },
+    Setting {
+        var: "FILEDOCK_S3_REGION",
+        meaning: "bucket, region",
+        default: "us-east-1",
+    },
+    Setting {
+        var: "FILEDOCK_S3_ACCESS_KEY",
+        meaning: "S3 credentials (required with an endpoint; never logged)",
+        default: "—",
+    },
+    Setting {
+        var: "FILEDOCK_S3_SECRET_KEY",
+        meaning: "S3 credentials (required with an endpoint; never logged)",
+        default: "—",
+    },
+    Setting {
+        var: "FILEDOCK_S3_KEY_PREFIX",
+        meaning: "prefix of every object key",
+        default: "empty",
+    },
+    Setting {
+        var: "FILEDOCK_S3_CREATE_BUCKET",
+        meaning: "create the bucket at start-up",
+        default: "true",
+    },
+    Setting {
+        var: "FILEDOCK_S3_PART_SIZE",
+        meaning: "multipart part size (≥ 5 MiB) and parts in flight; memory per large upload ≈ size × (concurrency + 1)",
+        default: "8 MiB",
+    },
+    Setting {
+        var: "FILEDOCK_S3_PART_CONCURRENCY",
+        meaning: "multipart part size (≥ 5 MiB) and parts in flight; memory per large upload ≈ size × (concurrency + 1)",
+        default: "4",
+    },
+    Setting {
+        var: "FILEDOCK_LOCK_STRATEGY",
+        meaning: "notify (FIFO, handed over on release) or backoff (the original 100 ms × 1.5 loop)",
+        default: "notify",
+    },
+    Setting {
+        var: "FILEDOCK_LOCK_SCOPE",
+        meaning: "commit (lock only the metadata transaction; bytes stream in parallel) or upload (lock the whole upload)",
+        default: "commit",
+    },
+    Setting {
+        var: "FILEDOCK_LOCK_TTL_SECS",
+        meaning: "lock lease, renewed every TTL/3 while held",
+        default: "300",
+    },
+    Setting {
+        var: "FILEDOCK_LOCK_WAIT_SECS",
+        meaning: "how long a request waits for a lock before lock_timeout (429)",
+        default: "30",
+    },
+    Setting {
+        var: "FILEDOCK_TXN_MAX_ATTEMPTS",
+        meaning: "attempts per transaction on WriteConflict",
+        default: "3",
+    },
+    Setting {
+        var: "FILEDOCK_SWEEP_INTERVAL_SECS",
+        meaning: "between background sweeper passes; 0 turns the background sweeper off (use cron)",
+        default: "600",
+    },
+    Setting {
+        var: "FILEDOCK_SWEEP_INTENT_GRACE_SECS",
+        meaning: "an upload intent not refreshed for this long belongs to a dead upload (a live upload refreshes its intent every quarter of this while it streams, however long it takes)",
+        default: "21600 (6 h)",
+    },
+    Setting {
+        var: "FILEDOCK_SWEEP_RETRY_INTERVAL_SECS",
+        meaning: "between delete attempts of one orphan",
+        default: "3600",
+    },
+    Setting {
+        var: "FILEDOCK_SWEEP_MAX_RETRIES",
+        meaning: "failed deletes before an orphan is marked failed",
+        default: "3",
+    },
+    Setting {
+        var: "FILEDOCK_COORDINATION",
+        meaning: "lock or queue for session and agent writes",
+        default: "lock",
+    },
+    Setting {
+        var: "FILEDOCK_QUEUE_WAIT_SECS",
+        meaning: "queue mode: how long a request waits for its operation (plus 2 s per operation ahead) before it is cancelled and answered 429",
+        default: "30",
+    },
+    Setting {
+        var: "FILEDOCK_AUTH_CACHE_SECS",
+        meaning: "how long an authenticated API key is remembered (0: look it up every request)",
+        default: "30",
+    },
+    Setting {
+        var: "FILEDOCK_MAX_UPLOADS_PER_USER",
+        meaning: "uploads one user may have in flight on one instance (more get 429)",
+        default: "2048",
+    },
+    Setting {
+        var: "FILEDOCK_BODY_IDLE_TIMEOUT_SECS",
+        meaning: "an upload whose client sends nothing for this long, or a JSON body that has not arrived in this long, gets 408",
+        default: "60",
+    },
+    Setting {
+        var: "FILEDOCK_HEADER_TIMEOUT_SECS",
+        meaning: "a connection that has not sent a whole request head in this long is closed",
+        default: "30",
+    },
+    Setting {
+        var: "FILEDOCK_SHUTDOWN_GRACE_SECS",
+        meaning: "after SIGTERM: new connections are refused, in-flight requests get this long",
+        default: "30",
+    },
+    Setting {
+        var: "FILEDOCK_CORS_ORIGINS",
+        meaning: "comma-separated browser origins allowed (* for any)",
+        default: "none",
+    },
+    Setting {
+        var: "FILEDOCK_LOG_FORMAT",
+        meaning: "json for JSON logs",
+        default: "text",
+    },
+    Setting {
+        var: "RUST_LOG",
+        meaning: "log filter",
+        default: "info",
+    },
+];

@@ -1,0 +1,129 @@
+//! The command-line client (`filedock upload|ls|get|rm`) against a running
+//! server: what it prints, what it stores, and its exit codes.
+
+use std::process::Output;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::*;
+
+/// Runs `filedock ARGS` as the client of the server at `base` with `key`
+/// (asynchronously: the server runs on this test's runtime).
+async fn client_at(base: &str, key: &str, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_filedock"))
+        .args(args)
+        .env("FILEDOCK_URL", base)
+        .env("FILEDOCK_API_KEY", key)
+        .output()
+        .await
+        .unwrap()
+}
+
+async fn client(app: &TestApp, key: &str, args: &[&str]) -> Output {
+    client_at(&app.base, key, args).await
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn upload_list_get_and_remove_from_the_command_line() {
+    let app = spawn_app().await;
+    let u = app.create_user("cli").await;
+    let dir = tempdir();
+    let paths: Vec<_> = (0..3u64)
+        .map(|i| {
+            let path = dir.join(format!("f{i}.bin"));
+            std::fs::write(&path, pseudo_random_bytes(100_000 * (i as usize + 1), i)).unwrap();
+            path
+        })
+        .collect();
+    let (_, session) = app.json("POST", "/v1/sessions", &u, None).await;
+    let session = session["id"].as_str().unwrap();
+
+    let mut args = vec!["upload", "--json", "--parallel", "2", "--session", session];
+    args.extend(paths.iter().map(|p| p.to_str().unwrap()));
+    let out = client(&app, &u.key, &args).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let uploaded = json_lines(&out);
+    assert_eq!(uploaded.len(), 3);
+    let ids: Vec<&str> = uploaded.iter().map(|f| f["id"].as_str().unwrap()).collect();
+    let (_, s) = app
+        .json("GET", format!("/v1/sessions/{session}"), &u, None)
+        .await;
+    assert_eq!(
+        s["file_ids"].as_array().unwrap().len(),
+        3,
+        "attached to the session"
+    );
+
+    let out = client(&app, &u.key, &["ls", "--json"]).await;
+    assert!(out.status.success());
+    assert_eq!(json_lines(&out)[0].as_array().unwrap().len(), 3);
+
+    let target = dir.join("copy.bin");
+    let out = client(
+        &app,
+        &u.key,
+        &["get", ids[2], "-o", target.to_str().unwrap()],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        std::fs::read(&paths[2]).unwrap()
+    );
+
+    let out = client(&app, &u.key, &["rm", ids[0]]).await;
+    assert!(out.status.success());
+    assert_eq!(app.list_ids(&u).await.len(), 2);
+    assert_eq!(
+        app.download(&u, ids[0]).await.status(),
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn the_exit_code_tells_a_refusal_from_an_unreachable_server() {
+    let app = spawn_app().await;
+    let u = app.create_user("cli-errors").await;
+    let out = client(
+        &app,
+        &u.key,
+        &["get", "01900000-0000-7000-8000-000000000000"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "the server refused: not found");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    let out = client(&app, "wrong-key", &["ls"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing or invalid API key"));
+    let out = client(&app, &u.key, &["upload", "/nonexistent/file"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "a local file that cannot be read"
+    );
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let out = client_at(&nowhere, &u.key, &["ls"]).await;
+    assert_eq!(out.status.code(), Some(3), "nothing listens there");
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("filedock-cli-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
