@@ -19,19 +19,8 @@ if [ ! -x "$CACHE/playwright/bin/python" ] || ! "$CACHE/playwright/bin/python" -
   "$CACHE/playwright/bin/pip" install -q "playwright==$PLAYWRIGHT_VERSION"
 fi
 
-cargo build --locked --bin filedock
 # shellcheck source=scripts/stack.sh
 source scripts/stack.sh
-port=$(free_port)
-data=$(mktemp -d "${TMPDIR:-/tmp}/filedock-browser.XXXXXX")
-admin="browser-admin-$RANDOM$RANDOM"
-FILEDOCK_BIND="127.0.0.1:$port" FILEDOCK_DATA_DIR="$data/data" FILEDOCK_ADMIN_KEY="$admin" RUST_LOG=error \
-  "$CARGO_TARGET_DIR/debug/filedock" >"$data/server.log" 2>&1 &
-server=$!
-trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$data"' EXIT
-for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$port/healthz" >/dev/null && break
-  sleep 0.1
-done
+serve_embedded browser
 mkdir -p target/browser
-"$CACHE/playwright/bin/python" tests/browser/page_test.py "http://127.0.0.1:$port" "$admin" "$data" target/browser
+"$CACHE/playwright/bin/python" tests/browser/page_test.py "$SERVE_BASE" "$SERVE_ADMIN" "$SERVE_DIR" target/browser

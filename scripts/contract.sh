@@ -21,20 +21,11 @@ if [ ! -x "$CACHE/schemathesis/bin/st" ]; then
   "$CACHE/schemathesis/bin/pip" install -q "schemathesis==$ST_VERSION"
 fi
 
-cargo build --locked --bin filedock
 # shellcheck source=scripts/stack.sh
 source scripts/stack.sh
-port=$(free_port)
-data=$(mktemp -d "${TMPDIR:-/tmp}/filedock-contract.XXXXXX")
-admin="contract-admin-$RANDOM$RANDOM"
-FILEDOCK_BIND="127.0.0.1:$port" FILEDOCK_DATA_DIR="$data" FILEDOCK_ADMIN_KEY="$admin" RUST_LOG=error \
-  "$CARGO_TARGET_DIR/debug/filedock" >"$data/server.log" 2>&1 &
-server=$!
-trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; rm -rf "$data"' EXIT
-for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$port/healthz" >/dev/null && break
-  sleep 0.1
-done
+serve_embedded contract
+port=${SERVE_BASE##*:}
+admin=$SERVE_ADMIN
 key=$(curl -fs -H "Authorization: Bearer $admin" -H 'content-type: application/json' -d '{"name":"contract"}' \
   "http://127.0.0.1:$port/v1/admin/users" | sed -E 's/.*"api_key":"([^"]+)".*/\1/')
 

@@ -99,6 +99,28 @@ stack_start() {
   log "redis :$redis_port (pid $STACK_REDIS_PID), mongo :$mongo_port (pid $STACK_MONGO_PID), s3 :$s3_port (pid $STACK_S3_PID)"
 }
 
+# serve_embedded NAME: builds and starts filedock on its embedded defaults
+# (a fresh data dir, a random admin key) on a free port, waits until it
+# answers, and stops it (by PID) when the calling script exits. Sets
+# SERVE_BASE, SERVE_ADMIN and SERVE_DIR (a scratch dir, removed at exit).
+serve_embedded() {
+  local name=$1 port
+  cargo build --locked --bin filedock
+  port=$(free_port)
+  SERVE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/filedock-$name.XXXXXX")
+  SERVE_ADMIN="$name-admin-$RANDOM$RANDOM"
+  SERVE_BASE="http://127.0.0.1:$port"
+  FILEDOCK_BIND="127.0.0.1:$port" FILEDOCK_DATA_DIR="$SERVE_DIR/data" FILEDOCK_ADMIN_KEY="$SERVE_ADMIN" \
+    RUST_LOG=error "$CARGO_TARGET_DIR/debug/filedock" >"$SERVE_DIR/server.log" 2>&1 &
+  SERVE_PID=$!
+  trap 'kill "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null; rm -rf "$SERVE_DIR"' EXIT
+  for _ in $(seq 1 100); do
+    curl -fs "$SERVE_BASE/healthz" >/dev/null && return 0
+    sleep 0.1
+  done
+  log "filedock did not start; its log:"; cat "$SERVE_DIR/server.log" >&2; return 1
+}
+
 stack_env() {
   env | grep '^FILEDOCK_TEST_' | sed 's/^/export /'
 }
