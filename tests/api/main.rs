@@ -12,6 +12,7 @@ mod files;
 mod hardening;
 mod helpers;
 mod history;
+mod hostile;
 mod locks;
 mod openapi;
 mod orphans;

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-pub use self::slots::UploadSlots;
+pub use self::slots::{UploadSlot, UploadSlots};
 use self::{settle::CommitError, slots::InFlight};
 use super::{
     DomainError, FileId, Filename, SizeCategory, UserId,
@@ -60,24 +60,35 @@ pub struct Uploaded {
 }
 
 impl UploadService {
+    /// One of `user`'s in-flight upload slots, or `TooManyUploads` if this
+    /// instance has `max_uploads_per_user` of theirs already. Taken before a
+    /// byte of the body is read and held until the upload has its answer.
+    pub fn reserve(&self, user: &UserRecord) -> Result<UploadSlot<'_>, DomainError> {
+        let max = self.settings.max_uploads_per_user;
+        self.upload_slots.take(&user.id, max).ok_or_else(|| {
+            let refused = DomainError::TooManyUploads(max);
+            self.count_outcome(refused.code());
+            refused
+        })
+    }
+
+    /// Runs the upload `new` of `user`, who holds `slot` (from [`Self::reserve`]).
     pub async fn upload(
         &self,
+        slot: UploadSlot<'_>,
         user: &UserRecord,
         new: NewUpload<'_>,
     ) -> Result<Uploaded, DomainError> {
+        debug_assert_eq!(slot.user(), user.id, "a slot is the user's own");
         let started = Instant::now();
         let result = self.run(user, new).await;
+        drop(slot);
         let outcome = match &result {
             Ok(u) if u.replayed => "replayed",
             Ok(_) => "committed",
             Err(e) => e.code(),
         };
-        self.metrics
-            .uploads
-            .get_or_create(&OutcomeLabel {
-                outcome: outcome.into(),
-            })
-            .inc();
+        self.count_outcome(outcome);
         if let Ok(u) = &result
             && !u.replayed
         {
@@ -89,12 +100,17 @@ impl UploadService {
         result
     }
 
+    fn count_outcome(&self, outcome: &str) {
+        self.metrics
+            .uploads
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
     async fn run(&self, user: &UserRecord, new: NewUpload<'_>) -> Result<Uploaded, DomainError> {
         let settings = &self.settings;
-        let _slot = self
-            .upload_slots
-            .take(&user.id, settings.max_uploads_per_user)
-            .ok_or(DomainError::TooManyUploads(settings.max_uploads_per_user))?;
         let max = settings.max_upload_bytes;
         if new.declared_len.is_some_and(|n| n > max) {
             return Err(DomainError::PayloadTooLarge(max));
