@@ -1,5 +1,6 @@
-//! Hostile clients (issue 16): multipart heads that never end or stall, and
-//! the in-flight cap counted from a body's first byte.
+//! Hostile clients (issue 16): multipart heads that never end or stall, the
+//! in-flight cap counted from a body's first byte, chunked uploads cut off
+//! at the quota, and quota refusals confirmed against the store.
 
 use std::{
     sync::{
@@ -208,4 +209,131 @@ async fn an_upload_holds_its_slot_while_its_part_head_arrives() {
     let res = app.upload_raw(&u, "after.bin", vec![1; 10]).await;
     assert_eq!(res.status(), StatusCode::CREATED, "its slot came back");
     only_files_left(&app, &u, passed + 1).await;
+}
+
+/// A chunked upload (no `Content-Length`) stops being read as soon as it
+/// passes what is left of the quota: 507 while the client is still sending,
+/// nothing stored, and on S3 the multipart upload it had begun is aborted.
+#[tokio::test]
+async fn a_chunked_upload_past_the_quota_is_cut_off_at_once() {
+    let mut settings = test_settings();
+    settings.user_quota_bytes = Some(8 << 20);
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("chunked-quota").await;
+    let res = app.upload_raw(&u, "fill.bin", vec![7; 2 << 20]).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    // 48 MiB over at least 1.9 s; 6 MiB are left (more than one S3 part).
+    let total = 48 << 20;
+    let (body, progress) = paced(&[], 1, total, 256 << 10, Duration::from_millis(10));
+    let started = Instant::now();
+    let res = app
+        .client
+        .post(app.url("/v1/files?filename=big.bin"))
+        .bearer_auth(&u.key)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let (sent, done) = (progress.sent(), progress.done());
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded".into())
+    );
+    assert!(
+        !done,
+        "answered only after the whole {total}-byte body ({:?})",
+        started.elapsed()
+    );
+    eprintln!("507 after {sent} bytes sent, {:?}", started.elapsed());
+    only_files_left(&app, &u, 1).await;
+    if real_backends() {
+        let aborted = app
+            .metric("filedock_s3_multipart_total", "outcome=\"aborted\"")
+            .await;
+        assert_eq!(aborted, 1.0, "the S3 multipart upload was aborted");
+    }
+}
+
+/// The same for the size limit: 413 while the client is still sending.
+#[tokio::test]
+async fn a_chunked_upload_past_the_size_limit_is_cut_off_at_once() {
+    let mut settings = test_settings();
+    settings.max_upload_bytes = 6 << 20;
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("chunked-limit").await;
+    let total = 48 << 20;
+    let (body, progress) = paced(&[], 1, total, 256 << 10, Duration::from_millis(10));
+    let res = app
+        .client
+        .post(app.url("/v1/files?filename=big.bin"))
+        .bearer_auth(&u.key)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let done = progress.done();
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large".into())
+    );
+    assert!(!done, "answered only after the whole body");
+    only_files_left(&app, &u, 0).await;
+}
+
+/// The authenticated user (and so their usage) is cached; after they delete
+/// files, the cached usage overstates what they use. An upload the cache
+/// would refuse is checked against the store first, with or without a
+/// `Content-Length`.
+#[tokio::test]
+async fn a_quota_refusal_from_the_cached_usage_is_confirmed_first() {
+    let mut settings = test_settings();
+    settings.user_quota_bytes = Some(1 << 20);
+    settings.auth_cache_ttl = Duration::from_secs(3);
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("stale-usage").await;
+    let full = app.upload_json(&u, "full.bin", vec![1; 900 << 10]).await;
+    let full = full["id"]
+        .as_str()
+        .expect("the first upload fits")
+        .to_owned();
+    // Let the record cached before that upload expire, then cache one that
+    // counts it (for 3 s).
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    assert_eq!(app.list_ids(&u).await, std::slice::from_ref(&full));
+    let delete = |id: String| {
+        app.client
+            .delete(app.url(&format!("/v1/files/{id}")))
+            .bearer_auth(&u.key)
+            .send()
+    };
+    assert_eq!(delete(full).await.unwrap().status(), StatusCode::NO_CONTENT);
+
+    // With a Content-Length: the early check.
+    let res = app.upload_raw(&u, "declared.bin", vec![2; 600 << 10]).await;
+    assert_eq!(res.status(), StatusCode::CREATED, "declared length");
+    let id = res.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(delete(id).await.unwrap().status(), StatusCode::NO_CONTENT);
+
+    // Chunked: the check while the body streams.
+    let chunks = futures::stream::iter(0..6).map(|_| Ok::<_, std::io::Error>(vec![3u8; 100 << 10]));
+    let res = app
+        .client
+        .post(app.url("/v1/files?filename=chunked.bin"))
+        .bearer_auth(&u.key)
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED, "chunked");
+
+    // A real refusal is still given.
+    let res = app.upload_raw(&u, "over.bin", vec![4; 600 << 10]).await;
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded".into())
+    );
+    only_files_left(&app, &u, 1).await;
 }

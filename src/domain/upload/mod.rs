@@ -2,6 +2,7 @@
 //! while hashing → (lock, if scope = commit) → one retried transaction →
 //! release. On any failure the blob is deleted (or recorded as an orphan).
 
+mod quota;
 mod settle;
 mod slots;
 
@@ -24,7 +25,7 @@ use crate::{
     meta::retry::Transactions,
     meta::{
         CleanupRepo, CommitOutcome, CommitUpload, Fence, FileRecord, FileRepo, IntentRecord,
-        MetaError, UserRecord,
+        MetaError, UserRecord, UserRepo,
     },
     metrics::{Metrics, OutcomeLabel},
 };
@@ -32,6 +33,8 @@ use crate::{
 /// The upload flow and the ports it uses.
 pub struct UploadService {
     pub(crate) files: Arc<dyn FileRepo>,
+    /// The user's usage as the store has it, when the cached one would refuse.
+    pub(crate) users: Arc<dyn UserRepo>,
     /// The upload's intent, and the orphan of a blob it could not delete.
     pub(crate) cleanup: Arc<dyn CleanupRepo>,
     pub(crate) blobs: Arc<dyn BlobStore>,
@@ -123,11 +126,7 @@ impl UploadService {
                 replayed: true,
             });
         }
-        if let (Some(quota), Some(len)) = (settings.user_quota_bytes, new.declared_len)
-            && user.used_bytes as u64 + len > quota
-        {
-            return Err(DomainError::QuotaExceeded);
-        }
+        self.check_declared_quota(user, new.declared_len).await?;
 
         let user_id = UserId::parse(&user.id)
             .ok_or_else(|| DomainError::internal(anyhow::anyhow!("bad user id")))?;
@@ -179,7 +178,7 @@ impl UploadService {
 
         let _in_flight = InFlight::new(&self.metrics);
         let lease = guard.as_ref().and_then(Held::guard);
-        let stored = self.store_blob(intent, new.body, max, lease).await;
+        let stored = self.store_blob(user, intent, new.body, max, lease).await;
         let (size, sha256) = match stored {
             Ok(v) => {
                 crate::crash_point("after_blob");
@@ -262,9 +261,11 @@ impl UploadService {
     }
 
     /// Streams the body into the blob store, hashing and counting as it goes;
-    /// stops early if the body passes `max` or the lease (scope = upload) is lost.
+    /// stops early if the body passes `max` or the user's quota, or the lease
+    /// (scope = upload) is lost.
     async fn store_blob(
         &self,
+        user: &UserRecord,
         intent: &IntentRecord,
         body: ByteStream<'_>,
         max: u64,
@@ -292,7 +293,9 @@ impl UploadService {
             hasher.update(&chunk);
             Ok(chunk)
         });
-        let put = self.blobs.put(&intent.key, counted.boxed());
+        let put = self
+            .blobs
+            .put(&intent.key, self.within_quota(user, counted.boxed()));
         let written = match guard {
             Some(g) => {
                 let lost = g.lost();
