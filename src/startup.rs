@@ -142,6 +142,7 @@ impl AppState {
             // serves them all.
             uploads: Arc::new(UploadService {
                 files: meta.clone(),
+                users: meta.clone(),
                 cleanup: meta.clone(),
                 blobs: blobs.clone(),
                 locks: locks.clone(),

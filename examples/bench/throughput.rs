@@ -173,7 +173,11 @@ pub(crate) async fn small_files(client: &Client, r: &mut Report) {
                             body: stream::iter([Ok(body)]).boxed(),
                             idempotency_key: None,
                         };
-                        (state.uploads.upload(user, new).await.is_ok(), t.elapsed())
+                        let slot = state.uploads.reserve(user).unwrap();
+                        (
+                            state.uploads.upload(slot, user, new).await.is_ok(),
+                            t.elapsed(),
+                        )
                     }
                 })
                 .await

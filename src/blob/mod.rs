@@ -23,6 +23,9 @@ pub enum BodyError {
     /// The body grew past this many bytes.
     #[error("the body is larger than {0} bytes")]
     TooLarge(u64),
+    /// The body grew past what is left of the user's storage quota.
+    #[error("the body passes the user's storage quota")]
+    QuotaExceeded,
     /// The body is malformed (e.g. a bad multipart structure).
     #[error("{0}")]
     Invalid(String),

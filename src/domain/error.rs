@@ -121,6 +121,7 @@ impl From<BodyError> for DomainError {
         match e {
             e @ BodyError::Idle(_) => Self::RequestTimeout(e.to_string()),
             BodyError::TooLarge(limit) => Self::PayloadTooLarge(limit),
+            BodyError::QuotaExceeded => Self::QuotaExceeded,
             BodyError::Invalid(why) => Self::InvalidRequest(why),
             BodyError::Read(e) => {
                 Self::InvalidRequest(format!("the request body could not be read: {e}"))

@@ -83,8 +83,9 @@ pub async fn create_user(
 
 /// The user a bearer key belongs to. Users found are remembered for the
 /// cache's time to live, so a request costs no metadata round trip to
-/// authenticate; the record's `used_bytes` may be that old (the commit
-/// checks the quota again).
+/// authenticate; the record's `used_bytes` may be that old (an upload
+/// confirms a quota refusal against the store, and the commit checks the
+/// quota again).
 pub async fn authenticate(
     meta: &dyn UserRepo,
     cache: &AuthCache,

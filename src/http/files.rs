@@ -90,14 +90,17 @@ pub async fn upload(
     let idempotency_key = idempotency_key(&headers)?;
     let content_type =
         header_str(&headers, header::CONTENT_TYPE).unwrap_or("application/octet-stream");
+    // Taken before a byte of the body is read: a body still sending its
+    // multipart part headers counts against the user's cap too.
+    let slot = state.uploads.reserve(&user)?;
     let new = if content_type
         .to_ascii_lowercase()
         .starts_with("multipart/form-data")
     {
         let boundary = multer::parse_boundary(content_type)
             .map_err(|e| ApiError::invalid(format!("bad multipart Content-Type: {e}")))?;
-        let mp = multer::Multipart::new(body.into_data_stream(), boundary);
-        let (part, stream) = multipart::file_part(mp).await?;
+        let idle = state.settings.body_idle_timeout;
+        let (part, stream) = multipart::file_part(body, boundary, idle).await?;
         let name = q
             .filename
             .or(part.filename)
@@ -122,7 +125,7 @@ pub async fn upload(
             idempotency_key,
         }
     };
-    let uploaded = state.uploads.upload(&user, new).await?;
+    let uploaded = state.uploads.upload(slot, &user, new).await?;
     let location = format!("/v1/files/{}", uploaded.file.id);
     let mut res = (StatusCode::CREATED, Json(FileView::from(uploaded.file))).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {

@@ -1,14 +1,33 @@
 //! `multipart/form-data` uploads: the `file` part is streamed, never
 //! buffered; any other part is skipped; a second `file` part is an error
-//! that surfaces before the upload commits.
+//! that surfaces before the upload commits. What comes before a part's body
+//! (the preamble, the boundary line, the part's headers) is capped, and the
+//! body idle timeout holds from the body's first byte.
 
-use std::io;
+use std::{
+    future::Future,
+    io,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
 
+use axum::body::Body;
 use bytes::Bytes;
-use futures::{StreamExt, stream};
+use futures::{Stream, StreamExt, stream};
 
-use super::error::ApiError;
 use crate::blob::{BodyError, ByteStream};
+use crate::domain::DomainError;
+
+/// The most a multipart body may send before a part's body starts (the
+/// preamble, the boundary line and the part's headers). Browsers send a few
+/// hundred bytes; multer itself buffers a part head without limit, so a
+/// head that never ends would grow the process until the body does.
+pub const PART_HEAD_LIMIT: usize = 8 * 1024;
 
 /// What the `file` part says about itself.
 pub struct FilePart {
@@ -16,27 +35,28 @@ pub struct FilePart {
     pub content_type: Option<String>,
 }
 
-fn invalid(e: multer::Error) -> ApiError {
-    ApiError::invalid(format!("malformed multipart body: {e}"))
-}
-
 fn invalid_body(why: impl Into<String>) -> BodyError {
     BodyError::Invalid(why.into())
 }
 
-/// Finds the `file` part and returns it with a stream of its bytes. The
-/// stream ends only after the rest of the body has been read and found to
-/// hold no second `file` part.
+/// Finds the `file` part of `body` and returns it with a stream of its
+/// bytes. The stream ends only after the rest of the body has been read and
+/// found to hold no second `file` part. A body that sends nothing for `idle`,
+/// in a part head or anywhere else, fails with [`BodyError::Idle`].
 pub async fn file_part(
-    mut mp: multer::Multipart<'static>,
-) -> Result<(FilePart, ByteStream<'static>), ApiError> {
+    body: Body,
+    boundary: String,
+    idle: Duration,
+) -> Result<(FilePart, ByteStream<'static>), DomainError> {
+    let head = Arc::new(HeadBudget::default());
+    let mut mp = multer::Multipart::new(guarded(body, head.clone(), idle), boundary);
     let field = loop {
-        match mp.next_field().await.map_err(invalid)? {
+        match next_part(&mut mp, &head).await.map_err(multer_err)? {
             Some(f) if f.name() == Some("file") => break f,
-            Some(mut other) => while other.chunk().await.map_err(invalid)?.is_some() {},
+            Some(mut other) => while other.chunk().await.map_err(multer_err)?.is_some() {},
             None => {
-                return Err(ApiError::invalid(
-                    "multipart body has no part named \"file\"",
+                return Err(DomainError::InvalidRequest(
+                    "multipart body has no part named \"file\"".into(),
                 ));
             }
         }
@@ -46,10 +66,12 @@ pub async fn file_part(
         content_type: field.content_type().map(ToString::to_string),
     };
     // `None` once the body has ended or failed.
-    let body = stream::unfold(Some((mp, field)), |state| async move {
-        let (mut mp, mut field) = state?;
+    let body = stream::unfold(Some((mp, field, head)), |state| async move {
+        let (mut mp, mut field, head) = state?;
         match field.chunk().await {
-            Ok(Some(chunk)) => return Some((Ok::<Bytes, BodyError>(chunk), Some((mp, field)))),
+            Ok(Some(chunk)) => {
+                return Some((Ok::<Bytes, BodyError>(chunk), Some((mp, field, head))));
+            }
             Ok(None) => {}
             Err(e) => return Some((Err(multer_io(e)), None)),
         }
@@ -57,7 +79,7 @@ pub async fn file_part(
         // field): read the rest before the upload may commit.
         drop(field);
         loop {
-            match mp.next_field().await {
+            match next_part(&mut mp, &head).await {
                 Ok(None) => return None,
                 Ok(Some(f)) if f.name() == Some("file") => {
                     return Some((
@@ -81,9 +103,150 @@ pub async fn file_part(
     Ok((part, body.boxed()))
 }
 
+/// The next part, its head read within [`PART_HEAD_LIMIT`].
+async fn next_part(
+    mp: &mut multer::Multipart<'static>,
+    head: &HeadBudget,
+) -> multer::Result<Option<multer::Field<'static>>> {
+    head.start();
+    let next = mp.next_field().await;
+    head.end();
+    next
+}
+
+/// The bytes read from the body while multer looks for the next part's body.
+#[derive(Default)]
+struct HeadBudget {
+    reading_head: AtomicBool,
+    read: AtomicUsize,
+    /// The size of the last chunk read, which multer may not have scanned yet.
+    last: AtomicUsize,
+}
+
+impl HeadBudget {
+    fn start(&self) {
+        self.read.store(0, Ordering::Relaxed);
+        self.last.store(0, Ordering::Relaxed);
+        self.reading_head.store(true, Ordering::Relaxed);
+    }
+
+    fn end(&self) {
+        self.reading_head.store(false, Ordering::Relaxed);
+    }
+
+    fn count(&self, n: usize) {
+        if self.reading_head.load(Ordering::Relaxed) {
+            self.read.fetch_add(n, Ordering::Relaxed);
+            self.last.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether multer, asking for more, has already scanned a whole budget
+    /// without finding the head's end. It is fed one chunk per pull (see
+    /// [`Guarded`]) and scans before it pulls again, except that it may pull
+    /// once before scanning the last chunk; so everything read before that
+    /// chunk belongs to the head, and a head within the limit never trips
+    /// this, however large the chunk that ends it.
+    fn spent(&self) -> bool {
+        self.reading_head.load(Ordering::Relaxed)
+            && self.read.load(Ordering::Relaxed) - self.last.load(Ordering::Relaxed)
+                >= PART_HEAD_LIMIT
+    }
+}
+
+/// The request body as multer reads it: a chunk must come within `idle`, and
+/// a part head may not pass its budget. The errors reach the caller through
+/// multer as `StreamReadFailed` (see [`multer_io`]).
+fn guarded(body: Body, head: Arc<HeadBudget>, idle: Duration) -> Guarded {
+    Guarded {
+        body: body.into_data_stream(),
+        head,
+        idle,
+        timer: Box::pin(tokio::time::sleep(idle)),
+        waiting: false,
+        handed_over: false,
+        done: false,
+    }
+}
+
+/// See [`guarded`]. multer pulls every chunk that is ready before it scans
+/// (`StreamBuffer::poll_stream` loops until `Pending`), which would let a
+/// fast client put a whole head in its buffer in one go; so after each
+/// chunk this answers `Pending` once (waking the task at once), and multer
+/// scans a chunk at a time.
+struct Guarded {
+    body: axum::body::BodyDataStream,
+    head: Arc<HeadBudget>,
+    idle: Duration,
+    /// Set to `idle` from when the body starts waiting for the client.
+    timer: Pin<Box<tokio::time::Sleep>>,
+    waiting: bool,
+    /// A chunk was handed over by the last poll.
+    handed_over: bool,
+    done: bool,
+}
+
+impl Stream for Guarded {
+    type Item = Result<Bytes, BodyError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if std::mem::take(&mut this.handed_over) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if this.head.spent() {
+            this.done = true;
+            let why = format!(
+                "multipart preamble and part headers must end within {PART_HEAD_LIMIT} bytes"
+            );
+            return Poll::Ready(Some(Err(invalid_body(why))));
+        }
+        match this.body.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                this.head.count(chunk.len());
+                this.waiting = false;
+                this.handed_over = true;
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.done = true;
+                Poll::Ready(Some(Err(BodyError::Read(io::Error::other(e)))))
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if !std::mem::replace(&mut this.waiting, true) {
+                    let deadline = tokio::time::Instant::now() + this.idle;
+                    this.timer.as_mut().reset(deadline);
+                }
+                if this.timer.as_mut().poll(cx).is_ready() {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(BodyError::Idle(this.idle))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+fn multer_err(e: multer::Error) -> DomainError {
+    multer_io(e).into()
+}
+
+/// A multer error as a body error: the body stream's own errors come back
+/// as they were raised (an idle body stays a 408, not a malformed body).
 fn multer_io(e: multer::Error) -> BodyError {
     match e {
-        multer::Error::StreamReadFailed(inner) => BodyError::Read(io::Error::other(inner)),
+        multer::Error::StreamReadFailed(inner) => match inner.downcast::<BodyError>() {
+            Ok(body) => *body,
+            Err(inner) => BodyError::Read(io::Error::other(inner)),
+        },
         e => invalid_body(format!("malformed multipart body: {e}")),
     }
 }

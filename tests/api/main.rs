@@ -13,6 +13,7 @@ mod files;
 mod hardening;
 mod helpers;
 mod history;
+mod hostile;
 mod http_semantics;
 mod lock_faults;
 mod locks;

@@ -16,11 +16,12 @@ use serde_json::Value;
 use crate::helpers::*;
 
 /// An app whose blob deletes fail until told otherwise, with a 10-byte quota
-/// (so an undeclared-length upload fails at commit, after its blob is stored)
-/// and orphans retried at every sweep.
+/// (see [`failing_upload`]) and orphans retried at every sweep.
 async fn app_with_failing_deletes() -> (TestApp, Arc<FailingDeletes>) {
     let mut settings = test_settings();
     settings.user_quota_bytes = Some(10);
+    // The user's usage stays cached as it was before the upload in `fill_quota`.
+    settings.auth_cache_ttl = std::time::Duration::from_secs(600);
     settings.sweep.retry_interval = std::time::Duration::ZERO;
     settings.sweep.interval = std::time::Duration::ZERO;
     let mut ports = Ports::connect(&settings).await.unwrap();
@@ -34,11 +35,21 @@ async fn app_with_failing_deletes() -> (TestApp, Arc<FailingDeletes>) {
     (spawn_app_with_state(state).await, failing)
 }
 
-/// An upload that stores its blob and then fails at commit (over quota).
+/// Stores 6 of the user's 10 bytes of quota with their first request, which
+/// caches their usage as it was before (0 bytes).
+async fn fill_quota(app: &TestApp, user: &TestUser) {
+    let res = app.upload_raw(user, "fill.bin", vec![1u8; 6]).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+/// An upload that stores its blob and then fails at commit (over quota),
+/// after [`fill_quota`]: without a `Content-Length` and within the quota as
+/// the cached usage has it, it is streamed to the blob store, and the commit
+/// (which counts the stored usage) refuses it.
 async fn failing_upload(app: &TestApp, user: &TestUser) {
     let body = reqwest::Body::wrap_stream(futures::stream::iter([Ok::<_, std::io::Error>(vec![
             7u8;
-            100
+            6
         ])]));
     let res = app
         .client
@@ -84,8 +95,13 @@ async fn sweep(app: &TestApp) -> Value {
 async fn a_failed_compensating_delete_leaves_an_orphan_that_a_sweep_deletes() {
     let (app, failing) = app_with_failing_deletes().await;
     let u = app.create_user("o").await;
+    fill_quota(&app, &u).await;
     failing_upload(&app, &u).await;
-    assert_eq!(app.blob_keys(&u).await.len(), 1, "the blob is still there");
+    assert_eq!(
+        app.blob_keys(&u).await.len(),
+        2,
+        "the blob is still there (beside the fill)"
+    );
     let pending = orphans(&app, "pending").await;
     assert_eq!(pending.len(), 1);
     assert!(
@@ -104,19 +120,21 @@ async fn a_failed_compensating_delete_leaves_an_orphan_that_a_sweep_deletes() {
     let report = sweep(&app).await;
     assert_eq!(report["outcome"], "swept");
     assert_eq!(report["orphans_deleted"], 1);
-    assert!(
-        app.blob_keys(&u).await.is_empty(),
-        "the sweep deleted the blob"
+    assert_eq!(
+        app.blob_keys(&u).await.len(),
+        1,
+        "the sweep deleted the blob (the fill's is left)"
     );
     assert!(orphans(&app, "pending").await.is_empty());
     assert_eq!(orphans(&app, "deleted").await.len(), 1);
-    assert!(app.list_ids(&u).await.is_empty());
+    assert_eq!(app.list_ids(&u).await.len(), 1, "only the fill");
 }
 
 #[tokio::test]
 async fn an_undeletable_orphan_is_retried_then_marked_failed() {
     let (app, failing) = app_with_failing_deletes().await;
     let u = app.create_user("o").await;
+    fill_quota(&app, &u).await;
     failing_upload(&app, &u).await;
     for (pass, (status, retries)) in [("pending", 1), ("pending", 2), ("failed", 3)]
         .into_iter()
@@ -139,8 +157,8 @@ async fn an_undeletable_orphan_is_retried_then_marked_failed() {
     assert_eq!(failing.delete_calls.load(Ordering::SeqCst), calls);
     assert_eq!(
         app.blob_keys(&u).await.len(),
-        1,
-        "kept for a human to look at"
+        2,
+        "kept for a human to look at (beside the fill)"
     );
     assert_eq!(
         app.metric("filedock_orphans", "status=\"failed\"").await,
@@ -152,6 +170,7 @@ async fn an_undeletable_orphan_is_retried_then_marked_failed() {
 async fn two_sweepers_process_each_orphan_once() {
     let (app, failing) = app_with_failing_deletes().await;
     let u = app.create_user("o").await;
+    fill_quota(&app, &u).await;
     futures::future::join_all((0..10).map(|_| failing_upload(&app, &u))).await;
     assert_eq!(orphans(&app, "pending").await.len(), 10);
     failing.fail.store(false, Ordering::SeqCst);
@@ -177,7 +196,7 @@ async fn two_sweepers_process_each_orphan_once() {
         listed.iter().all(|o| o["retries"] == 0),
         "no orphan was tried twice"
     );
-    assert!(app.blob_keys(&u).await.is_empty());
+    assert_eq!(app.blob_keys(&u).await.len(), 1, "only the fill");
 }
 
 #[tokio::test]

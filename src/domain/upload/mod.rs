@@ -2,6 +2,7 @@
 //! while hashing → (lock, if scope = commit) → one retried transaction →
 //! release. On any failure the blob is deleted (or recorded as an orphan).
 
+mod quota;
 mod settle;
 mod slots;
 
@@ -11,7 +12,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-pub use self::slots::UploadSlots;
+pub use self::slots::{UploadSlot, UploadSlots};
 use self::{settle::CommitError, slots::InFlight};
 use super::{
     DomainError, FileId, Filename, SizeCategory, UserId,
@@ -24,7 +25,7 @@ use crate::{
     meta::retry::Transactions,
     meta::{
         CleanupRepo, CommitOutcome, CommitUpload, Fence, FileRecord, FileRepo, IntentRecord,
-        MetaError, UserRecord,
+        MetaError, UserRecord, UserRepo,
     },
     metrics::{Metrics, OutcomeLabel},
 };
@@ -32,6 +33,8 @@ use crate::{
 /// The upload flow and the ports it uses.
 pub struct UploadService {
     pub(crate) files: Arc<dyn FileRepo>,
+    /// The user's usage as the store has it, when the cached one would refuse.
+    pub(crate) users: Arc<dyn UserRepo>,
     /// The upload's intent, and the orphan of a blob it could not delete.
     pub(crate) cleanup: Arc<dyn CleanupRepo>,
     pub(crate) blobs: Arc<dyn BlobStore>,
@@ -60,24 +63,35 @@ pub struct Uploaded {
 }
 
 impl UploadService {
+    /// One of `user`'s in-flight upload slots, or `TooManyUploads` if this
+    /// instance has `max_uploads_per_user` of theirs already. Taken before a
+    /// byte of the body is read and held until the upload has its answer.
+    pub fn reserve(&self, user: &UserRecord) -> Result<UploadSlot<'_>, DomainError> {
+        let max = self.settings.max_uploads_per_user;
+        self.upload_slots.take(&user.id, max).ok_or_else(|| {
+            let refused = DomainError::TooManyUploads(max);
+            self.count_outcome(refused.code());
+            refused
+        })
+    }
+
+    /// Runs the upload `new` of `user`, who holds `slot` (from [`Self::reserve`]).
     pub async fn upload(
         &self,
+        slot: UploadSlot<'_>,
         user: &UserRecord,
         new: NewUpload<'_>,
     ) -> Result<Uploaded, DomainError> {
+        debug_assert_eq!(slot.user(), user.id, "a slot is the user's own");
         let started = Instant::now();
         let result = self.run(user, new).await;
+        drop(slot);
         let outcome = match &result {
             Ok(u) if u.replayed => "replayed",
             Ok(_) => "committed",
             Err(e) => e.code(),
         };
-        self.metrics
-            .uploads
-            .get_or_create(&OutcomeLabel {
-                outcome: outcome.into(),
-            })
-            .inc();
+        self.count_outcome(outcome);
         if let Ok(u) = &result
             && !u.replayed
         {
@@ -89,12 +103,17 @@ impl UploadService {
         result
     }
 
+    fn count_outcome(&self, outcome: &str) {
+        self.metrics
+            .uploads
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
     async fn run(&self, user: &UserRecord, new: NewUpload<'_>) -> Result<Uploaded, DomainError> {
         let settings = &self.settings;
-        let _slot = self
-            .upload_slots
-            .take(&user.id, settings.max_uploads_per_user)
-            .ok_or(DomainError::TooManyUploads(settings.max_uploads_per_user))?;
         let max = settings.max_upload_bytes;
         if new.declared_len.is_some_and(|n| n > max) {
             return Err(DomainError::PayloadTooLarge(max));
@@ -107,11 +126,7 @@ impl UploadService {
                 replayed: true,
             });
         }
-        if let (Some(quota), Some(len)) = (settings.user_quota_bytes, new.declared_len)
-            && user.used_bytes as u64 + len > quota
-        {
-            return Err(DomainError::QuotaExceeded);
-        }
+        self.check_declared_quota(user, new.declared_len).await?;
 
         let user_id = UserId::parse(&user.id)
             .ok_or_else(|| DomainError::internal(anyhow::anyhow!("bad user id")))?;
@@ -163,7 +178,7 @@ impl UploadService {
 
         let _in_flight = InFlight::new(&self.metrics);
         let lease = guard.as_ref().and_then(Held::guard);
-        let stored = self.store_blob(intent, new.body, max, lease).await;
+        let stored = self.store_blob(user, intent, new.body, max, lease).await;
         let (size, sha256) = match stored {
             Ok(v) => {
                 crate::crash_point("after_blob");
@@ -246,9 +261,11 @@ impl UploadService {
     }
 
     /// Streams the body into the blob store, hashing and counting as it goes;
-    /// stops early if the body passes `max` or the lease (scope = upload) is lost.
+    /// stops early if the body passes `max` or the user's quota, or the lease
+    /// (scope = upload) is lost.
     async fn store_blob(
         &self,
+        user: &UserRecord,
         intent: &IntentRecord,
         body: ByteStream<'_>,
         max: u64,
@@ -276,7 +293,9 @@ impl UploadService {
             hasher.update(&chunk);
             Ok(chunk)
         });
-        let put = self.blobs.put(&intent.key, counted.boxed());
+        let put = self
+            .blobs
+            .put(&intent.key, self.within_quota(user, counted.boxed()));
         let written = match guard {
             Some(g) => {
                 let lost = g.lost();

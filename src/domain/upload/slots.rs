@@ -46,6 +46,13 @@ pub struct UploadSlot<'a> {
     user: String,
 }
 
+impl UploadSlot<'_> {
+    /// The user whose slot this is.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+}
+
 impl Drop for UploadSlot<'_> {
     fn drop(&mut self) {
         let mut in_flight = self.slots.in_flight.lock().unwrap();
