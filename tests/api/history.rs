@@ -218,8 +218,16 @@ fn check_attachments(
             .collect();
         for id in ids.iter().filter(|id| !may_have_attached.contains(*id)) {
             v.failed_but_applied += 1;
+            let answers: Vec<String> = history
+                .iter()
+                .filter(|e| match &e.op {
+                    Op::AttachSession { file_id } | Op::AttachAgent { file_id } => file_id == id,
+                    _ => false,
+                })
+                .map(|e| format!("{:?} {:?}", e.op, e.answer))
+                .collect();
             v.notes.push(format!(
-                "{id} is in the {container}, though every attach of it failed"
+                "{id} is in the {container}, though every attach of it failed: {answers:?}"
             ));
         }
         for id in &ids {

@@ -210,6 +210,10 @@ impl MongoStore {
                     attempt += 1;
                     tracing::debug!(attempt, "commit result unknown; retrying the commit");
                 }
+                // After an attempt whose result was unknown, a later "the
+                // transaction is gone" proves nothing: the first may have
+                // committed, and the server may not remember it.
+                Err(e) if attempt > 1 => return Err(MetaError::OutcomeUnknown(e.to_string())),
                 Err(e) => return Err(classify_commit(e)),
             }
         }
