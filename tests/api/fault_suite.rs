@@ -148,31 +148,18 @@ async fn run_suite(coordination: &str) {
         .unwrap()
         .id;
     let client = reqwest::Client::new();
-    let session = client
-        .post(format!("{base0}/v1/sessions"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let agent = client
-        .post(format!("{base0}/v1/agents"))
-        .bearer_auth(&key)
-        .json(&json!({"name": "a"}))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let created = |path: &'static str, body: Value| {
+        let req = client
+            .post(format!("{base0}{path}"))
+            .bearer_auth(&key)
+            .json(&body);
+        async move {
+            let v: Value = req.send().await.unwrap().json().await.unwrap();
+            v["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let session = created("/v1/sessions", json!({})).await;
+    let agent = created("/v1/agents", json!({"name": "a"})).await;
     let world = Arc::new(World {
         bases: cluster.instances.iter().map(|s| s.base.clone()).collect(),
         key,
