@@ -36,6 +36,13 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// Uploads last from milliseconds to hours: 10 ms … ~87 min.
+fn upload_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.01, 2.0, 20,
+    ))
+}
+
 fn latency_histogram() -> Histogram {
     // 0.1 ms … ~3.3 s
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
@@ -89,7 +96,7 @@ impl Default for Metrics {
             txn_write_conflicts: Family::default(),
             uploads: Family::default(),
             upload_bytes: Counter::default(),
-            upload_duration: latency_histogram(),
+            upload_duration: upload_histogram(),
             orphans_recorded: Counter::default(),
             uploads_in_flight: Gauge::default(),
             s3_multipart: Family::default(),

@@ -302,9 +302,11 @@ impl Settings {
         if let Some(v) = get("CORS_ORIGINS") {
             s.cors_origins = v.split(',').map(|o| o.trim().to_owned()).collect();
         }
-        if let Some(v) = get("LOG_FORMAT") {
-            s.log_json = v == "json";
-        }
+        s.log_json = match get("LOG_FORMAT").as_deref() {
+            None | Some("text") => false,
+            Some("json") => true,
+            Some(other) => bail!("FILEDOCK_LOG_FORMAT must be text or json, not {other:?}"),
+        };
         parse_into(&get, "ALLOW_EMBEDDED", &mut s.allow_embedded_in_production)?;
         if s.txn_retry.max_attempts == 0 {
             bail!("FILEDOCK_TXN_MAX_ATTEMPTS must be at least 1");
@@ -388,5 +390,9 @@ mod tests {
             Settings::from_lookup(|n| (n == "FILEDOCK_LOCK_SCOPE").then(|| "sometimes".into()))
                 .unwrap_err();
         assert!(err.to_string().contains("FILEDOCK_LOCK_SCOPE"), "{err}");
+        // A typo is refused at start-up, not silently taken for text logs.
+        let err = Settings::from_lookup(|n| (n == "FILEDOCK_LOG_FORMAT").then(|| "jsno".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("FILEDOCK_LOG_FORMAT"), "{err}");
     }
 }

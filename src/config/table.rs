@@ -197,7 +197,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_LOG_FORMAT",
-        meaning: "json for JSON logs",
+        meaning: "text or json (anything else is refused at start-up)",
         default: "text",
     },
     Setting {

@@ -60,7 +60,8 @@ pub async fn metrics(State(state): State<AppState>) -> ApiResult {
     ok((
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            // What prometheus-client's text encoder writes (it ends in `# EOF`).
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         state.metrics.render(),
     ))

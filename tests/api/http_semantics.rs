@@ -205,3 +205,31 @@ async fn a_download_can_never_run_as_a_page_of_this_origin() {
             .starts_with("attachment")
     );
 }
+
+#[tokio::test]
+async fn metrics_declare_the_openmetrics_format_and_upload_buckets_reach_hours() {
+    let app = spawn_app().await;
+    let res = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let text = res.text().await.unwrap();
+    assert!(
+        text.trim_end().ends_with("# EOF"),
+        "OpenMetrics text ends in # EOF"
+    );
+    let top = text
+        .lines()
+        .filter(|l| l.starts_with("filedock_upload_duration_seconds_bucket"))
+        .filter_map(|l| {
+            l.split("le=\"")
+                .nth(1)?
+                .split('"')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .fold(0.0, f64::max);
+    assert!(top >= 3600.0, "the longest upload bucket is {top} s");
+}
