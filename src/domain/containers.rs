@@ -56,16 +56,17 @@ impl ContainerService {
         user: &UserRecord,
         name: &str,
     ) -> Result<AgentRecord, DomainError> {
-        let name = name.trim();
-        if name.is_empty() || name.chars().count() > 200 || name.chars().any(char::is_control) {
+        let name =
+            super::ids::clean_name(name.trim(), "name").map_err(DomainError::InvalidRequest)?;
+        if name.is_empty() || name.chars().count() > 200 {
             return Err(DomainError::InvalidRequest(
-                "name must be 1 to 200 characters without control characters".into(),
+                "name must be 1 to 200 characters".into(),
             ));
         }
         let agent = AgentRecord {
             id: AgentId::new().to_string(),
             owner_id: user.id.clone(),
-            name: name.to_owned(),
+            name,
             file_ids: Vec::new(),
             mcp_ids: Vec::new(),
             toolset_ids: Vec::new(),

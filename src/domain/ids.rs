@@ -3,6 +3,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use unicode_normalization::UnicodeNormalization;
 use uuid::Uuid;
 
 macro_rules! uuid_id {
@@ -132,8 +133,8 @@ impl Filename {
     pub const MAX_BYTES: usize = 255;
 
     /// Rejects what could confuse a file system, a terminal or a reader:
-    /// empty names, `.`/`..`, path separators, control characters and
-    /// bidirectional-override marks, and names over 255 bytes.
+    /// empty names, `.`/`..`, path separators, names over 255 bytes, and
+    /// what [`clean_name`] refuses.
     pub fn parse(raw: &str) -> Result<Self, String> {
         if raw.is_empty() || raw.trim().is_empty() {
             return Err("filename is empty".into());
@@ -144,13 +145,7 @@ impl Filename {
         if raw == "." || raw == ".." || raw.contains(['/', '\\']) {
             return Err("filename must not contain a path".into());
         }
-        if let Some(c) = raw.chars().find(|c| c.is_control() || is_bidi_control(*c)) {
-            return Err(format!(
-                "filename contains the control character U+{:04X}",
-                c as u32
-            ));
-        }
-        Ok(Self(raw.to_owned()))
+        Ok(Self(clean_name(raw, "filename")?))
     }
 
     pub fn as_str(&self) -> &str {
@@ -197,8 +192,44 @@ impl MediaType {
     }
 }
 
+/// The one character rule for every name a person gives (files, users,
+/// agents): no control characters, no bidirectional controls and no
+/// invisible format characters (they make a name read as something else);
+/// the name comes back NFC-normalised, so that one name has one spelling.
+pub fn clean_name(raw: &str, what: &str) -> Result<String, String> {
+    let name: String = raw.nfc().collect();
+    if let Some(c) = name
+        .chars()
+        .find(|&c| c.is_control() || is_bidi_control(c) || is_invisible(c))
+    {
+        return Err(format!(
+            "{what} contains the control or invisible character U+{:04X}",
+            c as u32
+        ));
+    }
+    Ok(name)
+}
+
 fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    matches!(
+        c,
+        '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+    )
+}
+
+/// Format characters that show nothing: soft hyphen, zero-width ones, word
+/// joiners, the byte-order mark, and the line and paragraph separators.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200D}'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{FEFF}'
+    )
 }
 
 #[cfg(test)]

@@ -53,13 +53,13 @@ pub fn secrets_match(presented: &str, expected: &str) -> bool {
 }
 
 fn parse_name(raw: &str) -> Result<String, DomainError> {
-    let name = raw.trim();
-    if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
+    let name = super::ids::clean_name(raw.trim(), "name").map_err(DomainError::InvalidRequest)?;
+    if name.is_empty() || name.chars().count() > 100 {
         return Err(DomainError::InvalidRequest(
-            "name must be 1 to 100 characters without control characters".into(),
+            "name must be 1 to 100 characters".into(),
         ));
     }
-    Ok(name.to_owned())
+    Ok(name)
 }
 
 /// Creates a user; returns the record and the API key (shown once).

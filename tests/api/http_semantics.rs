@@ -233,3 +233,53 @@ async fn metrics_declare_the_openmetrics_format_and_upload_buckets_reach_hours()
         .fold(0.0, f64::max);
     assert!(top >= 3600.0, "the longest upload bucket is {top} s");
 }
+
+/// One name rule for files, users and agents: no invisible or bidirectional
+/// characters (a name must read as what it is), stored NFC-normalised.
+#[tokio::test]
+async fn names_with_invisible_characters_are_refused_and_names_are_stored_nfc() {
+    let app = spawn_app().await;
+    let u = app.create_user("names").await;
+    for bad in [
+        "a\u{061C}b.txt",
+        "zero\u{200B}width.txt",
+        "line\u{2028}sep.txt",
+        "\u{FEFF}bom.txt",
+    ] {
+        let res = app
+            .client
+            .post(app.url("/v1/files"))
+            .query(&[("filename", bad)])
+            .bearer_auth(&u.key)
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            error_code(res).await,
+            (StatusCode::BAD_REQUEST, "invalid_request".into()),
+            "{bad:?}"
+        );
+    }
+    let (status, _) = app
+        .json(
+            "POST",
+            "/v1/agents",
+            &u,
+            Some(json!({"name": "evil\u{202E}txt.exe"})),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "an agent name with a bidi override"
+    );
+    let created = app
+        .upload_json(&u, "e\u{301}te\u{301}.txt", b"x".to_vec())
+        .await;
+    assert_eq!(created["filename"], "\u{e9}t\u{e9}.txt", "stored NFC");
+    assert!(
+        app.list_ids(&u).await.len() == 1,
+        "only the clean name was stored"
+    );
+}
