@@ -226,14 +226,7 @@ async fn a_chunked_upload_past_the_quota_is_cut_off_at_once() {
     let total = 48 << 20;
     let (body, progress) = paced(&[], 1, total, 256 << 10, Duration::from_millis(10));
     let started = Instant::now();
-    let res = app
-        .client
-        .post(app.url("/v1/files?filename=big.bin"))
-        .bearer_auth(&u.key)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let res = upload_stream(&app, &u, body).await;
     let (sent, done) = (progress.sent(), progress.done());
     assert_eq!(
         error_code(res).await,
@@ -263,14 +256,7 @@ async fn a_chunked_upload_past_the_size_limit_is_cut_off_at_once() {
     let u = app.create_user("chunked-limit").await;
     let total = 48 << 20;
     let (body, progress) = paced(&[], 1, total, 256 << 10, Duration::from_millis(10));
-    let res = app
-        .client
-        .post(app.url("/v1/files?filename=big.bin"))
-        .bearer_auth(&u.key)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let res = upload_stream(&app, &u, body).await;
     let done = progress.done();
     assert_eq!(
         error_code(res).await,
@@ -336,4 +322,15 @@ async fn a_quota_refusal_from_the_cached_usage_is_confirmed_first() {
         (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded".into())
     );
     only_files_left(&app, &u, 1).await;
+}
+
+/// Uploads a streamed (chunked, no length) body as `big.bin`.
+async fn upload_stream(app: &TestApp, u: &TestUser, body: reqwest::Body) -> reqwest::Response {
+    app.client
+        .post(app.url("/v1/files?filename=big.bin"))
+        .bearer_auth(&u.key)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
 }

@@ -7,6 +7,35 @@ use serde_json::json;
 
 use crate::helpers::*;
 
+/// Uploads `body` raw as `filename` with this `Content-Type`.
+async fn upload_as(
+    app: &TestApp,
+    u: &TestUser,
+    filename: &str,
+    content_type: &[u8],
+    body: &'static str,
+) -> reqwest::Response {
+    app.client
+        .post(app.url("/v1/files"))
+        .query(&[("filename", filename)])
+        .bearer_auth(&u.key)
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// `GET path` with `key`.
+async fn get_as(app: &TestApp, path: &str, key: &str) -> reqwest::Response {
+    app.client
+        .get(app.url(path))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn made_up_methods_do_not_grow_the_metrics() {
     let app = spawn_app().await;
@@ -83,15 +112,7 @@ async fn a_content_type_that_is_not_a_media_type_is_refused_and_nothing_stored()
         "text/".into(),
         "a/b c".into(),
     ] {
-        let res = app
-            .client
-            .post(app.url("/v1/files?filename=t.txt"))
-            .bearer_auth(&u.key)
-            .header("content-type", bad.as_bytes())
-            .body("body")
-            .send()
-            .await
-            .unwrap();
+        let res = upload_as(&app, &u, "t.txt", bad.as_bytes(), "body").await;
         assert_eq!(
             error_code(res).await,
             (StatusCode::BAD_REQUEST, "invalid_request".into()),
@@ -100,15 +121,7 @@ async fn a_content_type_that_is_not_a_media_type_is_refused_and_nothing_stored()
     }
     assert!(app.list_ids(&u).await.is_empty());
     assert!(app.blob_keys(&u).await.is_empty());
-    let ok = app
-        .client
-        .post(app.url("/v1/files?filename=t.txt"))
-        .bearer_auth(&u.key)
-        .header("content-type", "text/plain; charset=utf-8")
-        .body("body")
-        .send()
-        .await
-        .unwrap();
+    let ok = upload_as(&app, &u, "t.txt", b"text/plain; charset=utf-8", "body").await;
     assert_eq!(ok.status(), StatusCode::CREATED);
 }
 
@@ -153,24 +166,12 @@ async fn a_user_key_on_an_admin_route_is_forbidden_and_new_keys_are_not_cached()
         .as_str()
         .unwrap()
         .to_owned();
-    let res = app
-        .client
-        .get(app.url("/v1/admin/orphans"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let res = get_as(&app, "/v1/admin/orphans", &key).await;
     assert_eq!(
         error_code(res).await,
         (StatusCode::FORBIDDEN, "forbidden".into())
     );
-    let res = app
-        .client
-        .get(app.url("/v1/admin/orphans"))
-        .bearer_auth("nobody")
-        .send()
-        .await
-        .unwrap();
+    let res = get_as(&app, "/v1/admin/orphans", "nobody").await;
     assert_eq!(
         error_code(res).await,
         (StatusCode::UNAUTHORIZED, "unauthenticated".into())
@@ -181,15 +182,14 @@ async fn a_user_key_on_an_admin_route_is_forbidden_and_new_keys_are_not_cached()
 async fn a_download_can_never_run_as_a_page_of_this_origin() {
     let app = spawn_app().await;
     let u = app.create_user("html").await;
-    let res = app
-        .client
-        .post(app.url("/v1/files?filename=x.html"))
-        .bearer_auth(&u.key)
-        .header("content-type", "text/html")
-        .body("<script>alert(1)</script>")
-        .send()
-        .await
-        .unwrap();
+    let res = upload_as(
+        &app,
+        &u,
+        "x.html",
+        b"text/html",
+        "<script>alert(1)</script>",
+    )
+    .await;
     let id = res.json::<serde_json::Value>().await.unwrap()["id"]
         .as_str()
         .unwrap()
@@ -246,15 +246,7 @@ async fn names_with_invisible_characters_are_refused_and_names_are_stored_nfc() 
         "line\u{2028}sep.txt",
         "\u{FEFF}bom.txt",
     ] {
-        let res = app
-            .client
-            .post(app.url("/v1/files"))
-            .query(&[("filename", bad)])
-            .bearer_auth(&u.key)
-            .body("x")
-            .send()
-            .await
-            .unwrap();
+        let res = upload_as(&app, &u, bad, b"application/octet-stream", "x").await;
         assert_eq!(
             error_code(res).await,
             (StatusCode::BAD_REQUEST, "invalid_request".into()),

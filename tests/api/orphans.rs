@@ -283,14 +283,7 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
         .delete(&format!("files/{}/{lost_id}", u.id))
         .await
         .unwrap();
-    let stray = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
-    let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
-    app.state
-        .ports
-        .blobs
-        .put(&stray, Box::pin(body))
-        .await
-        .unwrap();
+    let stray = plant_stray(&app, &u).await;
 
     let report = app.state.reconciler.reconcile(false).await.unwrap();
     assert_eq!(report.strays, vec![stray.clone()]);
@@ -315,14 +308,7 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
 async fn reconcile_keeps_strays_younger_than_the_grace_period() {
     let app = spawn_app().await; // default grace: hours
     let u = app.create_user("young").await;
-    let stray = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
-    let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
-    app.state
-        .ports
-        .blobs
-        .put(&stray, Box::pin(body))
-        .await
-        .unwrap();
+    let stray = plant_stray(&app, &u).await;
     let report = app.state.reconciler.reconcile(true).await.unwrap();
     assert_eq!(report.strays, vec![stray.clone()]);
     assert_eq!((report.deleted, report.too_young), (0, 1));
@@ -342,15 +328,7 @@ async fn reconcile_beside_live_uploads_deletes_no_acknowledged_upload() {
     let u = app.create_user("busy").await;
     let mut strays = Vec::new();
     for _ in 0..5 {
-        let key = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
-        let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
-        app.state
-            .ports
-            .blobs
-            .put(&key, Box::pin(body))
-            .await
-            .unwrap();
-        strays.push(key);
+        strays.push(plant_stray(&app, &u).await);
     }
 
     let stop = tokio_util::sync::CancellationToken::new();
@@ -497,4 +475,17 @@ async fn an_upload_waiting_for_its_lock_outlasts_the_grace_period() {
         abandoned, 0,
         "the sweeper took a waiting upload for a dead one"
     );
+}
+
+/// An object under the user's prefix with neither a record nor an intent.
+async fn plant_stray(app: &TestApp, u: &TestUser) -> String {
+    let key = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
+    let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
+    app.state
+        .ports
+        .blobs
+        .put(&key, Box::pin(body))
+        .await
+        .unwrap();
+    key
 }
