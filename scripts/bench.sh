@@ -9,7 +9,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
 # shellcheck source=scripts/stack.sh
 source scripts/stack.sh
 
-cargo build --release --locked --bin filedock --example bench
+built=$(cargo_build --release --locked --bin filedock --example bench)
+server=$(grep '/filedock$' <<<"$built")
+load=$(grep '/bench$' <<<"$built")
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 trap stack_stop EXIT
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)" >&2
@@ -19,6 +21,6 @@ scenarios=("$@")
 # one scenario's leftovers must not tax the next.
 for n in "${scenarios[@]}"; do
   stack_start
-  FILEDOCK_BIN="$CARGO_TARGET_DIR/release/filedock" "$CARGO_TARGET_DIR/release/examples/bench" "$n"
+  FILEDOCK_BIN="$server" "$load" "$n"
   stack_stop
 done

@@ -99,19 +99,30 @@ stack_start() {
   log "redis :$redis_port (pid $STACK_REDIS_PID), mongo :$mongo_port (pid $STACK_MONGO_PID), s3 :$s3_port (pid $STACK_S3_PID)"
 }
 
+# cargo_build ARGS...: `cargo build ARGS...`, then prints the path of each
+# executable it built, one per line (wherever cargo's target or build dir is).
+cargo_build() {
+  cargo build "$@" --message-format=json-render-diagnostics | python3 -c '
+import json, sys
+for line in sys.stdin:
+    exe = json.loads(line).get("executable")
+    if exe:
+        print(exe)'
+}
+
 # serve_embedded NAME: builds and starts filedock on its embedded defaults
 # (a fresh data dir, a random admin key) on a free port, waits until it
 # answers, and stops it (by PID) when the calling script exits. Sets
 # SERVE_BASE, SERVE_ADMIN and SERVE_DIR (a scratch dir, removed at exit).
 serve_embedded() {
-  local name=$1 port
-  cargo build --locked --bin filedock
+  local name=$1 port bin
+  bin=$(cargo_build --locked --bin filedock)
   port=$(free_port)
   SERVE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/filedock-$name.XXXXXX")
   SERVE_ADMIN="$name-admin-$RANDOM$RANDOM"
   SERVE_BASE="http://127.0.0.1:$port"
   FILEDOCK_BIND="127.0.0.1:$port" FILEDOCK_DATA_DIR="$SERVE_DIR/data" FILEDOCK_ADMIN_KEY="$SERVE_ADMIN" \
-    RUST_LOG=error "$CARGO_TARGET_DIR/debug/filedock" >"$SERVE_DIR/server.log" 2>&1 &
+    RUST_LOG=error "$bin" >"$SERVE_DIR/server.log" 2>&1 &
   SERVE_PID=$!
   trap 'kill "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null; rm -rf "$SERVE_DIR"' EXIT
   for _ in $(seq 1 100); do

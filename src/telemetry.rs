@@ -1,4 +1,5 @@
-//! Tracing setup: `RUST_LOG` filter (default `info`), text or JSON output.
+//! Tracing setup: `RUST_LOG` filter (default `info`), text or JSON output,
+//! on stderr — stdout carries the commands' own output (`sweep`'s JSON report).
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
@@ -7,9 +8,16 @@ pub fn init(json: bool) {
     let registry = tracing_subscriber::registry().with(filter);
     let _ = if json {
         registry
-            .with(fmt::layer().json().with_current_span(true))
+            .with(
+                fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_writer(std::io::stderr),
+            )
             .try_init()
     } else {
-        registry.with(fmt::layer().with_target(false)).try_init()
+        registry
+            .with(fmt::layer().with_target(false).with_writer(std::io::stderr))
+            .try_init()
     };
 }

@@ -489,3 +489,52 @@ async fn plant_stray(app: &TestApp, u: &TestUser) -> String {
         .unwrap();
     key
 }
+
+/// `sweep` and `reconcile` are run from cron and piped to `jq`: their stdout is
+/// the JSON report alone, whatever the log level (logs go to stderr).
+#[tokio::test]
+async fn the_cron_commands_print_only_their_json_report_on_stdout() {
+    let settings = test_settings();
+    {
+        // A dead upload's intent, so that the sweep has something to log.
+        let state = AppState::build(settings.clone()).await.unwrap();
+        let id = uuid::Uuid::now_v7().to_string();
+        let intent = IntentRecord {
+            id: id.clone(),
+            user_id: "cron-user".into(),
+            bucket: state.ports.blobs.bucket().into(),
+            key: format!("files/cron-user/{id}"),
+            created_at: filedock::meta::now() - chrono::Duration::seconds(1),
+            refreshed_at: None,
+        };
+        state.ports.meta.put_intent(&intent).await.unwrap();
+    }
+    for args in [&["sweep"][..], &["reconcile"][..]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_filedock"))
+            .args(args)
+            .envs(binary_env(&settings))
+            .env("FILEDOCK_SWEEP_INTENT_GRACE_SECS", "0")
+            .env("RUST_LOG", "debug")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Result<Value, _> = serde_json::from_slice(&out.stdout);
+        assert!(
+            report.is_ok(),
+            "{args:?} printed more than its report on stdout:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        if args == ["sweep"] {
+            assert_eq!(report.unwrap()["intents_abandoned"], 1);
+            let logs = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                logs.contains("sweep pass"),
+                "the sweep's log is on stderr: {logs}"
+            );
+        }
+    }
+}
