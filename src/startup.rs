@@ -23,6 +23,7 @@ use crate::{
     domain::{
         containers::ContainerService,
         files::FileService,
+        links::LinkSigner,
         reconcile::Reconciler,
         sweeper::{SweepWorker, Sweeper},
         upload::{UploadService, UploadSlots},
@@ -132,8 +133,16 @@ impl AppState {
             (None, Coordination::Queue) => Arc::new(LocalQueue::new(applier)),
             (None, Coordination::Lock) => Arc::new(LockCoordinator::new(locks.clone(), applier)),
         };
+        let links = LinkSigner::new(settings.link_secret.as_ref())?;
+        if links.ephemeral {
+            tracing::warn!(
+                "FILEDOCK_LINK_SECRET is unset: signed links use a random key made now; \
+                 they stop working on restart and on other instances"
+            );
+        }
         let settings = Arc::new(settings);
         Ok(Self {
+            links: Arc::new(links),
             users: Arc::new(UserService::new(
                 meta.clone(),
                 auth_cache(settings.auth_cache_ttl),

@@ -26,9 +26,15 @@ pub struct FileService {
 impl FileService {
     /// The caller's file, or `NotFound` (also for other users' files).
     pub async fn find(&self, user: &UserRecord, id: &str) -> Result<FileRecord, DomainError> {
+        self.find_owned(&user.id, id).await
+    }
+
+    /// The file `id` of the user `owner_id`, or `NotFound` (also once it is
+    /// deleted: a signed link dies with its file).
+    pub async fn find_owned(&self, owner_id: &str, id: &str) -> Result<FileRecord, DomainError> {
         let id = FileId::parse(id).ok_or(DomainError::NotFound)?;
         self.files
-            .file(&user.id, &id.to_string())
+            .file(owner_id, &id.to_string())
             .await?
             .ok_or(DomainError::NotFound)
     }

@@ -1,0 +1,91 @@
+//! Signed links: `POST /v1/files/{id}/links` makes one; `GET /v1/links/{id}`
+//! downloads the file with it, without an API key, until it expires.
+
+use axum::{
+    Json,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode, header},
+};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    ApiResult, AppState,
+    error::ApiError,
+    extract::{AppJson, AppQuery, AuthUser},
+    files, ok,
+};
+use crate::domain::links::{SignedLink, expiry};
+
+#[derive(Deserialize)]
+pub struct NewLink {
+    /// Seconds from now, 1 to [`crate::domain::links::MAX_LINK_SECS`].
+    expires_in: u64,
+}
+
+#[derive(Serialize)]
+struct LinkView {
+    url: String,
+    expires_at: DateTime<Utc>,
+}
+
+/// `POST /v1/files/{id}/links {"expires_in": seconds}` → 201 `{url, expires_at}`.
+pub async fn create(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    AppJson(body): AppJson<NewLink>,
+) -> ApiResult {
+    let expires_at = expiry(Utc::now(), body.expires_in)?;
+    let file = state.files.find(&user, &id).await?;
+    let signature = state.links.sign(&user.id, &file.id, expires_at);
+    let url = format!(
+        "{}/v1/links/{}?user={}&expires={}&signature={signature}",
+        base_url(&state, &headers)?,
+        file.id,
+        user.id,
+        expires_at.timestamp(),
+    );
+    ok((StatusCode::CREATED, Json(LinkView { url, expires_at })))
+}
+
+/// Where this server is reached: `FILEDOCK_PUBLIC_URL`, or the request's `Host`.
+fn base_url(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    if let Some(url) = &state.settings.public_url {
+        return Ok(url.clone());
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| h.parse::<axum::http::uri::Authority>().is_ok())
+        .ok_or_else(|| ApiError::invalid("a Host header is needed to make a link"))?;
+    Ok(format!("http://{host}"))
+}
+
+#[derive(Deserialize)]
+pub struct LinkQuery {
+    user: String,
+    expires: i64,
+    signature: String,
+}
+
+/// `GET /v1/links/{id}?user=&expires=&signature=`: the file, as
+/// `GET /v1/files/{id}/content` serves it (ranges and conditionals too).
+pub async fn download(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    AppQuery(q): AppQuery<LinkQuery>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let link = SignedLink {
+        owner_id: &q.user,
+        file_id: &id,
+        expires: q.expires,
+        signature: &q.signature,
+    };
+    state.links.verify(&link, Utc::now())?;
+    // Looked up every time: a deleted file's links die with it.
+    let file = state.files.find_owned(&q.user, &id).await?;
+    files::serve(&state, file, &headers).await
+}
