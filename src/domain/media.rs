@@ -67,9 +67,12 @@ pub async fn resolve<'a>(
 /// Reads up to [`SNIFF_BYTES`] of `body` (each read within `idle`); returns
 /// them and the whole body, those chunks first.
 async fn sniff(
-    mut body: ByteStream<'_>,
+    body: ByteStream<'_>,
     idle: Duration,
 ) -> Result<(Vec<Bytes>, ByteStream<'_>), DomainError> {
+    // Fused: a body that ended within the head is not polled again (the
+    // multipart stream must not be).
+    let mut body = body.fuse();
     let mut head = Vec::new();
     let mut len = 0;
     while len < SNIFF_BYTES {

@@ -147,6 +147,18 @@ async fn a_png_sent_without_a_real_type_is_detected_and_a_declared_type_is_kept(
         let got = app.download(&u, file["id"].as_str().unwrap()).await;
         assert_eq!(got.headers()["content-type"], "image/png");
     }
+    // A multipart `file` part without a type too.
+    let part = reqwest::multipart::Part::bytes(PNG.to_vec()).file_name("p.png");
+    let res = app
+        .client
+        .post(app.url("/v1/files"))
+        .bearer_auth(&u.key)
+        .multipart(reqwest::multipart::Form::new().part("file", part))
+        .send()
+        .await
+        .unwrap();
+    let file: Value = res.json().await.unwrap();
+    assert_eq!(file["content_type"], "image/png", "multipart");
     // Bytes of no known type stay generic; a type the client names is kept.
     let file: Value = upload_with(&app, &u, b"just bytes".to_vec(), &[])
         .await
