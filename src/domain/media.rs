@@ -35,7 +35,8 @@ pub fn shows_inline(media_type: &str) -> bool {
 }
 
 /// The type to store for a body declared as `declared`, and the body to
-/// store (its sniffed head put back in front). The bytes are looked at when
+/// store (its sniffed head put back in front). Detection is `infer`'s
+/// signatures, then UTF-8 text (`text/plain`), else `application/octet-stream`. The bytes are looked at when
 /// the declared type is a placeholder (to detect the real one) or an
 /// allow-list is set (a type detected from the bytes must be allowed too,
 /// so a claimed `image/png` cannot carry an executable past it).
@@ -50,7 +51,10 @@ pub async fn resolve<'a>(
         return Ok((declared.to_owned(), body));
     }
     let (head, body) = sniff(body, idle).await?;
-    let detected = infer::get(&head.concat()).map(|t| t.mime_type().to_owned());
+    let head = head.concat();
+    let detected = infer::get(&head)
+        .map(|t| t.mime_type().to_owned())
+        .or_else(|| looks_like_text(&head).then(|| TEXT.to_owned()));
     let stored = match (&detected, placeholder) {
         (Some(t), true) => t.clone(),
         (None, true) => OCTET_STREAM.to_owned(),
@@ -62,6 +66,25 @@ pub async fn resolve<'a>(
         }
     }
     Ok((stored, body))
+}
+
+/// What UTF-8 text without a signature is stored as.
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// Whether `head` reads as UTF-8 text: no control characters but
+/// whitespace (a sequence cut at the end of the head counts as text).
+fn looks_like_text(head: &[u8]) -> bool {
+    let text = match std::str::from_utf8(head) {
+        Ok(t) => t,
+        Err(e) if e.error_len().is_none() => {
+            std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or_default()
+        }
+        Err(_) => return false,
+    };
+    !text.is_empty()
+        && text
+            .chars()
+            .all(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r' | '\x0c'))
 }
 
 /// Reads up to [`SNIFF_BYTES`] of `body` (each read within `idle`); returns
@@ -93,6 +116,18 @@ async fn sniff(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_is_utf8_without_control_characters() {
+        assert!(looks_like_text("héllo\r\n\tworld".as_bytes()));
+        assert!(
+            looks_like_text(&"aé".as_bytes()[..2]),
+            "cut at the end of the head"
+        );
+        assert!(
+            !looks_like_text(b"") && !looks_like_text(b"a\0b") && !looks_like_text(b"\xff\xfe")
+        );
+    }
 
     #[test]
     fn only_safe_types_show_inline() {

@@ -159,13 +159,19 @@ async fn a_png_sent_without_a_real_type_is_detected_and_a_declared_type_is_kept(
         .unwrap();
     let file: Value = res.json().await.unwrap();
     assert_eq!(file["content_type"], "image/png", "multipart");
-    // Bytes of no known type stay generic; a type the client names is kept.
-    let file: Value = upload_with(&app, &u, b"just bytes".to_vec(), &[])
-        .await
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(file["content_type"], "application/octet-stream");
+    // UTF-8 text is text; bytes of no known type stay generic; a type the
+    // client names is kept.
+    for (bytes, want) in [
+        ("héllo\n".as_bytes().to_vec(), "text/plain; charset=utf-8"),
+        (pseudo_random_bytes(1000, 3), "application/octet-stream"),
+    ] {
+        let file: Value = upload_with(&app, &u, bytes, &[])
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(file["content_type"], want);
+    }
     let file: Value = upload_with(&app, &u, PNG.to_vec(), &[("content-type", "text/csv")])
         .await
         .json()
@@ -183,7 +189,8 @@ async fn the_allow_list_refuses_other_types_and_stores_nothing() {
     let refused = app.create_user("refused").await;
     for (bytes, declared) in [
         (b"plain text".to_vec(), Some("text/plain")),
-        (b"unknown bytes".to_vec(), None),
+        (b"detected as text".to_vec(), None),
+        (pseudo_random_bytes(1000, 4), None),
         // A claimed image whose bytes are an executable.
         (elf(), Some("image/png")),
     ] {
@@ -241,7 +248,9 @@ async fn downloads_are_inline_only_for_types_safe_to_show() {
         ("application/javascript", false),
         ("application/octet-stream", false),
     ] {
-        let file: Value = upload_with(&app, &u, b"x".to_vec(), &[("content-type", declared)])
+        // Bytes of no type, so that the declared one is what is stored.
+        let bytes = pseudo_random_bytes(100, 5);
+        let file: Value = upload_with(&app, &u, bytes, &[("content-type", declared)])
             .await
             .json()
             .await

@@ -275,10 +275,7 @@ async fn hostile_filenames_are_refused_or_stored_safely() {
         .to_str()
         .unwrap()
         .to_owned();
-    assert!(
-        cd.is_ascii() && cd.starts_with("attachment; filename=\""),
-        "{cd}"
-    );
+    assert!(cd.is_ascii() && cd.contains("; filename=\""), "{cd}");
     assert!(app.list_ids(&u).await.len() == 1 && app.intents().await == 0);
 }
 
