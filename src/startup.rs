@@ -134,12 +134,6 @@ impl AppState {
             (None, Coordination::Lock) => Arc::new(LockCoordinator::new(locks.clone(), applier)),
         };
         let links = LinkSigner::new(settings.link_secret.as_ref())?;
-        if links.ephemeral {
-            tracing::warn!(
-                "FILEDOCK_LINK_SECRET is unset: signed links use a random key made now; \
-                 they stop working on restart and on other instances"
-            );
-        }
         let settings = Arc::new(settings);
         Ok(Self {
             links: Arc::new(links),
@@ -282,6 +276,13 @@ impl Application {
             queue.spawn_workers(shutdown.child_token());
         }
         tracing::info!(addr = %self.local_addr(), "filedock listening");
+        // Said by the server only: the one-shot commands print JSON on stdout.
+        if self.state.links.ephemeral {
+            tracing::warn!(
+                "FILEDOCK_LINK_SECRET is unset: signed links use a random key made at start-up; \
+                 they stop working on restart and on other instances"
+            );
+        }
         let settings = &self.state.settings;
         // hyper's own server (axum::serve sets no timer, so no header timeout).
         let mut builder = Builder::new(TokioExecutor::new());
