@@ -54,6 +54,8 @@ pub struct Settings {
     pub link_secret: Option<SecretString>,
     /// The base URL signed links are built on; `None`: the request's `Host`.
     pub public_url: Option<String>,
+    /// How a signed link serves its file.
+    pub signed_links: SignedLinks,
     pub log_json: bool,
     /// Allow `production` to run on embedded adapters.
     pub allow_embedded_in_production: bool,
@@ -155,6 +157,26 @@ impl FromStr for Coordination {
     }
 }
 
+/// How a signed link serves its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignedLinks {
+    /// filedock streams it, with its own headers.
+    Proxy,
+    /// A redirect to a presigned S3 GET (proxied on local files).
+    Redirect,
+}
+
+impl FromStr for SignedLinks {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "proxy" => Ok(Self::Proxy),
+            "redirect" => Ok(Self::Redirect),
+            other => bail!("expected proxy or redirect, got {other:?}"),
+        }
+    }
+}
+
 /// What the per-user upload lock covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockScope {
@@ -236,6 +258,7 @@ impl Settings {
             allowed_types: AllowedTypes::default(),
             link_secret: None,
             public_url: None,
+            signed_links: SignedLinks::Proxy,
             log_json: false,
             allow_embedded_in_production: false,
         }
@@ -325,6 +348,7 @@ impl Settings {
             }
             s.public_url = Some(v.trim_end_matches('/').to_owned());
         }
+        parse_into(&get, "SIGNED_LINKS", &mut s.signed_links)?;
         s.log_json = match get("LOG_FORMAT").as_deref() {
             None | Some("text") => false,
             Some("json") => true,

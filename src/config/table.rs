@@ -211,6 +211,11 @@ pub const SETTINGS: &[Setting] = &[
         default: "http:// + the request's Host",
     },
     Setting {
+        var: "FILEDOCK_SIGNED_LINKS",
+        meaning: "proxy (filedock streams a link's file) or redirect (307 to a presigned S3 GET valid for at most 5 min; proxied on local files)",
+        default: "proxy",
+    },
+    Setting {
         var: "FILEDOCK_LOG_FORMAT",
         meaning: "text or json (anything else is refused at start-up)",
         default: "text",

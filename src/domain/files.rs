@@ -7,7 +7,7 @@ use super::{
     commit::{UserCommitError, user_commit},
 };
 use crate::{
-    blob::{BlobStore, ByteRange, ByteStream},
+    blob::{BlobStore, ByteRange, ByteStream, PresignedHeaders},
     lock::{LockKey, Locks},
     meta::retry::Transactions,
     meta::{CleanupRepo, Fence, FileRecord, FileRepo, MetaError, OrphanStatus, UserRecord},
@@ -78,6 +78,18 @@ impl FileService {
         range: Option<ByteRange>,
     ) -> Result<ByteStream<'static>, DomainError> {
         Ok(self.blobs.get(&file.key, range).await?)
+    }
+
+    /// A URL that downloads the file straight from the blob store for
+    /// `ttl`, with these response headers; `None` where the store cannot
+    /// make one.
+    pub async fn presigned(
+        &self,
+        file: &FileRecord,
+        ttl: std::time::Duration,
+        headers: &PresignedHeaders,
+    ) -> Result<Option<String>, DomainError> {
+        Ok(self.blobs.presigned_get(&file.key, ttl, headers).await?)
     }
 
     /// Deletes the file under the owner's upload lock for its category: the

@@ -20,7 +20,7 @@ use super::{
     multipart, ok,
 };
 use crate::{
-    blob::{BodyError, ByteRange},
+    blob::{BodyError, ByteRange, PresignedHeaders},
     domain::{
         Filename, MediaType, digest::ExpectedDigest, digest::sha256_header, media::shows_inline,
         upload::NewUpload,
@@ -277,6 +277,16 @@ pub(super) async fn serve(state: &AppState, file: FileRecord, headers: &HeaderMa
         None => set(res.headers_mut(), header::CONTENT_LENGTH, size.to_string()),
     }
     Ok(res)
+}
+
+/// What a presigned download asks S3 to answer with: the type and
+/// disposition filedock would send, privately cached.
+pub(super) fn presigned_headers(file: &FileRecord) -> PresignedHeaders {
+    PresignedHeaders {
+        content_type: file.content_type.clone(),
+        content_disposition: content_disposition(&file.filename, shows_inline(&file.content_type)),
+        cache_control: "private".into(),
+    }
 }
 
 const REPR_DIGEST: header::HeaderName = header::HeaderName::from_static("repr-digest");

@@ -1,11 +1,15 @@
 //! Signed links: `POST /v1/files/{id}/links` makes one; `GET /v1/links/{id}`
-//! downloads the file with it, without an API key, until it expires.
+//! downloads the file with it, without an API key, until it expires — by
+//! streaming it, or (`FILEDOCK_SIGNED_LINKS=redirect`, S3) by a redirect to
+//! a presigned GET.
 
 use axum::{
     Json,
     extract::{Path, State},
     http::{HeaderMap, StatusCode, header},
 };
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +19,15 @@ use super::{
     extract::{AppJson, AppQuery, AuthUser},
     files, ok,
 };
-use crate::domain::links::{SignedLink, expiry};
+use crate::{
+    config::SignedLinks,
+    domain::links::{SignedLink, expiry},
+};
+
+/// The longest a redirect's presigned URL lives (never past the link's own
+/// expiry): it is followed at once, and a file deleted meanwhile is gone
+/// from the store anyway.
+const PRESIGNED_SECS: u64 = 300;
 
 #[derive(Deserialize)]
 pub struct NewLink {
@@ -87,5 +99,17 @@ pub async fn download(
     state.links.verify(&link, Utc::now())?;
     // Looked up every time: a deleted file's links die with it.
     let file = state.files.find_owned(&q.user, &id).await?;
+    if state.settings.signed_links == SignedLinks::Redirect {
+        let left = (q.expires - Utc::now().timestamp()).max(1) as u64;
+        let ttl = Duration::from_secs(left.min(PRESIGNED_SECS));
+        let presigned = files::presigned_headers(&file);
+        if let Some(url) = state.files.presigned(&file, ttl, &presigned).await? {
+            let no_store = "private, no-store".to_owned();
+            return ok((
+                StatusCode::TEMPORARY_REDIRECT,
+                [(header::LOCATION, url), (header::CACHE_CONTROL, no_store)],
+            ));
+        }
+    }
     files::serve(&state, file, &headers).await
 }

@@ -218,3 +218,54 @@ async fn links_are_bounded_and_only_for_the_callers_files() {
         "the documented maximum is accepted"
     );
 }
+
+/// `FILEDOCK_SIGNED_LINKS=redirect`: on S3 a link answers 307 to a presigned
+/// GET of the object; on local files (no presigned URLs) it streams as in
+/// proxy mode. Either way a deleted file's link answers 404, no redirect.
+#[tokio::test]
+async fn redirect_mode_sends_a_link_to_a_presigned_s3_get() {
+    let mut settings = test_settings();
+    settings.signed_links = filedock::config::SignedLinks::Redirect;
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("redirect").await;
+    let bytes = pseudo_random_bytes(50_000, 9);
+    let id = upload(&app, &u, bytes.clone()).await;
+    let url = make_link(&app, &u, &id, 600).await;
+    let no_follow = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let res = no_follow.get(&url).send().await.unwrap();
+    let got = if real_backends() {
+        assert_eq!(res.status(), StatusCode::TEMPORARY_REDIRECT);
+        let location = res.headers()["location"].to_str().unwrap().to_owned();
+        let endpoint = &app.settings.s3.as_ref().unwrap().endpoint;
+        assert!(location.starts_with(endpoint.as_str()), "{location}");
+        let got = app.client.get(&location).send().await.unwrap();
+        // S3 answers with the headers filedock would send.
+        let h = got.headers();
+        assert_eq!(h["cache-control"], "private");
+        assert!(
+            h["content-disposition"]
+                .to_str()
+                .unwrap()
+                .starts_with("attachment; filename=\"shared.bin\""),
+            "{h:?}"
+        );
+        got
+    } else {
+        res
+    };
+    assert_eq!(got.status(), StatusCode::OK);
+    assert_eq!(got.bytes().await.unwrap().as_ref(), bytes.as_slice());
+
+    let (status, _) = app
+        .json("DELETE", format!("/v1/files/{id}"), &u, None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let res = no_follow.get(&url).send().await.unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::NOT_FOUND, "not_found".into())
+    );
+}
