@@ -23,6 +23,7 @@ use crate::{
     domain::{
         containers::ContainerService,
         files::FileService,
+        links::LinkSigner,
         reconcile::Reconciler,
         sweeper::{SweepWorker, Sweeper},
         upload::{UploadService, UploadSlots},
@@ -132,8 +133,10 @@ impl AppState {
             (None, Coordination::Queue) => Arc::new(LocalQueue::new(applier)),
             (None, Coordination::Lock) => Arc::new(LockCoordinator::new(locks.clone(), applier)),
         };
+        let links = LinkSigner::new(settings.link_secret.as_ref())?;
         let settings = Arc::new(settings);
         Ok(Self {
+            links: Arc::new(links),
             users: Arc::new(UserService::new(
                 meta.clone(),
                 auth_cache(settings.auth_cache_ttl),
@@ -273,6 +276,13 @@ impl Application {
             queue.spawn_workers(shutdown.child_token());
         }
         tracing::info!(addr = %self.local_addr(), "filedock listening");
+        // Said by the server only: the one-shot commands print JSON on stdout.
+        if self.state.links.ephemeral {
+            tracing::warn!(
+                "FILEDOCK_LINK_SECRET is unset: signed links use a random key made at start-up; \
+                 they stop working on restart and on other instances"
+            );
+        }
         let settings = &self.state.settings;
         // hyper's own server (axum::serve sets no timer, so no header timeout).
         let mut builder = Builder::new(TokioExecutor::new());

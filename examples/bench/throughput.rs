@@ -172,6 +172,7 @@ pub(crate) async fn small_files(client: &Client, r: &mut Report) {
                             declared_len: Some(4096),
                             body: stream::iter([Ok(body)]).boxed(),
                             idempotency_key: None,
+                            expected_digest: None,
                         };
                         let slot = state.uploads.reserve(user).unwrap();
                         (

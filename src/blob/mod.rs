@@ -109,4 +109,23 @@ pub trait BlobStore: Send + Sync {
     }
 
     async fn ping(&self) -> Result<(), BlobError>;
+
+    /// A URL that downloads the object without credentials for `ttl`, its
+    /// response carrying `headers`; `None` where the store cannot make one
+    /// (local files).
+    async fn presigned_get(
+        &self,
+        _key: &str,
+        _ttl: Duration,
+        _headers: &PresignedHeaders,
+    ) -> Result<Option<String>, BlobError> {
+        Ok(None)
+    }
+}
+
+/// The response headers a presigned download asks the store to send.
+pub struct PresignedHeaders {
+    pub content_type: String,
+    pub content_disposition: String,
+    pub cache_control: String,
 }

@@ -14,6 +14,7 @@ use aws_sdk_s3::{
         ResponseChecksumValidation, timeout::TimeoutConfig,
     },
     error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
+    presigning::PresigningConfig,
     primitives::ByteStream as S3Body,
     types::{CompletedMultipartUpload, CompletedPart},
 };
@@ -23,7 +24,7 @@ use secrecy::ExposeSecret;
 use tokio::task::JoinSet;
 use tokio_util::io::ReaderStream;
 
-use super::{BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob};
+use super::{BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob, PresignedHeaders};
 use crate::{
     config::S3Settings,
     metrics::{Metrics, OutcomeLabel},
@@ -380,6 +381,28 @@ impl BlobStore for S3BlobStore {
         Ok(ReaderStream::new(out.body.into_async_read())
             .map_err(BodyError::Read)
             .boxed())
+    }
+
+    async fn presigned_get(
+        &self,
+        key: &str,
+        ttl: Duration,
+        headers: &PresignedHeaders,
+    ) -> Result<Option<String>, BlobError> {
+        let config = PresigningConfig::expires_in(ttl)
+            .map_err(|e| BlobError::Other(format!("presigning: {e}")))?;
+        let request = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .response_content_type(&headers.content_type)
+            .response_content_disposition(&headers.content_disposition)
+            .response_cache_control(&headers.cache_control)
+            .presigned(config)
+            .await
+            .map_err(sdk_err)?;
+        Ok(Some(request.uri().to_owned()))
     }
 
     async fn delete(&self, key: &str) -> Result<(), BlobError> {

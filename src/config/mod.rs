@@ -1,6 +1,9 @@
 //! Typed settings: defaults overridden by `FILEDOCK_*` environment variables.
 
+pub mod media;
 mod table;
+
+pub use media::AllowedTypes;
 
 pub use table::{SETTINGS, Setting};
 
@@ -45,6 +48,14 @@ pub struct Settings {
     /// closed (slow-header clients).
     pub header_timeout: Duration,
     pub cors_origins: Vec<String>,
+    /// The types an upload may have (declared or detected); empty allows any.
+    pub allowed_types: AllowedTypes,
+    /// The key of signed links; `None`: a random one per process.
+    pub link_secret: Option<SecretString>,
+    /// The base URL signed links are built on; `None`: the request's `Host`.
+    pub public_url: Option<String>,
+    /// How a signed link serves its file.
+    pub signed_links: SignedLinks,
     pub log_json: bool,
     /// Allow `production` to run on embedded adapters.
     pub allow_embedded_in_production: bool,
@@ -146,6 +157,26 @@ impl FromStr for Coordination {
     }
 }
 
+/// How a signed link serves its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignedLinks {
+    /// filedock streams it, with its own headers.
+    Proxy,
+    /// A redirect to a presigned S3 GET (proxied on local files).
+    Redirect,
+}
+
+impl FromStr for SignedLinks {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "proxy" => Ok(Self::Proxy),
+            "redirect" => Ok(Self::Redirect),
+            other => bail!("expected proxy or redirect, got {other:?}"),
+        }
+    }
+}
+
 /// What the per-user upload lock covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockScope {
@@ -224,6 +255,10 @@ impl Settings {
             body_idle_timeout: Duration::from_secs(60),
             header_timeout: Duration::from_secs(30),
             cors_origins: Vec::new(),
+            allowed_types: AllowedTypes::default(),
+            link_secret: None,
+            public_url: None,
+            signed_links: SignedLinks::Proxy,
             log_json: false,
             allow_embedded_in_production: false,
         }
@@ -302,6 +337,18 @@ impl Settings {
         if let Some(v) = get("CORS_ORIGINS") {
             s.cors_origins = v.split(',').map(|o| o.trim().to_owned()).collect();
         }
+        if let Some(v) = get("ALLOWED_TYPES") {
+            s.allowed_types = AllowedTypes::parse(&v)
+                .map_err(|e| anyhow::anyhow!("FILEDOCK_ALLOWED_TYPES: {e}"))?;
+        }
+        s.link_secret = get("LINK_SECRET").map(SecretString::from);
+        if let Some(v) = get("PUBLIC_URL") {
+            if !(v.starts_with("http://") || v.starts_with("https://")) {
+                bail!("FILEDOCK_PUBLIC_URL must start with http:// or https://, not {v:?}");
+            }
+            s.public_url = Some(v.trim_end_matches('/').to_owned());
+        }
+        parse_into(&get, "SIGNED_LINKS", &mut s.signed_links)?;
         s.log_json = match get("LOG_FORMAT").as_deref() {
             None | Some("text") => false,
             Some("json") => true,

@@ -196,6 +196,26 @@ pub const SETTINGS: &[Setting] = &[
         default: "none",
     },
     Setting {
+        var: "FILEDOCK_ALLOWED_TYPES",
+        meaning: "comma list of content types an upload may have, exact or type/* (e.g. image/*,application/pdf); others get 415",
+        default: "any type",
+    },
+    Setting {
+        var: "FILEDOCK_LINK_SECRET",
+        meaning: "key of signed download links, at least 32 bytes, the same on every instance (never logged)",
+        default: "random per process: links die on restart and work only on the instance that made them",
+    },
+    Setting {
+        var: "FILEDOCK_PUBLIC_URL",
+        meaning: "base URL signed links are built on, e.g. https://files.example.com",
+        default: "http:// + the request's Host",
+    },
+    Setting {
+        var: "FILEDOCK_SIGNED_LINKS",
+        meaning: "proxy (filedock streams a link's file) or redirect (307 to a presigned S3 GET valid for at most 5 min; proxied on local files)",
+        default: "proxy",
+    },
+    Setting {
         var: "FILEDOCK_LOG_FORMAT",
         meaning: "text or json (anything else is refused at start-up)",
         default: "text",

@@ -43,6 +43,17 @@ pub enum DomainError {
     OutcomeUnknown(Option<String>),
     #[error("storage quota exceeded")]
     QuotaExceeded,
+    /// The bytes received do not have the digest the client declared.
+    #[error("the body does not match its Content-Digest ({0}); nothing was stored")]
+    DigestMismatch(&'static str),
+    /// The type (declared or detected) is outside `FILEDOCK_ALLOWED_TYPES`.
+    #[error("content type {0} is not accepted here; nothing was stored")]
+    UnsupportedMediaType(String),
+    /// A signed link whose signature does not match (tampered or made up).
+    #[error("this link is not valid")]
+    LinkInvalid,
+    #[error("this link has expired")]
+    LinkExpired,
     /// A queued operation kept failing and was moved to the dead-letter queue.
     #[error("{0}")]
     DeadLettered(String),
@@ -67,6 +78,10 @@ impl DomainError {
             Self::DependencyUnavailable(_) => "dependency_unavailable",
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::DigestMismatch(_) => "digest_mismatch",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::LinkInvalid => "link_invalid",
+            Self::LinkExpired => "link_expired",
             Self::DeadLettered(_) => "dead_lettered",
             Self::Internal(_) => "internal",
         }

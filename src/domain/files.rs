@@ -7,7 +7,7 @@ use super::{
     commit::{UserCommitError, user_commit},
 };
 use crate::{
-    blob::{BlobStore, ByteRange, ByteStream},
+    blob::{BlobStore, ByteRange, ByteStream, PresignedHeaders},
     lock::{LockKey, Locks},
     meta::retry::Transactions,
     meta::{CleanupRepo, Fence, FileRecord, FileRepo, MetaError, OrphanStatus, UserRecord},
@@ -26,9 +26,15 @@ pub struct FileService {
 impl FileService {
     /// The caller's file, or `NotFound` (also for other users' files).
     pub async fn find(&self, user: &UserRecord, id: &str) -> Result<FileRecord, DomainError> {
+        self.find_owned(&user.id, id).await
+    }
+
+    /// The file `id` of the user `owner_id`, or `NotFound` (also once it is
+    /// deleted: a signed link dies with its file).
+    pub async fn find_owned(&self, owner_id: &str, id: &str) -> Result<FileRecord, DomainError> {
         let id = FileId::parse(id).ok_or(DomainError::NotFound)?;
         self.files
-            .file(&user.id, &id.to_string())
+            .file(owner_id, &id.to_string())
             .await?
             .ok_or(DomainError::NotFound)
     }
@@ -72,6 +78,18 @@ impl FileService {
         range: Option<ByteRange>,
     ) -> Result<ByteStream<'static>, DomainError> {
         Ok(self.blobs.get(&file.key, range).await?)
+    }
+
+    /// A URL that downloads the file straight from the blob store for
+    /// `ttl`, with these response headers; `None` where the store cannot
+    /// make one.
+    pub async fn presigned(
+        &self,
+        file: &FileRecord,
+        ttl: std::time::Duration,
+        headers: &PresignedHeaders,
+    ) -> Result<Option<String>, DomainError> {
+        Ok(self.blobs.presigned_get(&file.key, ttl, headers).await?)
     }
 
     /// Deletes the file under the owner's upload lock for its category: the

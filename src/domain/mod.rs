@@ -6,9 +6,12 @@
 pub mod commands;
 mod commit;
 pub mod containers;
+pub mod digest;
 pub mod error;
 pub mod files;
 pub mod ids;
+pub mod links;
+pub mod media;
 pub mod reconcile;
 pub mod sweeper;
 pub mod upload;

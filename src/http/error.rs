@@ -46,7 +46,9 @@ impl ApiError {
         match domain {
             D::Unauthenticated => StatusCode::UNAUTHORIZED,
             D::NotFound => StatusCode::NOT_FOUND,
-            D::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            D::InvalidRequest(_) | D::DigestMismatch(_) => StatusCode::BAD_REQUEST,
+            D::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            D::LinkInvalid | D::LinkExpired => StatusCode::FORBIDDEN,
             D::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             D::TooManyUploads(_) => StatusCode::TOO_MANY_REQUESTS,
             D::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,

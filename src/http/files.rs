@@ -20,8 +20,11 @@ use super::{
     multipart, ok,
 };
 use crate::{
-    blob::{BodyError, ByteRange},
-    domain::{Filename, MediaType, upload::NewUpload},
+    blob::{BodyError, ByteRange, PresignedHeaders},
+    domain::{
+        Filename, MediaType, digest::ExpectedDigest, digest::sha256_header, media::shows_inline,
+        upload::NewUpload,
+    },
     meta::FileRecord,
 };
 
@@ -73,6 +76,17 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// The `Content-Digest` the client declared, if any (400 if malformed).
+fn expected_digest(headers: &HeaderMap) -> Result<Option<ExpectedDigest>, ApiError> {
+    let Some(v) = headers.get("content-digest") else {
+        return Ok(None);
+    };
+    let raw = v
+        .to_str()
+        .map_err(|_| ApiError::invalid("Content-Digest is not ASCII"))?;
+    Ok(Some(ExpectedDigest::parse(raw).map_err(ApiError::invalid)?))
+}
+
 fn header_str(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -88,6 +102,7 @@ pub async fn upload(
     // Content-Length, or 0 for a request that has no body at all.
     let declared_len = http_body::Body::size_hint(&body).exact();
     let idempotency_key = idempotency_key(&headers)?;
+    let expected_digest = expected_digest(&headers)?;
     let content_type =
         header_str(&headers, header::CONTENT_TYPE).unwrap_or("application/octet-stream");
     // Taken before a byte of the body is read: a body still sending its
@@ -97,6 +112,12 @@ pub async fn upload(
         .to_ascii_lowercase()
         .starts_with("multipart/form-data")
     {
+        if expected_digest.is_some() {
+            // RFC 9530 would make it the digest of the whole form, not the file's.
+            return Err(ApiError::invalid(
+                "Content-Digest is checked on raw-body uploads only; send the file as the body",
+            ));
+        }
         let boundary = multer::parse_boundary(content_type)
             .map_err(|e| ApiError::invalid(format!("bad multipart Content-Type: {e}")))?;
         let idle = state.settings.body_idle_timeout;
@@ -111,6 +132,7 @@ pub async fn upload(
             declared_len,
             body: stream,
             idempotency_key,
+            expected_digest: None,
         }
     } else {
         let name = q.filename.unwrap_or_else(|| DEFAULT_FILENAME.into());
@@ -123,6 +145,7 @@ pub async fn upload(
                     .map_err(|e| BodyError::Read(io::Error::other(e))),
             ),
             idempotency_key,
+            expected_digest,
         }
     };
     let uploaded = state.uploads.upload(slot, &user, new).await?;
@@ -186,7 +209,7 @@ pub async fn delete(
     ok(StatusCode::NO_CONTENT)
 }
 
-/// `GET /v1/files/{id}/content`: streamed, with `ETag`, `Content-Disposition` and `Range`.
+/// `GET /v1/files/{id}/content`: see [`serve`].
 pub async fn content(
     AuthUser(user): AuthUser,
     State(state): State<AppState>,
@@ -194,14 +217,23 @@ pub async fn content(
     headers: HeaderMap,
 ) -> ApiResult {
     let file = state.files.find(&user, &id).await?;
+    serve(&state, file, &headers).await
+}
+
+/// A file's bytes, streamed, for the owner or a signed link: `ETag`,
+/// `Last-Modified` (and 304 for `If-None-Match` / `If-Modified-Since`),
+/// `Range`, `Repr-Digest`, and headers that keep a browser from running it.
+pub(super) async fn serve(state: &AppState, file: FileRecord, headers: &HeaderMap) -> ApiResult {
     let etag = format!("\"{}\"", file.sha256);
     let size = file.size as u64;
-    if header_str(&headers, header::IF_NONE_MATCH)
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"))
-    {
-        return ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]));
+    let last_modified = httpdate::fmt_http_date(file.created_at.into());
+    if not_modified(headers, &etag, file.created_at) {
+        return ok((
+            StatusCode::NOT_MODIFIED,
+            [(header::ETAG, etag), (header::LAST_MODIFIED, last_modified)],
+        ));
     }
-    let range = match header_str(&headers, header::RANGE) {
+    let range = match header_str(headers, header::RANGE) {
         Some(raw) => requested_range(raw, size)?,
         None => None,
     };
@@ -220,11 +252,16 @@ pub async fn content(
     set(h, header::CONTENT_SECURITY_POLICY, "sandbox".into());
     set(h, header::CACHE_CONTROL, "private".into());
     set(h, header::ETAG, etag);
+    set(h, header::LAST_MODIFIED, last_modified);
+    if let Some(d) = sha256_header(&file.sha256) {
+        // The whole file's digest, also on a 206 (RFC 9530 §3).
+        set(h, REPR_DIGEST, d);
+    }
     set(h, header::ACCEPT_RANGES, "bytes".into());
     set(
         h,
         header::CONTENT_DISPOSITION,
-        content_disposition(&file.filename),
+        content_disposition(&file.filename, shows_inline(&file.content_type)),
     );
     match range {
         Some(r) => {
@@ -240,6 +277,33 @@ pub async fn content(
         None => set(res.headers_mut(), header::CONTENT_LENGTH, size.to_string()),
     }
     Ok(res)
+}
+
+/// What a presigned download asks S3 to answer with: the type and
+/// disposition filedock would send, privately cached.
+pub(super) fn presigned_headers(file: &FileRecord) -> PresignedHeaders {
+    PresignedHeaders {
+        content_type: file.content_type.clone(),
+        content_disposition: content_disposition(&file.filename, shows_inline(&file.content_type)),
+        cache_control: "private".into(),
+    }
+}
+
+const REPR_DIGEST: header::HeaderName = header::HeaderName::from_static("repr-digest");
+
+/// Whether the client's copy is current (RFC 9110 §13.2.2: `If-None-Match`
+/// decides when present; `If-Modified-Since` only without it).
+fn not_modified(headers: &HeaderMap, etag: &str, created: chrono::DateTime<chrono::Utc>) -> bool {
+    if let Some(v) = header_str(headers, header::IF_NONE_MATCH) {
+        return v.split(',').any(|t| t.trim() == etag || t.trim() == "*");
+    }
+    // A date that does not parse is ignored (RFC 9110 §13.1.3).
+    header_str(headers, header::IF_MODIFIED_SINCE)
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+        .is_some_and(|since| {
+            let since = chrono::DateTime::<chrono::Utc>::from(since);
+            created.timestamp() <= since.timestamp()
+        })
 }
 
 /// One satisfiable range, `None` to send the whole file (no range, a
@@ -272,8 +336,9 @@ fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
         .into_string())
 }
 
-/// `attachment` with an ASCII fallback and the exact name per RFC 6266/5987.
-fn content_disposition(filename: &str) -> String {
+/// `inline` (types safe to show) or `attachment`, with an ASCII fallback
+/// and the exact name per RFC 6266/5987.
+fn content_disposition(filename: &str, inline: bool) -> String {
     let fallback: String = filename
         .chars()
         .map(|c| {
@@ -285,7 +350,8 @@ fn content_disposition(filename: &str) -> String {
         })
         .collect();
     format!(
-        "attachment; filename=\"{fallback}\"; filename*=UTF-8''{}",
+        "{}; filename=\"{fallback}\"; filename*=UTF-8''{}",
+        if inline { "inline" } else { "attachment" },
         utf8_percent_encode(filename, NON_ALPHANUMERIC)
     )
 }
@@ -317,7 +383,7 @@ mod tests {
 
     #[test]
     fn content_disposition_encodes_non_ascii() {
-        let cd = content_disposition("résumé \"final\".pdf");
+        let cd = content_disposition("résumé \"final\".pdf", false);
         assert_eq!(
             cd,
             "attachment; filename=\"r_sum_ _final_.pdf\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20%22final%22%2Epdf"

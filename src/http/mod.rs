@@ -9,6 +9,7 @@ pub mod error;
 mod extract;
 mod files;
 mod health;
+mod links;
 mod multipart;
 mod page;
 mod sessions;
@@ -69,6 +70,8 @@ api! {
     GET "/v1/files/{id}" => files::get,
     DELETE "/v1/files/{id}" => files::delete,
     GET "/v1/files/{id}/content" => files::content,
+    POST "/v1/files/{id}/links" => links::create,
+    GET "/v1/links/{id}" => links::download,
     POST "/v1/sessions" => sessions::create,
     GET "/v1/sessions/{id}" => sessions::get,
     POST "/v1/sessions/{id}/files" => sessions::attach,
@@ -199,7 +202,10 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,
                 header::RANGE,
+                header::IF_NONE_MATCH,
+                header::IF_MODIFIED_SINCE,
                 HeaderName::from_static("idempotency-key"),
+                HeaderName::from_static("content-digest"),
             ])
             .expose_headers([
                 X_REQUEST_ID,
@@ -207,6 +213,8 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
                 header::ETAG,
                 header::CONTENT_DISPOSITION,
                 header::CONTENT_RANGE,
+                header::LAST_MODIFIED,
+                HeaderName::from_static("repr-digest"),
             ])
             .max_age(Duration::from_secs(600)),
     )

@@ -10,8 +10,8 @@ use crate::{
     config::Settings,
     coord::queue::RedisQueue,
     domain::{
-        containers::ContainerService, files::FileService, reconcile::Reconciler, sweeper::Sweeper,
-        upload::UploadService, users::UserService,
+        containers::ContainerService, files::FileService, links::LinkSigner, reconcile::Reconciler,
+        sweeper::Sweeper, upload::UploadService, users::UserService,
     },
     metrics::Metrics,
     ports::Ports,
@@ -26,6 +26,8 @@ pub struct AppState {
     pub users: Arc<UserService>,
     pub uploads: Arc<UploadService>,
     pub files: Arc<FileService>,
+    /// Signs and checks signed download links.
+    pub links: Arc<LinkSigner>,
     pub containers: Arc<ContainerService>,
     pub sweeper: Arc<Sweeper>,
     pub reconciler: Arc<Reconciler>,

@@ -3,6 +3,7 @@
 //! otherwise against the embedded adapters.
 
 mod cli;
+mod content;
 mod crash;
 mod fault_cluster;
 mod fault_proxy;
@@ -15,6 +16,7 @@ mod helpers;
 mod history;
 mod hostile;
 mod http_semantics;
+mod links;
 mod lock_faults;
 mod locks;
 mod openapi;

@@ -10,13 +10,15 @@ use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sha2::{Digest, Sha256};
+use sha2::{Digest, Sha256, Sha512};
 
 pub use self::slots::{UploadSlot, UploadSlots};
 use self::{settle::CommitError, slots::InFlight};
 use super::{
     DomainError, FileId, Filename, SizeCategory, UserId,
     commit::{UserCommitError, user_commit},
+    digest::ExpectedDigest,
+    media,
 };
 use crate::{
     blob::{BlobStore, BodyError, ByteStream},
@@ -48,11 +50,16 @@ pub struct UploadService {
 /// An upload as the HTTP layer hands it over.
 pub struct NewUpload<'a> {
     pub filename: Filename,
+    /// As the client declared it: a placeholder type is replaced by the one
+    /// detected from the first bytes ([`media::resolve`]).
     pub content_type: String,
     /// The length the client declared, which picks the lock category.
     pub declared_len: Option<u64>,
     pub body: ByteStream<'a>,
     pub idempotency_key: Option<String>,
+    /// The digest the client declared (`Content-Digest`): the upload fails
+    /// with nothing stored if the bytes do not match.
+    pub expected_digest: Option<ExpectedDigest>,
 }
 
 /// What an upload produced.
@@ -112,7 +119,11 @@ impl UploadService {
             .inc();
     }
 
-    async fn run(&self, user: &UserRecord, new: NewUpload<'_>) -> Result<Uploaded, DomainError> {
+    async fn run(
+        &self,
+        user: &UserRecord,
+        mut new: NewUpload<'_>,
+    ) -> Result<Uploaded, DomainError> {
         let settings = &self.settings;
         let max = settings.max_upload_bytes;
         if new.declared_len.is_some_and(|n| n > max) {
@@ -126,6 +137,15 @@ impl UploadService {
                 replayed: true,
             });
         }
+        // Before the intent: a refused type leaves nothing behind.
+        let (content_type, body) = media::resolve(
+            &new.content_type,
+            new.body,
+            &settings.allowed_types,
+            settings.body_idle_timeout,
+        )
+        .await?;
+        (new.content_type, new.body) = (content_type, body);
         self.check_declared_quota(user, new.declared_len).await?;
 
         let user_id = UserId::parse(&user.id)
@@ -178,7 +198,10 @@ impl UploadService {
 
         let _in_flight = InFlight::new(&self.metrics);
         let lease = guard.as_ref().and_then(Held::guard);
-        let stored = self.store_blob(user, intent, new.body, max, lease).await;
+        let expected = new.expected_digest.as_ref();
+        let stored = self
+            .store_blob(user, intent, new.body, max, lease, expected)
+            .await;
         let (size, sha256) = match stored {
             Ok(v) => {
                 crate::crash_point("after_blob");
@@ -262,7 +285,8 @@ impl UploadService {
 
     /// Streams the body into the blob store, hashing and counting as it goes;
     /// stops early if the body passes `max` or the user's quota, or the lease
-    /// (scope = upload) is lost.
+    /// (scope = upload) is lost; fails if the bytes do not have the
+    /// `expected` digest (the caller then deletes the blob).
     async fn store_blob(
         &self,
         user: &UserRecord,
@@ -270,8 +294,13 @@ impl UploadService {
         body: ByteStream<'_>,
         max: u64,
         guard: Option<&crate::lock::LockGuard>,
+        expected: Option<&ExpectedDigest>,
     ) -> Result<(u64, String), DomainError> {
         let mut hasher = Sha256::new();
+        // Only when the client asked for it: SHA-512 costs as much again.
+        let mut sha512 = expected
+            .and_then(|e| e.sha512.as_ref())
+            .map(|_| Sha512::new());
         let mut size = 0u64;
         // A client that stops sending holds a connection and (scope = upload) a
         // lock: give up on it after the idle timeout.
@@ -291,6 +320,9 @@ impl UploadService {
                 return Err(BodyError::TooLarge(max));
             }
             hasher.update(&chunk);
+            if let Some(h) = sha512.as_mut() {
+                h.update(&chunk);
+            }
             Ok(chunk)
         });
         let put = self
@@ -307,7 +339,19 @@ impl UploadService {
             None => put.await?,
         };
         debug_assert_eq!(written, size);
-        Ok((size, hex::encode(hasher.finalize())))
+        let sha256 = hasher.finalize();
+        if let Some(e) = expected {
+            if e.sha256.as_deref().is_some_and(|d| d != sha256.as_slice()) {
+                return Err(DomainError::DigestMismatch("sha-256"));
+            }
+            let sha512 = sha512.map(Sha512::finalize);
+            if let (Some(want), Some(got)) = (&e.sha512, &sha512)
+                && want.as_slice() != got.as_slice()
+            {
+                return Err(DomainError::DigestMismatch("sha-512"));
+            }
+        }
+        Ok((size, hex::encode(sha256)))
     }
 
     /// Refreshes the upload's intent until the upload is done, so that the

@@ -1,0 +1,115 @@
+//! Signed links: `POST /v1/files/{id}/links` makes one; `GET /v1/links/{id}`
+//! downloads the file with it, without an API key, until it expires — by
+//! streaming it, or (`FILEDOCK_SIGNED_LINKS=redirect`, S3) by a redirect to
+//! a presigned GET.
+
+use axum::{
+    Json,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode, header},
+};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    ApiResult, AppState,
+    error::ApiError,
+    extract::{AppJson, AppQuery, AuthUser},
+    files, ok,
+};
+use crate::{
+    config::SignedLinks,
+    domain::links::{SignedLink, expiry},
+};
+
+/// The longest a redirect's presigned URL lives (never past the link's own
+/// expiry): it is followed at once, and a file deleted meanwhile is gone
+/// from the store anyway.
+const PRESIGNED_SECS: u64 = 300;
+
+#[derive(Deserialize)]
+pub struct NewLink {
+    /// Seconds from now, 1 to [`crate::domain::links::MAX_LINK_SECS`].
+    expires_in: u64,
+}
+
+#[derive(Serialize)]
+struct LinkView {
+    url: String,
+    expires_at: DateTime<Utc>,
+}
+
+/// `POST /v1/files/{id}/links {"expires_in": seconds}` → 201 `{url, expires_at}`.
+pub async fn create(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    AppJson(body): AppJson<NewLink>,
+) -> ApiResult {
+    let expires_at = expiry(Utc::now(), body.expires_in)?;
+    let file = state.files.find(&user, &id).await?;
+    let signature = state.links.sign(&user.id, &file.id, expires_at);
+    let url = format!(
+        "{}/v1/links/{}?user={}&expires={}&signature={signature}",
+        base_url(&state, &headers)?,
+        file.id,
+        user.id,
+        expires_at.timestamp(),
+    );
+    ok((StatusCode::CREATED, Json(LinkView { url, expires_at })))
+}
+
+/// Where this server is reached: `FILEDOCK_PUBLIC_URL`, or the request's `Host`.
+fn base_url(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    if let Some(url) = &state.settings.public_url {
+        return Ok(url.clone());
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| h.parse::<axum::http::uri::Authority>().is_ok())
+        .ok_or_else(|| ApiError::invalid("a Host header is needed to make a link"))?;
+    Ok(format!("http://{host}"))
+}
+
+#[derive(Deserialize)]
+pub struct LinkQuery {
+    user: String,
+    expires: i64,
+    signature: String,
+}
+
+/// `GET /v1/links/{id}?user=&expires=&signature=`: the file, as
+/// `GET /v1/files/{id}/content` serves it (ranges and conditionals too).
+pub async fn download(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    AppQuery(q): AppQuery<LinkQuery>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let link = SignedLink {
+        owner_id: &q.user,
+        file_id: &id,
+        expires: q.expires,
+        signature: &q.signature,
+    };
+    state.links.verify(&link, Utc::now())?;
+    // Looked up every time: a deleted file's links die with it.
+    let file = state.files.find_owned(&q.user, &id).await?;
+    if state.settings.signed_links == SignedLinks::Redirect {
+        let left = (q.expires - Utc::now().timestamp()).max(1) as u64;
+        let ttl = Duration::from_secs(left.min(PRESIGNED_SECS));
+        let presigned = files::presigned_headers(&file);
+        if let Some(url) = state.files.presigned(&file, ttl, &presigned).await? {
+            let no_store = "private, no-store".to_owned();
+            return ok((
+                StatusCode::TEMPORARY_REDIRECT,
+                [(header::LOCATION, url), (header::CACHE_CONTROL, no_store)],
+            ));
+        }
+    }
+    files::serve(&state, file, &headers).await
+}
