@@ -49,8 +49,13 @@ macro_rules! api {
         /// Every (method, path) the router serves.
         pub const ROUTES: &[(&str, &str)] = &[ $( (stringify!($method), $path) ),* ];
 
-        fn api_routes() -> Router<AppState> {
-            Router::new() $( .route($path, on(MethodFilter::$method, $handler)) )*
+        /// The routes whose path `serves` accepts.
+        fn api_routes(serves: impl Fn(&str) -> bool) -> Router<AppState> {
+            let mut router = Router::new();
+            $( if serves($path) {
+                router = router.route($path, on(MethodFilter::$method, $handler));
+            } )*
+            router
         }
     };
 }
@@ -83,9 +88,14 @@ api! {
     DELETE "/v1/agents/{id}/toolsets/{toolset_id}" => agents::disconnect_toolset,
 }
 
+/// The path of the metrics, served by [`metrics_router`] instead when
+/// `FILEDOCK_METRICS_ADDR` is set.
+pub const METRICS_PATH: &str = "/metrics";
+
 pub fn router(state: AppState) -> Router {
     let cors = cors(&state.settings.cors_origins);
-    api_routes()
+    let metrics_apart = state.settings.metrics_addr.is_some();
+    api_routes(|path| !(metrics_apart && path == METRICS_PATH))
         .fallback(|| async { ApiError::from(DomainError::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         // For JSON bodies; uploads stream their bodies and enforce their own limit.
@@ -110,6 +120,15 @@ pub fn router(state: AppState) -> Router {
                 .layer(middleware::from_fn_with_state(state.clone(), observe))
                 .option_layer(cors),
         )
+        .with_state(state)
+}
+
+/// `/metrics` alone, for the listener at `FILEDOCK_METRICS_ADDR`.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route(METRICS_PATH, axum::routing::get(health::metrics))
+        .fallback(|| async { ApiError::from(DomainError::NotFound) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
 }
 
@@ -194,7 +213,13 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+            .allow_methods([
+                Method::GET,
+                Method::POST,
+                Method::PUT,
+                Method::PATCH,
+                Method::DELETE,
+            ])
             .allow_headers([
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,

@@ -63,6 +63,8 @@ pub fn test_settings() -> Settings {
 
 pub struct TestApp {
     pub base: String,
+    /// Where `/metrics` is served when `FILEDOCK_METRICS_ADDR` is set.
+    pub metrics_base: Option<String>,
     pub client: reqwest::Client,
     pub state: AppState,
     pub settings: Settings,
@@ -218,11 +220,13 @@ pub async fn spawn_app_with_state(state: AppState) -> TestApp {
     let settings = (*state.settings).clone();
     let app = Application::with_state(state).await.expect("app binds");
     let base = format!("http://127.0.0.1:{}", app.port());
+    let metrics_base = app.metrics_addr().map(|a| format!("http://{a}"));
     let state = app.state().clone();
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
     TestApp {
         base,
+        metrics_base,
         client: reqwest::Client::new(),
         state,
         settings,
