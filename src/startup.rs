@@ -293,16 +293,19 @@ impl Application {
         if let Some(queue) = &self.state.queue {
             queue.spawn_workers(shutdown.child_token());
         }
-        let metrics_server = self.metrics_addr().zip(self.metrics_listener.take()).map(|(addr, l)| {
-            tracing::info!(%addr, "metrics listening");
-            let metrics = http::metrics_router(self.state.clone());
-            let stop = shutdown.clone().cancelled_owned();
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(l, metrics).with_graceful_shutdown(stop).await {
-                    tracing::warn!(error = %e, "the metrics listener failed");
-                }
-            })
-        });
+        let metrics_server =
+            self.metrics_addr()
+                .zip(self.metrics_listener.take())
+                .map(|(addr, l)| {
+                    tracing::info!(%addr, "metrics listening");
+                    let metrics = http::metrics_router(self.state.clone());
+                    let stop = shutdown.clone().cancelled_owned();
+                    tokio::spawn(async move {
+                        if let Err(e) = axum::serve(l, metrics).with_graceful_shutdown(stop).await {
+                            tracing::warn!(error = %e, "the metrics listener failed");
+                        }
+                    })
+                });
         tracing::info!(addr = %self.local_addr(), "filedock listening");
         let settings = &self.state.settings;
         // hyper's own server (axum::serve sets no timer, so no header timeout).

@@ -9,6 +9,7 @@ pub mod containers;
 pub mod error;
 pub mod files;
 pub mod ids;
+pub mod page;
 pub mod reconcile;
 pub mod sweeper;
 pub mod upload;

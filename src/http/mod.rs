@@ -9,6 +9,8 @@ pub mod error;
 mod extract;
 mod files;
 mod health;
+mod listing;
+mod me;
 mod multipart;
 mod page;
 mod sessions;
@@ -69,16 +71,20 @@ api! {
     GET "/v1/admin/orphans" => admin::orphans,
     POST "/v1/admin/sweep" => admin::sweep,
     GET "/v1/admin/queue" => admin::queue,
+    GET "/v1/me" => me::me,
     POST "/v1/files" => files::upload,
     GET "/v1/files" => files::list,
     GET "/v1/files/{id}" => files::get,
+    PATCH "/v1/files/{id}" => files::rename,
     DELETE "/v1/files/{id}" => files::delete,
     GET "/v1/files/{id}/content" => files::content,
     POST "/v1/sessions" => sessions::create,
+    GET "/v1/sessions" => sessions::list,
     GET "/v1/sessions/{id}" => sessions::get,
     POST "/v1/sessions/{id}/files" => sessions::attach,
     DELETE "/v1/sessions/{id}/files/{file_id}" => sessions::detach,
     POST "/v1/agents" => agents::create,
+    GET "/v1/agents" => agents::list,
     GET "/v1/agents/{id}" => agents::get,
     POST "/v1/agents/{id}/files" => agents::attach,
     DELETE "/v1/agents/{id}/files/{file_id}" => agents::detach,

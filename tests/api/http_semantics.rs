@@ -256,7 +256,12 @@ async fn metrics_on_their_own_listener_are_served_only_there() {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
     );
     assert_eq!(
-        metric_at(&metrics_base, "filedock_uploads_total", "outcome=\"committed\"").await,
+        metric_at(
+            &metrics_base,
+            "filedock_uploads_total",
+            "outcome=\"committed\""
+        )
+        .await,
         1.0,
         "the metrics listener shows the API's figures"
     );
@@ -274,7 +279,11 @@ async fn metrics_on_their_own_listener_are_served_only_there() {
         .send()
         .await
         .unwrap();
-    assert_eq!(res.status(), StatusCode::NOT_FOUND, "nor the metrics listener the API");
+    assert_eq!(
+        res.status(),
+        StatusCode::NOT_FOUND,
+        "nor the metrics listener the API"
+    );
 }
 
 /// One name rule for files, users and agents: no invisible or bidirectional
