@@ -104,14 +104,21 @@ stack_start() {
 # answers, and stops it (by PID) when the calling script exits. Sets
 # SERVE_BASE, SERVE_ADMIN and SERVE_DIR (a scratch dir, removed at exit).
 serve_embedded() {
-  local name=$1 port
-  cargo build --locked --bin filedock
+  local name=$1 port bin
+  # Where cargo put the binary (not assumed from CARGO_TARGET_DIR: a build
+  # or artifact dir set in cargo's configuration moves it).
+  bin=$(cargo build --locked --bin filedock --message-format=json-render-diagnostics |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "filedock":
+        print(m["executable"])') || return 1
   port=$(free_port)
   SERVE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/filedock-$name.XXXXXX")
   SERVE_ADMIN="$name-admin-$RANDOM$RANDOM"
   SERVE_BASE="http://127.0.0.1:$port"
   FILEDOCK_BIND="127.0.0.1:$port" FILEDOCK_DATA_DIR="$SERVE_DIR/data" FILEDOCK_ADMIN_KEY="$SERVE_ADMIN" \
-    RUST_LOG=error "$CARGO_TARGET_DIR/debug/filedock" >"$SERVE_DIR/server.log" 2>&1 &
+    RUST_LOG=error "$bin" >"$SERVE_DIR/server.log" 2>&1 &
   SERVE_PID=$!
   trap 'kill "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null; rm -rf "$SERVE_DIR"' EXIT
   for _ in $(seq 1 100); do
