@@ -171,11 +171,11 @@ async fn a_rename_racing_a_delete_is_applied_first_or_finds_nothing() {
         n - applied
     );
     for id in &ids {
-        let (status, _) = app.json("GET", format!("/v1/files/{id}"), &u, None).await;
+        let (status, _) = app.json("GET", format!("/v1/files/{id}"), u, None).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{id} came back");
     }
-    assert!(app.list_ids(&u).await.is_empty(), "nothing listed");
-    let (_, me) = app.json("GET", "/v1/me", &u, None).await;
+    assert!(app.list_ids(u).await.is_empty(), "nothing listed");
+    let (_, me) = app.json("GET", "/v1/me", u, None).await;
     assert_eq!(me["usage"]["used_bytes"], 0);
     assert_eq!(me["usage"]["file_count"], 0);
     let records = app
