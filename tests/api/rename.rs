@@ -64,6 +64,12 @@ async fn a_rename_changes_the_name_and_nothing_else() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
         assert_eq!(body["error"]["code"], "invalid_request");
     }
+    let (status, body) = rename(&app, &u, &id, json!({"name": "x".repeat(70_000)})).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::PAYLOAD_TOO_LARGE, &json!("payload_too_large")),
+        "a JSON body over 64 KiB"
+    );
     let (_, got) = app.json("GET", format!("/v1/files/{id}"), &u, None).await;
     assert_eq!(
         got["filename"], "caf\u{e9}.txt",
@@ -189,4 +195,32 @@ async fn a_rename_racing_a_delete_is_applied_first_or_finds_nothing() {
         records.is_empty(),
         "no file record resurrected: {records:?}"
     );
+}
+
+#[tokio::test]
+async fn a_browser_on_an_allowed_origin_may_rename() {
+    let mut settings = test_settings();
+    settings.cors_origins = vec!["http://app.example".into()];
+    let app = spawn_app_with(settings).await;
+    let id = uuid::Uuid::now_v7();
+    let res = app
+        .client
+        .request(
+            reqwest::Method::OPTIONS,
+            app.url(&format!("/v1/files/{id}")),
+        )
+        .header("origin", "http://app.example")
+        .header("access-control-request-method", "PATCH")
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let allowed = res.headers()["access-control-allow-methods"]
+        .to_str()
+        .unwrap();
+    assert!(allowed.contains("PATCH"), "the preflight allows {allowed}");
 }
