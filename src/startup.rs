@@ -233,6 +233,8 @@ fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
 /// A bound, ready-to-run server.
 pub struct Application {
     listener: TcpListener,
+    /// The listener of `FILEDOCK_METRICS_ADDR`, if set.
+    metrics_listener: Option<TcpListener>,
     state: AppState,
 }
 
@@ -247,7 +249,26 @@ impl Application {
         let listener = TcpListener::bind(bind)
             .await
             .with_context(|| format!("binding {bind}"))?;
-        Ok(Self { listener, state })
+        let metrics_listener = match &state.settings.metrics_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding FILEDOCK_METRICS_ADDR {addr}"))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            listener,
+            metrics_listener,
+            state,
+        })
+    }
+
+    /// Where `/metrics` is served, if apart from the API (`FILEDOCK_METRICS_ADDR`).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .map(|l| l.local_addr().expect("bound listener has an address"))
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -265,7 +286,7 @@ impl Application {
     }
 
     /// Serves until `shutdown` fires, then finishes in-flight requests.
-    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let router = http::router(self.state.clone());
         let interval = self.state.settings.sweep.interval;
         if !interval.is_zero() {
@@ -275,6 +296,19 @@ impl Application {
         if let Some(queue) = &self.state.queue {
             queue.spawn_workers(shutdown.child_token());
         }
+        let metrics_server =
+            self.metrics_addr()
+                .zip(self.metrics_listener.take())
+                .map(|(addr, l)| {
+                    tracing::info!(%addr, "metrics listening");
+                    let metrics = http::metrics_router(self.state.clone());
+                    let stop = shutdown.clone().cancelled_owned();
+                    tokio::spawn(async move {
+                        if let Err(e) = axum::serve(l, metrics).with_graceful_shutdown(stop).await {
+                            tracing::warn!(error = %e, "the metrics listener failed");
+                        }
+                    })
+                });
         tracing::info!(addr = %self.local_addr(), "filedock listening");
         // Said by the server only: the one-shot commands print JSON on stdout.
         if self.state.links.ephemeral {
@@ -326,6 +360,9 @@ impl Application {
                 ?grace,
                 "in-flight requests outlived the shutdown grace period; closing them"
             );
+        }
+        if let Some(server) = metrics_server {
+            let _ = server.await;
         }
         Ok(())
     }

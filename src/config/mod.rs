@@ -17,6 +17,9 @@ use secrecy::SecretString;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub bind: String,
+    /// Where `/metrics` is served instead of on `bind` (a port scrapers can
+    /// reach and clients cannot); `None` serves it on `bind`.
+    pub metrics_addr: Option<String>,
     pub data_dir: PathBuf,
     pub env: Environment,
     pub admin_key: Option<SecretString>,
@@ -224,6 +227,7 @@ impl Settings {
     pub fn embedded(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             bind: "127.0.0.1:8080".into(),
+            metrics_addr: None,
             data_dir: data_dir.into(),
             env: Environment::Development,
             admin_key: None,
@@ -276,6 +280,7 @@ impl Settings {
         if let Some(v) = get("BIND") {
             s.bind = v;
         }
+        s.metrics_addr = get("METRICS_ADDR");
         parse_into(&get, "ENV", &mut s.env)?;
         s.admin_key = get("ADMIN_KEY").map(SecretString::from);
         parse_into(&get, "MAX_UPLOAD_BYTES", &mut s.max_upload_bytes)?;

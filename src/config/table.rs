@@ -16,6 +16,11 @@ pub const SETTINGS: &[Setting] = &[
         default: "127.0.0.1:8080",
     },
     Setting {
+        var: "FILEDOCK_METRICS_ADDR",
+        meaning: "serve /metrics on this address only (e.g. 127.0.0.1:9090), no longer on FILEDOCK_BIND",
+        default: "unset → /metrics on FILEDOCK_BIND",
+    },
+    Setting {
         var: "FILEDOCK_DATA_DIR",
         meaning: "embedded store, local blobs, generated admin key",
         default: "./data",

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::{
     AgentId, DomainError, FileId, LinkId, SessionId,
     commands::{Container, LinkKind, Operation},
+    page::{Page, PageRequest},
 };
 use crate::{
     coord::{Coordinator, QueueStats},
@@ -49,6 +50,32 @@ impl ContainerService {
             .session(&user.id, &id.to_string())
             .await?
             .ok_or(DomainError::NotFound)
+    }
+
+    /// A page of the caller's sessions in creation order.
+    pub async fn sessions(
+        &self,
+        user: &UserRecord,
+        page: &PageRequest,
+    ) -> Result<Page<SessionRecord>, DomainError> {
+        page.fetch(
+            |after, n| async move { self.meta.list_sessions(&user.id, after.as_deref(), n).await },
+            |s: &SessionRecord| &s.id,
+        )
+        .await
+    }
+
+    /// A page of the caller's agents in creation order.
+    pub async fn agents(
+        &self,
+        user: &UserRecord,
+        page: &PageRequest,
+    ) -> Result<Page<AgentRecord>, DomainError> {
+        page.fetch(
+            |after, n| async move { self.meta.list_agents(&user.id, after.as_deref(), n).await },
+            |a: &AgentRecord| &a.id,
+        )
+        .await
     }
 
     pub async fn create_agent(

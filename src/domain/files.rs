@@ -1,10 +1,11 @@
-//! Reading, listing and deleting files.
+//! Reading, listing, renaming and deleting files.
 
-use std::sync::Arc;
+use std::{future::Future, sync::Arc};
 
 use super::{
-    DomainError, FileId, SizeCategory, UserId,
+    DomainError, FileId, Filename, SizeCategory, UserId,
     commit::{UserCommitError, user_commit},
+    page::{Page, PageRequest},
 };
 use crate::{
     blob::{BlobStore, ByteRange, ByteStream, PresignedHeaders},
@@ -13,7 +14,7 @@ use crate::{
     meta::{CleanupRepo, Fence, FileRecord, FileRepo, MetaError, OrphanStatus, UserRecord},
 };
 
-/// Reading, listing and deleting files, and the ports that takes.
+/// Reading, listing, renaming and deleting files, and the ports that takes.
 pub struct FileService {
     pub(crate) files: Arc<dyn FileRepo>,
     /// Where a deleted file's blob waits as an orphan until it is gone.
@@ -39,36 +40,17 @@ impl FileService {
             .ok_or(DomainError::NotFound)
     }
 
-    /// A page of the caller's files in creation order, and the cursor of the next page.
+    /// A page of the caller's files in creation order.
     pub async fn list(
         &self,
         user: &UserRecord,
-        limit: usize,
-        cursor: Option<&str>,
-    ) -> Result<(Vec<FileRecord>, Option<String>), DomainError> {
-        let after = match cursor {
-            Some(c) => Some(
-                FileId::parse(c)
-                    .ok_or_else(|| {
-                        DomainError::InvalidRequest(
-                            "cursor is not a cursor this API returned".into(),
-                        )
-                    })?
-                    .to_string(),
-            ),
-            None => None,
-        };
-        let mut files = self
-            .files
-            .list_files(&user.id, after.as_deref(), limit + 1)
-            .await?;
-        let next = if files.len() > limit {
-            files.truncate(limit);
-            files.last().map(|f| f.id.clone())
-        } else {
-            None
-        };
-        Ok((files, next))
+        page: &PageRequest,
+    ) -> Result<Page<FileRecord>, DomainError> {
+        page.fetch(
+            |after, n| async move { self.files.list_files(&user.id, after.as_deref(), n).await },
+            |f: &FileRecord| &f.id,
+        )
+        .await
     }
 
     /// Streams the file's bytes, or `range` of them.
@@ -92,35 +74,43 @@ impl FileService {
         Ok(self.blobs.presigned_get(&file.key, ttl, headers).await?)
     }
 
-    /// Deletes the file under the owner's upload lock for its category: the
-    /// metadata goes in one transaction, which also queues the blob as a
-    /// pending orphan; then the blob goes and the orphan is marked deleted.
-    pub async fn delete(&self, user: &UserRecord, id: &str) -> Result<(), DomainError> {
-        let file = self.find(user, id).await?;
-        let user_id = UserId::parse(&user.id).ok_or(DomainError::NotFound)?;
-        let category = SizeCategory::parse(&file.category).ok_or_else(|| {
-            DomainError::internal(anyhow::anyhow!("unknown size category {}", file.category))
-        })?;
-        let lock = LockKey::user_upload(&user_id, category.as_str());
-        let deleted = self
-            .locks
-            .with_lock(&lock, async |held| {
-                let fence = Fence::of_lock(held.fence(), category.as_str());
-                user_commit(&self.locks, &self.txns, &user_id, "delete_file", || {
-                    self.files.delete_file(&user.id, &file.id, fence.as_ref())
-                })
+    /// Renames the caller's file; the name follows the rule of an
+    /// uploaded file's name ([`Filename::parse`]). Ordered with the owner's
+    /// other writes as a delete is ([`Self::write_file`]): racing a delete,
+    /// it applies before it or finds no file (`NotFound`), never after it.
+    pub async fn rename(
+        &self,
+        user: &UserRecord,
+        id: &str,
+        name: &str,
+    ) -> Result<FileRecord, DomainError> {
+        let name = Filename::parse(name).map_err(DomainError::InvalidRequest)?;
+        let file = &self.find(user, id).await?;
+        let name = name.as_str();
+        self.write_file(user, file, "rename_file", |fence| async move {
+            self.files
+                .rename_file(&user.id, &file.id, name, fence.as_ref())
                 .await
-            })
-            .await;
-        let deleted = deleted.map_err(|e| match e {
-            // The delete may have applied: if it did, its pending orphan takes the blob.
-            UserCommitError::Meta(MetaError::OutcomeUnknown(_)) => {
-                DomainError::OutcomeUnknown(Some(format!("/v1/files/{}", file.id)))
-            }
-            e => e.into(),
-        })?;
+        })
+        .await?
         // Deleted concurrently by another request: same answer as never found.
-        let gone = deleted.value.ok_or(DomainError::NotFound)?;
+        .ok_or(DomainError::NotFound)
+    }
+
+    /// Deletes the file: the metadata goes in one transaction
+    /// ([`Self::write_file`]), which also queues the blob as a pending
+    /// orphan; then the blob goes and the orphan is marked deleted.
+    pub async fn delete(&self, user: &UserRecord, id: &str) -> Result<(), DomainError> {
+        let file = &self.find(user, id).await?;
+        let deleted = self
+            .write_file(user, file, "delete_file", |fence| async move {
+                self.files
+                    .delete_file(&user.id, &file.id, fence.as_ref())
+                    .await
+            })
+            .await?;
+        // Deleted concurrently by another request: same answer as never found.
+        let gone = deleted.ok_or(DomainError::NotFound)?;
         // The metadata is gone, so the delete has happened whatever follows:
         // the blob goes now, or the pending orphan written with the delete
         // keeps it on the sweeper's list.
@@ -136,5 +126,42 @@ impl FileService {
             tracing::warn!(key = %file.key, error = %e, "blob clean-up after a delete left for the sweeper");
         }
         Ok(())
+    }
+
+    /// Runs `txn`, a write of `file`'s metadata, the way every such write
+    /// runs: under the owner's upload lock for the file's category (ordered
+    /// with the owner's uploads and deletes there), then the user's commit
+    /// lock and the transaction retry, with the lock's fencing token. A
+    /// transaction whose answer was lost may have applied: the file is
+    /// named to read.
+    async fn write_file<T, F, Fut>(
+        &self,
+        user: &UserRecord,
+        file: &FileRecord,
+        op: &str,
+        txn: F,
+    ) -> Result<T, DomainError>
+    where
+        F: Fn(Option<Fence>) -> Fut,
+        Fut: Future<Output = Result<T, MetaError>>,
+    {
+        let user_id = UserId::parse(&user.id).ok_or(DomainError::NotFound)?;
+        let category = SizeCategory::parse(&file.category).ok_or_else(|| {
+            DomainError::internal(anyhow::anyhow!("unknown size category {}", file.category))
+        })?;
+        let lock = LockKey::user_upload(&user_id, category.as_str());
+        let written = self
+            .locks
+            .with_lock(&lock, async |held| {
+                let fence = Fence::of_lock(held.fence(), category.as_str());
+                user_commit(&self.locks, &self.txns, &user_id, op, || txn(fence.clone())).await
+            })
+            .await;
+        written.map(|r| r.value).map_err(|e| match e {
+            UserCommitError::Meta(MetaError::OutcomeUnknown(_)) => {
+                DomainError::OutcomeUnknown(Some(format!("/v1/files/{}", file.id)))
+            }
+            e => e.into(),
+        })
     }
 }

@@ -12,6 +12,7 @@ pub mod files;
 pub mod ids;
 pub mod links;
 pub mod media;
+pub mod page;
 pub mod reconcile;
 pub mod sweeper;
 pub mod upload;

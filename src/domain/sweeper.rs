@@ -11,11 +11,12 @@ use async_trait::async_trait;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use super::DomainError;
 use crate::{
-    blob::BlobStore,
+    blob::{BlobError, BlobStore},
     config::SweepSettings,
-    lock::{LockKey, Locks, TryLock},
-    meta::{self, CleanupRepo, OrphanRecord, OrphanStatus},
+    lock::{LockError, LockKey, Locks, TryLock},
+    meta::{self, CleanupRepo, MetaError, OrphanRecord, OrphanStatus},
     metrics::{Metrics, OutcomeLabel, StatusLabel},
     worker::{Worker, WorkerState},
 };
@@ -69,6 +70,26 @@ impl Sweeper {
         self.count(if result.is_ok() { "swept" } else { "error" });
         self.update_gauges().await;
         result.map(Outcome::Swept)
+    }
+
+    /// [`Self::try_run_once`] for a caller that answers a client: a store,
+    /// blob store or lock backend that cannot be reached is an outage
+    /// (`DependencyUnavailable`), not a bug.
+    pub async fn run_once_now(&self) -> Result<Outcome, DomainError> {
+        self.try_run_once().await.map_err(|e| {
+            let e = match e.downcast::<MetaError>() {
+                Ok(e) => return e.into(),
+                Err(e) => e,
+            };
+            let e = match e.downcast::<BlobError>() {
+                Ok(e) => return e.into(),
+                Err(e) => e,
+            };
+            match e.downcast::<LockError>() {
+                Ok(e) => e.into(),
+                Err(e) => DomainError::Internal(e),
+            }
+        })
     }
 
     async fn pass(&self) -> anyhow::Result<SweepReport> {

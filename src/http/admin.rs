@@ -76,12 +76,7 @@ pub async fn orphans(
 
 /// `POST /v1/admin/sweep`: one sweeper pass now.
 pub async fn sweep(_: Admin, State(state): State<AppState>) -> ApiResult {
-    let outcome = state
-        .sweeper
-        .try_run_once()
-        .await
-        .map_err(ApiError::internal)?;
-    ok(Json(outcome))
+    ok(Json(state.sweeper.run_once_now().await?))
 }
 
 /// `GET /v1/admin/queue`: the seed's queue metrics (queue mode).

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 
 use super::{
     ApiResult, AppState,
-    extract::{AppJson, AuthUser},
+    extract::{AppJson, AppQuery, AuthUser},
+    listing::{ListQuery, page_response},
     ok,
     sessions::FileRef,
 };
@@ -28,6 +29,16 @@ fn view(a: AgentRecord) -> Json<Value> {
         "toolset_ids": a.toolset_ids,
         "created_at": a.created_at,
     }))
+}
+
+/// `GET /v1/agents?limit=&cursor=`: the caller's agents, oldest first.
+pub async fn list(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    AppQuery(q): AppQuery<ListQuery>,
+) -> ApiResult {
+    let page = state.containers.agents(&user, &q.page()?).await?;
+    page_response("agents", page, |a| view(a).0)
 }
 
 #[derive(Deserialize)]

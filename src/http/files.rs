@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use super::error::ApiError;
 use super::{
     ApiResult, AppState,
-    extract::{AppQuery, AuthUser},
+    extract::{AppJson, AppQuery, AuthUser},
+    listing::{ListQuery, page_response},
     multipart, ok,
 };
 use crate::{
@@ -161,33 +162,14 @@ pub async fn upload(
     Ok(res)
 }
 
-#[derive(Deserialize)]
-pub struct ListQuery {
-    limit: Option<usize>,
-    cursor: Option<String>,
-}
-
-#[derive(Serialize)]
-struct FileList {
-    files: Vec<FileView>,
-    next_cursor: Option<String>,
-}
-
 /// `GET /v1/files?limit=&cursor=`: the caller's files, oldest first.
 pub async fn list(
     AuthUser(user): AuthUser,
     State(state): State<AppState>,
     AppQuery(q): AppQuery<ListQuery>,
 ) -> ApiResult {
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::invalid("limit must be between 1 and 1000"));
-    }
-    let (files, next_cursor) = state.files.list(&user, limit, q.cursor.as_deref()).await?;
-    ok(Json(FileList {
-        files: files.into_iter().map(Into::into).collect(),
-        next_cursor,
-    }))
+    let page = state.files.list(&user, &q.page()?).await?;
+    page_response("files", page, FileView::from)
 }
 
 /// `GET /v1/files/{id}`.
@@ -197,6 +179,22 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> ApiResult {
     ok(Json(FileView::from(state.files.find(&user, &id).await?)))
+}
+
+#[derive(Deserialize)]
+pub struct Rename {
+    name: String,
+}
+
+/// `PATCH /v1/files/{id} {"name"}`: renames the file → the file.
+pub async fn rename(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    AppJson(body): AppJson<Rename>,
+) -> ApiResult {
+    let file = state.files.rename(&user, &id, &body.name).await?;
+    ok(Json(FileView::from(file)))
 }
 
 /// `DELETE /v1/files/{id}` → 204.

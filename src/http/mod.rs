@@ -10,6 +10,8 @@ mod extract;
 mod files;
 mod health;
 mod links;
+mod listing;
+mod me;
 mod multipart;
 mod page;
 mod sessions;
@@ -50,8 +52,13 @@ macro_rules! api {
         /// Every (method, path) the router serves.
         pub const ROUTES: &[(&str, &str)] = &[ $( (stringify!($method), $path) ),* ];
 
-        fn api_routes() -> Router<AppState> {
-            Router::new() $( .route($path, on(MethodFilter::$method, $handler)) )*
+        /// The routes whose path `serves` accepts.
+        fn api_routes(serves: impl Fn(&str) -> bool) -> Router<AppState> {
+            let mut router = Router::new();
+            $( if serves($path) {
+                router = router.route($path, on(MethodFilter::$method, $handler));
+            } )*
+            router
         }
     };
 }
@@ -65,18 +72,22 @@ api! {
     GET "/v1/admin/orphans" => admin::orphans,
     POST "/v1/admin/sweep" => admin::sweep,
     GET "/v1/admin/queue" => admin::queue,
+    GET "/v1/me" => me::me,
     POST "/v1/files" => files::upload,
     GET "/v1/files" => files::list,
     GET "/v1/files/{id}" => files::get,
+    PATCH "/v1/files/{id}" => files::rename,
     DELETE "/v1/files/{id}" => files::delete,
     GET "/v1/files/{id}/content" => files::content,
     POST "/v1/files/{id}/links" => links::create,
     GET "/v1/links/{id}" => links::download,
     POST "/v1/sessions" => sessions::create,
+    GET "/v1/sessions" => sessions::list,
     GET "/v1/sessions/{id}" => sessions::get,
     POST "/v1/sessions/{id}/files" => sessions::attach,
     DELETE "/v1/sessions/{id}/files/{file_id}" => sessions::detach,
     POST "/v1/agents" => agents::create,
+    GET "/v1/agents" => agents::list,
     GET "/v1/agents/{id}" => agents::get,
     POST "/v1/agents/{id}/files" => agents::attach,
     DELETE "/v1/agents/{id}/files/{file_id}" => agents::detach,
@@ -86,9 +97,14 @@ api! {
     DELETE "/v1/agents/{id}/toolsets/{toolset_id}" => agents::disconnect_toolset,
 }
 
+/// The path of the metrics, served by [`metrics_router`] instead when
+/// `FILEDOCK_METRICS_ADDR` is set.
+pub const METRICS_PATH: &str = "/metrics";
+
 pub fn router(state: AppState) -> Router {
     let cors = cors(&state.settings.cors_origins);
-    api_routes()
+    let metrics_apart = state.settings.metrics_addr.is_some();
+    api_routes(|path| !(metrics_apart && path == METRICS_PATH))
         .fallback(|| async { ApiError::from(DomainError::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         // For JSON bodies; uploads stream their bodies and enforce their own limit.
@@ -113,6 +129,15 @@ pub fn router(state: AppState) -> Router {
                 .layer(middleware::from_fn_with_state(state.clone(), observe))
                 .option_layer(cors),
         )
+        .with_state(state)
+}
+
+/// `/metrics` alone, for the listener at `FILEDOCK_METRICS_ADDR`.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route(METRICS_PATH, axum::routing::get(health::metrics))
+        .fallback(|| async { ApiError::from(DomainError::NotFound) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
 }
 
@@ -197,7 +222,13 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+            .allow_methods([
+                Method::GET,
+                Method::POST,
+                Method::PUT,
+                Method::PATCH,
+                Method::DELETE,
+            ])
             .allow_headers([
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,

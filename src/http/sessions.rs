@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 
 use super::{
     ApiResult, AppState,
-    extract::{AppJson, AuthUser},
+    extract::{AppJson, AppQuery, AuthUser},
+    listing::{ListQuery, page_response},
     ok,
 };
 use crate::{
@@ -20,6 +21,16 @@ use crate::{
 
 fn view(s: SessionRecord) -> Json<Value> {
     Json(json!({"id": s.id, "file_ids": s.file_ids, "created_at": s.created_at}))
+}
+
+/// `GET /v1/sessions?limit=&cursor=`: the caller's sessions, oldest first.
+pub async fn list(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    AppQuery(q): AppQuery<ListQuery>,
+) -> ApiResult {
+    let page = state.containers.sessions(&user, &q.page()?).await?;
+    page_response("sessions", page, |s| view(s).0)
 }
 
 /// `POST /v1/sessions` → 201.

@@ -108,6 +108,17 @@ pub trait FileRepo: Send + Sync {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>>;
 
+    /// Renames the owner's file, checking and storing the fencing token on
+    /// the user, in one transaction; `None` if the owner has no such file
+    /// (then nothing is written).
+    async fn rename_file(
+        &self,
+        owner_id: &str,
+        file_id: &str,
+        filename: &str,
+        fence: Option<&Fence>,
+    ) -> MetaResult<Option<FileRecord>>;
+
     /// Every file, in id order, after `after` (audits).
     async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>>;
 }
@@ -179,6 +190,22 @@ pub trait ContainerRepo: Send + Sync {
 
     /// The agent if `owner_id` owns it.
     async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>>;
+
+    /// The owner's sessions in id (creation) order, after `after`.
+    async fn list_sessions(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<SessionRecord>>;
+
+    /// The owner's agents in id (creation) order, after `after`.
+    async fn list_agents(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<AgentRecord>>;
 
     /// Applies a container write in one transaction, checking and storing
     /// the container's fence. An attach (detach) puts (removes) a file the

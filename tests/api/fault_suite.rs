@@ -168,6 +168,7 @@ async fn run_suite(coordination: &str) {
         files: Mutex::default(),
         history: Mutex::default(),
         uploads: 0.into(),
+        renames: 0.into(),
         links: 0.into(),
         connected: Mutex::default(),
         client,

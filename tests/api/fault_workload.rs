@@ -1,5 +1,5 @@
-//! The fault suite's workload: clients that upload, delete, attach, and
-//! connect and disconnect links, recording every request and its answer.
+//! The fault suite's workload: clients that upload, rename, delete, attach,
+//! and connect and disconnect links, recording every request and its answer.
 
 use std::{
     sync::Mutex,
@@ -29,6 +29,8 @@ pub struct World {
     pub files: Mutex<Vec<String>>,
     pub history: Mutex<Vec<Event>>,
     pub uploads: std::sync::atomic::AtomicUsize,
+    /// Renames sent, which number their names.
+    pub renames: std::sync::atomic::AtomicUsize,
     /// Links of their own that clients connect, and those acknowledged.
     pub links: std::sync::atomic::AtomicUsize,
     pub connected: Mutex<Vec<String>>,
@@ -85,7 +87,7 @@ impl World {
         let known = self.files.lock().unwrap().clone();
         let pick = rng.random_range(0..100);
         let invoked = Instant::now();
-        let (op, answer, file_id) = if pick < 40 || known.is_empty() {
+        let (op, answer, file_id) = if pick < 35 || known.is_empty() {
             let n = self
                 .uploads
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -104,6 +106,15 @@ impl World {
         } else {
             let file_id = known[rng.random_range(0..known.len())].clone();
             let (op, method, path, json) = match pick {
+                35..40 => {
+                    let n = self
+                        .renames
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let name = format!("r{n}.bin");
+                    let json = Some(json!({"name": name}));
+                    let path = format!("/v1/files/{file_id}");
+                    (Op::Rename { file_id, name }, Method::PATCH, path, json)
+                }
                 40..55 => (
                     Op::Delete {
                         file_id: file_id.clone(),

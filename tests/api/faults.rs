@@ -139,3 +139,33 @@ async fn a_transaction_cut_midway_is_an_outage_and_does_not_block_the_next_write
         .collect();
     assert_eq!(keys, expected, "the failed upload left its blob");
 }
+
+/// A sweep asked for over the admin API while MongoDB cannot be reached is
+/// an outage (503, as `openapi.yaml` says), not a bug (500).
+#[tokio::test]
+async fn a_sweep_without_the_store_answers_503() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    let mut settings = through_mongo_proxy(&proxy, FAST_SELECTION);
+    settings.sweep.interval = Duration::ZERO; // only the pass asked for runs
+    let app = spawn_app_with(settings).await;
+    proxy.cut(Duration::from_secs(30));
+    let res = app
+        .client
+        .post(app.url("/v1/admin/sweep"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "dependency_unavailable".into()
+        )
+    );
+    proxy.heal();
+}

@@ -63,6 +63,8 @@ pub fn test_settings() -> Settings {
 
 pub struct TestApp {
     pub base: String,
+    /// Where `/metrics` is served when `FILEDOCK_METRICS_ADDR` is set.
+    pub metrics_base: Option<String>,
     pub client: reqwest::Client,
     pub state: AppState,
     pub settings: Settings,
@@ -139,28 +141,41 @@ impl TestApp {
     }
 
     pub async fn list_ids(&self, user: &TestUser) -> Vec<String> {
-        let mut ids = Vec::new();
+        self.list_pages(user, "/v1/files", "files", 37)
+            .await
+            .concat()
+            .iter()
+            .map(|f| f["id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Every page of the list at `path` (whose items are under `field`),
+    /// `limit` a page, following `next_cursor` to the end.
+    pub async fn list_pages(
+        &self,
+        user: &TestUser,
+        path: &str,
+        field: &str,
+        limit: usize,
+    ) -> Vec<Vec<Value>> {
+        let mut pages = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
             let mut req = self
                 .client
-                .get(self.url("/v1/files"))
+                .get(self.url(path))
                 .bearer_auth(&user.key)
-                .query(&[("limit", "37")]);
+                .query(&[("limit", limit.to_string())]);
             if let Some(c) = &cursor {
                 req = req.query(&[("cursor", c)]);
             }
-            let body: Value = req.send().await.unwrap().json().await.unwrap();
-            ids.extend(
-                body["files"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|f| f["id"].as_str().unwrap().to_owned()),
-            );
+            let res = req.send().await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK, "{path}");
+            let body: Value = res.json().await.unwrap();
+            pages.push(body[field].as_array().unwrap().clone());
             match body["next_cursor"].as_str() {
                 Some(c) => cursor = Some(c.to_owned()),
-                None => return ids,
+                None => return pages,
             }
         }
     }
@@ -218,11 +233,13 @@ pub async fn spawn_app_with_state(state: AppState) -> TestApp {
     let settings = (*state.settings).clone();
     let app = Application::with_state(state).await.expect("app binds");
     let base = format!("http://127.0.0.1:{}", app.port());
+    let metrics_base = app.metrics_addr().map(|a| format!("http://{a}"));
     let state = app.state().clone();
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
     TestApp {
         base,
+        metrics_base,
         client: reqwest::Client::new(),
         state,
         settings,

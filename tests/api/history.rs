@@ -28,6 +28,11 @@ pub enum Op {
     Delete {
         file_id: String,
     },
+    /// `name` is unique per rename, so the rename a file's name came from is known.
+    Rename {
+        file_id: String,
+        name: String,
+    },
     AttachSession {
         file_id: String,
     },
@@ -162,6 +167,7 @@ pub fn check(history: &[Event], fin: &FinalState) -> Verdict {
             _ => {}
         }
     }
+    check_renames(history, fin, &mut v);
     check_attachments(history, fin, &maybe_deleted, &mut v);
     check_link(history, fin, &mut v);
     check_own_links(history, fin, &mut v);
@@ -173,6 +179,48 @@ pub fn check(history: &[Event], fin: &FinalState) -> Verdict {
         ));
     }
     v
+}
+
+/// A file still there bears the name of its last acknowledged rename,
+/// unless another rename that may have applied could have come after it;
+/// a name only a rename answered failed gave it means that rename applied.
+fn check_renames(history: &[Event], fin: &FinalState, v: &mut Verdict) {
+    let renames: Vec<(&str, &str, &Event)> = history
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::Rename { file_id, name } => Some((file_id.as_str(), name.as_str(), e)),
+            _ => None,
+        })
+        .collect();
+    for (id, (now, _)) in &fin.files {
+        let of_file: Vec<_> = renames.iter().filter(|(f, _, _)| f == id).collect();
+        if let Some((_, _, e)) = of_file.iter().find(|(_, name, _)| name == now)
+            && let Answer::Failed(code) = &e.answer
+        {
+            v.failed_but_applied += 1;
+            v.notes.push(format!(
+                "rename of {id} to {now} answered {code} but applied"
+            ));
+        }
+        for (_, name, r) in of_file.iter().filter(|(_, _, e)| e.answer == Answer::Ok) {
+            // Another rename may have applied after this one: it was not
+            // answered before this one began, or its outcome is unknown.
+            let overtaken = of_file.iter().any(|(_, other, o)| {
+                other != name
+                    && match o.answer {
+                        Answer::Ok => o.completed > r.invoked,
+                        Answer::Unknown(_) => true,
+                        Answer::Failed(_) => false,
+                    }
+            });
+            if !overtaken && now != name {
+                v.lost += 1;
+                v.notes.push(format!(
+                    "rename of {id} to {name} acknowledged last, but it is named {now}"
+                ));
+            }
+        }
+    }
 }
 
 /// Acknowledged attaches of files still there are in their container; no

@@ -234,6 +234,58 @@ async fn metrics_declare_the_openmetrics_format_and_upload_buckets_reach_hours()
     assert!(top >= 3600.0, "the longest upload bucket is {top} s");
 }
 
+#[tokio::test]
+async fn metrics_on_their_own_listener_are_served_only_there() {
+    let mut settings = test_settings();
+    settings.metrics_addr = Some("127.0.0.1:0".into());
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("scraped").await;
+    app.upload_json(&u, "a.txt", b"counted".to_vec()).await;
+
+    let metrics_base = app.metrics_base.clone().expect("a metrics listener");
+    assert_ne!(metrics_base, app.base);
+    let res = app
+        .client
+        .get(format!("{metrics_base}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert_eq!(
+        metric_at(
+            &metrics_base,
+            "filedock_uploads_total",
+            "outcome=\"committed\""
+        )
+        .await,
+        1.0,
+        "the metrics listener shows the API's figures"
+    );
+
+    let res = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::NOT_FOUND, "not_found".to_owned()),
+        "the API listener no longer serves /metrics"
+    );
+    let res = app
+        .client
+        .get(format!("{metrics_base}/v1/files"))
+        .bearer_auth(&u.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::NOT_FOUND,
+        "nor the metrics listener the API"
+    );
+}
+
 /// One name rule for files, users and agents: no invisible or bidirectional
 /// characters (a name must read as what it is), stored NFC-normalised.
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! them against Redis, MongoDB and S3 servers (scripts/test.sh starts them);
 //! otherwise against the embedded adapters.
 
+mod account;
 mod cli;
 mod content;
 mod crash;
@@ -25,5 +26,6 @@ mod platform;
 mod queue;
 mod queue_faults;
 mod real;
+mod rename;
 mod same_user;
 mod servers;

@@ -47,7 +47,7 @@ impl TestApp {
         agent["id"].as_str().unwrap().to_owned()
     }
 
-    async fn new_session(&self, user: &TestUser) -> String {
+    pub(crate) async fn new_session(&self, user: &TestUser) -> String {
         let (status, session) = self.json("POST", "/v1/sessions", user, None).await;
         assert_eq!(status, StatusCode::CREATED);
         session["id"].as_str().unwrap().to_owned()

@@ -12,7 +12,10 @@ use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256, Sha512};
 
-pub use self::slots::{UploadSlot, UploadSlots};
+pub use self::{
+    quota::Usage,
+    slots::{UploadSlot, UploadSlots},
+};
 use self::{settle::CommitError, slots::InFlight};
 use super::{
     DomainError, FileId, Filename, SizeCategory, UserId,

@@ -13,12 +13,37 @@ use crate::{
     meta::UserRecord,
 };
 
+/// A user's storage against their quota, and their uploads in flight.
+pub struct Usage {
+    /// The user as the store has it now (not as the auth cache remembers it).
+    pub user: UserRecord,
+    /// `None`: no quota.
+    pub quota_bytes: Option<u64>,
+    /// Uploads of the user's that this instance is receiving.
+    pub uploads_in_flight: usize,
+}
+
 /// What `used` bytes leave of `quota`.
 fn left(quota: u64, used: i64) -> u64 {
     quota.saturating_sub(used.max(0) as u64)
 }
 
 impl UploadService {
+    /// `user`'s usage: bytes and files stored, read from the store in one
+    /// document (so they agree with each other), and uploads in flight here.
+    pub async fn usage(&self, user: &UserRecord) -> Result<Usage, DomainError> {
+        let stored = self
+            .users
+            .user(&user.id)
+            .await?
+            .ok_or(DomainError::Unauthenticated)?;
+        Ok(Usage {
+            user: stored,
+            quota_bytes: self.settings.user_quota_bytes,
+            uploads_in_flight: self.upload_slots.in_flight(&user.id),
+        })
+    }
+
     /// Refuses an upload whose declared length passes the user's quota.
     pub(super) async fn check_declared_quota(
         &self,

@@ -25,6 +25,16 @@ pub struct UploadSlots {
 }
 
 impl UploadSlots {
+    /// How many uploads `user` has in flight on this instance.
+    pub fn in_flight(&self, user: &str) -> usize {
+        self.in_flight
+            .lock()
+            .unwrap()
+            .get(user)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// A slot for `user`, or `None` if `max` are taken.
     pub fn take(&self, user: &str, max: usize) -> Option<UploadSlot<'_>> {
         let mut in_flight = self.in_flight.lock().unwrap();

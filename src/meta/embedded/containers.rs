@@ -81,8 +81,12 @@ pub(super) fn write_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> M
 impl ContainerRepo for EmbeddedStore {
     async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
         let session = session.clone();
-        self.transaction(move |tx| tx.insert(&format!("sessions/{}", session.id), &session))
-            .await
+        self.transaction(move |tx| {
+            let index = owner_index("sessions", &session.owner_id);
+            tx.put(&format!("{index}{}", session.id), &())?;
+            tx.insert(&format!("sessions/{}", session.id), &session)
+        })
+        .await
     }
 
     async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>> {
@@ -97,13 +101,41 @@ impl ContainerRepo for EmbeddedStore {
 
     async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()> {
         let agent = agent.clone();
-        self.transaction(move |tx| tx.insert(&format!("agents/{}", agent.id), &agent))
-            .await
+        self.transaction(move |tx| {
+            tx.put(
+                &format!("{}{}", owner_index("agents", &agent.owner_id), agent.id),
+                &(),
+            )?;
+            tx.insert(&format!("agents/{}", agent.id), &agent)
+        })
+        .await
     }
 
     async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>> {
         let (owner, key) = (owner_id.to_owned(), format!("agents/{id}"));
         self.transaction(move |tx| Ok(tx.get::<AgentRecord>(&key)?.filter(|a| a.owner_id == owner)))
+            .await
+    }
+
+    async fn list_sessions(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<SessionRecord>> {
+        let (owner, after) = (owner_id.to_owned(), after.map(str::to_owned));
+        self.transaction(move |tx| owned_page(tx, "sessions", &owner, after.as_deref(), limit))
+            .await
+    }
+
+    async fn list_agents(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<AgentRecord>> {
+        let (owner, after) = (owner_id.to_owned(), after.map(str::to_owned));
+        self.transaction(move |tx| owned_page(tx, "agents", &owner, after.as_deref(), limit))
             .await
     }
 

@@ -35,7 +35,10 @@ impl FileRepo for EmbeddedStore {
             user.file_ids.push(file.id.clone());
             tx.put(&ukey, &user)?;
             tx.insert(&file_key(&file.id), file)?;
-            tx.put(&format!("{}{}", owner_prefix(&file.owner_id), file.id), &())?;
+            tx.put(
+                &format!("{}{}", owner_index("files", &file.owner_id), file.id),
+                &(),
+            )?;
             let perm = PermissionRecord {
                 id: format!("{}:{}", file.id, file.owner_id),
                 file_id: file.id.clone(),
@@ -71,19 +74,9 @@ impl FileRepo for EmbeddedStore {
         after: Option<&str>,
         limit: usize,
     ) -> MetaResult<Vec<FileRecord>> {
-        let prefix = owner_prefix(owner_id);
-        let after = after.map(str::to_owned);
-        self.transaction(move |tx| {
-            let keys = tx.keys(&prefix, after.as_deref(), limit)?;
-            let mut files = Vec::with_capacity(keys.len());
-            for k in keys {
-                if let Some(f) = tx.get(&file_key(&k[prefix.len()..]))? {
-                    files.push(f);
-                }
-            }
-            Ok(files)
-        })
-        .await
+        let (owner, after) = (owner_id.to_owned(), after.map(str::to_owned));
+        self.transaction(move |tx| owned_page(tx, "files", &owner, after.as_deref(), limit))
+            .await
     }
 
     async fn delete_file(
@@ -116,7 +109,7 @@ impl FileRepo for EmbeddedStore {
                 }
             }
             tx.delete(&file_key(&id));
-            tx.delete(&format!("{}{}", owner_prefix(&owner), id));
+            tx.delete(&format!("{}{}", owner_index("files", &owner), id));
             tx.delete(&format!("permissions/{id}:{owner}"));
             let orphan = OrphanRecord::pending_for(&file);
             tx.insert(&format!("orphans/{}", orphan.id), &orphan)?;
@@ -124,6 +117,33 @@ impl FileRepo for EmbeddedStore {
                 file,
                 orphan_id: orphan.id,
             }))
+        })
+        .await
+    }
+
+    async fn rename_file(
+        &self,
+        owner_id: &str,
+        file_id: &str,
+        filename: &str,
+        fence: Option<&Fence>,
+    ) -> MetaResult<Option<FileRecord>> {
+        let (owner, fkey) = (owner_id.to_owned(), file_key(file_id));
+        let (filename, fence) = (filename.to_owned(), fence.cloned());
+        self.transaction(move |tx| {
+            // As a document, so that whatever else the file holds is kept.
+            let Some(mut file) = tx.get::<Value>(&fkey)?.filter(|f| f["owner_id"] == owner) else {
+                return Ok(None);
+            };
+            if fence.is_some() {
+                let ukey = user_key(&owner);
+                let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+                apply_fence(&mut user, fence.as_ref())?;
+                tx.put(&ukey, &user)?;
+            }
+            file["filename"] = Value::from(filename);
+            tx.put(&fkey, &file)?;
+            serde_json::from_value(file).map(Some).map_err(other)
         })
         .await
     }

@@ -63,7 +63,31 @@ impl EmbeddedStore {
         let w = db.begin_write()?;
         w.open_table(DOCS)?;
         w.commit()?;
-        Ok(Self { db: Arc::new(db) })
+        let store = Self { db: Arc::new(db) };
+        store.index_owned_containers()?;
+        Ok(store)
+    }
+
+    /// Indexes the sessions and agents of a store written before they had
+    /// an owner index (see [`owner_index`]); a no-op once they have.
+    fn index_owned_containers(&self) -> MetaResult<()> {
+        let mut tx = self.begin()?;
+        for collection in ["sessions", "agents"] {
+            for key in tx.keys(&format!("{collection}/"), None, usize::MAX)? {
+                let Some(doc) = tx.get::<Value>(&key)? else {
+                    continue;
+                };
+                let (Some(owner), Some(id)) = (doc["owner_id"].as_str(), doc["_id"].as_str())
+                else {
+                    continue;
+                };
+                let index_key = format!("{}{id}", owner_index(collection, owner));
+                if tx.get::<Value>(&index_key)?.is_none() {
+                    tx.put(&index_key, &())?;
+                }
+            }
+        }
+        tx.commit(self)
     }
 }
 
@@ -75,8 +99,29 @@ fn file_key(id: &str) -> String {
     format!("files/{id}")
 }
 
-fn owner_prefix(owner: &str) -> String {
-    format!("owner_files/{owner}/")
+/// The index of an owner's documents in `collection`: a key
+/// `owner_{collection}/{owner}/{id}` per document, so that a list is a range read.
+fn owner_index(collection: &str, owner: &str) -> String {
+    format!("owner_{collection}/{owner}/")
+}
+
+/// A page of `owner`'s documents in `collection`, in id order, after `after`.
+fn owned_page<T: DeserializeOwned>(
+    tx: &mut Txn,
+    collection: &str,
+    owner: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> MetaResult<Vec<T>> {
+    let prefix = owner_index(collection, owner);
+    let keys = tx.keys(&prefix, after, limit)?;
+    let mut docs = Vec::with_capacity(keys.len());
+    for k in keys {
+        if let Some(doc) = tx.get(&format!("{collection}/{}", &k[prefix.len()..]))? {
+            docs.push(doc);
+        }
+    }
+    Ok(docs)
 }
 
 /// The document if it exists and `owner` owns it.

@@ -215,6 +215,36 @@ impl ContainerRepo for MongoStore {
             .map_err(classify)
     }
 
+    async fn list_sessions(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<SessionRecord>> {
+        find_sorted(
+            self.sessions(),
+            owned_after(owner_id, after),
+            doc! {"_id": 1},
+            limit,
+        )
+        .await
+    }
+
+    async fn list_agents(
+        &self,
+        owner_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> MetaResult<Vec<AgentRecord>> {
+        find_sorted(
+            self.agents(),
+            owned_after(owner_id, after),
+            doc! {"_id": 1},
+            limit,
+        )
+        .await
+    }
+
     async fn apply_op(
         &self,
         op: &Operation,

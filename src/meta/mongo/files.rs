@@ -161,6 +161,46 @@ impl MongoStore {
     }
 }
 
+impl MongoStore {
+    async fn rename_file_in(
+        &self,
+        s: &mut ClientSession,
+        owner: &str,
+        id: &str,
+        filename: &str,
+        fence: Option<&Fence>,
+    ) -> MetaResult<Option<FileRecord>> {
+        if fence.is_some() {
+            let (mut filter, mut update) = (doc! {"_id": owner}, Document::new());
+            add_fence(&mut filter, &mut update, "upload_fence", fence);
+            let updated = self
+                .users()
+                .update_one(filter, update)
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+            if updated.matched_count == 0 {
+                return Err(self.why_user_unmatched(s, owner, fence).await);
+            }
+        }
+        let owned = doc! {"_id": id, "owner_id": owner};
+        let updated = self
+            .files()
+            .update_one(owned.clone(), doc! {"$set": {"filename": filename}})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 0 {
+            return Ok(None);
+        }
+        self.files()
+            .find_one(owned)
+            .session(&mut *s)
+            .await
+            .map_err(classify)
+    }
+}
+
 #[async_trait]
 impl FileRepo for MongoStore {
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
@@ -192,11 +232,13 @@ impl FileRepo for MongoStore {
         after: Option<&str>,
         limit: usize,
     ) -> MetaResult<Vec<FileRecord>> {
-        let mut filter = doc! {"owner_id": owner_id};
-        if let Some(a) = after {
-            filter.insert("_id", doc! {"$gt": a});
-        }
-        find_sorted(self.files(), filter, doc! {"_id": 1}, limit).await
+        find_sorted(
+            self.files(),
+            owned_after(owner_id, after),
+            doc! {"_id": 1},
+            limit,
+        )
+        .await
     }
 
     async fn delete_file(
@@ -207,6 +249,20 @@ impl FileRepo for MongoStore {
     ) -> MetaResult<Option<DeletedFile>> {
         let mut s = self.begin(fence).await?;
         let result = self.delete_file_in(&mut s, owner_id, file_id, fence).await;
+        self.finish(s, fence, result).await
+    }
+
+    async fn rename_file(
+        &self,
+        owner_id: &str,
+        file_id: &str,
+        filename: &str,
+        fence: Option<&Fence>,
+    ) -> MetaResult<Option<FileRecord>> {
+        let mut s = self.begin(fence).await?;
+        let result = self
+            .rename_file_in(&mut s, owner_id, file_id, filename, fence)
+            .await;
         self.finish(s, fence, result).await
     }
 

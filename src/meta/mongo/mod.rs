@@ -113,6 +113,15 @@ where
         .map_err(classify)
 }
 
+/// The filter of a page of an owner's documents: theirs, after the cursor.
+fn owned_after(owner_id: &str, after: Option<&str>) -> Document {
+    let mut filter = doc! {"owner_id": owner_id};
+    if let Some(a) = after {
+        filter.insert("_id", doc! {"$gt": a});
+    }
+    filter
+}
+
 impl MongoStore {
     /// Connects, checks the server answers, and creates the indexes.
     pub async fn connect(uri: &str, db: &str) -> anyhow::Result<Self> {
@@ -159,8 +168,9 @@ impl MongoStore {
         self.idempotency()
             .create_index(index(doc! {"created_at": 1}, false))
             .await?;
+        // Lists page through an owner's documents in id order.
         self.sessions()
-            .create_index(index(doc! {"owner_id": 1}, false))
+            .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
             .await?;
         // Operation ids only need to outlive redelivery: a week is plenty.
         let expire = IndexOptions::builder()
@@ -176,7 +186,7 @@ impl MongoStore {
             )
             .await?;
         self.agents()
-            .create_index(index(doc! {"owner_id": 1}, false))
+            .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
             .await?;
         Ok(())
     }
