@@ -104,7 +104,16 @@ impl Sweeper {
             // upload commits first, there is nothing to abandon.
             // It is re-checked there too: its upload may have refreshed it since.
             let abandoned = self.meta.abandon_intent(&intent.id, Some(stale_before));
-            if let Some(orphan) = abandoned.await? {
+            let abandoned = match abandoned.await {
+                // Another transaction holds it (a live commit, or one a cut
+                // link stranded until it is ended): the next pass sees.
+                Err(e) if e.is_write_conflict() => {
+                    tracing::info!(file_id = %intent.id, "intent busy; left for the next pass");
+                    continue;
+                }
+                abandoned => abandoned?,
+            };
+            if let Some(orphan) = abandoned {
                 report.intents_abandoned += 1;
                 tried.insert(orphan.id.clone());
                 self.delete(orphan, &mut report).await?;

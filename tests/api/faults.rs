@@ -1,7 +1,10 @@
 //! Network faults between filedock and its backends, injected by a TCP
 //! proxy on the real servers: what a client was told must stay true.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -168,4 +171,53 @@ async fn a_sweep_without_the_store_answers_503() {
         )
     );
     proxy.heal();
+}
+
+/// A transaction cut mid-way holds what it wrote (the user's document) until
+/// it is ended. Once the link heals, the instance that stranded it ends it by
+/// itself — not at its own next transaction, which may never come — so
+/// another instance's uploads for that user go through well before the
+/// server would reap it (60 s).
+#[tokio::test]
+async fn a_transaction_cut_midway_stops_blocking_other_instances_once_the_link_heals() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    const DOWN: Duration = Duration::from_millis(1500);
+    /// Well under the server's own reaping of the transaction.
+    const PATIENCE: Duration = Duration::from_secs(20);
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    let through_proxy = through_mongo_proxy(&proxy, FAST_SELECTION);
+    let mut direct = through_proxy.clone();
+    direct.mongodb_uri = Some(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap().into());
+    let stranding = spawn_app_with(through_proxy).await;
+    let other = spawn_app_with(direct).await;
+    let u = stranding.create_user("shared").await;
+
+    proxy.cut_after(b"startTransaction", DOWN);
+    let res = stranding.upload_raw(&u, "cut.bin", vec![1; 4096]).await;
+    assert!(proxy.triggered(), "the upload never began its transaction");
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // The stranding instance does nothing more; the other one uploads.
+    let deadline = Instant::now() + PATIENCE;
+    let mut answers = Vec::new();
+    loop {
+        let res = other.upload_raw(&u, "after.bin", vec![2; 4096]).await;
+        answers.push(res.status());
+        if res.status() == StatusCode::CREATED {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stranded transaction still blocks the user after {PATIENCE:?}: {answers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        other.list_ids(&u).await.len(),
+        1,
+        "only the acknowledged upload is listed"
+    );
 }

@@ -538,3 +538,61 @@ async fn the_cron_commands_print_only_their_json_report_on_stdout() {
         }
     }
 }
+
+/// An intent that another open transaction holds (one a cut link stranded,
+/// until it is ended) is skipped by a sweep pass, not a failure of the whole
+/// pass: the other stale intents are abandoned now, the held one later.
+#[tokio::test]
+async fn a_sweep_passes_over_an_intent_another_transaction_holds() {
+    use mongodb::bson::{Document, doc};
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let mut settings = test_settings();
+    settings.sweep.intent_grace = std::time::Duration::ZERO;
+    settings.sweep.interval = std::time::Duration::ZERO;
+    let app = spawn_app_with(settings.clone()).await;
+    let u = app.create_user("swept").await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let id = uuid::Uuid::now_v7().to_string();
+        let intent = IntentRecord {
+            id: id.clone(),
+            user_id: u.id.clone(),
+            bucket: app.state.ports.blobs.bucket().into(),
+            key: format!("files/{}/{id}", u.id),
+            created_at: filedock::meta::now() - chrono::Duration::seconds(1),
+            refreshed_at: None,
+        };
+        app.state.ports.meta.put_intent(&intent).await.unwrap();
+        ids.push(id);
+    }
+    let client = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap();
+    let intents = client
+        .database(&settings.mongodb_db)
+        .collection::<Document>("upload_intents");
+    let mut holder = client.start_session().await.unwrap();
+    holder.start_transaction().await.unwrap();
+    intents
+        .update_one(doc! {"_id": &ids[0]}, doc! {"$set": {"held": true}})
+        .session(&mut holder)
+        .await
+        .unwrap();
+
+    let Outcome::Swept(first) = app.state.sweeper.try_run_once().await.unwrap() else {
+        panic!("busy")
+    };
+    assert_eq!(first.intents_abandoned, 1, "the free intent goes now");
+    holder.abort_transaction().await.unwrap();
+    let Outcome::Swept(second) = app.state.sweeper.try_run_once().await.unwrap() else {
+        panic!("busy")
+    };
+    assert_eq!(
+        second.intents_abandoned, 1,
+        "the held one goes once released"
+    );
+    assert_eq!(app.intents().await, 0);
+}

@@ -50,10 +50,14 @@ pub struct MongoStore {
     /// over a broken link, so its abort may never have arrived. Left alone,
     /// it holds the documents it wrote (a user's, an intent) until the server
     /// reaps it (60 s by default), and every writer to them meets a write
-    /// conflict meanwhile; the next transaction ends them first. The sessions
-    /// themselves are held until then: dropped, they would go back to the
-    /// driver's pool and be handed to another request before the kill.
+    /// conflict meanwhile — this process's writers and every other
+    /// instance's. A background task ends them as soon as the server answers
+    /// (and the next transaction tries first). The sessions themselves are
+    /// held until then: dropped, they would go back to the driver's pool and
+    /// be handed to another request before the kill.
     stranded: Arc<Mutex<Vec<ClientSession>>>,
+    /// Whether that background task runs.
+    reaping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The server's error code, wherever the driver put it.
@@ -137,6 +141,7 @@ impl MongoStore {
             client,
             pinned: Arc::default(),
             stranded: Arc::default(),
+            reaping: Arc::default(),
         };
         store.db.run_command(doc! {"ping": 1}).await?;
         store.create_indexes().await?;

@@ -2,12 +2,17 @@
 //! a fence slot's session), commit with retries of an unknown result, and
 //! the fence check every write adds to its filter.
 
+use std::sync::atomic::Ordering;
+
 use serde::{Deserialize, Serialize};
 
 use super::*;
 
 /// Attempts at `commitTransaction` when its result is unknown.
 pub(super) const COMMIT_ATTEMPTS: u32 = 3;
+
+/// First and longest pause between tries at ending stranded sessions.
+const REAP_PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
 /// Sessions of pinned fence slots (see [`Fence::pinned`]): one per slot,
 /// reused by every transaction under it, and the token under which this
@@ -161,6 +166,34 @@ impl MongoStore {
         }
     }
 
+    /// Keeps ending the stranded sessions in the background, backing off,
+    /// until none is left: once a link heals, what they hold is freed without
+    /// waiting for this process's next transaction — other instances' writers
+    /// (and the sweeper's) meet it too.
+    fn reap_stranded(&self) {
+        if self.reaping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut pause = REAP_PAUSE.0;
+            loop {
+                tokio::time::sleep(pause).await;
+                store.end_stranded().await;
+                if store.stranded.lock().unwrap().is_empty() {
+                    store.reaping.store(false, Ordering::Release);
+                    // A session stranded between the check and the store.
+                    if store.stranded.lock().unwrap().is_empty()
+                        || store.reaping.swap(true, Ordering::AcqRel)
+                    {
+                        return;
+                    }
+                }
+                pause = (pause * 2).min(REAP_PAUSE.1);
+            }
+        });
+    }
+
     /// Ends the transaction by [`Self::end`]; a pinned slot's session goes
     /// back to its slot, unless a broken link stranded it.
     pub(super) async fn finish<T>(
@@ -174,6 +207,7 @@ impl MongoStore {
             && link_failed(e)
         {
             self.stranded.lock().unwrap().push(s);
+            self.reap_stranded();
             return outcome;
         }
         if let Some(f) = fence.filter(|f| f.pinned) {
