@@ -3,6 +3,7 @@
 //! otherwise against the embedded adapters.
 
 mod cli;
+mod connections;
 mod crash;
 mod fault_cluster;
 mod fault_proxy;
