@@ -275,3 +275,56 @@ async fn names_with_invisible_characters_are_refused_and_names_are_stored_nfc() 
         "only the clean name was stored"
     );
 }
+
+/// Uploads one multipart `file` part whose `Content-Disposition` carries `params`.
+async fn upload_disposition(app: &TestApp, u: &TestUser, params: &str) -> reqwest::Response {
+    let body = format!(
+        "--BND\r\nContent-Disposition: form-data; name=\"file\"; {params}\r\n\
+         Content-Type: text/plain\r\n\r\nhello\r\n--BND--\r\n"
+    );
+    app.client
+        .post(app.url("/v1/files"))
+        .bearer_auth(&u.key)
+        .header("content-type", "multipart/form-data; boundary=BND")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A multipart `filename*=` (RFC 6266/8187) names the file, ahead of a
+/// plain `filename`, and its decoded name still passes the name rule.
+#[tokio::test]
+async fn a_multipart_extended_filename_is_decoded() {
+    let app = spawn_app().await;
+    let u = app.create_user("extended").await;
+    for (params, stored) in [
+        (
+            "filename=\"resume.txt\"; filename*=UTF-8''r%C3%A9sum%C3%A9.txt",
+            "r\u{e9}sum\u{e9}.txt",
+        ),
+        ("filename*=UTF-8''%E6%97%A5%E6%9C%AC.txt", "日本.txt"),
+        ("filename*=iso-8859-1'fr'%E9t%E9.txt", "\u{e9}t\u{e9}.txt"),
+    ] {
+        let res = upload_disposition(&app, &u, params).await;
+        assert_eq!(res.status(), StatusCode::CREATED, "{params}");
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(body["filename"], stored, "{params}");
+    }
+    for bad in [
+        "filename*=UTF-8''evil%E2%80%AEtxt.exe", // a bidi override, decoded
+        "filename*=UTF-8''%FF.txt",              // not UTF-8
+    ] {
+        let res = upload_disposition(&app, &u, bad).await;
+        assert_eq!(
+            error_code(res).await,
+            (StatusCode::BAD_REQUEST, "invalid_request".into()),
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        app.list_ids(&u).await.len(),
+        3,
+        "only the good names stored"
+    );
+}
