@@ -61,6 +61,8 @@ impl ApiError {
             D::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
+            D::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            D::IdempotencyKeyInFlight => StatusCode::CONFLICT,
             D::Internal(_) | D::DeadLettered(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -110,6 +112,7 @@ impl IntoResponse for ApiError {
                 | D::WriteConflict
                 | D::UploadExpired
                 | D::TooManyUploads(_)
+                | D::IdempotencyKeyInFlight
                 | D::DependencyUnavailable(_),
             ) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -22,7 +22,7 @@ use crate::{
         files::FileService,
         reconcile::Reconciler,
         sweeper::{SweepWorker, Sweeper},
-        upload::{UploadService, UploadSlots},
+        upload::{InFlightKeys, UploadService, UploadSlots},
         users::{UserService, auth_cache, new_api_key},
     },
     http::{self, AppState},
@@ -147,6 +147,7 @@ impl AppState {
                 metrics: metrics.clone(),
                 settings: settings.clone(),
                 upload_slots: UploadSlots::default(),
+                idempotency_keys: InFlightKeys::default(),
             }),
             files: Arc::new(FileService {
                 files: meta.clone(),

@@ -16,6 +16,7 @@ mod helpers;
 mod history;
 mod hostile;
 mod http_semantics;
+mod idempotency;
 mod lock_faults;
 mod locks;
 mod openapi;

@@ -159,6 +159,10 @@ impl MongoStore {
         self.idempotency()
             .create_index(index(doc! {"created_at": 1}, false))
             .await?;
+        // A file's delete frees the key that created it.
+        self.idempotency()
+            .create_index(index(doc! {"file._id": 1}, false))
+            .await?;
         self.sessions()
             .create_index(index(doc! {"owner_id": 1}, false))
             .await?;
