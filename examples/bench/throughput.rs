@@ -171,7 +171,7 @@ pub(crate) async fn small_files(client: &Client, r: &mut Report) {
                             content_type: "application/octet-stream".into(),
                             declared_len: Some(4096),
                             body: stream::iter([Ok(body)]).boxed(),
-                            idempotency: None,
+                            idempotency_key: None,
                         };
                         let slot = state.uploads.reserve(user).unwrap();
                         (

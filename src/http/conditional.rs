@@ -14,7 +14,7 @@ pub fn etag(sha256: &str) -> String {
 
 /// The entity tags a list-valued header names (`*` kept as is), each with
 /// whether it was weak (`W/"…"`).
-fn tags<'a>(headers: &'a HeaderMap, name: header::HeaderName) -> Vec<(bool, &'a str)> {
+fn tags(headers: &HeaderMap, name: header::HeaderName) -> Vec<(bool, &str)> {
     headers
         .get_all(name)
         .iter()
