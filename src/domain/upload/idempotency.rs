@@ -16,7 +16,7 @@ impl UploadService {
     /// The record of `user`'s `key` if it was used before, else the key for
     /// this request alone on this instance (`IdempotencyKeyInFlight` while
     /// another request holds it). Across instances the commit transaction
-    /// lets one request through and the others replay it.
+    /// lets one request through; the others replay it or get a mismatch.
     pub(super) async fn claim_key(
         &self,
         user: &UserRecord,
