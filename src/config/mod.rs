@@ -12,6 +12,11 @@ use std::{path::PathBuf, str::FromStr, time::Duration};
 use anyhow::{Context, bail};
 use secrecy::SecretString;
 
+/// Connections served at once unless `FILEDOCK_MAX_CONNECTIONS` says
+/// otherwise: well below the usual 1024-descriptor limit less what the
+/// stores, blobs and logs use.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 768;
+
 /// Everything the service can be told. Built by [`Settings::from_env`] or, in
 /// tests, by [`Settings::embedded`] plus field updates.
 #[derive(Clone, Debug)]
@@ -48,8 +53,13 @@ pub struct Settings {
     /// An upload whose client sends nothing for this long is abandoned.
     pub body_idle_timeout: Duration,
     /// A connection that has not sent a whole request head in this long is
-    /// closed (slow-header clients).
+    /// closed (slow-header clients), and so is one that has had no request
+    /// in progress for this long (idle keep-alive, HTTP/2 included).
     pub header_timeout: Duration,
+    /// Accept cleartext HTTP/2 with prior knowledge (h2c); off: HTTP/1 only.
+    pub h2c: bool,
+    /// Connections served at once; past it new ones wait to be accepted.
+    pub max_connections: usize,
     pub cors_origins: Vec<String>,
     /// The types an upload may have (declared or detected); empty allows any.
     pub allowed_types: AllowedTypes,
@@ -258,6 +268,8 @@ impl Settings {
             max_uploads_per_user: 2048,
             body_idle_timeout: Duration::from_secs(60),
             header_timeout: Duration::from_secs(30),
+            h2c: false,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             cors_origins: Vec::new(),
             allowed_types: AllowedTypes::default(),
             link_secret: None,
@@ -328,6 +340,8 @@ impl Settings {
         parse_into(&get, "MAX_UPLOADS_PER_USER", &mut s.max_uploads_per_user)?;
         parse_secs(&get, "BODY_IDLE_TIMEOUT_SECS", &mut s.body_idle_timeout)?;
         parse_secs(&get, "HEADER_TIMEOUT_SECS", &mut s.header_timeout)?;
+        parse_into(&get, "H2C", &mut s.h2c)?;
+        parse_into(&get, "MAX_CONNECTIONS", &mut s.max_connections)?;
         parse_secs(&get, "LOCK_TTL_SECS", &mut s.lock.ttl)?;
         parse_secs(&get, "LOCK_WAIT_SECS", &mut s.lock.wait_timeout)?;
         parse_into(&get, "TXN_MAX_ATTEMPTS", &mut s.txn_retry.max_attempts)?;
@@ -360,6 +374,12 @@ impl Settings {
             Some(other) => bail!("FILEDOCK_LOG_FORMAT must be text or json, not {other:?}"),
         };
         parse_into(&get, "ALLOW_EMBEDDED", &mut s.allow_embedded_in_production)?;
+        if s.max_connections == 0 {
+            bail!("FILEDOCK_MAX_CONNECTIONS must be at least 1");
+        }
+        if s.header_timeout.is_zero() {
+            bail!("FILEDOCK_HEADER_TIMEOUT_SECS must be more than 0");
+        }
         if s.txn_retry.max_attempts == 0 {
             bail!("FILEDOCK_TXN_MAX_ATTEMPTS must be at least 1");
         }

@@ -187,8 +187,18 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_HEADER_TIMEOUT_SECS",
-        meaning: "a connection that has not sent a whole request head in this long is closed",
+        meaning: "a connection that has not sent a whole request head in this long, or has had no request in progress for this long (HTTP/1 or HTTP/2), is closed",
         default: "30",
+    },
+    Setting {
+        var: "FILEDOCK_H2C",
+        meaning: "true: also accept cleartext HTTP/2 with prior knowledge (h2c); false: HTTP/1.1 only (put HTTP/2 on a TLS proxy in front)",
+        default: "false",
+    },
+    Setting {
+        var: "FILEDOCK_MAX_CONNECTIONS",
+        meaning: "connections served at once; further ones wait in the listen backlog until one closes (keep it below the open-file limit)",
+        default: "768",
     },
     Setting {
         var: "FILEDOCK_SHUTDOWN_GRACE_SECS",

@@ -54,6 +54,15 @@ pub enum DomainError {
     LinkInvalid,
     #[error("this link has expired")]
     LinkExpired,
+    /// The `Idempotency-Key` was used before for a different request (body,
+    /// filename or content type).
+    #[error(
+        "this Idempotency-Key was used for a different request (body, filename or content type)"
+    )]
+    IdempotencyKeyMismatch,
+    /// The first request with this `Idempotency-Key` has not been answered yet.
+    #[error("a request with this Idempotency-Key is still in progress; try again")]
+    IdempotencyKeyInFlight,
     /// A queued operation kept failing and was moved to the dead-letter queue.
     #[error("{0}")]
     DeadLettered(String),
@@ -82,6 +91,8 @@ impl DomainError {
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::LinkInvalid => "link_invalid",
             Self::LinkExpired => "link_expired",
+            Self::IdempotencyKeyMismatch => "idempotency_key_mismatch",
+            Self::IdempotencyKeyInFlight => "idempotency_key_in_flight",
             Self::DeadLettered(_) => "dead_lettered",
             Self::Internal(_) => "internal",
         }

@@ -29,6 +29,9 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("the range is outside the file ({size} bytes)")]
     RangeNotSatisfiable { size: u64 },
+    /// `If-Match` names another version of the file.
+    #[error("If-Match names no current version of this file")]
+    PreconditionFailed,
     /// A valid user key on an admin route.
     #[error("this operation needs the admin key")]
     Forbidden,
@@ -41,6 +44,7 @@ impl ApiError {
             Self::MethodNotAllowed => return StatusCode::METHOD_NOT_ALLOWED,
             Self::RangeNotSatisfiable { .. } => return StatusCode::RANGE_NOT_SATISFIABLE,
             Self::Forbidden => return StatusCode::FORBIDDEN,
+            Self::PreconditionFailed => return StatusCode::PRECONDITION_FAILED,
             Self::Domain(d) => d,
         };
         match domain {
@@ -59,6 +63,8 @@ impl ApiError {
             D::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
+            D::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            D::IdempotencyKeyInFlight => StatusCode::CONFLICT,
             D::Internal(_) | D::DeadLettered(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -70,6 +76,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Self::Forbidden => "forbidden",
+            Self::PreconditionFailed => "precondition_failed",
         }
     }
 
@@ -107,6 +114,7 @@ impl IntoResponse for ApiError {
                 | D::WriteConflict
                 | D::UploadExpired
                 | D::TooManyUploads(_)
+                | D::IdempotencyKeyInFlight
                 | D::DependencyUnavailable(_),
             ) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

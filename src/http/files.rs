@@ -15,13 +15,13 @@ use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::{
-    ApiResult, AppState,
+    ApiResult, AppState, conditional,
     extract::{AppJson, AppQuery, AuthUser},
     listing::{ListQuery, page_response},
     multipart, ok,
 };
 use crate::{
-    blob::{BodyError, ByteRange, PresignedHeaders},
+    blob::{BodyError, PresignedHeaders},
     domain::{
         Filename, MediaType, digest::ExpectedDigest, digest::sha256_header, media::shows_inline,
         upload::NewUpload,
@@ -197,12 +197,21 @@ pub async fn rename(
     ok(Json(FileView::from(file)))
 }
 
-/// `DELETE /v1/files/{id}` → 204.
+/// `DELETE /v1/files/{id}` → 204; 412 if `If-Match` names another version.
 pub async fn delete(
     AuthUser(user): AuthUser,
     State(state): State<AppState>,
     Path(id): Path<String>,
+    headers: HeaderMap,
 ) -> ApiResult {
+    if headers.contains_key(header::IF_MATCH) {
+        // A file's bytes never change: what is checked here still holds
+        // when the delete runs.
+        let file = state.files.find(&user, &id).await?;
+        if conditional::match_fails(&headers, &conditional::etag(&file.sha256)) {
+            return Err(ApiError::PreconditionFailed);
+        }
+    }
     state.files.delete(&user, &id).await?;
     ok(StatusCode::NO_CONTENT)
 }
@@ -219,12 +228,16 @@ pub async fn content(
 }
 
 /// A file's bytes, streamed, for the owner or a signed link: `ETag`,
-/// `Last-Modified` (and 304 for `If-None-Match` / `If-Modified-Since`),
-/// `Range`, `Repr-Digest`, and headers that keep a browser from running it.
+/// `Last-Modified`, the conditions of RFC 9110 (`If-Match` → 412,
+/// `If-None-Match` / `If-Modified-Since` → 304, `If-Range`), `Range`,
+/// `Repr-Digest`, and headers that keep a browser from running it.
 pub(super) async fn serve(state: &AppState, file: FileRecord, headers: &HeaderMap) -> ApiResult {
-    let etag = format!("\"{}\"", file.sha256);
+    let etag = conditional::etag(&file.sha256);
     let size = file.size as u64;
     let last_modified = httpdate::fmt_http_date(file.created_at.into());
+    if conditional::match_fails(headers, &etag) {
+        return Err(ApiError::PreconditionFailed);
+    }
     if not_modified(headers, &etag, file.created_at) {
         return ok((
             StatusCode::NOT_MODIFIED,
@@ -232,8 +245,10 @@ pub(super) async fn serve(state: &AppState, file: FileRecord, headers: &HeaderMa
         ));
     }
     let range = match header_str(headers, header::RANGE) {
-        Some(raw) => requested_range(raw, size)?,
-        None => None,
+        Some(raw) if conditional::range_applies(headers, &etag) => {
+            conditional::requested_range(raw, size)?
+        }
+        _ => None,
     };
     let body = state.files.content(&file, range).await?;
     let mut res = Body::from_stream(body).into_response();
@@ -292,8 +307,8 @@ const REPR_DIGEST: header::HeaderName = header::HeaderName::from_static("repr-di
 /// Whether the client's copy is current (RFC 9110 §13.2.2: `If-None-Match`
 /// decides when present; `If-Modified-Since` only without it).
 fn not_modified(headers: &HeaderMap, etag: &str, created: chrono::DateTime<chrono::Utc>) -> bool {
-    if let Some(v) = header_str(headers, header::IF_NONE_MATCH) {
-        return v.split(',').any(|t| t.trim() == etag || t.trim() == "*");
+    if headers.contains_key(header::IF_NONE_MATCH) {
+        return conditional::none_match_hits(headers, etag);
     }
     // A date that does not parse is ignored (RFC 9110 §13.1.3).
     header_str(headers, header::IF_MODIFIED_SINCE)
@@ -302,28 +317,6 @@ fn not_modified(headers: &HeaderMap, etag: &str, created: chrono::DateTime<chron
             let since = chrono::DateTime::<chrono::Utc>::from(since);
             created.timestamp() <= since.timestamp()
         })
-}
-
-/// One satisfiable range, `None` to send the whole file (no range, a
-/// malformed header, or several ranges), or 416.
-fn requested_range(raw: &str, size: u64) -> Result<Option<ByteRange>, ApiError> {
-    let Ok(parsed) = http_range_header::parse_range_header(raw) else {
-        return Ok(None); // RFC 9110: an unparseable Range is ignored
-    };
-    if size == 0 {
-        // No byte range of an empty file is satisfiable (RFC 9110 §14.1.2).
-        return Err(ApiError::RangeNotSatisfiable { size });
-    }
-    let ranges = parsed
-        .validate(size)
-        .map_err(|_| ApiError::RangeNotSatisfiable { size })?;
-    Ok(match ranges.as_slice() {
-        [one] => Some(ByteRange {
-            start: *one.start(),
-            end: *one.end(),
-        }),
-        _ => None,
-    })
 }
 
 /// The media type to store: the client's, if it is one (400 otherwise).
@@ -357,27 +350,6 @@ fn content_disposition(filename: &str, inline: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ranges() {
-        assert_eq!(
-            requested_range("bytes=0-9", 100).unwrap(),
-            Some(ByteRange { start: 0, end: 9 })
-        );
-        assert_eq!(
-            requested_range("bytes=90-", 100).unwrap(),
-            Some(ByteRange { start: 90, end: 99 })
-        );
-        assert_eq!(
-            requested_range("bytes=-10", 100).unwrap(),
-            Some(ByteRange { start: 90, end: 99 })
-        );
-        assert_eq!(requested_range("nonsense", 100).unwrap(), None);
-        assert!(matches!(
-            requested_range("bytes=200-300", 100),
-            Err(ApiError::RangeNotSatisfiable { size: 100 })
-        ));
-    }
 
     #[test]
     fn content_disposition_encodes_non_ascii() {

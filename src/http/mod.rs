@@ -5,6 +5,7 @@
 
 mod admin;
 mod agents;
+mod conditional;
 pub mod error;
 mod extract;
 mod files;

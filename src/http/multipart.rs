@@ -61,8 +61,15 @@ pub async fn file_part(
             }
         }
     };
+    let extended = field
+        .headers()
+        .get(http::header::CONTENT_DISPOSITION)
+        .map(|v| extended_filename(v.as_bytes()))
+        .transpose()?
+        .flatten();
     let part = FilePart {
-        filename: field.file_name().map(str::to_owned),
+        // RFC 6266 §4.3: `filename*` wins over `filename` when both are sent.
+        filename: extended.or_else(|| field.file_name().map(str::to_owned)),
         content_type: field.content_type().map(ToString::to_string),
     };
     // `None` once the body has ended or failed.
@@ -101,6 +108,57 @@ pub async fn file_part(
         }
     });
     Ok((part, body.boxed()))
+}
+
+/// The `filename*` parameter of a part's `Content-Disposition` (RFC 6266,
+/// its value an RFC 8187 ext-value: `UTF-8''r%C3%A9sum%C3%A9.pdf`), decoded;
+/// `None` if there is none, 400 if it cannot be decoded.
+fn extended_filename(disposition: &[u8]) -> Result<Option<String>, DomainError> {
+    let bad = |why: &str| DomainError::InvalidRequest(format!("multipart filename* {why}"));
+    let Some(raw) = params(disposition)
+        .find_map(|(name, value)| name.eq_ignore_ascii_case(b"filename*").then_some(value))
+    else {
+        return Ok(None);
+    };
+    let mut fields = raw.splitn(3, |&b| b == b'\'');
+    let (Some(charset), Some(_language), Some(encoded)) =
+        (fields.next(), fields.next(), fields.next())
+    else {
+        return Err(bad("must be charset'language'percent-encoded-name"));
+    };
+    let bytes: Vec<u8> = percent_encoding::percent_decode(encoded).collect();
+    let name = if charset.eq_ignore_ascii_case(b"utf-8") {
+        String::from_utf8(bytes).map_err(|_| bad("is not valid UTF-8"))?
+    } else if charset.eq_ignore_ascii_case(b"iso-8859-1") {
+        bytes.into_iter().map(char::from).collect()
+    } else {
+        return Err(bad("must be in UTF-8 or ISO-8859-1"));
+    };
+    Ok(Some(name))
+}
+
+/// The `name=value` parameters after a header value's first `;`, with
+/// quoted strings skipped over whole (a `;` inside quotes splits nothing).
+fn params(value: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let mut pieces = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, &b) in value.iter().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            b';' if !quoted => {
+                pieces.push(&value[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    pieces.push(&value[start..]);
+    pieces.into_iter().skip(1).filter_map(|p| {
+        let eq = p.iter().position(|&b| b == b'=')?;
+        Some((p[..eq].trim_ascii(), p[eq + 1..].trim_ascii()))
+    })
 }
 
 /// The next part, its head read within [`PART_HEAD_LIMIT`].
@@ -248,5 +306,37 @@ fn multer_io(e: multer::Error) -> BodyError {
             Err(inner) => BodyError::Read(io::Error::other(inner)),
         },
         e => invalid_body(format!("malformed multipart body: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extended_filenames_are_decoded() {
+        let name = |v: &str| extended_filename(v.as_bytes());
+        assert_eq!(
+            name(
+                r#"form-data; name="file"; filename="a.txt"; filename*=UTF-8''r%C3%A9sum%C3%A9.txt"#
+            )
+            .unwrap()
+            .as_deref(),
+            Some("résumé.txt")
+        );
+        assert_eq!(
+            name("form-data; filename*=iso-8859-1'en'%E9t%E9.txt")
+                .unwrap()
+                .as_deref(),
+            Some("été.txt")
+        );
+        assert_eq!(
+            name(r#"form-data; name="file"; filename="x; filename*=UTF-8''no.txt""#).unwrap(),
+            None,
+            "inside a quoted string it is not a parameter"
+        );
+        assert!(name("form-data; filename*=UTF-8''%FF.txt").is_err());
+        assert!(name("form-data; filename*=koi8-r''x.txt").is_err());
+        assert!(name("form-data; filename*=plain.txt").is_err());
     }
 }

@@ -82,10 +82,17 @@ pub trait FileRepo: Send + Sync {
     /// Inserts the file and its owner permission, pushes the id onto the
     /// user's `file_ids`, adds to `used_bytes` (checking the quota), checks and
     /// stores the fencing token, deletes the intent and records the
-    /// idempotency key — all or nothing.
+    /// idempotency key — all or nothing. A key already recorded makes it
+    /// [`CommitOutcome::Replayed`] with that record, and nothing is written.
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome>;
 
-    async fn idempotent_file(&self, user_id: &str, key: &str) -> MetaResult<Option<FileRecord>>;
+    /// What `user_id`'s idempotency key `key` stands for, if it was used
+    /// and its file has not been deleted since.
+    async fn idempotency_record(
+        &self,
+        user_id: &str,
+        key: &str,
+    ) -> MetaResult<Option<IdempotencyRecord>>;
 
     /// The file if `owner_id` owns it.
     async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>>;
@@ -98,7 +105,8 @@ pub trait FileRepo: Send + Sync {
         limit: usize,
     ) -> MetaResult<Vec<FileRecord>>;
 
-    /// Deletes the file, its permissions and its id on the user, in one
+    /// Deletes the file, its permissions, its id on the user and the
+    /// idempotency key that created it (the key is free again), in one
     /// transaction; records its blob as a pending orphan in the same
     /// transaction so that a crash before the blob delete loses nothing.
     async fn delete_file(

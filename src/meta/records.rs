@@ -159,8 +159,20 @@ pub struct IdempotencyRecord {
     #[serde(rename = "_id")]
     pub id: String,
     pub file: FileRecord,
+    /// The SHA-256 of the request that stored it (its body's hash, filename
+    /// and content type): a replay must match it. Empty in records stored
+    /// before fingerprints were kept (such a key replays whatever is sent).
+    #[serde(default)]
+    pub fingerprint: String,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
+}
+
+/// An `Idempotency-Key` and the fingerprint of the request that sent it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IdempotencyKey {
+    pub key: String,
+    pub fingerprint: String,
 }
 
 impl IdempotencyRecord {
@@ -207,7 +219,7 @@ pub struct CommitUpload {
     pub file: FileRecord,
     pub fence: Option<Fence>,
     pub quota_bytes: Option<u64>,
-    pub idempotency_key: Option<String>,
+    pub idempotency: Option<IdempotencyKey>,
 }
 
 /// A file whose metadata was deleted, and the pending orphan that now
@@ -232,8 +244,8 @@ pub struct MetaCounts {
 pub enum CommitOutcome {
     Committed,
     /// Another request with the same idempotency key committed first; this
-    /// is its file, and nothing of this attempt was kept.
-    Replayed(Box<FileRecord>),
+    /// is its record, and nothing of this attempt was kept.
+    Replayed(Box<IdempotencyRecord>),
 }
 
 impl OrphanRecord {

@@ -398,11 +398,11 @@ async fn an_idempotency_key_replays_the_first_result() {
     assert_eq!(first.status(), StatusCode::CREATED);
     let first: Value = first.json().await.unwrap();
     // Sequential retry, then concurrent retries: all get the first file.
-    let again = send("second").await.unwrap();
+    let again = send("first").await.unwrap();
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     let again: Value = again.json().await.unwrap();
     assert_eq!(again["id"], first["id"]);
-    let racing = join_all((0..8).map(|_| send("third"))).await;
+    let racing = join_all((0..8).map(|_| send("first"))).await;
     for r in racing {
         let v: Value = r.unwrap().json().await.unwrap();
         assert_eq!(v["id"], first["id"]);

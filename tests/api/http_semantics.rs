@@ -327,3 +327,140 @@ async fn names_with_invisible_characters_are_refused_and_names_are_stored_nfc() 
         "only the clean name was stored"
     );
 }
+
+/// Uploads one multipart `file` part whose `Content-Disposition` carries `params`.
+async fn upload_disposition(app: &TestApp, u: &TestUser, params: &str) -> reqwest::Response {
+    let body = format!(
+        "--BND\r\nContent-Disposition: form-data; name=\"file\"; {params}\r\n\
+         Content-Type: text/plain\r\n\r\nhello\r\n--BND--\r\n"
+    );
+    app.client
+        .post(app.url("/v1/files"))
+        .bearer_auth(&u.key)
+        .header("content-type", "multipart/form-data; boundary=BND")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A multipart `filename*=` (RFC 6266/8187) names the file, ahead of a
+/// plain `filename`, and its decoded name still passes the name rule.
+#[tokio::test]
+async fn a_multipart_extended_filename_is_decoded() {
+    let app = spawn_app().await;
+    let u = app.create_user("extended").await;
+    for (params, stored) in [
+        (
+            "filename=\"resume.txt\"; filename*=UTF-8''r%C3%A9sum%C3%A9.txt",
+            "r\u{e9}sum\u{e9}.txt",
+        ),
+        ("filename*=UTF-8''%E6%97%A5%E6%9C%AC.txt", "日本.txt"),
+        ("filename*=iso-8859-1'fr'%E9t%E9.txt", "\u{e9}t\u{e9}.txt"),
+    ] {
+        let res = upload_disposition(&app, &u, params).await;
+        assert_eq!(res.status(), StatusCode::CREATED, "{params}");
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(body["filename"], stored, "{params}");
+    }
+    for bad in [
+        "filename*=UTF-8''evil%E2%80%AEtxt.exe", // a bidi override, decoded
+        "filename*=UTF-8''%FF.txt",              // not UTF-8
+    ] {
+        let res = upload_disposition(&app, &u, bad).await;
+        assert_eq!(
+            error_code(res).await,
+            (StatusCode::BAD_REQUEST, "invalid_request".into()),
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        app.list_ids(&u).await.len(),
+        3,
+        "only the good names stored"
+    );
+}
+
+/// `GET /v1/files/{id}/content` with these extra headers.
+async fn get_content(
+    app: &TestApp,
+    u: &TestUser,
+    id: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut req = app
+        .client
+        .get(app.url(&format!("/v1/files/{id}/content")))
+        .bearer_auth(&u.key);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.send().await.unwrap()
+}
+
+/// RFC 9110 §13–14: a weak `If-None-Match` matches, `bytes=-0` is not
+/// satisfiable, a suffix longer than the file is the whole file, a stale
+/// `If-Range` gets the whole file, a stale `If-Match` is a 412.
+#[tokio::test]
+async fn conditional_and_range_requests_follow_rfc_9110() {
+    let app = spawn_app().await;
+    let u = app.create_user("conditional").await;
+    let body = b"0123456789".to_vec();
+    let file = app.upload_json(&u, "ten.txt", body.clone()).await;
+    let id = file["id"].as_str().unwrap();
+    let etag = format!("\"{}\"", file["sha256"].as_str().unwrap());
+    let weak = format!("W/{etag}");
+
+    let res = get_content(&app, &u, id, &[("if-none-match", &weak)]).await;
+    assert_eq!(res.status(), StatusCode::NOT_MODIFIED, "a weak tag matches");
+
+    let res = get_content(&app, &u, id, &[("range", "bytes=-0")]).await;
+    assert_eq!(res.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(res.headers()["content-range"], "bytes */10");
+    assert_eq!(error_code(res).await.1, "range_not_satisfiable");
+
+    let res = get_content(&app, &u, id, &[("range", "bytes=-500")]).await;
+    assert_eq!(res.status(), StatusCode::PARTIAL_CONTENT, "a longer suffix");
+    assert_eq!(res.headers()["content-range"], "bytes 0-9/10");
+    assert_eq!(res.bytes().await.unwrap(), body);
+
+    let stale = "\"0000\"";
+    let res = get_content(&app, &u, id, &[("range", "bytes=0-1"), ("if-range", stale)]).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "a stale If-Range: the whole file"
+    );
+    assert_eq!(res.bytes().await.unwrap(), body);
+    let res = get_content(&app, &u, id, &[("range", "bytes=0-1"), ("if-range", &etag)]).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::PARTIAL_CONTENT,
+        "a current If-Range"
+    );
+    assert_eq!(res.bytes().await.unwrap(), &body[..2]);
+
+    let delete = |tag: &str| {
+        app.client
+            .delete(app.url(&format!("/v1/files/{id}")))
+            .bearer_auth(&u.key)
+            .header("if-match", tag)
+            .send()
+    };
+    let res = delete(stale).await.unwrap();
+    assert_eq!(
+        error_code(res).await,
+        (
+            StatusCode::PRECONDITION_FAILED,
+            "precondition_failed".into()
+        )
+    );
+    assert_eq!(
+        app.list_ids(&u).await,
+        [id],
+        "a failed precondition deletes nothing"
+    );
+    let res = delete(&etag).await.unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT, "a current If-Match");
+    assert!(app.list_ids(&u).await.is_empty());
+}

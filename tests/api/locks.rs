@@ -107,7 +107,7 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
             pinned: false,
         }),
         quota_bytes: None,
-        idempotency_key: None,
+        idempotency: None,
     };
     let r = app.state.ports.meta.commit_upload(&commit).await;
     assert!(matches!(r, Err(MetaError::StaleFence)), "{r:?}");

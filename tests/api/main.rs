@@ -4,6 +4,7 @@
 
 mod account;
 mod cli;
+mod connections;
 mod content;
 mod crash;
 mod fault_cluster;
@@ -17,6 +18,7 @@ mod helpers;
 mod history;
 mod hostile;
 mod http_semantics;
+mod idempotency;
 mod links;
 mod lock_faults;
 mod locks;

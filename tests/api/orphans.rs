@@ -259,7 +259,7 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
         file,
         fence: None,
         quota_bytes: None,
-        idempotency_key: None,
+        idempotency: None,
     };
     assert!(matches!(
         app.state.ports.meta.commit_upload(&commit).await,

@@ -308,7 +308,7 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         file: file.clone(),
         fence: None,
         quota_bytes: None,
-        idempotency_key: None,
+        idempotency: None,
     };
     let r = with_txn_retry(&app.state.settings.txn_retry, || {
         app.state.ports.meta.commit_upload(&commit)

@@ -2,6 +2,7 @@
 //! while hashing → (lock, if scope = commit) → one retried transaction →
 //! release. On any failure the blob is deleted (or recorded as an orphan).
 
+mod idempotency;
 mod quota;
 mod settle;
 mod slots;
@@ -9,12 +10,12 @@ mod slots;
 use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256, Sha512};
 
 pub use self::{
     quota::Usage,
-    slots::{UploadSlot, UploadSlots},
+    slots::{InFlightKeys, KeyClaim, UploadSlot, UploadSlots},
 };
 use self::{settle::CommitError, slots::InFlight};
 use super::{
@@ -29,8 +30,8 @@ use crate::{
     lock::{Held, LockKey, Locks},
     meta::retry::Transactions,
     meta::{
-        CleanupRepo, CommitOutcome, CommitUpload, Fence, FileRecord, FileRepo, IntentRecord,
-        MetaError, UserRecord, UserRepo,
+        CleanupRepo, CommitOutcome, CommitUpload, Fence, FileRecord, FileRepo, IdempotencyKey,
+        IntentRecord, MetaError, UserRecord, UserRepo,
     },
     metrics::{Metrics, OutcomeLabel},
 };
@@ -48,6 +49,7 @@ pub struct UploadService {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: Arc<Settings>,
     pub(crate) upload_slots: UploadSlots,
+    pub(crate) idempotency_keys: InFlightKeys,
 }
 
 /// An upload as the HTTP layer hands it over.
@@ -132,15 +134,9 @@ impl UploadService {
         if new.declared_len.is_some_and(|n| n > max) {
             return Err(DomainError::PayloadTooLarge(max));
         }
-        if let Some(key) = &new.idempotency_key
-            && let Some(file) = self.files.idempotent_file(&user.id, key).await?
-        {
-            return Ok(Uploaded {
-                file,
-                replayed: true,
-            });
-        }
-        // Before the intent: a refused type leaves nothing behind.
+        // Before the intent: a refused type leaves nothing behind. Before the
+        // idempotency check too: a replay is fingerprinted with the type the
+        // first request was stored with.
         let (content_type, body) = media::resolve(
             &new.content_type,
             new.body,
@@ -149,6 +145,13 @@ impl UploadService {
         )
         .await?;
         (new.content_type, new.body) = (content_type, body);
+        let mut _claim = None;
+        if let Some(key) = new.idempotency_key.clone() {
+            match self.claim_key(user, &key).await? {
+                Ok(claim) => _claim = Some(claim),
+                Err(first) => return self.replay(first, new).await,
+            }
+        }
         self.check_declared_quota(user, new.declared_len).await?;
 
         let user_id = UserId::parse(&user.id)
@@ -227,6 +230,14 @@ impl UploadService {
             };
         }
 
+        let idempotency = new.idempotency_key.map(|key| IdempotencyKey {
+            key,
+            fingerprint: idempotency::fingerprint(
+                &sha256,
+                new.filename.as_str(),
+                &new.content_type,
+            ),
+        });
         let file = FileRecord {
             id: intent.id.clone(),
             owner_id: user.id.clone(),
@@ -245,7 +256,7 @@ impl UploadService {
             file,
             fence: Fence::of_lock(guard.as_ref().and_then(Held::fence), category.as_str()),
             quota_bytes: settings.user_quota_bytes,
-            idempotency_key: new.idempotency_key,
+            idempotency,
         };
         crate::crash_point("before_commit");
         let committed = user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
@@ -270,8 +281,12 @@ impl UploadService {
                 }),
                 CommitOutcome::Replayed(first) => {
                     self.compensate(intent).await;
+                    let ours = commit.idempotency.as_ref().map(|k| k.fingerprint.as_str());
+                    if !first.fingerprint.is_empty() && Some(first.fingerprint.as_str()) != ours {
+                        return Err(DomainError::IdempotencyKeyMismatch);
+                    }
                     Ok(Uploaded {
-                        file: *first,
+                        file: first.file,
                         replayed: true,
                     })
                 }
@@ -305,23 +320,10 @@ impl UploadService {
             .and_then(|e| e.sha512.as_ref())
             .map(|_| Sha512::new());
         let mut size = 0u64;
-        // A client that stops sending holds a connection and (scope = upload) a
-        // lock: give up on it after the idle timeout.
-        let idle = self.settings.body_idle_timeout;
-        let body = futures::stream::unfold(Some(body), move |body| async move {
-            let mut body = body?;
-            match tokio::time::timeout(idle, body.next()).await {
-                Ok(Some(chunk)) => Some((chunk, Some(body))),
-                Ok(None) => None,
-                Err(_) => Some((Err(BodyError::Idle(idle)), None)),
-            }
-        });
+        let body = bounded(body, self.settings.body_idle_timeout, max);
         let counted = body.map(|chunk: Result<Bytes, BodyError>| {
             let chunk = chunk?;
             size += chunk.len() as u64;
-            if size > max {
-                return Err(BodyError::TooLarge(max));
-            }
             hasher.update(&chunk);
             if let Some(h) = sha512.as_mut() {
                 h.update(&chunk);
@@ -382,6 +384,33 @@ impl UploadService {
 /// How many times per sweeper grace period a streaming upload refreshes its
 /// intent: a few missed refreshes (a store hiccup) do not get it swept.
 const INTENT_REFRESHES_PER_GRACE: u32 = 4;
+
+/// `body`, failing with [`BodyError::Idle`] once the client has sent nothing
+/// for `idle` (it holds a connection and, scope = upload, a lock) and with
+/// [`BodyError::TooLarge`] as soon as it passes `max` bytes.
+fn bounded(
+    body: ByteStream<'_>,
+    idle: std::time::Duration,
+    max: u64,
+) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + '_ {
+    let body = futures::stream::unfold(Some(body), move |body| async move {
+        let mut body = body?;
+        match tokio::time::timeout(idle, body.next()).await {
+            Ok(Some(chunk)) => Some((chunk, Some(body))),
+            Ok(None) => None,
+            Err(_) => Some((Err(BodyError::Idle(idle)), None)),
+        }
+    });
+    let mut size = 0u64;
+    body.map(move |chunk| {
+        let chunk = chunk?;
+        size += chunk.len() as u64;
+        if size > max {
+            return Err(BodyError::TooLarge(max));
+        }
+        Ok(chunk)
+    })
+}
 
 /// Releases the upload's lock, if it took one.
 async fn release(guard: Option<Held>) {

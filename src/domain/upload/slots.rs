@@ -1,4 +1,5 @@
-//! Uploads in flight: counted in a gauge, and limited per user on one instance.
+//! Uploads in flight: counted in a gauge, limited per user on one instance,
+//! and their idempotency keys, one request per key at a time.
 
 use crate::metrics::Metrics;
 
@@ -72,5 +73,33 @@ impl Drop for UploadSlot<'_> {
                 in_flight.remove(&self.user);
             }
         }
+    }
+}
+
+/// The idempotency keys of uploads in flight on this instance.
+#[derive(Default)]
+pub struct InFlightKeys {
+    keys: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl InFlightKeys {
+    /// `user`'s `key` for one upload, or `None` while another one holds it.
+    pub fn claim(&self, user: &str, key: &str) -> Option<KeyClaim<'_>> {
+        let id = crate::meta::IdempotencyRecord::id_for(user, key);
+        let fresh = self.keys.lock().unwrap().insert(id.clone());
+        // Built only when fresh: a claim dropped frees its key.
+        fresh.then(|| KeyClaim { keys: self, id })
+    }
+}
+
+/// Frees its key when dropped.
+pub struct KeyClaim<'a> {
+    keys: &'a InFlightKeys,
+    id: String,
+}
+
+impl Drop for KeyClaim<'_> {
+    fn drop(&mut self) {
+        self.keys.keys.lock().unwrap().remove(&self.id);
     }
 }

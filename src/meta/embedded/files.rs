@@ -8,17 +8,19 @@ impl FileRepo for EmbeddedStore {
         let c = commit.clone();
         self.transaction(move |tx| {
             let file = &c.file;
-            if let Some(key) = &c.idempotency_key {
-                let id = IdempotencyRecord::id_for(&file.owner_id, key);
+            if let Some(k) = &c.idempotency {
+                let id = IdempotencyRecord::id_for(&file.owner_id, &k.key);
                 let ikey = format!("idempotency/{id}");
                 if let Some(first) = tx.get::<IdempotencyRecord>(&ikey)? {
-                    return Ok(CommitOutcome::Replayed(Box::new(first.file)));
+                    return Ok(CommitOutcome::Replayed(Box::new(first)));
                 }
+                tx.put(&key_of_file(&file.id), &id)?;
                 tx.put(
                     &ikey,
                     &IdempotencyRecord {
                         id,
                         file: file.clone(),
+                        fingerprint: k.fingerprint.clone(),
                         created_at: crate::meta::now(),
                     },
                 )?;
@@ -56,9 +58,13 @@ impl FileRepo for EmbeddedStore {
         .await
     }
 
-    async fn idempotent_file(&self, user_id: &str, key: &str) -> MetaResult<Option<FileRecord>> {
+    async fn idempotency_record(
+        &self,
+        user_id: &str,
+        key: &str,
+    ) -> MetaResult<Option<IdempotencyRecord>> {
         let key = format!("idempotency/{}", IdempotencyRecord::id_for(user_id, key));
-        self.transaction(move |tx| Ok(tx.get::<IdempotencyRecord>(&key)?.map(|r| r.file)))
+        self.transaction(move |tx| tx.get::<IdempotencyRecord>(&key))
             .await
     }
 
@@ -111,6 +117,11 @@ impl FileRepo for EmbeddedStore {
             tx.delete(&file_key(&id));
             tx.delete(&format!("{}{}", owner_index("files", &owner), id));
             tx.delete(&format!("permissions/{id}:{owner}"));
+            // The key that created the file is free again.
+            if let Some(key_id) = tx.get::<String>(&key_of_file(&id))? {
+                tx.delete(&format!("idempotency/{key_id}"));
+                tx.delete(&key_of_file(&id));
+            }
             let orphan = OrphanRecord::pending_for(&file);
             tx.insert(&format!("orphans/{}", orphan.id), &orphan)?;
             Ok(Some(DeletedFile {
@@ -162,4 +173,10 @@ impl FileRepo for EmbeddedStore {
         })
         .await
     }
+}
+
+/// Where the idempotency key that created a file is named, so that its
+/// delete can free the key.
+fn key_of_file(file_id: &str) -> String {
+    format!("idempotency_by_file/{file_id}")
 }

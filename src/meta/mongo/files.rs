@@ -9,8 +9,8 @@ impl MongoStore {
         c: &CommitUpload,
     ) -> MetaResult<CommitOutcome> {
         let file = &c.file;
-        if let Some(key) = &c.idempotency_key {
-            let id = IdempotencyRecord::id_for(&file.owner_id, key);
+        if let Some(k) = &c.idempotency {
+            let id = IdempotencyRecord::id_for(&file.owner_id, &k.key);
             if let Some(first) = self
                 .idempotency()
                 .find_one(doc! {"_id": &id})
@@ -18,11 +18,12 @@ impl MongoStore {
                 .await
                 .map_err(classify)?
             {
-                return Ok(CommitOutcome::Replayed(Box::new(first.file)));
+                return Ok(CommitOutcome::Replayed(Box::new(first)));
             }
             let record = IdempotencyRecord {
                 id,
                 file: file.clone(),
+                fingerprint: k.fingerprint.clone(),
                 created_at: crate::meta::now(),
             };
             self.idempotency()
@@ -148,6 +149,12 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(classify)?;
+        // The key that created the file is free again.
+        self.idempotency()
+            .delete_many(doc! {"file._id": id})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
         let orphan = OrphanRecord::pending_for(&file);
         self.orphans()
             .insert_one(&orphan)
@@ -209,14 +216,16 @@ impl FileRepo for MongoStore {
         self.finish(s, commit.fence.as_ref(), result).await
     }
 
-    async fn idempotent_file(&self, user_id: &str, key: &str) -> MetaResult<Option<FileRecord>> {
+    async fn idempotency_record(
+        &self,
+        user_id: &str,
+        key: &str,
+    ) -> MetaResult<Option<IdempotencyRecord>> {
         let id = IdempotencyRecord::id_for(user_id, key);
-        Ok(self
-            .idempotency()
+        self.idempotency()
             .find_one(doc! {"_id": id})
             .await
-            .map_err(classify)?
-            .map(|r| r.file))
+            .map_err(classify)
     }
 
     async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>> {

@@ -173,6 +173,10 @@ impl MongoStore {
         self.idempotency()
             .create_index(index(doc! {"created_at": 1}, false))
             .await?;
+        // A file's delete frees the key that created it.
+        self.idempotency()
+            .create_index(index(doc! {"file._id": 1}, false))
+            .await?;
         // Lists page through an owner's documents in id order.
         self.sessions()
             .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))

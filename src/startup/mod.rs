@@ -4,14 +4,11 @@
 //! the background workers until a shutdown signal. The only module that
 //! knows every layer.
 
-use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
+mod serve;
+
+use std::{net::SocketAddr, path::Path, sync::Arc};
 
 use anyhow::Context;
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto::Builder, graceful::GracefulShutdown},
-    service::TowerToHyperService,
-};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -26,7 +23,7 @@ use crate::{
         links::LinkSigner,
         reconcile::Reconciler,
         sweeper::{SweepWorker, Sweeper},
-        upload::{UploadService, UploadSlots},
+        upload::{InFlightKeys, UploadService, UploadSlots},
         users::{UserService, auth_cache, new_api_key},
     },
     http::{self, AppState},
@@ -153,6 +150,7 @@ impl AppState {
                 metrics: metrics.clone(),
                 settings: settings.clone(),
                 upload_slots: UploadSlots::default(),
+                idempotency_keys: InFlightKeys::default(),
             }),
             files: Arc::new(FileService {
                 files: meta.clone(),
@@ -317,50 +315,7 @@ impl Application {
                  they stop working on restart and on other instances"
             );
         }
-        let settings = &self.state.settings;
-        // hyper's own server (axum::serve sets no timer, so no header timeout).
-        let mut builder = Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(settings.header_timeout);
-        let graceful = GracefulShutdown::new();
-        loop {
-            let stream = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of file descriptors, say: wait rather than spin.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                _ = shutdown.cancelled() => break,
-            };
-            let service = TowerToHyperService::new(router.clone());
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            let conn = graceful.watch(conn.into_owned());
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            });
-        }
-        // New connections are refused at once; in-flight requests get `grace`
-        // to finish. Past it they are cut: an upload cut short leaves at most
-        // an intent, which the sweeper turns into an orphan and deletes.
-        drop(self.listener);
-        let grace = settings.shutdown_grace;
-        if tokio::time::timeout(grace, graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                ?grace,
-                "in-flight requests outlived the shutdown grace period; closing them"
-            );
-        }
+        serve::serve(self.listener, router, &self.state.settings, shutdown).await;
         if let Some(server) = metrics_server {
             let _ = server.await;
         }
