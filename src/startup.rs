@@ -25,7 +25,7 @@ use crate::{
         files::FileService,
         reconcile::Reconciler,
         sweeper::{SweepWorker, Sweeper},
-        upload::{UploadService, UploadSlots},
+        upload::{CommitGroups, UploadService, UploadSlots},
         users::{UserService, auth_cache, new_api_key},
     },
     http::{self, AppState},
@@ -150,6 +150,13 @@ impl AppState {
                 metrics: metrics.clone(),
                 settings: settings.clone(),
                 upload_slots: UploadSlots::default(),
+                groups: CommitGroups::new(
+                    meta.clone(),
+                    locks.clone(),
+                    txns.clone(),
+                    metrics.clone(),
+                    settings.upload_group_max,
+                ),
             }),
             files: Arc::new(FileService {
                 files: meta.clone(),

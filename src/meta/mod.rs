@@ -4,6 +4,7 @@
 //! containers); each adapter implements them one file each.
 
 pub mod embedded;
+pub mod group;
 pub mod mongo;
 mod records;
 pub mod retry;
@@ -15,7 +16,7 @@ pub use self::records::*;
 use crate::domain::commands::{LinkKind, Operation};
 
 /// Errors of the metadata layer, classified so callers never read messages.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum MetaError {
     /// Another transaction wrote the same document first; retry the whole transaction.
     #[error("write conflict")]
@@ -84,6 +85,22 @@ pub trait FileRepo: Send + Sync {
     /// stores the fencing token, deletes the intent and records the
     /// idempotency key — all or nothing.
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome>;
+
+    /// Commits one user's uploads in one transaction (a group commit), in
+    /// order, each as [`Self::commit_upload`] would, under the fences they
+    /// carry (one per slot: a group never holds two tokens of one slot) and
+    /// with one write of the user document. Each upload gets its own
+    /// outcome: the quota is decided upload by upload in order (one past it
+    /// is left out with `Err(QuotaExceeded)` and the ones after it may still
+    /// fit), and an idempotency key recorded before, or taken by an earlier
+    /// upload of the group, is a replay. Any other refusal (a stale fence, a
+    /// swept intent, the user gone, a key another request is committing)
+    /// fails the whole group and changes nothing: the caller then commits
+    /// the uploads one at a time, so that each gets its own answer.
+    async fn commit_uploads(
+        &self,
+        group: &[CommitUpload],
+    ) -> MetaResult<Vec<MetaResult<CommitOutcome>>>;
 
     async fn idempotent_file(&self, user_id: &str, key: &str) -> MetaResult<Option<FileRecord>>;
 

@@ -2,6 +2,7 @@
 //! while hashing → (lock, if scope = commit) → one retried transaction →
 //! release. On any failure the blob is deleted (or recorded as an orphan).
 
+mod group;
 mod quota;
 mod settle;
 mod slots;
@@ -12,7 +13,10 @@ use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-pub use self::slots::{UploadSlot, UploadSlots};
+pub use self::{
+    group::CommitGroups,
+    slots::{UploadSlot, UploadSlots},
+};
 use self::{settle::CommitError, slots::InFlight};
 use super::{
     DomainError, FileId, Filename, SizeCategory, UserId,
@@ -43,6 +47,8 @@ pub struct UploadService {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: Arc<Settings>,
     pub(crate) upload_slots: UploadSlots,
+    /// Group commit (`upload_group_commit`): the committers of this instance.
+    pub(crate) groups: Arc<CommitGroups>,
 }
 
 /// An upload as the HTTP layer hands it over.
@@ -191,7 +197,10 @@ impl UploadService {
             }
         };
 
-        if guard.is_none() && settings.lock.scope == LockScope::Commit {
+        // With group commit and lock scope = commit, the committer takes
+        // the category lock for the whole group.
+        let grouped = settings.upload_group_commit;
+        if guard.is_none() && settings.lock.scope == LockScope::Commit && !grouped {
             guard = match self.locks.acquire(&lock_key).await {
                 Ok(g) => Some(g),
                 Err(e) => {
@@ -222,10 +231,25 @@ impl UploadService {
             idempotency_key: new.idempotency_key,
         };
         crate::crash_point("before_commit");
-        let committed = user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
-            self.files.commit_upload(&commit)
-        });
-        let committed = match committed.await {
+        let committed = match grouped {
+            false => user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
+                self.metrics.upload_commit_txns.inc();
+                self.files.commit_upload(&commit)
+            })
+            .await
+            .map(|r| r.value),
+            true => {
+                let category = guard.is_none().then_some(category.as_str());
+                let answer = self.groups.commit(&user_id, category, commit.clone());
+                match answer.await {
+                    Some(a) => a,
+                    None => {
+                        Err(MetaError::OutcomeUnknown("the group committer died".into()).into())
+                    }
+                }
+            }
+        };
+        let committed = match committed {
             Ok(r) => {
                 crate::crash_point("after_commit");
                 Ok(r)
@@ -237,7 +261,7 @@ impl UploadService {
         };
         release(guard).await;
         match committed {
-            Ok(r) => match r.value {
+            Ok(r) => match r {
                 CommitOutcome::Committed => Ok(Uploaded {
                     file: commit.file,
                     replayed: false,

@@ -32,7 +32,7 @@ use mongodb::{
     options::{ClientOptions, IndexOptions},
 };
 
-use self::txn::{Pinned, add_fence};
+use self::txn::{Pinned, add_fence, add_fences};
 use super::*;
 
 const WRITE_CONFLICT: i32 = 112;
