@@ -78,6 +78,7 @@ pub struct Metrics {
     pub upload_commit_txns: Counter,
     pub uploads_grouped: Counter,
     pub upload_commits_waiting: Gauge,
+    pub mongo_commands: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -114,6 +115,7 @@ impl Default for Metrics {
             upload_commit_txns: Counter::default(),
             uploads_grouped: Counter::default(),
             upload_commits_waiting: Gauge::default(),
+            mongo_commands: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -233,6 +235,11 @@ impl Default for Metrics {
             "filedock_upload_commits_waiting",
             "Uploads whose bytes are stored, waiting for their user's next group commit",
             m.upload_commits_waiting.clone(),
+        );
+        r.register(
+            "filedock_mongo_commands",
+            "Commands sent to MongoDB (round trips)",
+            m.mongo_commands.clone(),
         );
         Self { registry, ..m }
     }

@@ -85,7 +85,7 @@ impl CommitGroups {
         commit: CommitUpload,
     ) -> Option<Answer> {
         let key = GroupKey {
-            user: user.clone(),
+            user: *user,
             category,
         };
         let (answer, answered) = oneshot::channel();
