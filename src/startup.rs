@@ -25,7 +25,7 @@ use crate::{
         files::FileService,
         reconcile::Reconciler,
         sweeper::{SweepWorker, Sweeper},
-        upload::{CommitGroups, UploadService, UploadSlots},
+        upload::{CommitGroups, IntentBatches, UploadService, UploadSlots},
         users::{UserService, auth_cache, new_api_key},
     },
     http::{self, AppState},
@@ -157,6 +157,7 @@ impl AppState {
                     metrics.clone(),
                     settings.upload_group_max,
                 ),
+                intents: IntentBatches::new(meta.clone(), settings.upload_group_max),
             }),
             files: Arc::new(FileService {
                 files: meta.clone(),

@@ -135,6 +135,9 @@ pub trait FileRepo: Send + Sync {
 pub trait CleanupRepo: Send + Sync {
     async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()>;
 
+    /// Writes several intents at once (one `insert_many`).
+    async fn put_intents(&self, intents: &[IntentRecord]) -> MetaResult<()>;
+
     async fn delete_intent(&self, file_id: &str) -> MetaResult<()>;
 
     /// The intent of the upload that will commit as `file_id`, if it is in flight.

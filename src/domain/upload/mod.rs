@@ -3,6 +3,7 @@
 //! release. On any failure the blob is deleted (or recorded as an orphan).
 
 mod group;
+mod intents;
 mod quota;
 mod settle;
 mod slots;
@@ -15,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 pub use self::{
     group::CommitGroups,
+    intents::IntentBatches,
     slots::{UploadSlot, UploadSlots},
 };
 use self::{settle::CommitError, slots::InFlight};
@@ -49,6 +51,9 @@ pub struct UploadService {
     pub(crate) upload_slots: UploadSlots,
     /// Group commit (`upload_group_commit`): the committers of this instance.
     pub(crate) groups: Arc<CommitGroups>,
+    /// With group commit, intents of uploads that start together are
+    /// written together.
+    pub(crate) intents: Arc<IntentBatches>,
 }
 
 /// An upload as the HTTP layer hands it over.
@@ -151,7 +156,10 @@ impl UploadService {
         // the blob. It is kept alive until the upload has its answer, so that
         // only dead uploads are taken for abandoned ones, however long a live
         // one streams or waits for its lock.
-        self.cleanup.put_intent(&intent).await?;
+        match settings.upload_group_commit {
+            true => self.intents.put(intent.clone()).await?,
+            false => self.cleanup.put_intent(&intent).await?,
+        }
         crate::crash_point("after_intent");
         tokio::select! {
             r = self.after_intent(user, new, &intent, user_id, category, lock_key) => r,
