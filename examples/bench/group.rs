@@ -13,7 +13,23 @@ struct Load {
     size: usize,
 }
 
+// The latency loads first, on a store not yet filled by the bursts
+// (SecantusDB slows as it fills).
 const LOADS: [Load; 5] = [
+    Load {
+        name: "100 × 4 KiB, 1 in flight, one user",
+        n: 100,
+        in_flight: 1,
+        users: 1,
+        size: 4096,
+    },
+    Load {
+        name: "200 × 4 KiB, 10 in flight, one user",
+        n: 200,
+        in_flight: 10,
+        users: 1,
+        size: 4096,
+    },
     Load {
         name: "1000 concurrent × 1 KiB, one user",
         n: 1000,
@@ -33,20 +49,6 @@ const LOADS: [Load; 5] = [
         n: 2000,
         in_flight: 32,
         users: 32,
-        size: 4096,
-    },
-    Load {
-        name: "200 × 4 KiB, 10 in flight, one user",
-        n: 200,
-        in_flight: 10,
-        users: 1,
-        size: 4096,
-    },
-    Load {
-        name: "100 × 4 KiB, 1 in flight, one user",
-        n: 100,
-        in_flight: 1,
-        users: 1,
         size: 4096,
     },
 ];
