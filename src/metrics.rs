@@ -75,6 +75,10 @@ pub struct Metrics {
     pub queue_dead_letters: Gauge,
     pub queue_processed: Family<OutcomeLabel, Counter>,
     pub queue_grouped: Counter,
+    pub upload_commit_txns: Counter,
+    pub uploads_grouped: Counter,
+    pub upload_commits_waiting: Gauge,
+    pub mongo_commands: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -108,6 +112,10 @@ impl Default for Metrics {
             queue_dead_letters: Gauge::default(),
             queue_processed: Family::default(),
             queue_grouped: Counter::default(),
+            upload_commit_txns: Counter::default(),
+            uploads_grouped: Counter::default(),
+            upload_commits_waiting: Gauge::default(),
+            mongo_commands: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -212,6 +220,26 @@ impl Default for Metrics {
             "filedock_queue_grouped",
             "Queued operations this instance applied in one transaction with others",
             m.queue_grouped.clone(),
+        );
+        r.register(
+            "filedock_upload_commit_txns",
+            "Metadata transactions run to commit uploads (attempts; a group commit is one)",
+            m.upload_commit_txns.clone(),
+        );
+        r.register(
+            "filedock_uploads_grouped",
+            "Uploads committed in one transaction with others of their user (group commit)",
+            m.uploads_grouped.clone(),
+        );
+        r.register(
+            "filedock_upload_commits_waiting",
+            "Uploads whose bytes are stored, waiting for their user's next group commit",
+            m.upload_commits_waiting.clone(),
+        );
+        r.register(
+            "filedock_mongo_commands",
+            "Commands sent to MongoDB (round trips)",
+            m.mongo_commands.clone(),
         );
         Self { registry, ..m }
     }

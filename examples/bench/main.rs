@@ -6,6 +6,7 @@
 //!
 //! Run it with `scripts/bench.sh` (which starts the stack and builds this).
 
+mod group;
 mod support;
 mod throughput;
 
@@ -22,7 +23,7 @@ use filedock::{
     testing::{Server, script_calls},
 };
 
-use self::{support::*, throughput::*};
+use self::{group::group_commit, support::*, throughput::*};
 
 #[tokio::main]
 async fn main() {
@@ -50,6 +51,9 @@ async fn main() {
     }
     if run("6") {
         small_files(&client, &mut r).await;
+    }
+    if run("7") {
+        group_commit(&client, &mut r).await;
     }
 
     println!("{}", r.lines.join("\n"));

@@ -50,6 +50,11 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Uploads one user may have in flight on one instance.
     pub max_uploads_per_user: usize,
+    /// Commit a user's uploads that are ready together, in one transaction
+    /// (group commit); off, each upload commits in a transaction of its own.
+    pub upload_group_commit: bool,
+    /// The most uploads one group commit takes.
+    pub upload_group_max: usize,
     /// An upload whose client sends nothing for this long is abandoned.
     pub body_idle_timeout: Duration,
     /// A connection that has not sent a whole request head in this long is
@@ -266,6 +271,8 @@ impl Settings {
             auth_cache_ttl: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
             max_uploads_per_user: 2048,
+            upload_group_commit: true,
+            upload_group_max: 32,
             body_idle_timeout: Duration::from_secs(60),
             header_timeout: Duration::from_secs(30),
             h2c: false,
@@ -338,6 +345,8 @@ impl Settings {
         parse_secs(&get, "AUTH_CACHE_SECS", &mut s.auth_cache_ttl)?;
         parse_secs(&get, "SHUTDOWN_GRACE_SECS", &mut s.shutdown_grace)?;
         parse_into(&get, "MAX_UPLOADS_PER_USER", &mut s.max_uploads_per_user)?;
+        parse_into(&get, "UPLOAD_GROUP_COMMIT", &mut s.upload_group_commit)?;
+        parse_into(&get, "UPLOAD_GROUP_MAX", &mut s.upload_group_max)?;
         parse_secs(&get, "BODY_IDLE_TIMEOUT_SECS", &mut s.body_idle_timeout)?;
         parse_secs(&get, "HEADER_TIMEOUT_SECS", &mut s.header_timeout)?;
         parse_into(&get, "H2C", &mut s.h2c)?;
@@ -379,6 +388,9 @@ impl Settings {
         }
         if s.header_timeout.is_zero() {
             bail!("FILEDOCK_HEADER_TIMEOUT_SECS must be more than 0");
+        }
+        if s.upload_group_max == 0 {
+            bail!("FILEDOCK_UPLOAD_GROUP_MAX must be at least 1");
         }
         if s.txn_retry.max_attempts == 0 {
             bail!("FILEDOCK_TXN_MAX_ATTEMPTS must be at least 1");

@@ -181,6 +181,16 @@ pub const SETTINGS: &[Setting] = &[
         default: "2048",
     },
     Setting {
+        var: "FILEDOCK_UPLOAD_GROUP_COMMIT",
+        meaning: "group commit: one user's uploads whose bytes are stored commit together, in one metadata transaction (false: one transaction each)",
+        default: "true",
+    },
+    Setting {
+        var: "FILEDOCK_UPLOAD_GROUP_MAX",
+        meaning: "the most uploads one group commit takes",
+        default: "32",
+    },
+    Setting {
         var: "FILEDOCK_BODY_IDLE_TIMEOUT_SECS",
         meaning: "an upload whose client sends nothing for this long, or a JSON body that has not arrived in this long, gets 408",
         default: "60",

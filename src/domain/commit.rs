@@ -36,7 +36,7 @@ where
 
 /// Why [`user_commit`] failed: the lock, or the transaction (whose error the
 /// caller may need to tell apart, e.g. an unknown outcome).
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub(crate) enum UserCommitError {
     #[error(transparent)]
     Lock(#[from] LockError),

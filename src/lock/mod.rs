@@ -117,7 +117,7 @@ pub struct Lease {
     pub ttl: Duration,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum LockError {
     #[error("timed out after {0:?} waiting for the lock")]
     Timeout(Duration),

@@ -4,6 +4,7 @@
 //! containers); each adapter implements them one file each.
 
 pub mod embedded;
+pub mod group;
 pub mod mongo;
 mod records;
 pub mod retry;
@@ -15,7 +16,7 @@ pub use self::records::*;
 use crate::domain::commands::{LinkKind, Operation};
 
 /// Errors of the metadata layer, classified so callers never read messages.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum MetaError {
     /// Another transaction wrote the same document first; retry the whole transaction.
     #[error("write conflict")]
@@ -94,6 +95,22 @@ pub trait FileRepo: Send + Sync {
         key: &str,
     ) -> MetaResult<Option<IdempotencyRecord>>;
 
+    /// Commits one user's uploads in one transaction (a group commit), in
+    /// order, each as [`Self::commit_upload`] would, under the fences they
+    /// carry (one per slot: a group never holds two tokens of one slot) and
+    /// with one write of the user document. Each upload gets its own
+    /// outcome: the quota is decided upload by upload in order (one past it
+    /// is left out with `Err(QuotaExceeded)` and the ones after it may still
+    /// fit), and an idempotency key recorded before, or taken by an earlier
+    /// upload of the group, is a replay. Any other refusal (a stale fence, a
+    /// swept intent, the user gone, a key another request is committing)
+    /// fails the whole group and changes nothing: the caller then commits
+    /// the uploads one at a time, so that each gets its own answer.
+    async fn commit_uploads(
+        &self,
+        group: &[CommitUpload],
+    ) -> MetaResult<Vec<MetaResult<CommitOutcome>>>;
+
     /// The file if `owner_id` owns it.
     async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>>;
 
@@ -136,6 +153,9 @@ pub trait FileRepo: Send + Sync {
 #[async_trait]
 pub trait CleanupRepo: Send + Sync {
     async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()>;
+
+    /// Writes several intents at once (one `insert_many`).
+    async fn put_intents(&self, intents: &[IntentRecord]) -> MetaResult<()>;
 
     async fn delete_intent(&self, file_id: &str) -> MetaResult<()>;
 

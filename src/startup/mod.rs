@@ -23,7 +23,7 @@ use crate::{
         links::LinkSigner,
         reconcile::Reconciler,
         sweeper::{SweepWorker, Sweeper},
-        upload::{InFlightKeys, UploadService, UploadSlots},
+        upload::{CommitGroups, InFlightKeys, IntentBatches, UploadService, UploadSlots},
         users::{UserService, auth_cache, new_api_key},
     },
     http::{self, AppState},
@@ -64,8 +64,8 @@ impl Ports {
                 embedded.join(", ")
             );
         }
-        let meta = open_metadata(settings).await?;
         let metrics = Arc::new(Metrics::default());
+        let meta = open_metadata_counted(settings, metrics.mongo_commands.clone()).await?;
         let blobs: Arc<dyn BlobStore> = match &settings.s3 {
             Some(s3) => Arc::new(
                 S3BlobStore::connect(s3, metrics.clone())
@@ -151,6 +151,14 @@ impl AppState {
                 settings: settings.clone(),
                 upload_slots: UploadSlots::default(),
                 idempotency_keys: InFlightKeys::default(),
+                groups: CommitGroups::new(
+                    meta.clone(),
+                    locks.clone(),
+                    txns.clone(),
+                    metrics.clone(),
+                    settings.upload_group_max,
+                ),
+                intents: IntentBatches::new(meta.clone(), settings.upload_group_max),
             }),
             files: Arc::new(FileService {
                 files: meta.clone(),
@@ -184,9 +192,17 @@ impl AppState {
 
 /// The metadata store alone (the CLI needs no more).
 pub async fn open_metadata(settings: &Settings) -> anyhow::Result<Arc<dyn MetadataStore>> {
+    open_metadata_counted(settings, Default::default()).await
+}
+
+/// The metadata store, counting the MongoDB commands it sends in `commands`.
+async fn open_metadata_counted(
+    settings: &Settings,
+    commands: prometheus_client::metrics::counter::Counter,
+) -> anyhow::Result<Arc<dyn MetadataStore>> {
     Ok(match &settings.mongodb_uri {
         Some(uri) => Arc::new(
-            MongoStore::connect(uri.expose_secret(), &settings.mongodb_db)
+            MongoStore::connect(uri.expose_secret(), &settings.mongodb_db, commands)
                 .await
                 .context("connecting to MongoDB")?,
         ),

@@ -13,6 +13,7 @@ mod fault_suite;
 mod fault_workload;
 mod faults;
 mod files;
+mod group_commit;
 mod hardening;
 mod helpers;
 mod history;

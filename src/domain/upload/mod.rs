@@ -2,7 +2,9 @@
 //! while hashing → (lock, if scope = commit) → one retried transaction →
 //! release. On any failure the blob is deleted (or recorded as an orphan).
 
+mod group;
 mod idempotency;
+mod intents;
 mod quota;
 mod settle;
 mod slots;
@@ -14,6 +16,8 @@ use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256, Sha512};
 
 pub use self::{
+    group::CommitGroups,
+    intents::IntentBatches,
     quota::Usage,
     slots::{InFlightKeys, KeyClaim, UploadSlot, UploadSlots},
 };
@@ -50,6 +54,11 @@ pub struct UploadService {
     pub(crate) settings: Arc<Settings>,
     pub(crate) upload_slots: UploadSlots,
     pub(crate) idempotency_keys: InFlightKeys,
+    /// Group commit (`upload_group_commit`): the committers of this instance.
+    pub(crate) groups: Arc<CommitGroups>,
+    /// With group commit, intents of uploads that start together are
+    /// written together.
+    pub(crate) intents: Arc<IntentBatches>,
 }
 
 /// An upload as the HTTP layer hands it over.
@@ -171,7 +180,10 @@ impl UploadService {
         // the blob. It is kept alive until the upload has its answer, so that
         // only dead uploads are taken for abandoned ones, however long a live
         // one streams or waits for its lock.
-        self.cleanup.put_intent(&intent).await?;
+        match settings.upload_group_commit {
+            true => self.intents.put(intent.clone()).await?,
+            false => self.cleanup.put_intent(&intent).await?,
+        }
         crate::crash_point("after_intent");
         tokio::select! {
             r = self.after_intent(user, new, &intent, user_id, category, lock_key) => r,
@@ -220,7 +232,10 @@ impl UploadService {
             }
         };
 
-        if guard.is_none() && settings.lock.scope == LockScope::Commit {
+        // With group commit and lock scope = commit, the committer takes
+        // the category lock for the whole group.
+        let grouped = settings.upload_group_commit;
+        if guard.is_none() && settings.lock.scope == LockScope::Commit && !grouped {
             guard = match self.locks.acquire(&lock_key).await {
                 Ok(g) => Some(g),
                 Err(e) => {
@@ -259,10 +274,25 @@ impl UploadService {
             idempotency,
         };
         crate::crash_point("before_commit");
-        let committed = user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
-            self.files.commit_upload(&commit)
-        });
-        let committed = match committed.await {
+        let committed = match grouped {
+            false => user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
+                self.metrics.upload_commit_txns.inc();
+                self.files.commit_upload(&commit)
+            })
+            .await
+            .map(|r| r.value),
+            true => {
+                let category = guard.is_none().then_some(category.as_str());
+                let answer = self.groups.commit(&user_id, category, commit.clone());
+                match answer.await {
+                    Some(a) => a,
+                    None => {
+                        Err(MetaError::OutcomeUnknown("the group committer died".into()).into())
+                    }
+                }
+            }
+        };
+        let committed = match committed {
             Ok(r) => {
                 crate::crash_point("after_commit");
                 Ok(r)
@@ -274,7 +304,7 @@ impl UploadService {
         };
         release(guard).await;
         match committed {
-            Ok(r) => match r.value {
+            Ok(r) => match r {
                 CommitOutcome::Committed => Ok(Uploaded {
                     file: commit.file,
                     replayed: false,

@@ -10,6 +10,17 @@ impl CleanupRepo for EmbeddedStore {
             .await
     }
 
+    async fn put_intents(&self, intents: &[IntentRecord]) -> MetaResult<()> {
+        let intents = intents.to_vec();
+        self.transaction(move |tx| {
+            for intent in &intents {
+                tx.insert(&format!("intents/{}", intent.id), intent)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn delete_intent(&self, file_id: &str) -> MetaResult<()> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {

@@ -36,24 +36,45 @@ impl FileRepo for EmbeddedStore {
             user.used_bytes += file.size;
             user.file_ids.push(file.id.clone());
             tx.put(&ukey, &user)?;
-            tx.insert(&file_key(&file.id), file)?;
-            tx.put(
-                &format!("{}{}", owner_index("files", &file.owner_id), file.id),
-                &(),
-            )?;
-            let perm = PermissionRecord {
-                id: format!("{}:{}", file.id, file.owner_id),
-                file_id: file.id.clone(),
-                user_id: file.owner_id.clone(),
-                role: "owner".into(),
-            };
-            tx.insert(&format!("permissions/{}", perm.id), &perm)?;
-            let intent_key = format!("intents/{}", file.id);
-            if tx.get::<IntentRecord>(&intent_key)?.is_none() {
-                return Err(MetaError::IntentGone);
-            }
-            tx.delete(&intent_key);
+            insert_file(tx, file)?;
             Ok(CommitOutcome::Committed)
+        })
+        .await
+    }
+
+    async fn commit_uploads(
+        &self,
+        group: &[CommitUpload],
+    ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
+        let group = group.to_vec();
+        self.transaction(move |tx| {
+            let Some(owner) = group.first().map(|c| c.file.owner_id.clone()) else {
+                return Ok(Vec::new());
+            };
+            let mut recorded = HashMap::new();
+            for id in group::idempotency_ids(&group) {
+                if let Some(first) = tx.get::<IdempotencyRecord>(&format!("idempotency/{id}"))? {
+                    recorded.insert(id, first);
+                }
+            }
+            let ukey = user_key(&owner);
+            let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+            for f in group::fences(&group)? {
+                apply_fence(&mut user, Some(f))?;
+            }
+            let plan = group::plan(&group, user.used_bytes, recorded);
+            user.used_bytes += plan.bytes;
+            user.file_ids
+                .extend(plan.committing.iter().map(|c| c.file.id.clone()));
+            tx.put(&ukey, &user)?;
+            for record in &plan.keys {
+                tx.put(&format!("idempotency/{}", record.id), record)?;
+                tx.put(&key_of_file(&record.file.id), &record.id)?;
+            }
+            for c in &plan.committing {
+                insert_file(tx, &c.file)?;
+            }
+            Ok(plan.outcomes)
         })
         .await
     }
@@ -179,4 +200,27 @@ impl FileRepo for EmbeddedStore {
 /// delete can free the key.
 fn key_of_file(file_id: &str) -> String {
     format!("idempotency_by_file/{file_id}")
+}
+
+/// Inserts a committed upload's file, its owner index entry and its owner
+/// permission, and deletes its intent (`IntentGone` if it was swept).
+fn insert_file(tx: &mut Txn, file: &FileRecord) -> MetaResult<()> {
+    tx.insert(&file_key(&file.id), file)?;
+    tx.put(
+        &format!("{}{}", owner_index("files", &file.owner_id), file.id),
+        &(),
+    )?;
+    let perm = PermissionRecord {
+        id: format!("{}:{}", file.id, file.owner_id),
+        file_id: file.id.clone(),
+        user_id: file.owner_id.clone(),
+        role: "owner".into(),
+    };
+    tx.insert(&format!("permissions/{}", perm.id), &perm)?;
+    let intent_key = format!("intents/{}", file.id);
+    if tx.get::<IntentRecord>(&intent_key)?.is_none() {
+        return Err(MetaError::IntentGone);
+    }
+    tx.delete(&intent_key);
+    Ok(())
 }

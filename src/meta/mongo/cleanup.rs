@@ -21,6 +21,14 @@ impl CleanupRepo for MongoStore {
             .map_err(classify)
     }
 
+    async fn put_intents(&self, intents: &[IntentRecord]) -> MetaResult<()> {
+        self.intents()
+            .insert_many(intents)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
     async fn delete_intent(&self, file_id: &str) -> MetaResult<()> {
         self.intents()
             .delete_one(doc! {"_id": file_id})

@@ -54,14 +54,8 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        let perm = PermissionRecord {
-            id: format!("{}:{}", file.id, file.owner_id),
-            file_id: file.id.clone(),
-            user_id: file.owner_id.clone(),
-            role: "owner".into(),
-        };
         self.permissions()
-            .insert_one(&perm)
+            .insert_one(owner_permission(file))
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -75,6 +69,103 @@ impl MongoStore {
             return Err(MetaError::IntentGone);
         }
         Ok(CommitOutcome::Committed)
+    }
+
+    /// A group commit (see [`FileRepo::commit_uploads`]): the user's
+    /// document is read (for the quota) and written once, files,
+    /// permissions, idempotency records and intents in one `insert_many` /
+    /// `delete_many` each.
+    async fn commit_uploads_in(
+        &self,
+        s: &mut ClientSession,
+        group: &[CommitUpload],
+    ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
+        let Some(owner) = group.first().map(|c| c.file.owner_id.as_str()) else {
+            return Ok(Vec::new());
+        };
+        let fences = group::fences(group)?;
+        let key_ids = group::idempotency_ids(group);
+        let mut recorded = HashMap::new();
+        if !key_ids.is_empty() {
+            let mut found = self
+                .idempotency()
+                .find(doc! {"_id": {"$in": &key_ids}})
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+            while let Some(r) = found.next(&mut *s).await {
+                let r = r.map_err(classify)?;
+                recorded.insert(r.id.clone(), r);
+            }
+        }
+        let used = match group.iter().any(|c| c.quota_bytes.is_some()) {
+            false => 0,
+            true => {
+                self.users()
+                    .find_one(doc! {"_id": owner})
+                    .session(&mut *s)
+                    .await
+                    .map_err(classify)?
+                    .ok_or(MetaError::NotFound)?
+                    .used_bytes
+            }
+        };
+        let plan = group::plan(group, used, recorded);
+        if plan.committing.is_empty() {
+            return Ok(plan.outcomes);
+        }
+        let ids: Vec<&str> = plan.committing.iter().map(|c| c.file.id.as_str()).collect();
+        // The quota read above is in this transaction's snapshot: a write of
+        // the user document since then makes this update a write conflict.
+        let mut filter = doc! {"_id": owner};
+        let mut update = doc! {
+            "$push": {"file_ids": {"$each": &ids}},
+            "$inc": {"used_bytes": plan.bytes},
+        };
+        add_fences(&mut filter, &mut update, "upload_fence", &fences);
+        let updated = self
+            .users()
+            .update_one(filter, update)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 0 {
+            let mut why = MetaError::QuotaExceeded;
+            for f in &fences {
+                why = self.why_user_unmatched(s, owner, Some(f)).await;
+                if !matches!(why, MetaError::QuotaExceeded) {
+                    break;
+                }
+            }
+            return Err(why);
+        }
+        self.files()
+            .insert_many(plan.committing.iter().map(|c| &c.file))
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        self.permissions()
+            .insert_many(plan.committing.iter().map(|c| owner_permission(&c.file)))
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if !plan.keys.is_empty() {
+            self.idempotency()
+                .insert_many(&plan.keys)
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+        }
+        let removed = self
+            .intents()
+            .delete_many(doc! {"_id": {"$in": &ids}})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if removed.deleted_count != ids.len() as u64 {
+            return Err(MetaError::IntentGone);
+        }
+        Ok(plan.outcomes)
     }
 
     /// Why a conditional update of the user document matched nothing.
@@ -216,6 +307,16 @@ impl FileRepo for MongoStore {
         self.finish(s, commit.fence.as_ref(), result).await
     }
 
+    async fn commit_uploads(
+        &self,
+        group: &[CommitUpload],
+    ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
+        // Upload fences are never pinned (see `Fence::pinned`).
+        let mut s = self.begin(None).await?;
+        let result = self.commit_uploads_in(&mut s, group).await;
+        self.finish(s, None, result).await
+    }
+
     async fn idempotency_record(
         &self,
         user_id: &str,
@@ -281,5 +382,15 @@ impl FileRepo for MongoStore {
             None => doc! {},
         };
         find_sorted(self.files(), filter, doc! {"_id": 1}, limit).await
+    }
+}
+
+/// The owner's permission on a file just uploaded.
+fn owner_permission(file: &FileRecord) -> PermissionRecord {
+    PermissionRecord {
+        id: format!("{}:{}", file.id, file.owner_id),
+        file_id: file.id.clone(),
+        user_id: file.owner_id.clone(),
+        role: "owner".into(),
     }
 }

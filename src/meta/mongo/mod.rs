@@ -29,10 +29,13 @@ use mongodb::{
     error::{
         ErrorKind, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
     },
+    event::{EventHandler, command::CommandEvent},
     options::{ClientOptions, IndexOptions},
 };
 
-use self::txn::{Pinned, add_fence};
+use prometheus_client::metrics::counter::Counter;
+
+use self::txn::{Pinned, add_fence, add_fences};
 use super::*;
 
 const WRITE_CONFLICT: i32 = 112;
@@ -127,10 +130,16 @@ fn owned_after(owner_id: &str, after: Option<&str>) -> Document {
 }
 
 impl MongoStore {
-    /// Connects, checks the server answers, and creates the indexes.
-    pub async fn connect(uri: &str, db: &str) -> anyhow::Result<Self> {
+    /// Connects, checks the server answers, and creates the indexes;
+    /// `commands` counts every command sent (round trips, for the benchmarks).
+    pub async fn connect(uri: &str, db: &str, commands: Counter) -> anyhow::Result<Self> {
         let mut opts = ClientOptions::parse(uri).await?;
         opts.app_name = Some("filedock".into());
+        opts.command_event_handler = Some(EventHandler::callback(move |e| {
+            if let CommandEvent::Started(_) = e {
+                commands.inc();
+            }
+        }));
         // Fail fast when the server is gone: requests answer 503, not hang.
         opts.server_selection_timeout
             .get_or_insert(Duration::from_secs(5));

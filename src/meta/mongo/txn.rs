@@ -80,6 +80,25 @@ pub(super) fn add_fence(
     }
 }
 
+/// [`add_fence`] for several fences (of different slots): every one is
+/// checked, every one stored.
+pub(super) fn add_fences(
+    filter: &mut Document,
+    update: &mut Document,
+    map: &str,
+    fences: &[&Fence],
+) {
+    let mut checks = Vec::with_capacity(fences.len());
+    for f in fences {
+        let mut check = Document::new();
+        add_fence(&mut check, update, map, Some(f));
+        checks.push(check);
+    }
+    if !checks.is_empty() {
+        filter.insert("$and", checks);
+    }
+}
+
 impl MongoStore {
     /// Starts a transaction; under a pinned fence, on the slot's session.
     pub(super) async fn begin(&self, fence: Option<&Fence>) -> MetaResult<ClientSession> {

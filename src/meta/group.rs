@@ -1,0 +1,193 @@
+//! The plan of a group commit (see [`super::FileRepo::commit_uploads`]),
+//! the same for both adapters: which uploads commit, which are replays and
+//! which are past the quota, decided upload by upload in arrival order.
+
+use std::collections::HashMap;
+
+use super::{CommitOutcome, CommitUpload, Fence, IdempotencyRecord, MetaError, MetaResult};
+
+/// What a group commit writes, and each upload's outcome.
+pub struct GroupPlan<'a> {
+    /// One per upload of the group, in its order.
+    pub outcomes: Vec<MetaResult<CommitOutcome>>,
+    /// The uploads that commit, in order.
+    pub committing: Vec<&'a CommitUpload>,
+    /// Their idempotency records (`_id`, first result), to insert.
+    pub keys: Vec<IdempotencyRecord>,
+    /// What they add to the user's `used_bytes`.
+    pub bytes: i64,
+}
+
+/// The idempotency record ids the group's uploads carry.
+pub fn idempotency_ids(group: &[CommitUpload]) -> Vec<String> {
+    group
+        .iter()
+        .filter_map(|c| {
+            let k = c.idempotency.as_ref()?;
+            Some(IdempotencyRecord::id_for(&c.file.owner_id, &k.key))
+        })
+        .collect()
+}
+
+/// Decides each upload of `group` in order, given the user's `used_bytes`
+/// and the idempotency records already stored (by id).
+pub fn plan(
+    group: &[CommitUpload],
+    used_bytes: i64,
+    mut recorded: HashMap<String, IdempotencyRecord>,
+) -> GroupPlan<'_> {
+    let mut p = GroupPlan {
+        outcomes: Vec::with_capacity(group.len()),
+        committing: Vec::with_capacity(group.len()),
+        keys: Vec::new(),
+        bytes: 0,
+    };
+    for c in group {
+        let key = c.idempotency.as_ref();
+        let key_id = key.map(|k| IdempotencyRecord::id_for(&c.file.owner_id, &k.key));
+        if let Some(first) = key_id.as_ref().and_then(|id| recorded.get(id)) {
+            p.outcomes
+                .push(Ok(CommitOutcome::Replayed(Box::new(first.clone()))));
+            continue;
+        }
+        let after = used_bytes + p.bytes + c.file.size;
+        if c.quota_bytes.is_some_and(|q| after.max(0) as u64 > q) {
+            p.outcomes.push(Err(MetaError::QuotaExceeded));
+            continue;
+        }
+        p.bytes += c.file.size;
+        if let (Some(id), Some(k)) = (key_id, key) {
+            let record = IdempotencyRecord {
+                id: id.clone(),
+                file: c.file.clone(),
+                fingerprint: k.fingerprint.clone(),
+                created_at: super::now(),
+            };
+            recorded.insert(id, record.clone());
+            p.keys.push(record);
+        }
+        p.committing.push(c);
+        p.outcomes.push(Ok(CommitOutcome::Committed));
+    }
+    p
+}
+
+/// The group's fences, one per slot. Two tokens of one slot in a group
+/// would let one upload commit under another's token: refused.
+pub fn fences(group: &[CommitUpload]) -> MetaResult<Vec<&Fence>> {
+    let mut by_slot: Vec<&Fence> = Vec::new();
+    for f in group.iter().filter_map(|c| c.fence.as_ref()) {
+        match by_slot.iter().find(|g| g.slot == f.slot) {
+            Some(g) if g.token != f.token => {
+                return Err(MetaError::Other(format!(
+                    "two tokens of fence slot {} in one group",
+                    f.slot
+                )));
+            }
+            Some(_) => {}
+            None => by_slot.push(f),
+        }
+    }
+    Ok(by_slot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::{FileRecord, IdempotencyKey};
+
+    fn upload(size: i64, key: Option<&str>) -> CommitUpload {
+        let id = uuid::Uuid::now_v7().to_string();
+        CommitUpload {
+            file: FileRecord {
+                id: id.clone(),
+                owner_id: "u".into(),
+                filename: "f".into(),
+                content_type: "text/plain".into(),
+                size,
+                sha256: String::new(),
+                category: "small".into(),
+                bucket: "b".into(),
+                key: format!("files/u/{id}"),
+                created_at: super::super::now(),
+                sessions: vec![],
+                agents: vec![],
+            },
+            fence: None,
+            quota_bytes: Some(100),
+            idempotency: key.map(|k| IdempotencyKey {
+                key: k.to_owned(),
+                fingerprint: String::new(),
+            }),
+        }
+    }
+
+    fn shape(p: &GroupPlan<'_>) -> Vec<&'static str> {
+        p.outcomes
+            .iter()
+            .map(|o| match o {
+                Ok(CommitOutcome::Committed) => "commit",
+                Ok(CommitOutcome::Replayed(_)) => "replay",
+                Err(MetaError::QuotaExceeded) => "quota",
+                Err(_) => "other",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_quota_is_decided_in_order_and_a_later_smaller_upload_may_fit() {
+        let group = [
+            upload(40, None),
+            upload(40, None),
+            upload(30, None),
+            upload(10, None),
+        ];
+        let p = plan(&group, 10, HashMap::new());
+        assert_eq!(shape(&p), ["commit", "commit", "quota", "commit"]);
+        assert_eq!(p.bytes, 90);
+        assert_eq!(p.committing.len(), 3);
+    }
+
+    #[test]
+    fn a_key_recorded_before_or_earlier_in_the_group_is_a_replay() {
+        let group = [
+            upload(1, Some("a")),
+            upload(1, Some("a")),
+            upload(1, Some("b")),
+        ];
+        let first_b = IdempotencyRecord {
+            id: "u:b".into(),
+            file: group[0].file.clone(),
+            fingerprint: String::new(),
+            created_at: crate::meta::now(),
+        };
+        let before = HashMap::from([("u:b".to_owned(), first_b)]);
+        let p = plan(&group, 0, before);
+        assert_eq!(shape(&p), ["commit", "replay", "replay"]);
+        let Ok(CommitOutcome::Replayed(first)) = &p.outcomes[1] else {
+            unreachable!()
+        };
+        assert_eq!(
+            first.file.id, group[0].file.id,
+            "the replay answers the first"
+        );
+        assert_eq!(p.keys.len(), 1, "one record, for the upload that commits");
+    }
+
+    #[test]
+    fn two_tokens_of_one_slot_are_refused() {
+        let fence = |token| {
+            Some(Fence {
+                slot: "small".into(),
+                token,
+                pinned: false,
+            })
+        };
+        let mut group = [upload(1, None), upload(1, None)];
+        group[0].fence = fence(5);
+        group[1].fence = fence(5);
+        assert_eq!(fences(&group).unwrap().len(), 1);
+        group[1].fence = fence(6);
+        assert!(fences(&group).is_err());
+    }
+}
