@@ -2,6 +2,7 @@
 //! filedock, with progress bars and answers a script can use (`--json`, exit
 //! codes). It speaks only the public HTTP API; nothing here is the server's.
 
+mod resumable;
 mod transfer;
 
 use std::{path::PathBuf, process::ExitCode};

@@ -11,24 +11,24 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
-use super::Failure;
+use super::{Failure, resumable::RESUMABLE_FROM};
 
 /// Files listed per request.
 const PAGE: usize = 1000;
 const BAR_TEMPLATE: &str = "{msg:20!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}";
 
 pub struct Api {
-    http: reqwest::Client,
-    base: String,
-    key: String,
+    pub(super) http: reqwest::Client,
+    pub(super) base: String,
+    pub(super) key: String,
 }
 
-fn unreachable(e: impl std::fmt::Display) -> Failure {
+pub(super) fn unreachable(e: impl std::fmt::Display) -> Failure {
     Failure::Unreachable(e.to_string())
 }
 
 /// The API's own words for a refusal: `error.message`, else the status.
-async fn refused(res: Response) -> Failure {
+pub(super) async fn refused(res: Response) -> Failure {
     let status = res.status();
     let body: Value = res.json().await.unwrap_or(Value::Null);
     let message = body["error"]["message"].as_str().unwrap_or(status.as_str());
@@ -53,7 +53,7 @@ impl Api {
         }
     }
 
-    async fn send(
+    pub(super) async fn send(
         &self,
         req: reqwest::RequestBuilder,
         ok: StatusCode,
@@ -70,7 +70,8 @@ impl Api {
         }
     }
 
-    /// Streams the file from disk as the raw body; the created file.
+    /// Streams the file from disk as the raw body (a large one resumably,
+    /// see [`super::resumable`]); the created file.
     pub async fn upload(&self, path: &Path, bars: &MultiProgress) -> Result<Value, Failure> {
         let file = tokio::fs::File::open(path)
             .await
@@ -80,6 +81,11 @@ impl Api {
             .file_name()
             .map_or_else(|| "upload".into(), |n| n.to_string_lossy().into_owned());
         let bar = bar(bars, len, &name);
+        if len >= RESUMABLE_FROM {
+            let file = self.upload_resumable(path, &name, len, &bar).await;
+            bar.finish();
+            return file;
+        }
         let progress = bar.clone();
         let body =
             ReaderStream::new(file).inspect_ok(move |chunk| progress.inc(chunk.len() as u64));

@@ -127,3 +127,35 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// A large upload goes through the resumable endpoint: its connection cut
+/// mid-way, the client asks the server where it stands and sends the rest;
+/// the stored file is byte for byte the local one.
+#[tokio::test]
+async fn a_large_upload_cut_mid_way_resumes_to_an_identical_file() {
+    const LEN: usize = 64 << 20;
+    /// Bytes the proxy cuts after; planted at a few offsets, so that one of
+    /// them arrives whole within a chunk.
+    const MARKER: &[u8] = b"\xfe\xedCUT-HERE\xfa\xce";
+    let app = spawn_app().await;
+    let u = app.create_user("resume").await;
+    let upstream = app.base.trim_start_matches("http://").parse().unwrap();
+    let proxy = crate::fault_proxy::FaultProxy::start(upstream).await;
+    let mut bytes = pseudo_random_bytes(LEN, 11);
+    for at in [4 << 20, 5 << 20, 6 << 20] {
+        bytes[at..at + MARKER.len()].copy_from_slice(MARKER);
+    }
+    let dir = tempdir();
+    let path = dir.join("big.bin");
+    std::fs::write(&path, &bytes).unwrap();
+
+    proxy.cut_after(MARKER, std::time::Duration::from_secs(1));
+    let base = format!("http://{}", proxy.addr());
+    let out = client_at(&base, &u.key, &["upload", "--json", path.to_str().unwrap()]).await;
+    assert!(proxy.triggered(), "the connection was never cut");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = json_lines(&out)[0]["id"].as_str().unwrap().to_owned();
+    let stored = app.download(&u, &id).await.bytes().await.unwrap();
+    assert!(stored.len() == LEN && stored[..] == bytes[..], "the stored file differs");
+    assert_eq!(app.list_ids(&u).await, [id], "one file, no leftover");
+}

@@ -1,0 +1,150 @@
+//! Large uploads through the resumable endpoint (tus 1.0, `/v1/uploads`):
+//! when the connection drops, the client asks the server how much it stored
+//! (`HEAD`) and sends the rest from there.
+
+use std::{io::SeekFrom, path::Path, time::Duration};
+
+use base64::Engine;
+use futures::TryStreamExt;
+use indicatif::ProgressBar;
+use reqwest::{StatusCode, header};
+use serde_json::Value;
+use tokio::io::AsyncSeekExt;
+use tokio_util::io::ReaderStream;
+
+use super::{
+    Failure,
+    transfer::{Api, refused, unreachable},
+};
+
+/// Files at least this large go through `/v1/uploads`.
+pub const RESUMABLE_FROM: u64 = 16 << 20;
+/// The tus protocol version spoken.
+const TUS_VERSION: &str = "1.0.0";
+/// Tries at resuming after a dropped connection; the pause between them
+/// grows by `PAUSE` each time (≈ 18 s in all).
+const ATTEMPTS: u32 = 8;
+const PAUSE: Duration = Duration::from_millis(500);
+
+/// How a PATCH ended.
+enum Sent {
+    /// The server stored up to this offset.
+    Upto(u64),
+    /// The connection dropped, or the server is out of step (409): ask it.
+    Resync(String),
+}
+
+impl Api {
+    /// Creates the upload, sends the file from wherever the server says it
+    /// stands until it has all of it; the created file.
+    pub(super) async fn upload_resumable(
+        &self,
+        path: &Path,
+        name: &str,
+        len: u64,
+        bar: &ProgressBar,
+    ) -> Result<Value, Failure> {
+        let metadata = format!(
+            "filename {}",
+            base64::engine::general_purpose::STANDARD.encode(name)
+        );
+        let create = self
+            .http
+            .post(format!("{}/v1/uploads", self.base))
+            .header("tus-resumable", TUS_VERSION)
+            .header("upload-length", len)
+            .header("upload-metadata", metadata);
+        let created = self.send(create, StatusCode::CREATED).await?;
+        let location = created
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| unreachable("the server gave no upload location"))?;
+        let url = if location.starts_with("http") {
+            location.to_owned()
+        } else {
+            format!("{}{location}", self.base)
+        };
+        let id = url.rsplit('/').next().unwrap_or_default().to_owned();
+
+        let (mut offset, mut failures) = (0, 0);
+        while offset < len {
+            match self.patch(&url, path, offset, bar).await? {
+                Sent::Upto(n) => offset = n,
+                Sent::Resync(why) => {
+                    failures += 1;
+                    if failures >= ATTEMPTS {
+                        return Err(unreachable(format!("{why}; gave up resuming")));
+                    }
+                    tokio::time::sleep(PAUSE * failures).await;
+                    if let Ok(n) = self.offset(&url).await {
+                        offset = n;
+                    }
+                }
+            }
+            bar.set_position(offset);
+        }
+        let file = self
+            .send(
+                self.http.get(format!("{}/v1/files/{id}", self.base)),
+                StatusCode::OK,
+            )
+            .await?;
+        file.json().await.map_err(unreachable)
+    }
+
+    /// One PATCH with the file from `offset` to its end.
+    async fn patch(
+        &self,
+        url: &str,
+        path: &Path,
+        offset: u64,
+        bar: &ProgressBar,
+    ) -> Result<Sent, Failure> {
+        let mut file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| unreachable(format!("{}: {e}", path.display())))?;
+        file.seek(SeekFrom::Start(offset))
+            .await
+            .map_err(unreachable)?;
+        let progress = bar.clone();
+        let body =
+            ReaderStream::new(file).inspect_ok(move |chunk| progress.inc(chunk.len() as u64));
+        let res = self
+            .http
+            .patch(url)
+            .bearer_auth(&self.key)
+            .header("tus-resumable", TUS_VERSION)
+            .header("upload-offset", offset)
+            .header(header::CONTENT_TYPE, "application/offset+octet-stream")
+            .body(reqwest::Body::wrap_stream(body))
+            .send()
+            .await;
+        let res = match res {
+            Ok(res) => res,
+            Err(e) => return Ok(Sent::Resync(e.to_string())),
+        };
+        match res.status() {
+            StatusCode::NO_CONTENT => Ok(Sent::Upto(stored_offset(&res).unwrap_or(offset))),
+            StatusCode::CONFLICT => Ok(Sent::Resync("the upload's offset moved".into())),
+            s if s.is_server_error() => Ok(Sent::Resync(format!("the server answered {s}"))),
+            _ => Err(refused(res).await),
+        }
+    }
+
+    /// How much of the upload the server has.
+    async fn offset(&self, url: &str) -> Result<u64, Failure> {
+        let head = self.http.head(url).header("tus-resumable", TUS_VERSION);
+        let res = self.send(head, StatusCode::OK).await?;
+        stored_offset(&res).ok_or_else(|| unreachable("the server gave no Upload-Offset"))
+    }
+}
+
+fn stored_offset(res: &reqwest::Response) -> Option<u64> {
+    res.headers()
+        .get("upload-offset")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
