@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    blob::{BlobStore, fs::FsBlobStore, s3::S3BlobStore},
+    blob::{BlobStore, fs::FsBlobStore, resumable::ResumableBlobs, s3::S3BlobStore},
     config::{Coordination, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
@@ -68,13 +68,19 @@ impl Ports {
         }
         let meta = open_metadata(settings).await?;
         let metrics = Arc::new(Metrics::default());
-        let blobs: Arc<dyn BlobStore> = match &settings.s3 {
-            Some(s3) => Arc::new(
-                S3BlobStore::connect(s3, metrics.clone())
-                    .await
-                    .context("connecting to S3")?,
-            ),
-            None => Arc::new(FsBlobStore::open(&settings.data_dir)?),
+        let (blobs, resumable): (Arc<dyn BlobStore>, Arc<dyn ResumableBlobs>) = match &settings.s3 {
+            Some(s3) => {
+                let store = Arc::new(
+                    S3BlobStore::connect(s3, metrics.clone())
+                        .await
+                        .context("connecting to S3")?,
+                );
+                (store.clone(), store)
+            }
+            None => {
+                let store = Arc::new(FsBlobStore::open(&settings.data_dir)?);
+                (store.clone(), store)
+            }
         };
         let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
             Some(url) => Arc::new(RedisLocks::connect(
@@ -92,6 +98,7 @@ impl Ports {
         Ok(Self {
             meta,
             blobs,
+            resumable,
             locks,
             metrics,
         })
@@ -110,6 +117,7 @@ impl AppState {
         let Ports {
             meta,
             blobs,
+            resumable,
             locks,
             metrics,
         } = ports.clone();
