@@ -24,6 +24,7 @@ use crate::{
         containers::ContainerService,
         files::FileService,
         reconcile::Reconciler,
+        resumable::ResumableService,
         sweeper::{SweepWorker, Sweeper},
         upload::{UploadService, UploadSlots},
         users::{UserService, auth_cache, new_api_key},
@@ -141,6 +142,17 @@ impl AppState {
             (None, Coordination::Lock) => Arc::new(LockCoordinator::new(locks.clone(), applier)),
         };
         let settings = Arc::new(settings);
+        let uploads = Arc::new(UploadService {
+            files: meta.clone(),
+            users: meta.clone(),
+            cleanup: meta.clone(),
+            blobs: blobs.clone(),
+            locks: locks.clone(),
+            txns: txns.clone(),
+            metrics: metrics.clone(),
+            settings: settings.clone(),
+            upload_slots: UploadSlots::default(),
+        });
         Ok(Self {
             users: Arc::new(UserService::new(
                 meta.clone(),
@@ -148,16 +160,13 @@ impl AppState {
             )),
             // Each service gets the narrow repositories it uses; one store
             // serves them all.
-            uploads: Arc::new(UploadService {
-                files: meta.clone(),
-                users: meta.clone(),
+            uploads: uploads.clone(),
+            resumables: Arc::new(ResumableService {
+                uploads,
+                resumables: meta.clone(),
                 cleanup: meta.clone(),
-                blobs: blobs.clone(),
+                blobs: resumable.clone(),
                 locks: locks.clone(),
-                txns: txns.clone(),
-                metrics: metrics.clone(),
-                settings: settings.clone(),
-                upload_slots: UploadSlots::default(),
             }),
             files: Arc::new(FileService {
                 files: meta.clone(),
@@ -174,8 +183,10 @@ impl AppState {
                 intent_grace: settings.sweep.intent_grace,
             }),
             sweeper: Arc::new(Sweeper {
-                meta,
+                meta: meta.clone(),
                 blobs,
+                resumables: meta.clone(),
+                resumable_blobs: resumable.clone(),
                 locks,
                 metrics: metrics.clone(),
                 settings: settings.sweep.clone(),

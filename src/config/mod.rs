@@ -41,6 +41,9 @@ pub struct Settings {
     pub max_uploads_per_user: usize,
     /// An upload whose client sends nothing for this long is abandoned.
     pub body_idle_timeout: Duration,
+    /// A resumable (tus) upload that gets no PATCH for this long expires
+    /// (`Upload-Expires`) and the sweeper aborts it.
+    pub tus_expiry: Duration,
     /// A connection that has not sent a whole request head in this long is
     /// closed (slow-header clients).
     pub header_timeout: Duration,
@@ -222,6 +225,7 @@ impl Settings {
             shutdown_grace: Duration::from_secs(30),
             max_uploads_per_user: 2048,
             body_idle_timeout: Duration::from_secs(60),
+            tus_expiry: Duration::from_secs(24 * 3600),
             header_timeout: Duration::from_secs(30),
             cors_origins: Vec::new(),
             log_json: false,
@@ -287,6 +291,7 @@ impl Settings {
         parse_secs(&get, "SHUTDOWN_GRACE_SECS", &mut s.shutdown_grace)?;
         parse_into(&get, "MAX_UPLOADS_PER_USER", &mut s.max_uploads_per_user)?;
         parse_secs(&get, "BODY_IDLE_TIMEOUT_SECS", &mut s.body_idle_timeout)?;
+        parse_secs(&get, "TUS_EXPIRY_SECS", &mut s.tus_expiry)?;
         parse_secs(&get, "HEADER_TIMEOUT_SECS", &mut s.header_timeout)?;
         parse_secs(&get, "LOCK_TTL_SECS", &mut s.lock.ttl)?;
         parse_secs(&get, "LOCK_WAIT_SECS", &mut s.lock.wait_timeout)?;

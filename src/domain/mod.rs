@@ -10,6 +10,7 @@ pub mod error;
 pub mod files;
 pub mod ids;
 pub mod reconcile;
+pub mod resumable;
 pub mod sweeper;
 pub mod upload;
 pub mod users;

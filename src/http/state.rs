@@ -10,8 +10,8 @@ use crate::{
     config::Settings,
     coord::queue::RedisQueue,
     domain::{
-        containers::ContainerService, files::FileService, reconcile::Reconciler, sweeper::Sweeper,
-        upload::UploadService, users::UserService,
+        containers::ContainerService, files::FileService, reconcile::Reconciler,
+        resumable::ResumableService, sweeper::Sweeper, upload::UploadService, users::UserService,
     },
     metrics::Metrics,
     ports::Ports,
@@ -25,6 +25,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub users: Arc<UserService>,
     pub uploads: Arc<UploadService>,
+    pub resumables: Arc<ResumableService>,
     pub files: Arc<FileService>,
     pub containers: Arc<ContainerService>,
     pub sweeper: Arc<Sweeper>,

@@ -45,6 +45,16 @@ pub struct UploadService {
     pub(crate) upload_slots: UploadSlots,
 }
 
+/// A blob stored at its intent's key, ready to commit.
+pub(crate) struct StoredBlob {
+    pub filename: Filename,
+    pub content_type: String,
+    pub size: u64,
+    pub sha256: String,
+    pub category: SizeCategory,
+    pub idempotency_key: Option<String>,
+}
+
 /// An upload as the HTTP layer hands it over.
 pub struct NewUpload<'a> {
     pub filename: Filename,
@@ -165,7 +175,7 @@ impl UploadService {
         lock_key: LockKey,
     ) -> Result<Uploaded, DomainError> {
         let (settings, max) = (&self.settings, self.settings.max_upload_bytes);
-        let mut guard = match settings.lock.scope {
+        let guard = match settings.lock.scope {
             LockScope::Upload => match self.locks.acquire(&lock_key).await {
                 Ok(g) => Some(g),
                 Err(e) => {
@@ -191,7 +201,33 @@ impl UploadService {
             }
         };
 
-        if guard.is_none() && settings.lock.scope == LockScope::Commit {
+        let stored = StoredBlob {
+            filename: new.filename,
+            content_type: new.content_type,
+            size,
+            sha256,
+            category,
+            idempotency_key: new.idempotency_key,
+        };
+        self.commit_stored(user, intent, stored, guard, user_id, lock_key)
+            .await
+    }
+
+    /// Commits a blob stored at the intent's key: takes the category lock
+    /// (unless `guard` holds it already), commits under its fence in one
+    /// retried transaction, releases, and undoes or settles what failed.
+    pub(crate) async fn commit_stored(
+        &self,
+        user: &UserRecord,
+        intent: &IntentRecord,
+        stored: StoredBlob,
+        mut guard: Option<Held>,
+        user_id: UserId,
+        lock_key: LockKey,
+    ) -> Result<Uploaded, DomainError> {
+        let settings = &self.settings;
+        let category = stored.category;
+        if guard.is_none() {
             guard = match self.locks.acquire(&lock_key).await {
                 Ok(g) => Some(g),
                 Err(e) => {
@@ -204,10 +240,10 @@ impl UploadService {
         let file = FileRecord {
             id: intent.id.clone(),
             owner_id: user.id.clone(),
-            filename: new.filename.as_str().to_owned(),
-            content_type: new.content_type,
-            size: size as i64,
-            sha256,
+            filename: stored.filename.as_str().to_owned(),
+            content_type: stored.content_type,
+            size: stored.size as i64,
+            sha256: stored.sha256,
             category: category.as_str().to_owned(),
             bucket: intent.bucket.clone(),
             key: intent.key.clone(),
@@ -219,7 +255,7 @@ impl UploadService {
             file,
             fence: Fence::of_lock(guard.as_ref().and_then(Held::fence), category.as_str()),
             quota_bytes: settings.user_quota_bytes,
-            idempotency_key: new.idempotency_key,
+            idempotency_key: stored.idempotency_key,
         };
         crate::crash_point("before_commit");
         let committed = user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
@@ -312,7 +348,7 @@ impl UploadService {
 
     /// Refreshes the upload's intent until the upload is done, so that the
     /// sweeper takes only dead uploads for abandoned ones.
-    async fn keep_alive(&self, file_id: &str) -> std::convert::Infallible {
+    pub(crate) async fn keep_alive(&self, file_id: &str) -> std::convert::Infallible {
         let every = self.settings.sweep.intent_grace / INTENT_REFRESHES_PER_GRACE;
         if every.is_zero() {
             // No grace at all (tests, audits): every intent is stale at once.
