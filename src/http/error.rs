@@ -58,6 +58,8 @@ impl ApiError {
             D::UploadLocked => StatusCode::LOCKED,
             // tus's checksum extension: 460 Checksum Mismatch.
             D::ChecksumMismatch => StatusCode::from_u16(460).unwrap_or(StatusCode::BAD_REQUEST),
+            D::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
+            D::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             D::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
@@ -126,6 +128,12 @@ impl IntoResponse for ApiError {
                 if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
                     headers.insert(header::CONTENT_RANGE, v);
                 }
+            }
+            Self::Domain(D::PreconditionFailed(_)) => {
+                headers.insert(
+                    "tus-version",
+                    HeaderValue::from_static(super::tus::TUS_VERSION),
+                );
             }
             Self::Domain(D::Unauthenticated) => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -265,7 +265,7 @@ fn requested_range(raw: &str, size: u64) -> Result<Option<ByteRange>, ApiError> 
 }
 
 /// The media type to store: the client's, if it is one (400 otherwise).
-fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
+pub(super) fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
     let declared = declared.unwrap_or("application/octet-stream");
     Ok(MediaType::parse(declared)
         .map_err(ApiError::invalid)?

@@ -13,6 +13,7 @@ mod multipart;
 mod page;
 mod sessions;
 mod state;
+mod tus;
 
 pub use self::state::AppState;
 
@@ -69,6 +70,12 @@ api! {
     GET "/v1/files/{id}" => files::get,
     DELETE "/v1/files/{id}" => files::delete,
     GET "/v1/files/{id}/content" => files::content,
+    OPTIONS "/v1/uploads" => tus::options,
+    POST "/v1/uploads" => tus::create,
+    OPTIONS "/v1/uploads/{id}" => tus::options,
+    HEAD "/v1/uploads/{id}" => tus::head,
+    PATCH "/v1/uploads/{id}" => tus::patch,
+    DELETE "/v1/uploads/{id}" => tus::terminate,
     POST "/v1/sessions" => sessions::create,
     GET "/v1/sessions/{id}" => sessions::get,
     POST "/v1/sessions/{id}/files" => sessions::attach,
@@ -108,6 +115,7 @@ pub fn router(state: AppState) -> Router {
                     tracing::info_span!("request", method = %req.method(), route, request_id = id)
                 }))
                 .layer(middleware::from_fn_with_state(state.clone(), observe))
+                .layer(middleware::from_fn(tus::tus_resumable_header))
                 .option_layer(cors),
         )
         .with_state(state)
@@ -194,20 +202,37 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
-            .allow_headers([
-                header::AUTHORIZATION,
-                header::CONTENT_TYPE,
-                header::RANGE,
-                HeaderName::from_static("idempotency-key"),
+            .allow_methods([
+                Method::GET,
+                Method::HEAD,
+                Method::POST,
+                Method::PUT,
+                Method::PATCH,
+                Method::DELETE,
             ])
-            .expose_headers([
-                X_REQUEST_ID,
-                header::LOCATION,
-                header::ETAG,
-                header::CONTENT_DISPOSITION,
-                header::CONTENT_RANGE,
-            ])
+            .allow_headers(
+                [
+                    header::AUTHORIZATION,
+                    header::CONTENT_TYPE,
+                    header::RANGE,
+                    HeaderName::from_static("idempotency-key"),
+                ]
+                .into_iter()
+                .chain(tus::REQUEST_HEADERS)
+                .collect::<Vec<_>>(),
+            )
+            .expose_headers(
+                [
+                    X_REQUEST_ID,
+                    header::LOCATION,
+                    header::ETAG,
+                    header::CONTENT_DISPOSITION,
+                    header::CONTENT_RANGE,
+                ]
+                .into_iter()
+                .chain(tus::RESPONSE_HEADERS.map(HeaderName::from_static))
+                .collect::<Vec<_>>(),
+            )
             .max_age(Duration::from_secs(600)),
     )
 }

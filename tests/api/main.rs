@@ -25,3 +25,4 @@ mod queue_faults;
 mod real;
 mod same_user;
 mod servers;
+mod tus;

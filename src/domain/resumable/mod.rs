@@ -10,7 +10,7 @@ mod patch;
 
 use std::sync::Arc;
 
-pub use self::hash::Checksum;
+pub use self::hash::{CHECKSUM_ALGORITHMS, Checksum};
 pub use self::patch::Patched;
 use super::{DomainError, FileId, Filename, UserId, upload::UploadService};
 use crate::{
