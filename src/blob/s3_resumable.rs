@@ -183,20 +183,8 @@ impl ResumableBlobs for S3BlobStore {
     }
 
     async fn abort(&self, key: &str, handle: &str) -> Result<(), BlobError> {
-        match self
-            .client
-            .abort_multipart_upload()
-            .bucket(&self.bucket)
-            .key(self.full_key(key))
-            .upload_id(handle)
-            .send()
-            .await
-            .map_err(sdk_err)
-        {
-            Ok(_) => self.count_multipart("aborted"),
-            Err(BlobError::NotFound) => {}
-            Err(e) => return Err(e),
-        }
+        // The tails first, so that an abort that fails (an upload already
+        // completed on a store that does not say NoSuchUpload) leaves none.
         let mut pages = self
             .client
             .list_objects_v2()
@@ -210,6 +198,20 @@ impl ResumableBlobs for S3BlobStore {
                     self.delete_raw(k).await?;
                 }
             }
+        }
+        match self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .upload_id(handle)
+            .send()
+            .await
+            .map_err(sdk_err)
+        {
+            Ok(_) => self.count_multipart("aborted"),
+            Err(BlobError::NotFound) => {}
+            Err(e) => return Err(e),
         }
         Ok(())
     }

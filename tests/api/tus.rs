@@ -283,7 +283,10 @@ async fn a_patch_that_fails_its_checksum_keeps_nothing() {
     .await
     .unwrap();
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
-    let right = format!("sha1 {}", b64.encode(<sha1::Sha1 as sha2_state::Digest>::digest(first)));
+    let right = format!(
+        "sha1 {}",
+        b64.encode(<sha1::Sha1 as sha2_state::Digest>::digest(first))
+    );
     let res = patch_body(&app, &user, &id, 0, first.to_vec().into(), Some(right))
         .await
         .unwrap();

@@ -110,8 +110,12 @@ impl ResumableService {
             hasher,
             cut,
         } = received;
+        let old_tail = before.tail_start() as u64;
+        let old_tail =
+            (before.offset as u64 > old_tail).then_some((old_tail, before.offset as u64));
         if upload.offset == upload.length {
-            return self.finish(user, upload, tail.freeze(), hasher).await;
+            let last = tail.freeze();
+            return self.finish(user, upload, last, hasher, old_tail).await;
         }
         let tail_start = upload.tail_start() as u64;
         if !tail.is_empty() {
@@ -129,12 +133,11 @@ impl ResumableService {
         {
             return Err(DomainError::OffsetMismatch(before.offset as u64));
         }
-        let old_tail = before.tail_start() as u64;
-        if before.offset as u64 > old_tail {
+        if let Some((start, end)) = old_tail {
             // The new state no longer points at it; a failure leaves it to the abort.
             let _ = self
                 .blobs
-                .delete_tail(&upload.key, &upload.handle, old_tail, before.offset as u64)
+                .delete_tail(&upload.key, &upload.handle, start, end)
                 .await;
         }
         match cut {
@@ -235,13 +238,15 @@ impl ResumableService {
         })
     }
 
-    /// The last bytes: the last part, the blob completed, the file committed.
+    /// The last bytes: the last part, the blob completed (and the tail the
+    /// state pointed at dropped), the file committed.
     async fn finish(
         &self,
         user: &UserRecord,
         mut upload: ResumableRecord,
         last: Bytes,
         hasher: sha2_state::Sha256,
+        old_tail: Option<(u64, u64)>,
     ) -> Result<Patched, DomainError> {
         if !last.is_empty() {
             let number = upload.parts.len() as i32 + 1;
@@ -255,6 +260,14 @@ impl ResumableService {
         self.blobs
             .complete(&upload.key, &upload.handle, &upload.parts)
             .await?;
+        if let Some((start, end)) = old_tail
+            && let Err(e) = self
+                .blobs
+                .delete_tail(&upload.key, &upload.handle, start, end)
+                .await
+        {
+            tracing::warn!(upload = %upload.id, error = %e, "could not drop a finished upload's tail");
+        }
         let Some(intent) = self.cleanup.intent(&upload.id).await? else {
             return Err(DomainError::UploadExpired);
         };
