@@ -105,13 +105,17 @@ stack_start() {
 # SERVE_BASE, SERVE_ADMIN and SERVE_DIR (a scratch dir, removed at exit).
 serve_embedded() {
   local name=$1 port
-  cargo build --locked --bin filedock
+  local bin
+  # The path cargo reports: the binary need not be under $CARGO_TARGET_DIR
+  # (an artifact dir of its own per worktree, for one).
+  bin=$(cargo build --locked --bin filedock --message-format=json-render-diagnostics |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
   port=$(free_port)
   SERVE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/filedock-$name.XXXXXX")
   SERVE_ADMIN="$name-admin-$RANDOM$RANDOM"
   SERVE_BASE="http://127.0.0.1:$port"
   FILEDOCK_BIND="127.0.0.1:$port" FILEDOCK_DATA_DIR="$SERVE_DIR/data" FILEDOCK_ADMIN_KEY="$SERVE_ADMIN" \
-    RUST_LOG=error "$CARGO_TARGET_DIR/debug/filedock" >"$SERVE_DIR/server.log" 2>&1 &
+    RUST_LOG=error "$bin" >"$SERVE_DIR/server.log" 2>&1 &
   SERVE_PID=$!
   trap 'kill "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null; rm -rf "$SERVE_DIR"' EXIT
   for _ in $(seq 1 100); do
