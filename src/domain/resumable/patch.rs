@@ -49,6 +49,9 @@ struct Received {
     cut: Option<BodyError>,
 }
 
+/// A part upload's answer: its index and its tag.
+type PartResult = (usize, Result<String, BlobError>);
+
 /// Parts in flight per PATCH when the blob store does not say.
 const DEFAULT_PART_CONCURRENCY: usize = 4;
 
@@ -173,7 +176,7 @@ impl ResumableService {
             .as_ref()
             .map_or(DEFAULT_PART_CONCURRENCY, |s| s.part_concurrency.max(1));
         let idle = settings.body_idle_timeout;
-        let mut in_flight: JoinSet<(usize, Result<String, BlobError>)> = JoinSet::new();
+        let mut in_flight: JoinSet<PartResult> = JoinSet::new();
         let mut failed: Option<BlobError> = None;
         let mut cut = None;
         loop {
@@ -304,7 +307,7 @@ async fn put_part(
     index: usize,
     start: u64,
     part: Bytes,
-) -> (usize, Result<String, BlobError>) {
+) -> PartResult {
     let number = index as i32 + 1;
     let r = blobs
         .put_part(&upload.key, &upload.handle, number, start, part)
@@ -313,7 +316,7 @@ async fn put_part(
 }
 
 fn joined(
-    r: Option<Result<(usize, Result<String, BlobError>), tokio::task::JoinError>>,
+    r: Option<Result<PartResult, tokio::task::JoinError>>,
     tags: &mut [String],
     failed: &mut Option<BlobError>,
 ) {
@@ -330,7 +333,7 @@ fn joined(
 }
 
 /// Waits for the parts in flight before giving up, so none lands later.
-async fn drain(in_flight: &mut JoinSet<(usize, Result<String, BlobError>)>, tags: &mut [String]) {
+async fn drain(in_flight: &mut JoinSet<PartResult>, tags: &mut [String]) {
     let mut ignored = None;
     while let Some(r) = in_flight.join_next().await {
         joined(Some(r), tags, &mut ignored);
