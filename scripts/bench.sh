@@ -2,23 +2,27 @@
 # Benchmarks: starts the real test stack (scripts/stack.sh), builds filedock and
 # its load generator (examples/bench/) in release mode, runs every scenario
 # against filedock servers on loopback, and prints one markdown table.
-# `scripts/bench.sh 1 6` runs scenarios 1 and 6 only.
+# `scripts/bench.sh 1 6` runs scenarios 1 and 6 only; `scripts/bench.sh 7` the tus one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
 # shellcheck source=scripts/stack.sh
 source scripts/stack.sh
 
-cargo build --release --locked --bin filedock --example bench
+# The paths cargo reports: the binaries need not be under $CARGO_TARGET_DIR.
+built=$(cargo build --release --locked --bin filedock --example bench --message-format=json-render-diagnostics |
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
+filedock_bin=$(grep '/filedock$' <<<"$built")
+bench_bin=$(grep '/bench$' <<<"$built")
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 trap stack_stop EXIT
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)" >&2
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(1 2 3 4 5 6)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(1 2 3 4 5 6 7)
 # A fresh stack for each scenario: SecantusDB slows down as it fills up, and
 # one scenario's leftovers must not tax the next.
 for n in "${scenarios[@]}"; do
   stack_start
-  FILEDOCK_BIN="$CARGO_TARGET_DIR/release/filedock" "$CARGO_TARGET_DIR/release/examples/bench" "$n"
+  FILEDOCK_BIN="$filedock_bin" "$bench_bin" "$n"
   stack_stop
 done

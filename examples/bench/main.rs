@@ -8,6 +8,7 @@
 
 mod support;
 mod throughput;
+mod tus;
 
 use std::{
     sync::Arc,
@@ -22,7 +23,7 @@ use filedock::{
     testing::{Server, script_calls},
 };
 
-use self::{support::*, throughput::*};
+use self::{support::*, throughput::*, tus::*};
 
 #[tokio::main]
 async fn main() {
@@ -50,6 +51,9 @@ async fn main() {
     }
     if run("6") {
         small_files(&client, &mut r).await;
+    }
+    if run("7") {
+        tus_vs_plain(&client, &mut r).await;
     }
 
     println!("{}", r.lines.join("\n"));
