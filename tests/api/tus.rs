@@ -459,3 +459,52 @@ async fn tus_requests_need_the_version_the_key_and_the_media_type() {
         .to_owned();
     assert_eq!(content(&app, &user, &id).await, b"0123456789");
 }
+
+#[tokio::test]
+async fn with_cors_a_browser_may_send_and_read_the_tus_headers() {
+    let mut settings = test_settings();
+    settings.cors_origins = vec!["https://app.example".into()];
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("cors").await;
+    let pre = app
+        .client
+        .request(Method::OPTIONS, app.url("/v1/uploads/x"))
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "PATCH")
+        .header(
+            "access-control-request-headers",
+            "tus-resumable,upload-offset,upload-checksum",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(pre.status().is_success(), "{}", pre.status());
+    let allowed = |name: &str| pre.headers()[name].to_str().unwrap().to_ascii_lowercase();
+    assert!(allowed("access-control-allow-methods").contains("patch"));
+    for h in ["tus-resumable", "upload-offset", "upload-checksum"] {
+        assert!(allowed("access-control-allow-headers").contains(h), "{h}");
+    }
+    let id = create(&app, &user, 10).await;
+    let res = app
+        .client
+        .request(Method::HEAD, app.url(&format!("/v1/uploads/{id}")))
+        .bearer_auth(&user.key)
+        .header("tus-resumable", TUS)
+        .header("origin", "https://app.example")
+        .send()
+        .await
+        .unwrap();
+    let exposed = res.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    for h in [
+        "upload-offset",
+        "upload-length",
+        "upload-expires",
+        "tus-resumable",
+        "location",
+    ] {
+        assert!(exposed.contains(h), "{h} in {exposed}");
+    }
+}
