@@ -118,7 +118,8 @@ pub async fn create(
     let checksum = checksum(&headers)?;
     let created = state.resumables.create(&user, new).await?;
     let mut upload = created.clone();
-    if with_body {
+    // An empty file is complete on creation (tus-js-client sends no PATCH for it).
+    if with_body || length == 0 {
         // creation-with-upload: the upload exists whatever becomes of its
         // first bytes; the client learns from Upload-Offset what was kept.
         let patched = run_patch(&state, user.clone(), created.id.clone(), 0, checksum, body).await;

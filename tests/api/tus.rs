@@ -46,7 +46,8 @@ async fn create(app: &TestApp, user: &TestUser, len: usize) -> String {
         .unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
     let location = res.headers()["location"].to_str().unwrap().to_owned();
-    assert!(res.headers().contains_key("upload-expires"));
+    // A complete upload (an empty file) no longer expires.
+    assert_eq!(res.headers().contains_key("upload-expires"), len > 0);
     location.rsplit('/').next().unwrap().to_owned()
 }
 
@@ -436,6 +437,10 @@ async fn tus_requests_need_the_version_the_key_and_the_media_type() {
         StatusCode::BAD_REQUEST
     );
     assert_eq!(head(&app, &user, &id).await.1, Some(0));
+    assert_eq!(
+        patch(&app, &user, &id, 0, b"0123456789").await.status(),
+        StatusCode::NO_CONTENT
+    );
     // creation-with-upload: the whole file in the POST.
     let res = app
         .client
@@ -458,6 +463,19 @@ async fn tus_requests_need_the_version_the_key_and_the_media_type() {
         .unwrap()
         .to_owned();
     assert_eq!(content(&app, &user, &id).await, b"0123456789");
+    // An empty file is committed by its creation alone.
+    let id = create(&app, &user, 0).await;
+    let res = app
+        .client
+        .get(app.url(&format!("/v1/files/{id}")))
+        .bearer_auth(&user.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.json::<serde_json::Value>().await.unwrap()["size"], 0);
+    assert_eq!(assert_bucket_matches_metadata(&app.state).await, 3);
+    assert_eq!(staging_left(&app).await, 0);
 }
 
 #[tokio::test]
