@@ -23,11 +23,15 @@ echo "== filedock tests: the upload page in a real browser (Chromium, Playwright
 bash scripts/browser-test.sh
 echo "== filedock tests: the OpenAPI contract (schemathesis)"
 bash scripts/contract.sh
+echo "== filedock tests: tus interoperability, embedded adapters (tus-js-client, tuspy; 64 MiB cut 3 times each)"
+bash scripts/tus-interop.sh
 
 echo "== filedock tests: real Redis, MongoDB and S3"
 trap stack_stop EXIT
 stack_start
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api -- --skip fault_suite::
+echo "== filedock tests: tus interoperability, real Redis, MongoDB and S3"
+bash scripts/tus-interop.sh
 echo "== filedock tests: the fault suite, lock and queue mode (one summary line per run)"
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api fault_suite:: -- --nocapture
 echo "== filedock tests: sessions and agents in queue mode (Redis Streams)"

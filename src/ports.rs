@@ -4,7 +4,12 @@
 
 use std::sync::Arc;
 
-use crate::{blob::BlobStore, lock::Locks, meta::MetadataStore, metrics::Metrics};
+use crate::{
+    blob::{BlobStore, resumable::ResumableBlobs},
+    lock::Locks,
+    meta::MetadataStore,
+    metrics::Metrics,
+};
 
 /// One adapter per port, as the settings chose them. Built first, so that
 /// tests can wrap an adapter before the services are built on it.
@@ -12,6 +17,8 @@ use crate::{blob::BlobStore, lock::Locks, meta::MetadataStore, metrics::Metrics}
 pub struct Ports {
     pub meta: Arc<dyn MetadataStore>,
     pub blobs: Arc<dyn BlobStore>,
+    /// The same blob store's resumable writes (tus).
+    pub resumable: Arc<dyn ResumableBlobs>,
     pub locks: Arc<Locks>,
     pub metrics: Arc<Metrics>,
 }

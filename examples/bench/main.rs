@@ -9,6 +9,7 @@
 mod group;
 mod support;
 mod throughput;
+mod tus;
 
 use std::{
     sync::Arc,
@@ -23,7 +24,7 @@ use filedock::{
     testing::{Server, script_calls},
 };
 
-use self::{group::group_commit, support::*, throughput::*};
+use self::{group::group_commit, support::*, throughput::*, tus::*};
 
 #[tokio::main]
 async fn main() {
@@ -54,6 +55,9 @@ async fn main() {
     }
     if run("7") {
         group_commit(&client, &mut r).await;
+    }
+    if run("8") {
+        tus_vs_plain(&client, &mut r).await;
     }
 
     println!("{}", r.lines.join("\n"));

@@ -13,6 +13,9 @@ use tokio_util::io::ReaderStream;
 
 use super::{BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob};
 
+#[path = "fs_resumable.rs"]
+mod resumable;
+
 pub struct FsBlobStore {
     root: PathBuf,
     tmp: PathBuf,

@@ -1,6 +1,7 @@
 //! The `BlobStore` port: streamed writes and ranged, streamed reads.
 
 pub mod fs;
+pub mod resumable;
 pub mod s3;
 
 use std::{io, time::Duration};

@@ -30,6 +30,9 @@ use crate::{
     metrics::{Metrics, OutcomeLabel},
 };
 
+#[path = "s3_resumable.rs"]
+mod resumable;
+
 pub struct S3BlobStore {
     client: Client,
     bucket: String,

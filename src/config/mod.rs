@@ -57,6 +57,9 @@ pub struct Settings {
     pub upload_group_max: usize,
     /// An upload whose client sends nothing for this long is abandoned.
     pub body_idle_timeout: Duration,
+    /// A resumable (tus) upload that gets no PATCH for this long expires
+    /// (`Upload-Expires`) and the sweeper aborts it.
+    pub tus_expiry: Duration,
     /// A connection that has not sent a whole request head in this long is
     /// closed (slow-header clients), and so is one that has had no request
     /// in progress for this long (idle keep-alive, HTTP/2 included).
@@ -274,6 +277,7 @@ impl Settings {
             upload_group_commit: true,
             upload_group_max: 32,
             body_idle_timeout: Duration::from_secs(60),
+            tus_expiry: Duration::from_secs(24 * 3600),
             header_timeout: Duration::from_secs(30),
             h2c: false,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -348,6 +352,7 @@ impl Settings {
         parse_into(&get, "UPLOAD_GROUP_COMMIT", &mut s.upload_group_commit)?;
         parse_into(&get, "UPLOAD_GROUP_MAX", &mut s.upload_group_max)?;
         parse_secs(&get, "BODY_IDLE_TIMEOUT_SECS", &mut s.body_idle_timeout)?;
+        parse_secs(&get, "TUS_EXPIRY_SECS", &mut s.tus_expiry)?;
         parse_secs(&get, "HEADER_TIMEOUT_SECS", &mut s.header_timeout)?;
         parse_into(&get, "H2C", &mut s.h2c)?;
         parse_into(&get, "MAX_CONNECTIONS", &mut s.max_connections)?;

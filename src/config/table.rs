@@ -196,6 +196,11 @@ pub const SETTINGS: &[Setting] = &[
         default: "60",
     },
     Setting {
+        var: "FILEDOCK_TUS_EXPIRY_SECS",
+        meaning: "a resumable (tus) upload with no PATCH for this long expires and is aborted by the sweeper",
+        default: "86400",
+    },
+    Setting {
         var: "FILEDOCK_HEADER_TIMEOUT_SECS",
         meaning: "a connection that has not sent a whole request head in this long, or has had no request in progress for this long (HTTP/1 or HTTP/2), is closed",
         default: "30",

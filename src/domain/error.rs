@@ -34,6 +34,18 @@ pub enum DomainError {
     WriteConflict,
     #[error("the upload took longer than its reservation allows and was discarded; try again")]
     UploadExpired,
+    /// A PATCH to a resumable upload from another offset than the stored one.
+    #[error("the upload is at offset {0}; send from there")]
+    OffsetMismatch(u64),
+    /// Another request is writing to this resumable upload right now.
+    #[error("another request is writing to this upload; try again")]
+    UploadLocked,
+    /// The body does not match the checksum the client sent; nothing of it was kept.
+    #[error("the body does not match its Upload-Checksum; nothing of it was kept")]
+    ChecksumMismatch,
+    /// The request lacks a precondition of its protocol (tus's `Tus-Resumable`).
+    #[error("{0}")]
+    PreconditionFailed(String),
     #[error("{0} is unavailable")]
     DependencyUnavailable(&'static str),
     /// The change was sent to the metadata store but its answer was lost: it
@@ -46,8 +58,9 @@ pub enum DomainError {
     /// The bytes received do not have the digest the client declared.
     #[error("the body does not match its Content-Digest ({0}); nothing was stored")]
     DigestMismatch(&'static str),
-    /// The type (declared or detected) is outside `FILEDOCK_ALLOWED_TYPES`.
-    #[error("content type {0} is not accepted here; nothing was stored")]
+    /// The type (declared or detected) is outside `FILEDOCK_ALLOWED_TYPES`,
+    /// or a request body is not of the type its protocol requires.
+    #[error("{0}")]
     UnsupportedMediaType(String),
     /// A signed link whose signature does not match (tampered or made up).
     #[error("this link is not valid")]
@@ -84,6 +97,10 @@ impl DomainError {
             Self::LockLost => "lock_lost",
             Self::WriteConflict => "write_conflict",
             Self::UploadExpired => "upload_expired",
+            Self::OffsetMismatch(_) => "offset_mismatch",
+            Self::UploadLocked => "upload_locked",
+            Self::ChecksumMismatch => "checksum_mismatch",
+            Self::PreconditionFailed(_) => "precondition_failed",
             Self::DependencyUnavailable(_) => "dependency_unavailable",
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::QuotaExceeded => "quota_exceeded",

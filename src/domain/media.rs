@@ -62,7 +62,10 @@ pub async fn resolve<'a>(
     };
     for t in std::iter::once(&stored).chain(&detected) {
         if !allowed.allows(t) {
-            return Err(DomainError::UnsupportedMediaType(essence(t)));
+            return Err(DomainError::UnsupportedMediaType(format!(
+                "content type {} is not accepted here; nothing was stored",
+                essence(t)
+            )));
         }
     }
     Ok((stored, body))

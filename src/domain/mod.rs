@@ -14,6 +14,7 @@ pub mod links;
 pub mod media;
 pub mod page;
 pub mod reconcile;
+pub mod resumable;
 pub mod sweeper;
 pub mod upload;
 pub mod users;

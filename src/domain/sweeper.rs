@@ -13,10 +13,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::DomainError;
 use crate::{
-    blob::{BlobError, BlobStore},
+    blob::{BlobError, BlobStore, resumable::ResumableBlobs},
     config::SweepSettings,
     lock::{LockError, LockKey, Locks, TryLock},
-    meta::{self, CleanupRepo, MetaError, OrphanRecord, OrphanStatus},
+    meta::{
+        self, CleanupRepo, MetaError, OrphanRecord, OrphanStatus, ResumableRecord, ResumableRepo,
+    },
     metrics::{Metrics, OutcomeLabel, StatusLabel},
     worker::{Worker, WorkerState},
 };
@@ -31,6 +33,8 @@ pub struct SweepReport {
     pub orphans_retrying: u64,
     /// Orphans marked `failed` in this pass (dead letter).
     pub orphans_failed: u64,
+    /// Expired resumable (tus) uploads aborted.
+    pub resumables_expired: u64,
 }
 
 /// The result of [`Sweeper::try_run_once`].
@@ -47,6 +51,9 @@ const BATCH: usize = 500;
 pub struct Sweeper {
     pub(crate) meta: Arc<dyn CleanupRepo>,
     pub(crate) blobs: Arc<dyn BlobStore>,
+    /// Resumable uploads: an expired one's write is aborted, its state dropped.
+    pub(crate) resumables: Arc<dyn ResumableRepo>,
+    pub(crate) resumable_blobs: Arc<dyn ResumableBlobs>,
     pub(crate) locks: Arc<Locks>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: SweepSettings,
@@ -98,8 +105,16 @@ impl Sweeper {
         let mut report = SweepReport::default();
         // Each orphan at most once a pass, however fine the retry interval.
         let mut tried = std::collections::HashSet::new();
+        for upload in self.resumables.expired_resumables(now, BATCH).await? {
+            self.expire(upload, &mut report, &mut tried).await?;
+        }
         let stale_before = now - chrono::Duration::from_std(s.intent_grace)?;
         for intent in self.meta.intents(stale_before, BATCH).await? {
+            // A resumable upload waits for its client between PATCHes until it
+            // expires (above), however long that is.
+            if self.resumables.resumable(&intent.id).await?.is_some() {
+                continue;
+            }
             // Abandoning is a transaction that deletes the intent: if the
             // upload commits first, there is nothing to abandon.
             // It is re-checked there too: its upload may have refreshed it since.
@@ -133,6 +148,45 @@ impl Sweeper {
             tracing::info!(?report, "sweep pass");
         }
         Ok(report)
+    }
+
+    /// Aborts an expired resumable upload: its blob store write, its intent
+    /// (as an orphan, deleted here) and its state, in that order, so that a
+    /// pass that stops half-way leaves the state for the next one. A PATCH
+    /// in progress holds its lock: the upload is left to it.
+    async fn expire(
+        &self,
+        upload: ResumableRecord,
+        report: &mut SweepReport,
+        tried: &mut std::collections::HashSet<String>,
+    ) -> anyhow::Result<()> {
+        let guard = match self
+            .locks
+            .try_acquire(&LockKey::resumable(&upload.id))
+            .await?
+        {
+            TryLock::Held(g) => Some(g),
+            TryLock::Degraded => None,
+            TryLock::Busy => return Ok(()),
+        };
+        let result = async {
+            self.resumable_blobs
+                .abort(&upload.key, &upload.handle)
+                .await?;
+            if let Some(orphan) = self.meta.abandon_intent(&upload.id, None).await? {
+                report.intents_abandoned += 1;
+                tried.insert(orphan.id.clone());
+                self.delete(orphan, report).await?;
+            }
+            self.resumables.delete_resumable(&upload.id).await?;
+            report.resumables_expired += 1;
+            anyhow::Ok(())
+        }
+        .await;
+        if let Some(g) = guard {
+            g.release().await;
+        }
+        result
     }
 
     async fn delete(&self, orphan: OrphanRecord, report: &mut SweepReport) -> anyhow::Result<()> {

@@ -60,6 +60,11 @@ impl ApiError {
             // balancer must not count it against the instance's health.
             D::LockTimeout => StatusCode::TOO_MANY_REQUESTS,
             D::LockLost | D::WriteConflict | D::UploadExpired => StatusCode::CONFLICT,
+            D::OffsetMismatch(_) => StatusCode::CONFLICT,
+            D::UploadLocked => StatusCode::LOCKED,
+            // tus's checksum extension: 460 Checksum Mismatch.
+            D::ChecksumMismatch => StatusCode::from_u16(460).unwrap_or(StatusCode::BAD_REQUEST),
+            D::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             D::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
@@ -132,6 +137,12 @@ impl IntoResponse for ApiError {
                 if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
                     headers.insert(header::CONTENT_RANGE, v);
                 }
+            }
+            Self::Domain(D::PreconditionFailed(_)) => {
+                headers.insert(
+                    "tus-version",
+                    HeaderValue::from_static(super::tus::TUS_VERSION),
+                );
             }
             Self::Domain(D::Unauthenticated) => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

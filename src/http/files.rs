@@ -320,7 +320,7 @@ fn not_modified(headers: &HeaderMap, etag: &str, created: chrono::DateTime<chron
 }
 
 /// The media type to store: the client's, if it is one (400 otherwise).
-fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
+pub(super) fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
     let declared = declared.unwrap_or("application/octet-stream");
     Ok(MediaType::parse(declared)
         .map_err(ApiError::invalid)?

@@ -17,6 +17,7 @@ mod multipart;
 mod page;
 mod sessions;
 mod state;
+mod tus;
 
 pub use self::state::AppState;
 
@@ -82,6 +83,12 @@ api! {
     GET "/v1/files/{id}/content" => files::content,
     POST "/v1/files/{id}/links" => links::create,
     GET "/v1/links/{id}" => links::download,
+    OPTIONS "/v1/uploads" => tus::options,
+    POST "/v1/uploads" => tus::create,
+    OPTIONS "/v1/uploads/{id}" => tus::options,
+    HEAD "/v1/uploads/{id}" => tus::head,
+    PATCH "/v1/uploads/{id}" => tus::patch,
+    DELETE "/v1/uploads/{id}" => tus::terminate,
     POST "/v1/sessions" => sessions::create,
     GET "/v1/sessions" => sessions::list,
     GET "/v1/sessions/{id}" => sessions::get,
@@ -128,6 +135,7 @@ pub fn router(state: AppState) -> Router {
                     tracing::info_span!("request", method = %req.method(), route, request_id = id)
                 }))
                 .layer(middleware::from_fn_with_state(state.clone(), observe))
+                .layer(middleware::from_fn(tus::tus_resumable_header))
                 .option_layer(cors),
         )
         .with_state(state)
@@ -225,29 +233,42 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
             .allow_origin(allow)
             .allow_methods([
                 Method::GET,
+                Method::HEAD,
                 Method::POST,
                 Method::PUT,
                 Method::PATCH,
                 Method::DELETE,
             ])
-            .allow_headers([
-                header::AUTHORIZATION,
-                header::CONTENT_TYPE,
-                header::RANGE,
-                header::IF_NONE_MATCH,
-                header::IF_MODIFIED_SINCE,
-                HeaderName::from_static("idempotency-key"),
-                HeaderName::from_static("content-digest"),
-            ])
-            .expose_headers([
-                X_REQUEST_ID,
-                header::LOCATION,
-                header::ETAG,
-                header::CONTENT_DISPOSITION,
-                header::CONTENT_RANGE,
-                header::LAST_MODIFIED,
-                HeaderName::from_static("repr-digest"),
-            ])
+            .allow_headers(
+                [
+                    header::AUTHORIZATION,
+                    header::CONTENT_TYPE,
+                    header::RANGE,
+                    header::IF_NONE_MATCH,
+                    header::IF_MATCH,
+                    header::IF_RANGE,
+                    header::IF_MODIFIED_SINCE,
+                    HeaderName::from_static("idempotency-key"),
+                    HeaderName::from_static("content-digest"),
+                ]
+                .into_iter()
+                .chain(tus::REQUEST_HEADERS)
+                .collect::<Vec<_>>(),
+            )
+            .expose_headers(
+                [
+                    X_REQUEST_ID,
+                    header::LOCATION,
+                    header::ETAG,
+                    header::CONTENT_DISPOSITION,
+                    header::CONTENT_RANGE,
+                    header::LAST_MODIFIED,
+                    HeaderName::from_static("repr-digest"),
+                ]
+                .into_iter()
+                .chain(tus::RESPONSE_HEADERS.map(HeaderName::from_static))
+                .collect::<Vec<_>>(),
+            )
             .max_age(Duration::from_secs(600)),
     )
 }

@@ -11,7 +11,7 @@ use crate::{
     coord::queue::RedisQueue,
     domain::{
         containers::ContainerService, files::FileService, links::LinkSigner, reconcile::Reconciler,
-        sweeper::Sweeper, upload::UploadService, users::UserService,
+        resumable::ResumableService, sweeper::Sweeper, upload::UploadService, users::UserService,
     },
     metrics::Metrics,
     ports::Ports,
@@ -25,6 +25,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub users: Arc<UserService>,
     pub uploads: Arc<UploadService>,
+    pub resumables: Arc<ResumableService>,
     pub files: Arc<FileService>,
     /// Signs and checks signed download links.
     pub links: Arc<LinkSigner>,

@@ -86,6 +86,15 @@ impl LockKey {
         }
     }
 
+    /// `filedock_resumable_lock:{upload}`: one PATCH (or termination, or
+    /// expiry) at a time on a resumable upload.
+    pub fn resumable(upload: &str) -> Self {
+        Self {
+            key: format!("filedock_resumable_lock:{{{upload}}}"),
+            level: "resumable",
+        }
+    }
+
     /// `filedock_sweeper_lock:{sweeper}`: one sweeper at a time.
     pub fn sweeper() -> Self {
         Self {

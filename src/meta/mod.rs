@@ -7,12 +7,14 @@ pub mod embedded;
 pub mod group;
 pub mod mongo;
 mod records;
+mod resumable;
 pub mod retry;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use self::records::*;
+pub use self::resumable::{ResumableRecord, ResumableRepo};
 use crate::domain::commands::{LinkKind, Operation};
 
 /// Errors of the metadata layer, classified so callers never read messages.
@@ -268,7 +270,7 @@ pub trait ContainerRepo: Send + Sync {
 /// It is the sum of narrow repositories, so that each service and worker
 /// can hold only the one it uses (pict-rs's `FullRepo`).
 #[async_trait]
-pub trait MetadataStore: UserRepo + FileRepo + CleanupRepo + ContainerRepo {
+pub trait MetadataStore: UserRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo {
     /// Answers when the store is reachable.
     async fn ping(&self) -> MetaResult<()>;
 }

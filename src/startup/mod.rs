@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    blob::{BlobStore, fs::FsBlobStore, s3::S3BlobStore},
+    blob::{BlobStore, fs::FsBlobStore, resumable::ResumableBlobs, s3::S3BlobStore},
     config::{Coordination, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
@@ -22,6 +22,7 @@ use crate::{
         files::FileService,
         links::LinkSigner,
         reconcile::Reconciler,
+        resumable::ResumableService,
         sweeper::{SweepWorker, Sweeper},
         upload::{CommitGroups, InFlightKeys, IntentBatches, UploadService, UploadSlots},
         users::{UserService, auth_cache, new_api_key},
@@ -66,13 +67,19 @@ impl Ports {
         }
         let metrics = Arc::new(Metrics::default());
         let meta = open_metadata_counted(settings, metrics.mongo_commands.clone()).await?;
-        let blobs: Arc<dyn BlobStore> = match &settings.s3 {
-            Some(s3) => Arc::new(
-                S3BlobStore::connect(s3, metrics.clone())
-                    .await
-                    .context("connecting to S3")?,
-            ),
-            None => Arc::new(FsBlobStore::open(&settings.data_dir)?),
+        let (blobs, resumable): (Arc<dyn BlobStore>, Arc<dyn ResumableBlobs>) = match &settings.s3 {
+            Some(s3) => {
+                let store = Arc::new(
+                    S3BlobStore::connect(s3, metrics.clone())
+                        .await
+                        .context("connecting to S3")?,
+                );
+                (store.clone(), store)
+            }
+            None => {
+                let store = Arc::new(FsBlobStore::open(&settings.data_dir)?);
+                (store.clone(), store)
+            }
         };
         let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
             Some(url) => Arc::new(RedisLocks::connect(
@@ -90,6 +97,7 @@ impl Ports {
         Ok(Self {
             meta,
             blobs,
+            resumable,
             locks,
             metrics,
         })
@@ -108,6 +116,7 @@ impl AppState {
         let Ports {
             meta,
             blobs,
+            resumable,
             locks,
             metrics,
         } = ports.clone();
@@ -132,6 +141,26 @@ impl AppState {
         };
         let links = LinkSigner::new(settings.link_secret.as_ref())?;
         let settings = Arc::new(settings);
+        let uploads = Arc::new(UploadService {
+            files: meta.clone(),
+            users: meta.clone(),
+            cleanup: meta.clone(),
+            blobs: blobs.clone(),
+            locks: locks.clone(),
+            txns: txns.clone(),
+            metrics: metrics.clone(),
+            settings: settings.clone(),
+            upload_slots: UploadSlots::default(),
+            idempotency_keys: InFlightKeys::default(),
+            groups: CommitGroups::new(
+                meta.clone(),
+                locks.clone(),
+                txns.clone(),
+                metrics.clone(),
+                settings.upload_group_max,
+            ),
+            intents: IntentBatches::new(meta.clone(), settings.upload_group_max),
+        });
         Ok(Self {
             links: Arc::new(links),
             users: Arc::new(UserService::new(
@@ -140,25 +169,13 @@ impl AppState {
             )),
             // Each service gets the narrow repositories it uses; one store
             // serves them all.
-            uploads: Arc::new(UploadService {
-                files: meta.clone(),
-                users: meta.clone(),
+            uploads: uploads.clone(),
+            resumables: Arc::new(ResumableService {
+                uploads,
+                resumables: meta.clone(),
                 cleanup: meta.clone(),
-                blobs: blobs.clone(),
+                blobs: resumable.clone(),
                 locks: locks.clone(),
-                txns: txns.clone(),
-                metrics: metrics.clone(),
-                settings: settings.clone(),
-                upload_slots: UploadSlots::default(),
-                idempotency_keys: InFlightKeys::default(),
-                groups: CommitGroups::new(
-                    meta.clone(),
-                    locks.clone(),
-                    txns.clone(),
-                    metrics.clone(),
-                    settings.upload_group_max,
-                ),
-                intents: IntentBatches::new(meta.clone(), settings.upload_group_max),
             }),
             files: Arc::new(FileService {
                 files: meta.clone(),
@@ -175,8 +192,10 @@ impl AppState {
                 intent_grace: settings.sweep.intent_grace,
             }),
             sweeper: Arc::new(Sweeper {
-                meta,
+                meta: meta.clone(),
                 blobs,
+                resumables: meta.clone(),
+                resumable_blobs: resumable.clone(),
                 locks,
                 metrics: metrics.clone(),
                 settings: settings.sweep.clone(),

@@ -153,9 +153,16 @@ async fn a_large_upload_cut_mid_way_resumes_to_an_identical_file() {
     let base = format!("http://{}", proxy.addr());
     let out = client_at(&base, &u.key, &["upload", "--json", path.to_str().unwrap()]).await;
     assert!(proxy.triggered(), "the connection was never cut");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let id = json_lines(&out)[0]["id"].as_str().unwrap().to_owned();
     let stored = app.download(&u, &id).await.bytes().await.unwrap();
-    assert!(stored.len() == LEN && stored[..] == bytes[..], "the stored file differs");
+    assert!(
+        stored.len() == LEN && stored[..] == bytes[..],
+        "the stored file differs"
+    );
     assert_eq!(app.list_ids(&u).await, [id], "one file, no leftover");
 }

@@ -32,3 +32,4 @@ mod real;
 mod rename;
 mod same_user;
 mod servers;
+mod tus;

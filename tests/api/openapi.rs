@@ -8,7 +8,7 @@ fn the_spec_and_the_router_agree_on_paths_and_methods() {
         &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap(),
     )
     .unwrap();
-    let methods = ["get", "post", "put", "delete", "patch"];
+    let methods = ["get", "head", "options", "post", "put", "delete", "patch"];
     let in_spec: BTreeSet<(String, String)> = spec["paths"]
         .as_mapping()
         .unwrap()

@@ -61,6 +61,16 @@ pub struct UploadService {
     pub(crate) intents: Arc<IntentBatches>,
 }
 
+/// A blob stored at its intent's key, ready to commit.
+pub(crate) struct StoredBlob {
+    pub filename: Filename,
+    pub content_type: String,
+    pub size: u64,
+    pub sha256: String,
+    pub category: SizeCategory,
+    pub idempotency_key: Option<String>,
+}
+
 /// An upload as the HTTP layer hands it over.
 pub struct NewUpload<'a> {
     pub filename: Filename,
@@ -203,7 +213,7 @@ impl UploadService {
         lock_key: LockKey,
     ) -> Result<Uploaded, DomainError> {
         let (settings, max) = (&self.settings, self.settings.max_upload_bytes);
-        let mut guard = match settings.lock.scope {
+        let guard = match settings.lock.scope {
             LockScope::Upload => match self.locks.acquire(&lock_key).await {
                 Ok(g) => Some(g),
                 Err(e) => {
@@ -232,10 +242,36 @@ impl UploadService {
             }
         };
 
-        // With group commit and lock scope = commit, the committer takes
-        // the category lock for the whole group.
+        let stored = StoredBlob {
+            filename: new.filename,
+            content_type: new.content_type,
+            size,
+            sha256,
+            category,
+            idempotency_key: new.idempotency_key,
+        };
+        self.commit_stored(user, intent, stored, guard, user_id, lock_key)
+            .await
+    }
+
+    /// Commits a blob stored at the intent's key: takes the category lock
+    /// (unless `guard` holds it already), commits under its fence in one
+    /// retried transaction, releases, and undoes or settles what failed.
+    pub(crate) async fn commit_stored(
+        &self,
+        user: &UserRecord,
+        intent: &IntentRecord,
+        stored: StoredBlob,
+        mut guard: Option<Held>,
+        user_id: UserId,
+        lock_key: LockKey,
+    ) -> Result<Uploaded, DomainError> {
+        let settings = &self.settings;
+        let category = stored.category;
+        // With group commit, the committer takes the category lock for the
+        // whole group.
         let grouped = settings.upload_group_commit;
-        if guard.is_none() && settings.lock.scope == LockScope::Commit && !grouped {
+        if guard.is_none() && !grouped {
             guard = match self.locks.acquire(&lock_key).await {
                 Ok(g) => Some(g),
                 Err(e) => {
@@ -245,21 +281,21 @@ impl UploadService {
             };
         }
 
-        let idempotency = new.idempotency_key.map(|key| IdempotencyKey {
+        let idempotency = stored.idempotency_key.map(|key| IdempotencyKey {
             key,
             fingerprint: idempotency::fingerprint(
-                &sha256,
-                new.filename.as_str(),
-                &new.content_type,
+                &stored.sha256,
+                stored.filename.as_str(),
+                &stored.content_type,
             ),
         });
         let file = FileRecord {
             id: intent.id.clone(),
             owner_id: user.id.clone(),
-            filename: new.filename.as_str().to_owned(),
-            content_type: new.content_type,
-            size: size as i64,
-            sha256,
+            filename: stored.filename.as_str().to_owned(),
+            content_type: stored.content_type,
+            size: stored.size as i64,
+            sha256: stored.sha256,
             category: category.as_str().to_owned(),
             bucket: intent.bucket.clone(),
             key: intent.key.clone(),
@@ -391,7 +427,7 @@ impl UploadService {
 
     /// Refreshes the upload's intent until the upload is done, so that the
     /// sweeper takes only dead uploads for abandoned ones.
-    async fn keep_alive(&self, file_id: &str) -> std::convert::Infallible {
+    pub(crate) async fn keep_alive(&self, file_id: &str) -> std::convert::Infallible {
         let every = self.settings.sweep.intent_grace / INTENT_REFRESHES_PER_GRACE;
         if every.is_zero() {
             // No grace at all (tests, audits): every intent is stale at once.

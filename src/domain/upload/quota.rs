@@ -45,7 +45,7 @@ impl UploadService {
     }
 
     /// Refuses an upload whose declared length passes the user's quota.
-    pub(super) async fn check_declared_quota(
+    pub(crate) async fn check_declared_quota(
         &self,
         user: &UserRecord,
         declared_len: Option<u64>,

@@ -15,6 +15,7 @@
 mod cleanup;
 mod containers;
 mod files;
+mod resumable;
 mod txn;
 mod users;
 

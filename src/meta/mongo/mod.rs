@@ -11,6 +11,7 @@
 mod cleanup;
 mod containers;
 mod files;
+mod resumable;
 mod txn;
 mod users;
 
@@ -206,6 +207,9 @@ impl MongoStore {
         self.agents()
             .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
             .await?;
+        self.resumables()
+            .create_index(index(doc! {"expires_at": 1}, false))
+            .await?;
         Ok(())
     }
 
@@ -239,6 +243,10 @@ impl MongoStore {
 
     fn agents(&self) -> Collection<AgentRecord> {
         self.db.collection("agents")
+    }
+
+    fn resumables(&self) -> Collection<ResumableRecord> {
+        self.db.collection("resumable_uploads")
     }
 }
 

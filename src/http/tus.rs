@@ -1,0 +1,313 @@
+//! `/v1/uploads`: resumable uploads, tus 1.0 (core, creation,
+//! creation-with-upload, termination, expiration, checksum). The upload id
+//! is the id the file commits under: after the last PATCH it is at
+//! `/v1/files/{id}`.
+
+use std::io;
+
+use axum::{
+    body::Body,
+    extract::{Path, Request, State},
+    http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use base64::Engine;
+use futures::TryStreamExt;
+
+use super::{ApiResult, AppState, error::ApiError, extract::AuthUser, files::media_type};
+use crate::{
+    blob::{BodyError, ByteStream},
+    domain::{
+        DomainError, Filename,
+        resumable::{CHECKSUM_ALGORITHMS, Checksum, NewResumable, Patched},
+    },
+    meta::ResumableRecord,
+};
+
+/// The protocol version this server speaks.
+pub const TUS_VERSION: &str = "1.0.0";
+const TUS_EXTENSIONS: &str = "creation,creation-with-upload,termination,expiration,checksum";
+/// A PATCH body's media type.
+const OFFSET_OCTET_STREAM: &str = "application/offset+octet-stream";
+/// The name of an upload whose metadata names none.
+const DEFAULT_FILENAME: &str = "upload";
+
+const TUS_RESUMABLE: HeaderName = HeaderName::from_static("tus-resumable");
+const UPLOAD_OFFSET: HeaderName = HeaderName::from_static("upload-offset");
+const UPLOAD_LENGTH: HeaderName = HeaderName::from_static("upload-length");
+const UPLOAD_METADATA: HeaderName = HeaderName::from_static("upload-metadata");
+const UPLOAD_EXPIRES: HeaderName = HeaderName::from_static("upload-expires");
+const UPLOAD_CHECKSUM: HeaderName = HeaderName::from_static("upload-checksum");
+const UPLOAD_DEFER_LENGTH: HeaderName = HeaderName::from_static("upload-defer-length");
+
+/// The headers a browser client sends and reads (CORS).
+pub const REQUEST_HEADERS: [HeaderName; 6] = [
+    TUS_RESUMABLE,
+    UPLOAD_OFFSET,
+    UPLOAD_LENGTH,
+    UPLOAD_METADATA,
+    UPLOAD_CHECKSUM,
+    UPLOAD_DEFER_LENGTH,
+];
+pub const RESPONSE_HEADERS: [&str; 9] = [
+    "tus-resumable",
+    "tus-version",
+    "tus-extension",
+    "tus-max-size",
+    "tus-checksum-algorithm",
+    "upload-offset",
+    "upload-length",
+    "upload-metadata",
+    "upload-expires",
+];
+
+/// Every `/v1/uploads` response carries `Tus-Resumable`, errors included.
+pub async fn tus_resumable_header(req: Request, next: Next) -> Response {
+    let tus = req.uri().path().starts_with("/v1/uploads");
+    let mut res = next.run(req).await;
+    if tus {
+        res.headers_mut()
+            .insert(TUS_RESUMABLE, HeaderValue::from_static(TUS_VERSION));
+    }
+    res
+}
+
+/// `OPTIONS /v1/uploads[/{id}]`: what this server supports (no key needed).
+pub async fn options(State(state): State<AppState>) -> Response {
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    let h = res.headers_mut();
+    h.insert("tus-version", HeaderValue::from_static(TUS_VERSION));
+    h.insert("tus-extension", HeaderValue::from_static(TUS_EXTENSIONS));
+    h.insert(
+        "tus-max-size",
+        HeaderValue::from(state.settings.max_upload_bytes),
+    );
+    h.insert(
+        "tus-checksum-algorithm",
+        HeaderValue::from_static(CHECKSUM_ALGORITHMS),
+    );
+    res
+}
+
+/// `POST /v1/uploads` (creation, creation-with-upload) → 201 + `Location`.
+pub async fn create(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    check_version(&headers)?;
+    if headers.contains_key(UPLOAD_DEFER_LENGTH) {
+        return Err(ApiError::invalid(
+            "Upload-Defer-Length is not supported: send Upload-Length",
+        ));
+    }
+    let length = number(&headers, UPLOAD_LENGTH)?
+        .ok_or_else(|| ApiError::invalid("Upload-Length is required"))?;
+    let raw_metadata = text(&headers, UPLOAD_METADATA).unwrap_or_default();
+    let (filename, filetype) = metadata(raw_metadata)?;
+    let new = NewResumable {
+        length,
+        filename: Filename::parse(filename.as_deref().unwrap_or(DEFAULT_FILENAME))
+            .map_err(ApiError::invalid)?,
+        content_type: media_type(filetype.as_deref())?,
+        metadata: raw_metadata.to_owned(),
+    };
+    let with_body = content_type(&headers) == Some(OFFSET_OCTET_STREAM);
+    let checksum = checksum(&headers)?;
+    let created = state.resumables.create(&user, new).await?;
+    let mut upload = created.clone();
+    // An empty file is complete on creation (tus-js-client sends no PATCH for it).
+    if with_body || length == 0 {
+        // creation-with-upload: the upload exists whatever becomes of its
+        // first bytes; the client learns from Upload-Offset what was kept.
+        let patched = run_patch(&state, user.clone(), created.id.clone(), 0, checksum, body).await;
+        upload = match patched {
+            Ok(Patched::Partial(u)) => u,
+            Ok(Patched::Done { upload, .. }) => upload,
+            Err(_) => state
+                .resumables
+                .find(&user, &created.id)
+                .await
+                .unwrap_or(created),
+        };
+    }
+    let mut res = StatusCode::CREATED.into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::LOCATION,
+        value(&format!("/v1/uploads/{}", upload.id))?,
+    );
+    progress_headers(h, &upload);
+    Ok(res)
+}
+
+/// `HEAD /v1/uploads/{id}`: the offset to resume from.
+pub async fn head(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    check_version(&headers)?;
+    let upload = state.resumables.find(&user, &id).await?;
+    let mut res = StatusCode::OK.into_response();
+    let h = res.headers_mut();
+    progress_headers(h, &upload);
+    h.insert(UPLOAD_LENGTH, HeaderValue::from(upload.length));
+    if !upload.metadata.is_empty() {
+        h.insert(UPLOAD_METADATA, value(&upload.metadata)?);
+    }
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(res)
+}
+
+/// `PATCH /v1/uploads/{id}`: the bytes from `Upload-Offset` on → 204.
+pub async fn patch(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    check_version(&headers)?;
+    if content_type(&headers) != Some(OFFSET_OCTET_STREAM) {
+        return Err(DomainError::UnsupportedMediaType(format!(
+            "a PATCH body is {OFFSET_OCTET_STREAM}"
+        ))
+        .into());
+    }
+    let offset = number(&headers, UPLOAD_OFFSET)?
+        .ok_or_else(|| ApiError::invalid("Upload-Offset is required"))?;
+    let checksum = checksum(&headers)?;
+    let upload = match run_patch(&state, user, id, offset, checksum, body).await? {
+        Patched::Partial(u) => u,
+        Patched::Done { upload, .. } => upload,
+    };
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    progress_headers(res.headers_mut(), &upload);
+    Ok(res)
+}
+
+/// `DELETE /v1/uploads/{id}` (termination) → 204.
+pub async fn terminate(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    check_version(&headers)?;
+    state.resumables.terminate(&user, &id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Runs the PATCH in a task of its own: when the client cuts the
+/// connection, the server drops the request's future, but what arrived
+/// must still be stored (and the lock released) for the client's `HEAD`.
+async fn run_patch(
+    state: &AppState,
+    user: crate::meta::UserRecord,
+    id: String,
+    offset: u64,
+    checksum: Option<Checksum>,
+    body: Body,
+) -> Result<Patched, ApiError> {
+    let service = state.resumables.clone();
+    let body: ByteStream<'static> = Box::pin(
+        body.into_data_stream()
+            .map_err(|e| BodyError::Read(io::Error::other(e))),
+    );
+    tokio::spawn(async move { service.patch(&user, &id, offset, checksum, body).await })
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::from)
+}
+
+fn progress_headers(h: &mut HeaderMap, upload: &ResumableRecord) {
+    h.insert(UPLOAD_OFFSET, HeaderValue::from(upload.offset));
+    if upload.offset < upload.length
+        && let Ok(v) = HeaderValue::from_str(&http_date(upload.expires_at))
+    {
+        h.insert(UPLOAD_EXPIRES, v);
+    }
+}
+
+/// RFC 9110's IMF-fixdate.
+fn http_date(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
+}
+
+fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
+    match text(headers, TUS_RESUMABLE) {
+        Some(TUS_VERSION) => Ok(()),
+        _ => Err(
+            DomainError::PreconditionFailed(format!("send Tus-Resumable: {TUS_VERSION}")).into(),
+        ),
+    }
+}
+
+fn text(headers: &HeaderMap, name: HeaderName) -> Option<&str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn content_type(headers: &HeaderMap) -> Option<&str> {
+    text(headers, header::CONTENT_TYPE).map(|v| v.split(';').next().unwrap_or("").trim())
+}
+
+fn number(headers: &HeaderMap, name: HeaderName) -> Result<Option<u64>, ApiError> {
+    let Some(v) = headers.get(&name) else {
+        return Ok(None);
+    };
+    let n = v
+        .to_str()
+        .ok()
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse().ok());
+    n.map(Some)
+        .ok_or_else(|| ApiError::invalid(format!("{name} must be a non-negative integer")))
+}
+
+fn checksum(headers: &HeaderMap) -> Result<Option<Checksum>, ApiError> {
+    text(headers, UPLOAD_CHECKSUM)
+        .map(|v| Checksum::parse(v).map_err(ApiError::invalid))
+        .transpose()
+}
+
+fn value(s: &str) -> Result<HeaderValue, ApiError> {
+    HeaderValue::from_str(s).map_err(ApiError::internal)
+}
+
+/// `filename` and `filetype` from `Upload-Metadata` (`key base64,key base64`).
+fn metadata(raw: &str) -> Result<(Option<String>, Option<String>), ApiError> {
+    let (mut filename, mut filetype) = (None, None);
+    for pair in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, encoded) = pair.split_once(' ').unwrap_or((pair, ""));
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| {
+                ApiError::invalid(format!("Upload-Metadata: {key:?} is not base64 of UTF-8"))
+            })?;
+        match key {
+            "filename" => filename = Some(decoded),
+            "filetype" => filetype = Some(decoded),
+            _ => {}
+        }
+    }
+    Ok((filename, filetype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_gives_the_name_and_type() {
+        let (name, kind) = metadata("filename d29ybGRfZG9taW5hdGlvbl9wbGFuLnBkZg==,is_confidential,filetype YXBwbGljYXRpb24vcGRm").unwrap();
+        assert_eq!(name.as_deref(), Some("world_domination_plan.pdf"));
+        assert_eq!(kind.as_deref(), Some("application/pdf"));
+        assert!(metadata("filename ***").is_err());
+    }
+}

@@ -1,0 +1,58 @@
+//! Resumable uploads on MongoDB.
+
+use super::*;
+
+#[async_trait]
+impl ResumableRepo for MongoStore {
+    async fn insert_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
+        self.resumables()
+            .insert_one(upload)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn resumable(&self, id: &str) -> MetaResult<Option<ResumableRecord>> {
+        self.resumables()
+            .find_one(doc! {"_id": id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn advance_resumable(
+        &self,
+        upload: &ResumableRecord,
+        expected_offset: i64,
+    ) -> MetaResult<bool> {
+        // One conditional write: of two PATCHes from the same offset, one matches.
+        let replaced = self
+            .resumables()
+            .replace_one(doc! {"_id": &upload.id, "offset": expected_offset}, upload)
+            .await
+            .map_err(classify)?;
+        Ok(replaced.matched_count > 0)
+    }
+
+    async fn delete_resumable(&self, id: &str) -> MetaResult<()> {
+        self.resumables()
+            .delete_one(doc! {"_id": id})
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn expired_resumables(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> MetaResult<Vec<ResumableRecord>> {
+        let before = bson::DateTime::from_chrono(before);
+        find_sorted(
+            self.resumables(),
+            doc! {"expires_at": {"$lt": before}},
+            doc! {"expires_at": 1},
+            limit,
+        )
+        .await
+    }
+}
