@@ -26,21 +26,28 @@ fn data(len: usize) -> Vec<u8> {
 }
 
 async fn create(app: &TestApp, user: &TestUser, len: usize) -> String {
+    create_typed(app, user, len, Some("application/x-test")).await
+}
+
+/// Creates an upload of `len` bytes named `big.bin`, of type `filetype`.
+async fn create_typed(
+    app: &TestApp,
+    user: &TestUser,
+    len: usize,
+    filetype: Option<&str>,
+) -> String {
     let b64 = base64::engine::general_purpose::STANDARD;
+    let mut metadata = format!("filename {}", b64.encode("big.bin"));
+    if let Some(t) = filetype {
+        metadata += &format!(",filetype {}", b64.encode(t));
+    }
     let res = app
         .client
         .post(app.url("/v1/uploads"))
         .bearer_auth(&user.key)
         .header("tus-resumable", TUS)
         .header("upload-length", len.to_string())
-        .header(
-            "upload-metadata",
-            format!(
-                "filename {},filetype {}",
-                b64.encode("big.bin"),
-                b64.encode("application/x-test")
-            ),
-        )
+        .header("upload-metadata", metadata)
         .send()
         .await
         .unwrap();
@@ -525,4 +532,45 @@ async fn with_cors_a_browser_may_send_and_read_the_tus_headers() {
     ] {
         assert!(exposed.contains(h), "{h} in {exposed}");
     }
+}
+
+/// A resumable upload's type is decided as a plain upload's: detected from
+/// its bytes when the client names none, and held to FILEDOCK_ALLOWED_TYPES,
+/// so a claimed `image/png` carrying an executable is refused with nothing
+/// kept.
+#[tokio::test]
+async fn a_resumable_upload_type_is_detected_and_held_to_the_allow_list() {
+    const PNG_START: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+    // An ELF header (64 bytes): what `infer` needs to see an executable.
+    let mut elf = b"\x7fELF\x02\x01\x01".to_vec();
+    elf.resize(64, 0);
+    let mut settings = test_settings();
+    settings.allowed_types = filedock::config::AllowedTypes::parse("image/*").unwrap();
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("typed").await;
+
+    let id = create_typed(&app, &user, PNG_START.len(), None).await;
+    let done = patch(&app, &user, &id, 0, PNG_START).await;
+    assert_eq!(done.status(), StatusCode::NO_CONTENT);
+    let stored = app.download(&user, &id).await;
+    assert_eq!(
+        stored.headers()["content-type"],
+        "image/png",
+        "detected from the bytes"
+    );
+
+    let id = create_typed(&app, &user, elf.len(), Some("image/png")).await;
+    let refused = patch(&app, &user, &id, 0, &elf).await;
+    assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(
+        app.download(&user, &id).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        assert_bucket_matches_metadata(&app.state).await,
+        1,
+        "only the PNG"
+    );
+    assert_eq!(staging_left(&app).await, 0);
+    assert!(app.state.ports.meta.resumable(&id).await.unwrap().is_none());
 }

@@ -278,9 +278,22 @@ impl ResumableService {
             .ok_or_else(|| DomainError::internal(anyhow::anyhow!("bad user id")))?;
         let category = SizeCategory::from_declared_len(Some(upload.length as u64));
         let lock_key = LockKey::user_upload(&user_id, category.as_str());
+        // As a plain upload's: detected when the client named no real type,
+        // and checked against the allow-list (a refusal undoes the upload).
+        let content_type = self
+            .uploads
+            .stored_type(&intent, &upload.content_type, upload.length as u64)
+            .await;
+        let content_type = match content_type {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = self.resumables.delete_resumable(&upload.id).await;
+                return Err(e);
+            }
+        };
         let stored = StoredBlob {
             filename: Filename::parse(&upload.filename).map_err(DomainError::InvalidRequest)?,
-            content_type: upload.content_type.clone(),
+            content_type,
             size: upload.length as u64,
             sha256: hash::finish(hasher),
             category,

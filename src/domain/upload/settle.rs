@@ -1,11 +1,13 @@
 //! What an upload does when it cannot finish: settle a commit whose answer
-//! was lost, or undo the upload (delete the blob, or record it as an orphan).
+//! was lost, or undo the upload (delete the blob, or record it as an orphan);
+//! and the type check of a blob stored before its type could be checked.
 
 use std::time::{Duration, Instant};
 
 use super::{UploadService, Uploaded};
 use crate::{
-    domain::DomainError,
+    blob::{ByteRange, ByteStream},
+    domain::{DomainError, media},
     meta::{FileRecord, IntentRecord, MetaError, OrphanRecord, OrphanStatus},
 };
 
@@ -107,5 +109,38 @@ impl UploadService {
         if let Err(e) = self.cleanup.delete_intent(&intent.id).await {
             tracing::warn!(file_id = %intent.id, error = %e, "could not delete upload intent; the sweeper will");
         }
+    }
+}
+
+impl UploadService {
+    /// The type to store for a blob already stored at `intent`'s key whose
+    /// client declared `declared` (a resumable upload): detected from its
+    /// first bytes and checked against the allow-list as a plain upload's
+    /// is ([`media::resolve`]). A refused type undoes the upload.
+    pub(crate) async fn stored_type(
+        &self,
+        intent: &IntentRecord,
+        declared: &str,
+        len: u64,
+    ) -> Result<String, DomainError> {
+        let settings = &self.settings;
+        let resolved = async {
+            let head: ByteStream<'_> = match len {
+                0 => Box::pin(futures::stream::empty()),
+                _ => {
+                    let end = len.min(media::SNIFF_BYTES as u64) - 1;
+                    let range = ByteRange { start: 0, end };
+                    self.blobs.get(&intent.key, Some(range)).await?
+                }
+            };
+            let idle = settings.body_idle_timeout;
+            let (stored, _) = media::resolve(declared, head, &settings.allowed_types, idle).await?;
+            Ok(stored)
+        }
+        .await;
+        if resolved.is_err() {
+            self.compensate(intent).await;
+        }
+        resolved
     }
 }
