@@ -126,11 +126,13 @@ pub async fn create(
         upload = match patched {
             Ok(Patched::Partial(u)) => u,
             Ok(Patched::Done { upload, .. }) => upload,
-            Err(_) => state
-                .resumables
-                .find(&user, &created.id)
-                .await
-                .unwrap_or(created),
+            Err(e) => match state.resumables.find(&user, &created.id).await {
+                // Still open: the client learns from Upload-Offset what was kept.
+                Ok(open) if length > 0 => open,
+                // Over: its last bytes arrived but the file was refused (or
+                // its commit's outcome is unknown): that is the answer.
+                _ => return Err(e),
+            },
         };
     }
     let mut res = StatusCode::CREATED.into_response();

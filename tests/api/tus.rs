@@ -574,3 +574,25 @@ async fn a_resumable_upload_type_is_detected_and_held_to_the_allow_list() {
     assert_eq!(staging_left(&app).await, 0);
     assert!(app.state.ports.meta.resumable(&id).await.unwrap().is_none());
 }
+
+/// An upload that ends on its creation (an empty file) and whose file is
+/// refused answers the refusal, not 201 with a complete offset: the client
+/// must not take it for stored.
+#[tokio::test]
+async fn an_upload_that_ends_at_its_creation_answers_its_refusal() {
+    let mut settings = test_settings();
+    settings.allowed_types = filedock::config::AllowedTypes::parse("image/*").unwrap();
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("empty").await;
+    let res = app
+        .client
+        .post(app.url("/v1/uploads"))
+        .bearer_auth(&user.key)
+        .header("tus-resumable", TUS)
+        .header("upload-length", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(assert_bucket_matches_metadata(&app.state).await, 0);
+}
