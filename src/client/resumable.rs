@@ -22,9 +22,10 @@ pub const RESUMABLE_FROM: u64 = 16 << 20;
 /// The tus protocol version spoken.
 const TUS_VERSION: &str = "1.0.0";
 /// Tries at resuming after a dropped connection; the pause between them
-/// grows by `PAUSE` each time (≈ 18 s in all).
-const ATTEMPTS: u32 = 8;
+/// grows by `PAUSE` each time up to `MAX_PAUSE` (≈ 38 s in all).
+const ATTEMPTS: u32 = 12;
 const PAUSE: Duration = Duration::from_millis(500);
+const MAX_PAUSE: Duration = Duration::from_secs(5);
 
 /// How a PATCH ended.
 enum Sent {
@@ -76,7 +77,7 @@ impl Api {
                     if failures >= ATTEMPTS {
                         return Err(unreachable(format!("{why}; gave up resuming")));
                     }
-                    tokio::time::sleep(PAUSE * failures).await;
+                    tokio::time::sleep((PAUSE * failures).min(MAX_PAUSE)).await;
                     if let Ok(n) = self.offset(&url).await {
                         offset = n;
                     }
@@ -127,6 +128,8 @@ impl Api {
         match res.status() {
             StatusCode::NO_CONTENT => Ok(Sent::Upto(stored_offset(&res).unwrap_or(offset))),
             StatusCode::CONFLICT => Ok(Sent::Resync("the upload's offset moved".into())),
+            // The server is still finishing the PATCH whose connection dropped.
+            StatusCode::LOCKED => Ok(Sent::Resync("the upload is busy".into())),
             s if s.is_server_error() => Ok(Sent::Resync(format!("the server answered {s}"))),
             _ => Err(refused(res).await),
         }
