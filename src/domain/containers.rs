@@ -112,6 +112,28 @@ impl ContainerService {
             .ok_or(DomainError::NotFound)
     }
 
+    /// The session after a change to it applied. A read-back that fails
+    /// must not make the answer a failure (the change is in): the outcome is
+    /// then reported unknown, with where to read the session.
+    pub async fn session_after_change(
+        &self,
+        user: &UserRecord,
+        id: &str,
+    ) -> Result<SessionRecord, DomainError> {
+        let read = self.session(user, id).await;
+        read.map_err(|_| DomainError::OutcomeUnknown(Some(format!("/v1/sessions/{id}"))))
+    }
+
+    /// The agent after a change to it applied (see [`Self::session_after_change`]).
+    pub async fn agent_after_change(
+        &self,
+        user: &UserRecord,
+        id: &str,
+    ) -> Result<AgentRecord, DomainError> {
+        let read = self.agent(user, id).await;
+        read.map_err(|_| DomainError::OutcomeUnknown(Some(format!("/v1/agents/{id}"))))
+    }
+
     /// Attaches (or detaches) one of the caller's files to (from) a session or
     /// an agent the caller owns.
     pub async fn set_attachment(

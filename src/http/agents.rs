@@ -78,7 +78,7 @@ pub async fn attach(
         .containers
         .set_attachment(&user, Container::Agent(id.clone()), &body.file_id, true)
         .await?;
-    ok(view(state.containers.agent(&user, &id).await?))
+    ok(view(state.containers.agent_after_change(&user, &id).await?))
 }
 
 /// `DELETE /v1/agents/{id}/files/{file_id}`: detach (idempotent) → the agent.
@@ -91,7 +91,7 @@ pub async fn detach(
         .containers
         .set_attachment(&user, Container::Agent(id.clone()), &file_id, false)
         .await?;
-    ok(view(state.containers.agent(&user, &id).await?))
+    ok(view(state.containers.agent_after_change(&user, &id).await?))
 }
 
 async fn link(
@@ -107,7 +107,7 @@ async fn link(
         .containers
         .set_link(&user, &id, kind, &link_id, connected)
         .await?;
-    ok(view(state.containers.agent(&user, &id).await?))
+    ok(view(state.containers.agent_after_change(&user, &id).await?))
 }
 
 /// `PUT /v1/agents/{id}/mcps/{mcp_id}`: connect (idempotent) → the agent.

@@ -85,5 +85,7 @@ async fn change(
         .containers
         .set_attachment(user, Container::Session(id.clone()), file_id, attached)
         .await?;
-    ok(view(state.containers.session(user, &id).await?))
+    ok(view(
+        state.containers.session_after_change(user, &id).await?,
+    ))
 }

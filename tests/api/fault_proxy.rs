@@ -35,9 +35,11 @@ struct Shared {
     trigger: Mutex<Option<Trigger>>,
 }
 
-/// Cut once, for `down`, right after a client sends bytes containing `pattern`.
+/// Cut once, for `down`, right after a client sends bytes containing
+/// `pattern` (passing over its first `skip` occurrences).
 struct Trigger {
     pattern: Vec<u8>,
+    skip: usize,
     down: Duration,
 }
 
@@ -69,8 +71,14 @@ impl FaultProxy {
     /// Arms a one-shot cut of `down` that fires once a client has sent
     /// `pattern` (e.g. `commitTransaction`) and the server has had it.
     pub fn cut_after(&self, pattern: &[u8], down: Duration) {
+        self.cut_after_nth(pattern, 0, down);
+    }
+
+    /// As [`Self::cut_after`], at the `skip + 1`-th time `pattern` is sent.
+    pub fn cut_after_nth(&self, pattern: &[u8], skip: usize, down: Duration) {
         *self.shared.trigger.lock().unwrap() = Some(Trigger {
             pattern: pattern.to_vec(),
+            skip,
             down,
         });
     }
@@ -116,9 +124,15 @@ impl Shared {
     /// The cut a chunk from the client triggers, disarming it.
     fn fired_by(&self, chunk: &[u8]) -> Option<Duration> {
         let mut trigger = self.trigger.lock().unwrap();
-        let t = trigger.as_ref()?;
-        let hit = chunk.windows(t.pattern.len()).any(|w| w == t.pattern);
-        hit.then(|| trigger.take().unwrap().down)
+        let t = trigger.as_mut()?;
+        if !chunk.windows(t.pattern.len()).any(|w| w == t.pattern) {
+            return None;
+        }
+        if t.skip > 0 {
+            t.skip -= 1;
+            return None;
+        }
+        trigger.take().map(|t| t.down)
     }
 }
 

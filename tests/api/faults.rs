@@ -221,3 +221,59 @@ async fn a_transaction_cut_midway_stops_blocking_other_instances_once_the_link_h
         "only the acknowledged upload is listed"
     );
 }
+
+/// An attach that applied, whose read-back of the agent then fails (the
+/// link to MongoDB cut right after the commit was answered), is not
+/// answered as failed: the outcome is reported unknown, with where to read
+/// it — and it did apply.
+#[tokio::test]
+async fn an_applied_attach_whose_read_back_fails_is_not_answered_failed() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    // BSON of `"find": "agents"`: the check before the change is the first,
+    // the read-back after it the second.
+    const FIND_AGENTS: &[u8] = b"\x02find\x00\x07\x00\x00\x00agents\x00";
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    let app = spawn_app_with(through_mongo_proxy(&proxy, FAST_SELECTION)).await;
+    let u = app.create_user("readback").await;
+    let file = app.upload_raw(&u, "a.txt", b"a".to_vec()).await;
+    let file: Value = file.json().await.unwrap();
+    let (_, agent) = app
+        .json(
+            "POST",
+            "/v1/agents",
+            &u,
+            Some(serde_json::json!({"name": "x"})),
+        )
+        .await;
+    let agent = agent["id"].as_str().unwrap().to_owned();
+
+    proxy.cut_after_nth(FIND_AGENTS, 1, Duration::from_secs(2));
+    let body = serde_json::json!({"file_id": file["id"]});
+    let res = app
+        .json("POST", format!("/v1/agents/{agent}/files"), &u, Some(body))
+        .await;
+    assert!(proxy.triggered(), "the read-back never ran");
+    assert_ne!(
+        res.0,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "answered failed: {}",
+        res.1
+    );
+    assert!(
+        res.0.is_success() || res.0 == StatusCode::GATEWAY_TIMEOUT,
+        "{res:?}"
+    );
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, now) = app
+        .json("GET", format!("/v1/agents/{agent}"), &u, None)
+        .await;
+    assert_eq!(
+        now["file_ids"],
+        serde_json::json!([file["id"]]),
+        "it applied"
+    );
+}
