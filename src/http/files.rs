@@ -241,7 +241,12 @@ pub(super) async fn serve(state: &AppState, file: FileRecord, headers: &HeaderMa
     if not_modified(headers, &etag, file.created_at) {
         return ok((
             StatusCode::NOT_MODIFIED,
-            [(header::ETAG, etag), (header::LAST_MODIFIED, last_modified)],
+            [
+                (header::ETAG, etag),
+                (header::LAST_MODIFIED, last_modified),
+                // RFC 9110 §15.4.5: as the 200 would.
+                (header::CACHE_CONTROL, "private".into()),
+            ],
         ));
     }
     let range = match header_str(headers, header::RANGE) {

@@ -137,6 +137,8 @@ async fn ranges_and_conditional_downloads() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::NOT_MODIFIED);
+    // RFC 9110 §15.4.5: a 304 repeats the Cache-Control a 200 would send.
+    assert_eq!(res.headers()["cache-control"], "private");
 }
 
 #[tokio::test]
