@@ -169,6 +169,29 @@ impl MongoStore {
     }
 
     /// Why a conditional update of the user document matched nothing.
+    /// Applies `update` to the user document under the upload fence (the
+    /// fence's token stored with it); a refusal says why.
+    async fn update_user_fenced(
+        &self,
+        s: &mut ClientSession,
+        owner: &str,
+        mut update: Document,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()> {
+        let mut filter = doc! {"_id": owner};
+        add_fence(&mut filter, &mut update, "upload_fence", fence);
+        let updated = self
+            .users()
+            .update_one(filter, update)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 0 {
+            return Err(self.why_user_unmatched(s, owner, fence).await);
+        }
+        Ok(())
+    }
+
     async fn why_user_unmatched(
         &self,
         s: &mut ClientSession,
@@ -208,18 +231,8 @@ impl MongoStore {
         else {
             return Ok(None);
         };
-        let mut filter = doc! {"_id": owner};
-        let mut update = doc! {"$pull": {"file_ids": id}, "$inc": {"used_bytes": -file.size}};
-        add_fence(&mut filter, &mut update, "upload_fence", fence);
-        let updated = self
-            .users()
-            .update_one(filter, update)
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
-        if updated.matched_count == 0 {
-            return Err(self.why_user_unmatched(s, owner, fence).await);
-        }
+        let update = doc! {"$pull": {"file_ids": id}, "$inc": {"used_bytes": -file.size}};
+        self.update_user_fenced(s, owner, update, fence).await?;
         for (collection, ids) in [("sessions", &file.sessions), ("agents", &file.agents)] {
             if !ids.is_empty() {
                 self.db
@@ -269,17 +282,8 @@ impl MongoStore {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<FileRecord>> {
         if fence.is_some() {
-            let (mut filter, mut update) = (doc! {"_id": owner}, Document::new());
-            add_fence(&mut filter, &mut update, "upload_fence", fence);
-            let updated = self
-                .users()
-                .update_one(filter, update)
-                .session(&mut *s)
-                .await
-                .map_err(classify)?;
-            if updated.matched_count == 0 {
-                return Err(self.why_user_unmatched(s, owner, fence).await);
-            }
+            self.update_user_fenced(s, owner, Document::new(), fence)
+                .await?;
         }
         let owned = doc! {"_id": id, "owner_id": owner};
         let updated = self
