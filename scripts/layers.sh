@@ -2,9 +2,8 @@
 # Checks the dependency rule of src/ (README "Layout"): every `crate::` path
 # a file names (in `use` trees and inline, comments left out) is an edge from
 # its layer to another; an edge the table below does not allow fails, and so
-# does any cycle (tsort). Layers are top-level modules, except that the
-# domain's vocabulary (src/domain/{ids,commands}.rs) is a layer of its own,
-# below everything. `bash scripts/layers.sh -v` prints the edges.
+# does any cycle (tsort). Layers are top-level modules; the vocabulary
+# (src/vocab/: ids, keys, commands) is below everything. `bash scripts/layers.sh -v` prints the edges.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +17,7 @@ declare -A ALLOWED=(
   [client]=""
   [worker]=""
   [blob]="config metrics"
-  [lock]="config metrics"
+  [lock]="vocab config metrics"
   [meta]="vocab config metrics root"
   [coord]="vocab lock meta metrics config worker"
   [ports]="blob lock meta metrics"
@@ -31,7 +30,6 @@ declare -A ALLOWED=(
 
 layer_of_file() {
   case "$1" in
-    src/domain/ids.rs | src/domain/commands.rs) echo vocab ;;
     src/lib.rs) echo root ;;
     src/*/*) local rest=${1#src/}; echo "${rest%%/*}" ;;
     src/*.rs) local base=${1#src/}; echo "${base%.rs}" ;;
@@ -41,9 +39,7 @@ layer_of_file() {
 layer_of_path() { # a path below `crate::`, e.g. `domain::ids` or `crash_point`
   local first=${1%%::*} second=""
   [[ $1 == *::* ]] && second=${1#*::} && second=${second%%::*}
-  if [[ $first == domain && ($second == ids || $second == commands) ]]; then
-    echo vocab
-  elif [[ -e src/$first.rs || -d src/$first ]]; then
+  if [[ -e src/$first.rs || -d src/$first ]]; then
     echo "$first"
   else
     echo root # an item of lib.rs (e.g. crash_point)

@@ -5,9 +5,9 @@
 //! (`scripts/layers.sh` checks it; README "Layout" has the table).
 //! - [`http`] extracts, calls one service, maps the result; only it knows
 //!   status codes ([`http::error::ApiError`] wraps [`domain::DomainError`]).
-//! - [`domain`] holds the flows, as services that own the ports they use;
-//!   its vocabulary ([`domain::ids`], [`domain::commands`]) imports nothing
-//!   and every layer may use it.
+//! - [`domain`] holds the flows, as services that own the ports they use.
+//! - [`vocab`] is what every layer speaks: ids, keys, commands. It imports
+//!   nothing from the crate and every layer may use it.
 //! - The ports ([`meta`], [`blob`], [`lock`], [`coord`]) are narrow traits,
 //!   each with its adapters underneath; they never import a service, HTTP
 //!   or the wiring.
@@ -27,6 +27,7 @@ pub mod startup;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod vocab;
 pub mod worker;
 
 /// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names

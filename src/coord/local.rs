@@ -5,7 +5,8 @@
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use super::{Applier, BUCKETS, CoordError, Coordinator, Operation, bucket_of};
+use super::{Applier, BUCKETS, CoordError, Coordinator, bucket_of};
+use crate::vocab::Operation;
 
 pub struct LocalQueue {
     buckets: Vec<Mutex<()>>,

@@ -16,66 +16,12 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use crate::domain::commands::Operation;
 use crate::{
-    domain::commands::Container,
-    lock::{LockError, LockKey, Locks},
+    lock::{LockError, Locks},
     meta::retry::Transactions,
     meta::{ContainerRepo, Fence, MetaError, MetaResult},
+    vocab::{LockKey, Operation},
 };
-
-impl Operation {
-    /// The lock this write takes on the direct path; also its queue routing key.
-    pub fn lock_key(&self) -> LockKey {
-        match self {
-            Self::Attach {
-                container: Container::Session(id),
-                ..
-            } => LockKey::session_files(id),
-            Self::Attach {
-                container: Container::Agent(id),
-                ..
-            } => LockKey::agent_files(id),
-            Self::Link { agent_id, .. } => LockKey::agent_config(agent_id),
-        }
-    }
-
-    /// The resource a client reads to see whether this write applied.
-    pub fn resource_path(&self) -> String {
-        match self {
-            Self::Attach {
-                container: Container::Session(id),
-                ..
-            } => format!("/v1/sessions/{id}"),
-            Self::Attach {
-                container: Container::Agent(id),
-                ..
-            }
-            | Self::Link { agent_id: id, .. } => format!("/v1/agents/{id}"),
-        }
-    }
-
-    fn fence_slot(&self) -> &'static str {
-        match self {
-            Self::Attach { .. } => "files",
-            Self::Link { .. } => "config",
-        }
-    }
-
-    fn metric_op(&self) -> &'static str {
-        match self {
-            Self::Attach {
-                container: Container::Session(_),
-                ..
-            } => "session_files",
-            Self::Attach {
-                container: Container::Agent(_),
-                ..
-            } => "agent_files",
-            Self::Link { .. } => "agent_config",
-        }
-    }
-}
 
 /// Applies operations to the metadata store: what every coordinator ends in.
 #[derive(Clone)]
@@ -295,7 +241,6 @@ impl OpOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::commands::LinkKind;
 
     #[test]
     fn buckets_are_stable_and_spread() {
@@ -335,18 +280,5 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(loud.with_warnings().warnings.len(), 3);
-    }
-
-    #[test]
-    fn operations_round_trip_as_json() {
-        let op = Operation::Link {
-            owner_id: "u".into(),
-            agent_id: "a".into(),
-            kind: LinkKind::Mcp,
-            link_id: "github".into(),
-            connected: true,
-        };
-        let json = serde_json::to_string(&op).unwrap();
-        assert_eq!(serde_json::from_str::<Operation>(&json).unwrap(), op);
     }
 }

@@ -7,13 +7,13 @@
 use std::sync::Arc;
 
 use super::{
-    AgentId, DomainError, FileId, LinkId, SessionId,
-    commands::{Container, LinkKind, Operation},
+    DomainError,
     page::{Page, PageRequest},
 };
 use crate::{
     coord::{Coordinator, QueueStats},
     meta::{AgentRecord, ContainerRepo, SessionRecord, UserRecord, now},
+    vocab::{AgentId, Container, FileId, LinkId, LinkKind, Operation, SessionId},
 };
 
 /// Sessions and agents, and the ports that takes.
@@ -83,8 +83,8 @@ impl ContainerService {
         user: &UserRecord,
         name: &str,
     ) -> Result<AgentRecord, DomainError> {
-        let name =
-            super::ids::clean_name(name.trim(), "name").map_err(DomainError::InvalidRequest)?;
+        let name = crate::vocab::ids::clean_name(name.trim(), "name")
+            .map_err(DomainError::InvalidRequest)?;
         if name.is_empty() || name.chars().count() > 200 {
             return Err(DomainError::InvalidRequest(
                 "name must be 1 to 200 characters".into(),

@@ -53,7 +53,8 @@ pub fn secrets_match(presented: &str, expected: &str) -> bool {
 }
 
 fn parse_name(raw: &str) -> Result<String, DomainError> {
-    let name = super::ids::clean_name(raw.trim(), "name").map_err(DomainError::InvalidRequest)?;
+    let name =
+        crate::vocab::ids::clean_name(raw.trim(), "name").map_err(DomainError::InvalidRequest)?;
     if name.is_empty() || name.chars().count() > 100 {
         return Err(DomainError::InvalidRequest(
             "name must be 1 to 100 characters".into(),

@@ -16,8 +16,8 @@ use super::{
     sessions::FileRef,
 };
 use crate::{
-    domain::commands::{Container, LinkKind},
     meta::AgentRecord,
+    vocab::{Container, LinkKind},
 };
 
 fn view(a: AgentRecord) -> Json<Value> {

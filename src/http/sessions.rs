@@ -15,8 +15,8 @@ use super::{
     ok,
 };
 use crate::{
-    domain::commands::Container,
     meta::{SessionRecord, UserRecord},
+    vocab::Container,
 };
 
 fn view(s: SessionRecord) -> Json<Value> {

@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 
 pub use self::records::*;
 pub use self::resumable::{ResumableRecord, ResumableRepo};
-use crate::domain::commands::{LinkKind, Operation};
+use crate::vocab::{LinkKind, Operation};
 
 /// Errors of the metadata layer, classified so callers never read messages.
 #[derive(Clone, Debug, thiserror::Error)]

@@ -47,13 +47,14 @@ use tokio_util::sync::CancellationToken;
 
 use self::{stats::Recent, worker::Manager};
 use super::{
-    Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, Operation, QueueStats,
-    bucket_of, wait_timeout,
+    Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, QueueStats, bucket_of,
+    wait_timeout,
 };
 use crate::{
     lock::{LockGuard, LockKey, Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
     meta::{Fence, MetaError},
     metrics::{Metrics, OutcomeLabel},
+    vocab::Operation,
 };
 
 const GROUP: &str = "filedock";

@@ -333,7 +333,7 @@ impl ContainerRepo for MongoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::commands::Container;
+    use crate::vocab::Container;
 
     fn link(agent: &str, kind: LinkKind, id: &str, connected: bool) -> (Operation, String) {
         let op = Operation::Link {

@@ -1,0 +1,141 @@
+//! Commands: the writes to a container (a session or an agent), each
+//! self-contained so that it can travel through a queue, and what each one
+//! takes: its lock (also its queue routing key), its fence slot, the
+//! resource a client reads to see it.
+
+use serde::{Deserialize, Serialize};
+
+use super::keys::LockKey;
+
+/// What a file can be attached to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
+pub enum Container {
+    Session(String),
+    Agent(String),
+}
+
+impl Container {
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Session(id) | Self::Agent(id) => id,
+        }
+    }
+
+    /// The collection (and embedded key prefix) the container lives in.
+    pub fn collection(&self) -> &'static str {
+        match self {
+            Self::Session(_) => "sessions",
+            Self::Agent(_) => "agents",
+        }
+    }
+}
+
+/// A write to a container, self-contained so that it can travel through a queue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Operation {
+    Attach {
+        owner_id: String,
+        container: Container,
+        file_id: String,
+        attached: bool,
+    },
+    Link {
+        owner_id: String,
+        agent_id: String,
+        kind: LinkKind,
+        link_id: String,
+        connected: bool,
+    },
+}
+
+impl Operation {
+    /// The lock this write takes on the direct path; also its queue routing key.
+    pub fn lock_key(&self) -> LockKey {
+        match self {
+            Self::Attach {
+                container: Container::Session(id),
+                ..
+            } => LockKey::session_files(id),
+            Self::Attach {
+                container: Container::Agent(id),
+                ..
+            } => LockKey::agent_files(id),
+            Self::Link { agent_id, .. } => LockKey::agent_config(agent_id),
+        }
+    }
+
+    /// The resource a client reads to see whether this write applied.
+    pub fn resource_path(&self) -> String {
+        match self {
+            Self::Attach {
+                container: Container::Session(id),
+                ..
+            } => format!("/v1/sessions/{id}"),
+            Self::Attach {
+                container: Container::Agent(id),
+                ..
+            }
+            | Self::Link { agent_id: id, .. } => format!("/v1/agents/{id}"),
+        }
+    }
+
+    /// The fencing-token slot on the container this write checks.
+    pub fn fence_slot(&self) -> &'static str {
+        match self {
+            Self::Attach { .. } => "files",
+            Self::Link { .. } => "config",
+        }
+    }
+
+    /// The name its transactions are counted under.
+    pub fn metric_op(&self) -> &'static str {
+        match self {
+            Self::Attach {
+                container: Container::Session(_),
+                ..
+            } => "session_files",
+            Self::Attach {
+                container: Container::Agent(_),
+                ..
+            } => "agent_files",
+            Self::Link { .. } => "agent_config",
+        }
+    }
+}
+
+/// An agent's connection lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkKind {
+    Mcp,
+    Toolset,
+}
+
+impl LinkKind {
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::Mcp => "mcp_ids",
+            Self::Toolset => "toolset_ids",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_round_trip_as_json() {
+        let op = Operation::Link {
+            owner_id: "u".into(),
+            agent_id: "a".into(),
+            kind: LinkKind::Mcp,
+            link_id: "github".into(),
+            connected: true,
+        };
+        let json = serde_json::to_string(&op).unwrap();
+        assert_eq!(serde_json::from_str::<Operation>(&json).unwrap(), op);
+    }
+}

@@ -1,0 +1,14 @@
+//! The vocabulary every layer speaks: identifiers and untrusted strings,
+//! validated at the edge (`ids`), the names the ports keep things under
+//! (`keys`), and the writes to a container (`commands`). It imports nothing
+//! else from the crate, and every layer may import it (`scripts/layers.sh`).
+
+pub mod commands;
+pub mod ids;
+pub mod keys;
+
+pub use self::{
+    commands::{Container, LinkKind, Operation},
+    ids::{AgentId, FileId, Filename, LinkId, MediaType, SessionId, SizeCategory, UserId},
+    keys::LockKey,
+};
