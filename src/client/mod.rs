@@ -2,6 +2,7 @@
 //! filedock, with progress bars and answers a script can use (`--json`, exit
 //! codes). It speaks only the public HTTP API; nothing here is the server's.
 
+mod api;
 mod resumable;
 mod transfer;
 
@@ -11,6 +12,8 @@ use clap::{Args, Subcommand};
 use futures::{StreamExt, stream};
 use indicatif::MultiProgress;
 use serde_json::{Value, json};
+
+use self::api::{Api, Failure};
 
 /// Where the server is and who is asking.
 #[derive(Args, Clone)]
@@ -60,36 +63,12 @@ pub enum ClientCommand {
     },
 }
 
-/// Exit codes: 0 all done; 1 the server refused something (its message is
-/// printed); 2 bad usage (clap's); 3 the server could not be reached or a
-/// local file could not be read or written.
-#[derive(Debug)]
-pub enum Failure {
-    Refused(String),
-    Unreachable(String),
-}
-
-impl Failure {
-    fn code(&self) -> u8 {
-        match self {
-            Self::Refused(_) => 1,
-            Self::Unreachable(_) => 3,
-        }
-    }
-
-    fn message(&self) -> &str {
-        match self {
-            Self::Refused(m) | Self::Unreachable(m) => m,
-        }
-    }
-}
-
 pub async fn run(remote: Remote, command: ClientCommand) -> ExitCode {
     let Some(key) = remote.api_key.clone() else {
         eprintln!("filedock: set FILEDOCK_API_KEY or pass --api-key");
         return ExitCode::from(2);
     };
-    let api = transfer::Api::new(remote.url.trim_end_matches('/'), &key);
+    let api = Api::new(remote.url.trim_end_matches('/'), &key);
     let results: Vec<Result<Value, Failure>> = match command {
         ClientCommand::Upload {
             files,

@@ -12,10 +12,7 @@ use serde_json::Value;
 use tokio::io::AsyncSeekExt;
 use tokio_util::io::ReaderStream;
 
-use super::{
-    Failure,
-    transfer::{Api, refused, unreachable},
-};
+use super::api::{Api, Failure, refused, unreachable};
 
 /// Files at least this large go through `/v1/uploads`.
 pub const RESUMABLE_FROM: u64 = 16 << 20;

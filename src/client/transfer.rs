@@ -1,4 +1,4 @@
-//! The client's HTTP calls: uploads and downloads streamed from and to disk
+//! The client's calls: uploads and downloads streamed from and to disk
 //! with a progress bar each, and the small calls around them.
 
 use std::path::{Path, PathBuf};
@@ -6,34 +6,19 @@ use std::path::{Path, PathBuf};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-use reqwest::{Response, StatusCode};
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
-use super::{Failure, resumable::RESUMABLE_FROM};
+use super::{
+    api::{Api, Failure, unreachable},
+    resumable::RESUMABLE_FROM,
+};
 
 /// Files listed per request.
 const PAGE: usize = 1000;
 const BAR_TEMPLATE: &str = "{msg:20!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}";
-
-pub struct Api {
-    pub(super) http: reqwest::Client,
-    pub(super) base: String,
-    pub(super) key: String,
-}
-
-pub(super) fn unreachable(e: impl std::fmt::Display) -> Failure {
-    Failure::Unreachable(e.to_string())
-}
-
-/// The API's own words for a refusal: `error.message`, else the status.
-pub(super) async fn refused(res: Response) -> Failure {
-    let status = res.status();
-    let body: Value = res.json().await.unwrap_or(Value::Null);
-    let message = body["error"]["message"].as_str().unwrap_or(status.as_str());
-    Failure::Refused(format!("{message} ({status})"))
-}
 
 fn bar(bars: &MultiProgress, len: u64, name: &str) -> ProgressBar {
     let bar = bars.add(ProgressBar::new(len));
@@ -45,31 +30,6 @@ fn bar(bars: &MultiProgress, len: u64, name: &str) -> ProgressBar {
 }
 
 impl Api {
-    pub fn new(base: &str, key: &str) -> Self {
-        Self {
-            http: reqwest::Client::new(),
-            base: base.to_owned(),
-            key: key.to_owned(),
-        }
-    }
-
-    pub(super) async fn send(
-        &self,
-        req: reqwest::RequestBuilder,
-        ok: StatusCode,
-    ) -> Result<Response, Failure> {
-        let res = req
-            .bearer_auth(&self.key)
-            .send()
-            .await
-            .map_err(unreachable)?;
-        if res.status() == ok {
-            Ok(res)
-        } else {
-            Err(refused(res).await)
-        }
-    }
-
     /// Streams the file from disk as the raw body (a large one resumably,
     /// see [`super::resumable`]); the created file.
     pub async fn upload(&self, path: &Path, bars: &MultiProgress) -> Result<Value, Failure> {

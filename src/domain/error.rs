@@ -43,9 +43,6 @@ pub enum DomainError {
     /// The body does not match the checksum the client sent; nothing of it was kept.
     #[error("the body does not match its Upload-Checksum; nothing of it was kept")]
     ChecksumMismatch,
-    /// The request lacks a precondition of its protocol (tus's `Tus-Resumable`).
-    #[error("{0}")]
-    PreconditionFailed(String),
     #[error("{0} is unavailable")]
     DependencyUnavailable(&'static str),
     /// The change was sent to the metadata store but its answer was lost: it
@@ -100,7 +97,6 @@ impl DomainError {
             Self::OffsetMismatch(_) => "offset_mismatch",
             Self::UploadLocked => "upload_locked",
             Self::ChecksumMismatch => "checksum_mismatch",
-            Self::PreconditionFailed(_) => "precondition_failed",
             Self::DependencyUnavailable(_) => "dependency_unavailable",
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::QuotaExceeded => "quota_exceeded",

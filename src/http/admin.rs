@@ -8,11 +8,10 @@ use axum::{
 use serde::Deserialize;
 use serde_json::json;
 
-use super::error::ApiError;
 use super::{
-    ApiResult, AppState,
+    error::{ApiError, ApiResult, ok},
     extract::{Admin, AppJson, AppQuery},
-    ok,
+    state::AppState,
 };
 use crate::meta::OrphanStatus;
 

@@ -9,11 +9,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    ApiResult, AppState,
+    error::{ApiResult, ok},
     extract::{AppJson, AppQuery, AuthUser},
     listing::{ListQuery, page_response},
-    ok,
     sessions::FileRef,
+    state::AppState,
 };
 use crate::{
     meta::AgentRecord,

@@ -3,7 +3,6 @@
 
 use axum::{
     Json,
-    extract::rejection::{JsonRejection, QueryRejection},
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
@@ -64,7 +63,6 @@ impl ApiError {
             D::UploadLocked => StatusCode::LOCKED,
             // tus's checksum extension: 460 Checksum Mismatch.
             D::ChecksumMismatch => StatusCode::from_u16(460).unwrap_or(StatusCode::BAD_REQUEST),
-            D::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             D::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
@@ -96,6 +94,17 @@ impl ApiError {
     }
 }
 
+/// The documented error body, `{"error":{"code","message","request_id"}}`,
+/// with `status`.
+pub fn error_body(status: StatusCode, code: &str, message: String) -> Response {
+    let body = json!({"error": {
+        "code": code,
+        "message": message,
+        "request_id": current_request_id(),
+    }});
+    (status, Json(body)).into_response()
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -104,12 +113,7 @@ impl IntoResponse for ApiError {
         } else if status.is_server_error() {
             tracing::warn!(code = self.code(), "{self}");
         }
-        let body = json!({"error": {
-            "code": self.code(),
-            "message": self.to_string(),
-            "request_id": current_request_id(),
-        }});
-        let mut res = (status, Json(body)).into_response();
+        let mut res = error_body(status, self.code(), self.to_string());
         let headers = res.headers_mut();
         use DomainError as D;
         match &self {
@@ -138,12 +142,6 @@ impl IntoResponse for ApiError {
                     headers.insert(header::CONTENT_RANGE, v);
                 }
             }
-            Self::Domain(D::PreconditionFailed(_)) => {
-                headers.insert(
-                    "tus-version",
-                    HeaderValue::from_static(super::tus::TUS_VERSION),
-                );
-            }
             Self::Domain(D::Unauthenticated) => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
@@ -166,19 +164,12 @@ macro_rules! via_domain {
 
 via_domain!(MetaError);
 
-impl From<JsonRejection> for ApiError {
-    fn from(e: JsonRejection) -> Self {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            return DomainError::PayloadTooLarge(super::JSON_BODY_LIMIT as u64).into();
-        }
-        Self::invalid(e.body_text())
-    }
-}
+/// Everything the HTTP layer can fail with becomes an `ApiError` response.
+pub type ApiResult<T = Response> = Result<T, ApiError>;
 
-impl From<QueryRejection> for ApiError {
-    fn from(e: QueryRejection) -> Self {
-        Self::invalid(e.body_text())
-    }
+/// A handler's success.
+pub fn ok<T: IntoResponse>(v: T) -> ApiResult {
+    Ok(v.into_response())
 }
 
 #[cfg(test)]

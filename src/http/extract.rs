@@ -1,19 +1,27 @@
-//! Extractors: the authenticated user, the admin, and JSON bodies that
-//! fail with the documented error shape.
+//! Extractors: the authenticated user, the admin, JSON bodies and query
+//! strings that fail with the documented error shape, and the declared
+//! media type of an upload.
 
 use axum::{
-    extract::{FromRequest, FromRequestParts, Query, Request},
-    http::{header, request::Parts},
+    extract::{
+        FromRequest, FromRequestParts, Query, Request,
+        rejection::{JsonRejection, QueryRejection},
+    },
+    http::{StatusCode, header, request::Parts},
 };
 use serde::de::DeserializeOwned;
 
 use secrecy::ExposeSecret;
 
-use super::{AppState, error::ApiError};
+use super::{error::ApiError, state::AppState};
 use crate::{
     domain::{DomainError, users::secrets_match},
     meta::UserRecord,
+    vocab::MediaType,
 };
+
+/// The largest JSON request body.
+pub const JSON_BODY_LIMIT: usize = 64 * 1024;
 
 fn bearer(parts: &Parts) -> Option<&str> {
     let value = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
@@ -76,3 +84,26 @@ impl<T: DeserializeOwned> FromRequest<AppState> for AppJson<T> {
 #[derive(FromRequestParts)]
 #[from_request(via(Query), rejection(ApiError))]
 pub struct AppQuery<T>(pub T);
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return DomainError::PayloadTooLarge(JSON_BODY_LIMIT as u64).into();
+        }
+        Self::invalid(e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        Self::invalid(e.body_text())
+    }
+}
+
+/// The media type to store: the client's, if it is one (400 otherwise).
+pub fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
+    let declared = declared.unwrap_or("application/octet-stream");
+    Ok(MediaType::parse(declared)
+        .map_err(ApiError::invalid)?
+        .into_string())
+}

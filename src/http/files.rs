@@ -13,17 +13,18 @@ use futures::TryStreamExt;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 
-use super::error::ApiError;
 use super::{
-    ApiResult, AppState, conditional,
-    extract::{AppJson, AppQuery, AuthUser},
+    conditional,
+    error::{ApiError, ApiResult, ok},
+    extract::{AppJson, AppQuery, AuthUser, media_type},
     listing::{ListQuery, page_response},
-    multipart, ok,
+    multipart,
+    state::AppState,
 };
 use crate::{
     blob::{BodyError, PresignedHeaders},
     domain::{
-        Filename, MediaType, digest::ExpectedDigest, digest::sha256_header, media::shows_inline,
+        Filename, digest::ExpectedDigest, digest::sha256_header, media::shows_inline,
         upload::NewUpload,
     },
     meta::FileRecord,
@@ -322,14 +323,6 @@ fn not_modified(headers: &HeaderMap, etag: &str, created: chrono::DateTime<chron
             let since = chrono::DateTime::<chrono::Utc>::from(since);
             created.timestamp() <= since.timestamp()
         })
-}
-
-/// The media type to store: the client's, if it is one (400 otherwise).
-pub(super) fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
-    let declared = declared.unwrap_or("application/octet-stream");
-    Ok(MediaType::parse(declared)
-        .map_err(ApiError::invalid)?
-        .into_string())
 }
 
 /// `inline` (types safe to show) or `attachment`, with an ASCII fallback

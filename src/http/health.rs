@@ -9,8 +9,10 @@ use axum::{
 };
 use serde_json::{Map, Value, json};
 
-use super::AppState;
-use super::{ApiResult, ok};
+use super::{
+    error::{ApiResult, ok},
+    state::AppState,
+};
 
 pub async fn healthz() -> ApiResult {
     ok(Json(json!({"status": "ok"})))

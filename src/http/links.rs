@@ -14,10 +14,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ApiResult, AppState,
-    error::ApiError,
+    error::{ApiError, ApiResult, ok},
     extract::{AppJson, AppQuery, AuthUser},
-    files, ok,
+    files,
+    state::AppState,
 };
 use crate::{
     config::SignedLinks,

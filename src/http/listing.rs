@@ -5,7 +5,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{ApiResult, error::ApiError, ok};
+use super::error::{ApiError, ApiResult, ok};
 use crate::domain::page::{Page, PageRequest};
 
 /// `?limit=` (1 to 1000, default 100) and `?cursor=` (a previous page's `next_cursor`).

@@ -3,7 +3,11 @@
 use axum::{Json, extract::State};
 use serde_json::json;
 
-use super::{ApiResult, AppState, extract::AuthUser, ok};
+use super::{
+    error::{ApiResult, ok},
+    extract::AuthUser,
+    state::AppState,
+};
 
 /// `GET /v1/me`.
 pub async fn me(AuthUser(user): AuthUser, State(state): State<AppState>) -> ApiResult {

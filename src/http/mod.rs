@@ -28,7 +28,7 @@ use axum::{
     extract::{DefaultBodyLimit, MatchedPath, Request, State},
     http::{HeaderName, HeaderValue, Method, header},
     middleware::{self, Next},
-    response::{IntoResponse, Response},
+    response::Response,
     routing::{MethodFilter, on},
 };
 use tower::ServiceBuilder;
@@ -39,11 +39,9 @@ use tower_http::{
 };
 
 use self::error::{ApiError, REQUEST_ID};
+pub use self::extract::JSON_BODY_LIMIT;
 use crate::domain::DomainError;
 use crate::metrics::{HttpLabels, Metrics, RouteLabel};
-
-/// The largest JSON request body.
-pub const JSON_BODY_LIMIT: usize = 64 * 1024;
 
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -271,11 +269,4 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
             )
             .max_age(Duration::from_secs(600)),
     )
-}
-
-/// Everything the HTTP layer can fail with becomes an `ApiError` response.
-pub(crate) type ApiResult<T = Response> = Result<T, ApiError>;
-
-pub(crate) fn ok<T: IntoResponse>(v: T) -> ApiResult {
-    Ok(v.into_response())
 }

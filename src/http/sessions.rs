@@ -9,10 +9,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    ApiResult, AppState,
+    error::{ApiResult, ok},
     extract::{AppJson, AppQuery, AuthUser},
     listing::{ListQuery, page_response},
-    ok,
+    state::AppState,
 };
 use crate::{
     meta::{SessionRecord, UserRecord},

@@ -15,14 +15,18 @@ use axum::{
 use base64::Engine;
 use futures::TryStreamExt;
 
-use super::{ApiResult, AppState, error::ApiError, extract::AuthUser, files::media_type};
+use super::{
+    error::{ApiError, error_body},
+    extract::{AuthUser, media_type},
+    state::AppState,
+};
 use crate::{
     blob::{BodyError, ByteStream},
     domain::{
         DomainError, Filename,
         resumable::{CHECKSUM_ALGORITHMS, Checksum, NewResumable, Patched},
     },
-    meta::ResumableRecord,
+    meta::{MetaError, ResumableRecord},
 };
 
 /// The protocol version this server speaks.
@@ -62,6 +66,47 @@ pub const RESPONSE_HEADERS: [&str; 9] = [
     "upload-expires",
 ];
 
+/// A `/v1/uploads` failure: one only tus knows, or any other API error.
+#[derive(Debug)]
+pub enum TusError {
+    /// The request does not say `Tus-Resumable: 1.0.0`: 412 with `Tus-Version`.
+    Version,
+    Api(ApiError),
+}
+
+impl IntoResponse for TusError {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Version => {
+                let message = format!("send Tus-Resumable: {TUS_VERSION}");
+                let mut res = error_body(
+                    StatusCode::PRECONDITION_FAILED,
+                    "precondition_failed",
+                    message,
+                );
+                res.headers_mut()
+                    .insert("tus-version", HeaderValue::from_static(TUS_VERSION));
+                res
+            }
+            Self::Api(e) => e.into_response(),
+        }
+    }
+}
+
+macro_rules! via_api {
+    ($($from:ty),*) => {$(
+        impl From<$from> for TusError {
+            fn from(e: $from) -> Self {
+                Self::Api(e.into())
+            }
+        }
+    )*};
+}
+
+via_api!(ApiError, DomainError, MetaError);
+
+type TusResult = Result<Response, TusError>;
+
 /// Every `/v1/uploads` response carries `Tus-Resumable`, errors included.
 pub async fn tus_resumable_header(req: Request, next: Next) -> Response {
     let tus = req.uri().path().starts_with("/v1/uploads");
@@ -96,12 +141,12 @@ pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult {
+) -> TusResult {
     check_version(&headers)?;
     if headers.contains_key(UPLOAD_DEFER_LENGTH) {
-        return Err(ApiError::invalid(
-            "Upload-Defer-Length is not supported: send Upload-Length",
-        ));
+        return Err(
+            ApiError::invalid("Upload-Defer-Length is not supported: send Upload-Length").into(),
+        );
     }
     let length = number(&headers, UPLOAD_LENGTH)?
         .ok_or_else(|| ApiError::invalid("Upload-Length is required"))?;
@@ -131,7 +176,7 @@ pub async fn create(
                 Ok(open) if length > 0 => open,
                 // Over: its last bytes arrived but the file was refused (or
                 // its commit's outcome is unknown): that is the answer.
-                _ => return Err(e),
+                _ => return Err(e.into()),
             },
         };
     }
@@ -151,7 +196,7 @@ pub async fn head(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> ApiResult {
+) -> TusResult {
     check_version(&headers)?;
     let upload = state.resumables.find(&user, &id).await?;
     let mut res = StatusCode::OK.into_response();
@@ -172,7 +217,7 @@ pub async fn patch(
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult {
+) -> TusResult {
     check_version(&headers)?;
     if content_type(&headers) != Some(OFFSET_OCTET_STREAM) {
         return Err(DomainError::UnsupportedMediaType(format!(
@@ -198,7 +243,7 @@ pub async fn terminate(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> ApiResult {
+) -> TusResult {
     check_version(&headers)?;
     state.resumables.terminate(&user, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -240,12 +285,10 @@ fn http_date(t: chrono::DateTime<chrono::Utc>) -> String {
     t.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
 }
 
-fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
+fn check_version(headers: &HeaderMap) -> Result<(), TusError> {
     match text(headers, TUS_RESUMABLE) {
         Some(TUS_VERSION) => Ok(()),
-        _ => Err(
-            DomainError::PreconditionFailed(format!("send Tus-Resumable: {TUS_VERSION}")).into(),
-        ),
+        _ => Err(TusError::Version),
     }
 }
 

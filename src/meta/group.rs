@@ -4,7 +4,10 @@
 
 use std::collections::HashMap;
 
-use super::{CommitOutcome, CommitUpload, Fence, IdempotencyRecord, MetaError, MetaResult};
+use super::{
+    error::{MetaError, MetaResult},
+    records::{CommitOutcome, CommitUpload, Fence, IdempotencyRecord, now},
+};
 
 /// What a group commit writes, and each upload's outcome.
 pub struct GroupPlan<'a> {
@@ -61,7 +64,7 @@ pub fn plan(
                 id: id.clone(),
                 file: c.file.clone(),
                 fingerprint: k.fingerprint.clone(),
-                created_at: super::now(),
+                created_at: now(),
             };
             recorded.insert(id, record.clone());
             p.keys.push(record);

@@ -4,6 +4,7 @@
 //! containers); each adapter implements them one file each.
 
 pub mod embedded;
+mod error;
 pub mod group;
 pub mod mongo;
 mod records;
@@ -13,61 +14,10 @@ pub mod retry;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+pub use self::error::{MetaError, MetaResult};
 pub use self::records::*;
 pub use self::resumable::{ResumableRecord, ResumableRepo};
-use crate::vocab::{LinkKind, Operation};
-
-/// Errors of the metadata layer, classified so callers never read messages.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum MetaError {
-    /// Another transaction wrote the same document first; retry the whole transaction.
-    #[error("write conflict")]
-    WriteConflict,
-    /// A newer lock holder already committed: this holder's lock had expired.
-    #[error("stale fencing token")]
-    StaleFence,
-    #[error("quota exceeded")]
-    QuotaExceeded,
-    #[error("not found")]
-    NotFound,
-    #[error("duplicate key")]
-    Duplicate,
-    /// The upload's intent was swept before it committed (it ran past the grace period).
-    #[error("upload intent gone")]
-    IntentGone,
-    /// The operation id is in `processed_ops`: it was applied before (a
-    /// redelivered queue message); nothing was changed.
-    #[error("operation already applied")]
-    AlreadyApplied,
-    /// The server aborted the transaction for a reason other than a write
-    /// conflict (a dropped link, an election): retry it whole; if that keeps
-    /// failing, the store is the problem, not contention.
-    #[error("transaction aborted by the store: {0}")]
-    Transient(String),
-    /// The store cannot be reached.
-    #[error("metadata store unavailable: {0}")]
-    Unavailable(String),
-    /// The commit was sent but its answer was lost (the link dropped, the
-    /// server stepped down): the transaction may or may not have applied.
-    /// Never treat this as a failure; settle it by reading back.
-    #[error("commit outcome unknown: {0}")]
-    OutcomeUnknown(String),
-    #[error("metadata store error: {0}")]
-    Other(String),
-}
-
-impl MetaError {
-    pub fn is_write_conflict(&self) -> bool {
-        matches!(self, Self::WriteConflict)
-    }
-
-    /// Whether running the whole transaction again may succeed.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::WriteConflict | Self::Transient(_))
-    }
-}
-
-pub type MetaResult<T> = Result<T, MetaError>;
+use crate::vocab::Operation;
 
 /// Users and their keys.
 #[async_trait]

@@ -301,7 +301,8 @@ pub mod bson_time {
     }
 
     pub mod option {
-        use super::*;
+        use chrono::{DateTime, Utc};
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
         pub fn serialize<S: Serializer>(
             t: &Option<DateTime<Utc>>,

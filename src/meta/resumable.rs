@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{MetaResult, records::bson_time};
+use super::{error::MetaResult, records::bson_time};
 
 /// `resumable_uploads`: one tus upload between its creation and its last PATCH.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

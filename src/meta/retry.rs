@@ -4,7 +4,7 @@
 
 use std::{future::Future, sync::Arc};
 
-use super::{MetaError, MetaResult};
+use super::error::{MetaError, MetaResult};
 pub use crate::config::TxnRetryPolicy;
 use crate::metrics::Metrics;
 

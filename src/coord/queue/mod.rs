@@ -26,7 +26,6 @@
 //! `worker.rs` holds the bucket workers, `stats.rs` the figures.
 
 use std::{
-    collections::HashMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -36,24 +35,17 @@ mod worker;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use rand::seq::SliceRandom;
-use redis::{
-    AsyncCommands, Client, Value,
-    aio::{ConnectionManager, MultiplexedConnection},
-    streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply},
-};
+use redis::{AsyncCommands, Client, aio::ConnectionManager};
 use tokio::{sync::oneshot, task::JoinHandle};
-use tokio_util::sync::CancellationToken;
 
-use self::{stats::Recent, worker::Manager};
+use self::stats::Recent;
 use super::{
     Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, QueueStats, bucket_of,
     wait_timeout,
 };
 use crate::{
-    lock::{LockGuard, LockKey, Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
-    meta::{Fence, MetaError},
-    metrics::{Metrics, OutcomeLabel},
+    lock::{Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
+    metrics::Metrics,
     vocab::Operation,
 };
 
@@ -211,11 +203,6 @@ impl RedisQueue {
             .await?;
         Ok(ahead)
     }
-
-    /// Starts this instance's bucket workers; they stop with `shutdown`.
-    pub fn spawn_workers(self: &Arc<Self>, shutdown: CancellationToken) -> JoinHandle<()> {
-        crate::worker::spawn(Manager::new(self.clone()), shutdown)
-    }
 }
 
 /// Wakes local waiters when a worker (in any instance) publishes their result.
@@ -332,5 +319,27 @@ impl Coordinator for RedisQueue {
 
     async fn stats(&self) -> Option<QueueStats> {
         Some(self.figures().await)
+    }
+}
+
+impl RedisQueue {
+    /// The queue's figures: lengths from Redis, rates from this instance.
+    async fn figures(&self) -> QueueStats {
+        let mut length = 0;
+        for b in 0..BUCKETS {
+            length += self.bucket_len(b).await.unwrap_or(0);
+        }
+        let dead_letter_count: u64 = self.conn.clone().xlen(self.dlq()).await.unwrap_or(0);
+        let (processing_rate, average_wait_ms, failure_rate) = self.recent.figures();
+        QueueStats {
+            length,
+            processing_rate,
+            average_wait_ms,
+            failure_rate,
+            dead_letter_count,
+            buckets_held: *self.held.lock().unwrap(),
+            warnings: Vec::new(),
+        }
+        .with_warnings()
     }
 }

@@ -6,9 +6,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{BUCKETS, QueueStats, RedisQueue};
-use redis::AsyncCommands;
-
 /// How far back the figures look.
 const WINDOW: Duration = Duration::from_secs(60);
 /// The most operations remembered, however busy the minute.
@@ -46,7 +43,7 @@ impl Recent {
     }
 
     /// Applied per second, mean wait (ms), failure share.
-    fn figures(&self) -> (f64, f64, f64) {
+    pub(super) fn figures(&self) -> (f64, f64, f64) {
         let recent = self.done.lock().unwrap();
         let window = recent.front().map_or(1.0, |d| {
             d.at.elapsed()
@@ -62,27 +59,5 @@ impl Recent {
             recent.iter().map(|d| d.wait_ms).sum::<f64>() / n,
             recent.iter().filter(|d| !d.ok).count() as f64 / n,
         )
-    }
-}
-
-impl RedisQueue {
-    /// The queue's figures: lengths from Redis, rates from this instance.
-    pub(super) async fn figures(&self) -> QueueStats {
-        let mut length = 0;
-        for b in 0..BUCKETS {
-            length += self.bucket_len(b).await.unwrap_or(0);
-        }
-        let dead_letter_count: u64 = self.conn.clone().xlen(self.dlq()).await.unwrap_or(0);
-        let (processing_rate, average_wait_ms, failure_rate) = self.recent.figures();
-        QueueStats {
-            length,
-            processing_rate,
-            average_wait_ms,
-            failure_rate,
-            dead_letter_count,
-            buckets_held: *self.held.lock().unwrap(),
-            warnings: Vec::new(),
-        }
-        .with_warnings()
     }
 }

@@ -1,10 +1,39 @@
 //! The bucket workers: one instance's fair share of the 64 buckets, each
 //! consumed in order by one worker while it holds the bucket's lease.
 
-use async_trait::async_trait;
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
-use super::*;
-use crate::worker::{self, WorkerState};
+use async_trait::async_trait;
+use rand::seq::SliceRandom;
+use redis::{
+    AsyncCommands, Value,
+    aio::MultiplexedConnection,
+    streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply},
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{GROUP, RedisQueue, now_ms, result_key};
+use crate::{
+    coord::{BUCKETS, Coordinator, OpOutcome},
+    lock::{LockGuard, LockKey},
+    meta::{Fence, MetaError},
+    metrics::OutcomeLabel,
+    vocab::Operation,
+    worker::{self, WorkerState},
+};
+
+impl RedisQueue {
+    /// Starts this instance's bucket workers (this file); they stop with
+    /// `shutdown`.
+    pub fn spawn_workers(self: &Arc<Self>, shutdown: CancellationToken) -> JoinHandle<()> {
+        worker::spawn(Manager::new(self.clone()), shutdown)
+    }
+}
 
 /// Attempts before an operation is dead-lettered.
 const MAX_ATTEMPTS: u32 = 5;

@@ -1,6 +1,12 @@
 //! Upload intents and orphans in the embedded store.
 
-use super::*;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::EmbeddedStore;
+use crate::meta::{
+    CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus, now,
+};
 
 #[async_trait]
 impl CleanupRepo for EmbeddedStore {
@@ -63,7 +69,7 @@ impl CleanupRepo for EmbeddedStore {
             let Some(mut intent) = tx.get::<IntentRecord>(&key)? else {
                 return Ok(false);
             };
-            intent.refreshed_at = Some(super::now());
+            intent.refreshed_at = Some(now());
             tx.put(&key, &intent)?;
             Ok(true)
         })

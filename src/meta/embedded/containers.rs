@@ -1,6 +1,15 @@
 //! Sessions, agents and the writes to them in the embedded store.
 
-use super::*;
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::{EmbeddedStore, apply_fence_value, file_key, owned, owned_page, owner_index, txn::Txn};
+use crate::{
+    meta::{
+        AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, SessionRecord, now,
+    },
+    vocab::Operation,
+};
 
 /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
 pub(super) fn record_op(tx: &mut Txn, op_id: Option<&str>) -> MetaResult<()> {

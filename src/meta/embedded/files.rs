@@ -1,6 +1,21 @@
 //! Files in the embedded store.
 
-use super::*;
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::{
+    EmbeddedStore, apply_fence,
+    containers::set_member,
+    file_key, owned_page, owner_index,
+    txn::{Txn, other},
+    user_key,
+};
+use crate::meta::{
+    CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
+    IntentRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, UserRecord, group,
+};
 
 #[async_trait]
 impl FileRepo for EmbeddedStore {

@@ -19,54 +19,50 @@ mod resumable;
 mod txn;
 mod users;
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    ops::Bound,
-    path::Path,
-    sync::Arc,
-};
+use std::path::Path;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use redb::{Database, ReadOnlyTable, ReadableTable, TableDefinition};
-use serde::{Serialize, de::DeserializeOwned};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use self::{containers::set_member, txn::Txn};
-use super::*;
-
-const DOCS: TableDefinition<&str, &[u8]> = TableDefinition::new("docs");
-
-const SEQ_KEY: &str = "\0seq";
+use self::txn::{Db, Txn};
+use crate::meta::{Fence, MetaError, MetaResult, MetadataStore, UserRecord};
 
 /// The embedded store; cheap to clone.
 #[derive(Clone)]
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    db: Db,
 }
 
-fn other(e: impl std::fmt::Display) -> MetaError {
-    MetaError::Other(e.to_string())
+impl AsRef<Db> for EmbeddedStore {
+    fn as_ref(&self) -> &Db {
+        &self.db
+    }
 }
 
 impl EmbeddedStore {
     /// Opens (or creates) `dir/metadata.redb`. Only one process may hold it.
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let path = dir.join("metadata.redb");
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!(
-                "{} is in use by another filedock process (the embedded store allows one)",
-                path.display()
-            ),
-            e => anyhow::anyhow!("opening {}: {e}", path.display()),
-        })?;
-        let w = db.begin_write()?;
-        w.open_table(DOCS)?;
-        w.commit()?;
-        let store = Self { db: Arc::new(db) };
+        let store = Self {
+            db: Db::open(&dir.join("metadata.redb"))?,
+        };
         store.index_owned_containers()?;
         Ok(store)
+    }
+
+    /// Begins a transaction on a snapshot of the current state.
+    pub fn begin(&self) -> MetaResult<Txn> {
+        self.db.begin()
+    }
+
+    /// Runs `f` in a transaction on a blocking thread and commits it.
+    pub async fn transaction<T, F>(&self, f: F) -> MetaResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Txn) -> MetaResult<T> + Send + 'static,
+    {
+        self.db.transaction(f).await
     }
 
     /// Indexes the sessions and agents of a store written before they had
@@ -88,26 +84,26 @@ impl EmbeddedStore {
                 }
             }
         }
-        tx.commit(self)
+        tx.commit(&self.db)
     }
 }
 
-fn user_key(id: &str) -> String {
+pub(super) fn user_key(id: &str) -> String {
     format!("users/{id}")
 }
 
-fn file_key(id: &str) -> String {
+pub(super) fn file_key(id: &str) -> String {
     format!("files/{id}")
 }
 
 /// The index of an owner's documents in `collection`: a key
 /// `owner_{collection}/{owner}/{id}` per document, so that a list is a range read.
-fn owner_index(collection: &str, owner: &str) -> String {
+pub(super) fn owner_index(collection: &str, owner: &str) -> String {
     format!("owner_{collection}/{owner}/")
 }
 
 /// A page of `owner`'s documents in `collection`, in id order, after `after`.
-fn owned_page<T: DeserializeOwned>(
+pub(super) fn owned_page<T: DeserializeOwned>(
     tx: &mut Txn,
     collection: &str,
     owner: &str,
@@ -126,13 +122,13 @@ fn owned_page<T: DeserializeOwned>(
 }
 
 /// The document if it exists and `owner` owns it.
-fn owned(doc: Option<Value>, owner: &str) -> MetaResult<Value> {
+pub(super) fn owned(doc: Option<Value>, owner: &str) -> MetaResult<Value> {
     doc.filter(|d| d["owner_id"] == owner)
         .ok_or(MetaError::NotFound)
 }
 
 /// Checks and advances a fencing token stored in a document's `fence` map.
-fn apply_fence_value(doc: &mut Value, fence: Option<&Fence>) -> MetaResult<()> {
+pub(super) fn apply_fence_value(doc: &mut Value, fence: Option<&Fence>) -> MetaResult<()> {
     if let Some(f) = fence {
         if doc["fence"][&f.slot].as_i64().unwrap_or(0) > f.token {
             return Err(MetaError::StaleFence);

@@ -1,6 +1,10 @@
 //! Resumable uploads in the embedded store.
 
-use super::*;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::EmbeddedStore;
+use crate::meta::{MetaError, MetaResult, ResumableRecord, ResumableRepo};
 
 fn resumable_key(id: &str) -> String {
     format!("resumables/{id}")

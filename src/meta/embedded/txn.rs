@@ -2,11 +2,57 @@
 //! a commit that fails with `WriteConflict` if a key it wrote was committed
 //! by another transaction since its snapshot.
 
-use super::*;
+use std::{
+    collections::{BTreeMap, HashMap},
+    ops::Bound,
+    path::Path,
+    sync::Arc,
+};
 
-impl EmbeddedStore {
+use redb::{Database, ReadOnlyTable, ReadableTable, TableDefinition};
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::meta::{MetaError, MetaResult};
+
+const DOCS: TableDefinition<&str, &[u8]> = TableDefinition::new("docs");
+
+const SEQ_KEY: &str = "\0seq";
+
+pub(super) fn other(e: impl std::fmt::Display) -> MetaError {
+    MetaError::Other(e.to_string())
+}
+
+/// The database: one redb file holding one table of versioned documents.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Db {
+    db: Arc<Database>,
+}
+
+impl AsRef<Db> for Db {
+    fn as_ref(&self) -> &Db {
+        self
+    }
+}
+
+impl Db {
+    /// Opens (or creates) the database at `path`. Only one process may hold it.
+    pub(super) fn open(path: &Path) -> anyhow::Result<Self> {
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!(
+                "{} is in use by another filedock process (the embedded store allows one)",
+                path.display()
+            ),
+            e => anyhow::anyhow!("opening {}: {e}", path.display()),
+        })?;
+        let w = db.begin_write()?;
+        w.open_table(DOCS)?;
+        w.commit()?;
+        Ok(Self { db: Arc::new(db) })
+    }
+
     /// Begins a transaction on a snapshot of the current state.
-    pub fn begin(&self) -> MetaResult<Txn> {
+    pub(super) fn begin(&self) -> MetaResult<Txn> {
         let snapshot = self
             .db
             .begin_read()
@@ -21,7 +67,7 @@ impl EmbeddedStore {
     }
 
     /// Runs `f` in a transaction on a blocking thread and commits it.
-    pub async fn transaction<T, F>(&self, f: F) -> MetaResult<T>
+    pub(super) async fn transaction<T, F>(&self, f: F) -> MetaResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Txn) -> MetaResult<T> + Send + 'static,
@@ -122,11 +168,11 @@ impl Txn {
     }
 
     /// Commits, or fails with `WriteConflict` if a written key changed since the snapshot.
-    pub fn commit(self, store: &EmbeddedStore) -> MetaResult<()> {
+    pub fn commit(self, store: &impl AsRef<Db>) -> MetaResult<()> {
         if self.writes.is_empty() {
             return Ok(());
         }
-        let wtx = store.db.begin_write().map_err(other)?;
+        let wtx = store.as_ref().db.begin_write().map_err(other)?;
         {
             let mut table = wtx.open_table(DOCS).map_err(other)?;
             for key in self.writes.keys() {
@@ -176,7 +222,11 @@ mod tests {
     };
 
     use super::*;
-    use crate::meta::retry::{TxnRetryPolicy, with_txn_retry};
+    use crate::meta::{
+        UserRecord, UserRepo,
+        embedded::EmbeddedStore,
+        retry::{TxnRetryPolicy, with_txn_retry},
+    };
 
     fn user(id: &str) -> UserRecord {
         UserRecord {

@@ -1,6 +1,9 @@
 //! Users in the embedded store.
 
-use super::*;
+use async_trait::async_trait;
+
+use super::{EmbeddedStore, user_key};
+use crate::meta::{MetaResult, UserRecord, UserRepo};
 
 #[async_trait]
 impl UserRepo for EmbeddedStore {

@@ -1,6 +1,13 @@
 //! Upload intents and orphans on MongoDB.
 
-use super::*;
+use async_trait::async_trait;
+use bson::{Document, doc};
+use chrono::{DateTime, Utc};
+
+use super::{MongoStore, errors::classify, find_sorted};
+use crate::meta::{
+    CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus,
+};
 
 /// Intents whose upload was last alive before `t` (see [`IntentRecord::alive_at`]).
 fn last_alive_before(t: DateTime<Utc>) -> Document {
@@ -71,7 +78,7 @@ impl CleanupRepo for MongoStore {
     ) -> MetaResult<Option<OrphanRecord>> {
         let mut filter = stale_before.map_or_else(Document::new, last_alive_before);
         filter.insert("_id", file_id);
-        let mut s = self.begin(None).await?;
+        let mut s = self.txns.begin(None).await?;
         let result = async {
             let Some(intent) = self
                 .intents()
@@ -95,7 +102,7 @@ impl CleanupRepo for MongoStore {
             Ok(Some(orphan))
         }
         .await;
-        self.finish(s, None, result).await
+        self.txns.finish(s, None, result).await
     }
 
     async fn orphans_due(

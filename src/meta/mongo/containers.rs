@@ -1,7 +1,17 @@
 //! Sessions, agents and the writes to them on MongoDB, one at a time or as
 //! a group commit.
 
-use super::*;
+use async_trait::async_trait;
+use bson::{Document, bson, doc};
+use mongodb::ClientSession;
+
+use super::{MongoStore, errors::classify, find_sorted, owned_after, txn::add_fence};
+use crate::{
+    meta::{
+        AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, SessionRecord, now,
+    },
+    vocab::{LinkKind, Operation},
+};
 
 /// Connects and disconnects of one agent's list in a row, each link once.
 /// One `$pullAll` and one `$addToSet` with `$each` leave the list exactly as
@@ -251,13 +261,13 @@ impl ContainerRepo for MongoStore {
         fence: Option<&Fence>,
         op_id: Option<&str>,
     ) -> MetaResult<()> {
-        let mut s = self.begin(fence).await?;
+        let mut s = self.txns.begin(fence).await?;
         let result = async {
             self.record_op(&mut s, op_id).await?;
             self.write_op(&mut s, op, fence).await
         }
         .await;
-        self.finish(s, fence, result).await
+        self.txns.finish(s, fence, result).await
     }
 
     async fn cancel_op(&self, op_id: &str) -> MetaResult<bool> {
@@ -278,7 +288,7 @@ impl ContainerRepo for MongoStore {
     }
 
     async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
-        let mut s = self.begin(Some(fence)).await?;
+        let mut s = self.txns.begin(Some(fence)).await?;
         let result = async {
             let records: Vec<ProcessedOp> = ops
                 .iter()
@@ -326,7 +336,7 @@ impl ContainerRepo for MongoStore {
             Ok(())
         }
         .await;
-        self.finish(s, Some(fence), result).await
+        self.txns.finish(s, Some(fence), result).await
     }
 }
 

@@ -1,6 +1,21 @@
 //! Files on MongoDB: the upload commit and the delete, each one transaction.
 
-use super::*;
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use bson::{Document, doc};
+use mongodb::ClientSession;
+
+use super::{
+    MongoStore,
+    errors::classify,
+    find_sorted, owned_after,
+    txn::{add_fence, add_fences},
+};
+use crate::meta::{
+    CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
+    MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
+};
 
 impl MongoStore {
     async fn commit_upload_in(
@@ -306,9 +321,9 @@ impl MongoStore {
 #[async_trait]
 impl FileRepo for MongoStore {
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
-        let mut s = self.begin(commit.fence.as_ref()).await?;
+        let mut s = self.txns.begin(commit.fence.as_ref()).await?;
         let result = self.commit_upload_in(&mut s, commit).await;
-        self.finish(s, commit.fence.as_ref(), result).await
+        self.txns.finish(s, commit.fence.as_ref(), result).await
     }
 
     async fn commit_uploads(
@@ -316,9 +331,9 @@ impl FileRepo for MongoStore {
         group: &[CommitUpload],
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
         // Upload fences are never pinned (see `Fence::pinned`).
-        let mut s = self.begin(None).await?;
+        let mut s = self.txns.begin(None).await?;
         let result = self.commit_uploads_in(&mut s, group).await;
-        self.finish(s, None, result).await
+        self.txns.finish(s, None, result).await
     }
 
     async fn idempotency_record(
@@ -361,9 +376,9 @@ impl FileRepo for MongoStore {
         file_id: &str,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
-        let mut s = self.begin(fence).await?;
+        let mut s = self.txns.begin(fence).await?;
         let result = self.delete_file_in(&mut s, owner_id, file_id, fence).await;
-        self.finish(s, fence, result).await
+        self.txns.finish(s, fence, result).await
     }
 
     async fn rename_file(
@@ -373,11 +388,11 @@ impl FileRepo for MongoStore {
         filename: &str,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<FileRecord>> {
-        let mut s = self.begin(fence).await?;
+        let mut s = self.txns.begin(fence).await?;
         let result = self
             .rename_file_in(&mut s, owner_id, file_id, filename, fence)
             .await;
-        self.finish(s, fence, result).await
+        self.txns.finish(s, fence, result).await
     }
 
     async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>> {

@@ -10,93 +10,36 @@
 
 mod cleanup;
 mod containers;
+mod errors;
 mod files;
 mod resumable;
 mod txn;
 mod users;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::{Document, bson, doc};
-use chrono::{DateTime, Utc};
+use bson::{Document, doc};
 use futures::TryStreamExt;
 use mongodb::{
-    Client, ClientSession, Collection, Database, IndexModel,
-    error::{
-        ErrorKind, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
-    },
+    Collection, Database, IndexModel,
     event::{EventHandler, command::CommandEvent},
     options::{ClientOptions, IndexOptions},
 };
-
 use prometheus_client::metrics::counter::Counter;
 
-use self::txn::{Pinned, add_fence, add_fences};
-use super::*;
-
-const WRITE_CONFLICT: i32 = 112;
-/// The server waited too long for a lock another transaction holds: contention too.
-const LOCK_TIMEOUT: i32 = 24;
-
-const DUPLICATE_KEY: i32 = 11000;
+pub use self::errors::classify;
+use self::txn::Sessions;
+use crate::meta::{
+    AgentRecord, FileRecord, IdempotencyRecord, IntentRecord, MetaResult, MetadataStore,
+    OrphanRecord, PermissionRecord, ProcessedOp, ResumableRecord, SessionRecord, UserRecord,
+};
 
 #[derive(Clone)]
 pub struct MongoStore {
-    client: Client,
     db: Database,
-    pinned: Arc<Mutex<Pinned>>,
-    /// Sessions whose transaction may still be open on the server: it failed
-    /// over a broken link, so its abort may never have arrived. Left alone,
-    /// it holds the documents it wrote (a user's, an intent) until the server
-    /// reaps it (60 s by default), and every writer to them meets a write
-    /// conflict meanwhile — this process's writers and every other
-    /// instance's. A background task ends them as soon as the server answers
-    /// (and the next transaction tries first). The sessions themselves are
-    /// held until then: dropped, they would go back to the driver's pool and
-    /// be handed to another request before the kill.
-    stranded: Arc<Mutex<Vec<ClientSession>>>,
-    /// Whether that background task runs.
-    reaping: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// The server's error code, wherever the driver put it.
-fn code(e: &mongodb::error::Error) -> Option<i32> {
-    match e.kind.as_ref() {
-        ErrorKind::Command(c) => Some(c.code),
-        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
-        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
-        _ => None,
-    }
-}
-
-/// Whether the error means the server could not be reached.
-fn is_unreachable(e: &mongodb::error::Error) -> bool {
-    matches!(
-        e.kind.as_ref(),
-        ErrorKind::ServerSelection { .. }
-            | ErrorKind::Io(_)
-            | ErrorKind::ConnectionPoolCleared { .. }
-            | ErrorKind::DnsResolve { .. }
-            | ErrorKind::Shutdown
-    )
-}
-
-/// Maps a driver error to the store's error kinds.
-pub fn classify(e: mongodb::error::Error) -> MetaError {
-    if is_unreachable(&e) {
-        return MetaError::Unavailable(e.to_string());
-    }
-    match code(&e) {
-        Some(WRITE_CONFLICT | LOCK_TIMEOUT) => MetaError::WriteConflict,
-        Some(DUPLICATE_KEY) => MetaError::Duplicate,
-        _ if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => MetaError::Transient(e.to_string()),
-        _ => MetaError::Other(e.to_string()),
-    }
+    /// Where transactions begin and end (`txn.rs`).
+    txns: Sessions,
 }
 
 type Res<T> = Result<T, mongodb::error::Error>;
@@ -145,13 +88,11 @@ impl MongoStore {
         opts.server_selection_timeout
             .get_or_insert(Duration::from_secs(5));
         opts.connect_timeout.get_or_insert(Duration::from_secs(3));
-        let client = Client::with_options(opts)?;
+        let client = mongodb::Client::with_options(opts)?;
+        let db = client.database(db);
         let store = Self {
-            db: client.database(db),
-            client,
-            pinned: Arc::default(),
-            stranded: Arc::default(),
-            reaping: Arc::default(),
+            txns: Sessions::new(client, db.clone()),
+            db,
         };
         store.db.run_command(doc! {"ping": 1}).await?;
         store.create_indexes().await?;

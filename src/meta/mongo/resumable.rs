@@ -1,6 +1,11 @@
 //! Resumable uploads on MongoDB.
 
-use super::*;
+use async_trait::async_trait;
+use bson::doc;
+use chrono::{DateTime, Utc};
+
+use super::{MongoStore, errors::classify, find_sorted};
+use crate::meta::{MetaResult, ResumableRecord, ResumableRepo};
 
 #[async_trait]
 impl ResumableRepo for MongoStore {

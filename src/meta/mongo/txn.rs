@@ -2,11 +2,24 @@
 //! a fence slot's session), commit with retries of an unknown result, and
 //! the fence check every write adds to its filter.
 
-use std::sync::atomic::Ordering;
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
+use bson::{Document, doc};
+use mongodb::{
+    Client, ClientSession, Database,
+    error::{TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT},
+};
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::errors::classify;
+use crate::meta::{Fence, MetaError, MetaResult};
 
 /// Attempts at `commitTransaction` when its result is unknown.
 pub(super) const COMMIT_ATTEMPTS: u32 = 3;
@@ -99,7 +112,39 @@ pub(super) fn add_fences(
     }
 }
 
-impl MongoStore {
+/// Where every transaction of the store begins and ends: the client, the
+/// pinned slots' sessions, and the sessions a broken link stranded. Cheap
+/// to clone.
+#[derive(Clone)]
+pub(super) struct Sessions {
+    client: Client,
+    db: Database,
+    pinned: Arc<Mutex<Pinned>>,
+    /// Sessions whose transaction may still be open on the server: it failed
+    /// over a broken link, so its abort may never have arrived. Left alone,
+    /// it holds the documents it wrote (a user's, an intent) until the server
+    /// reaps it (60 s by default), and every writer to them meets a write
+    /// conflict meanwhile — this process's writers and every other
+    /// instance's. A background task ends them as soon as the server answers
+    /// (and the next transaction tries first). The sessions themselves are
+    /// held until then: dropped, they would go back to the driver's pool and
+    /// be handed to another request before the kill.
+    stranded: Arc<Mutex<Vec<ClientSession>>>,
+    /// Whether that background task runs.
+    reaping: Arc<AtomicBool>,
+}
+
+impl Sessions {
+    pub(super) fn new(client: Client, db: Database) -> Self {
+        Self {
+            client,
+            db,
+            pinned: Arc::default(),
+            stranded: Arc::default(),
+            reaping: Arc::default(),
+        }
+    }
+
     /// Starts a transaction; under a pinned fence, on the slot's session.
     pub(super) async fn begin(&self, fence: Option<&Fence>) -> MetaResult<ClientSession> {
         self.end_stranded().await;

@@ -1,6 +1,10 @@
 //! Users on MongoDB.
 
-use super::*;
+use async_trait::async_trait;
+use bson::doc;
+
+use super::{MongoStore, errors::classify};
+use crate::meta::{MetaResult, UserRecord, UserRepo};
 
 #[async_trait]
 impl UserRepo for MongoStore {

@@ -1,0 +1,46 @@
+//! Driver errors as the store's error kinds: by code and label, never by message.
+
+use mongodb::error::{ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};
+
+use crate::meta::MetaError;
+
+const WRITE_CONFLICT: i32 = 112;
+/// The server waited too long for a lock another transaction holds: contention too.
+const LOCK_TIMEOUT: i32 = 24;
+
+const DUPLICATE_KEY: i32 = 11000;
+
+/// The server's error code, wherever the driver put it.
+fn code(e: &mongodb::error::Error) -> Option<i32> {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        _ => None,
+    }
+}
+
+/// Whether the error means the server could not be reached.
+fn is_unreachable(e: &mongodb::error::Error) -> bool {
+    matches!(
+        e.kind.as_ref(),
+        ErrorKind::ServerSelection { .. }
+            | ErrorKind::Io(_)
+            | ErrorKind::ConnectionPoolCleared { .. }
+            | ErrorKind::DnsResolve { .. }
+            | ErrorKind::Shutdown
+    )
+}
+
+/// Maps a driver error to the store's error kinds.
+pub fn classify(e: mongodb::error::Error) -> MetaError {
+    if is_unreachable(&e) {
+        return MetaError::Unavailable(e.to_string());
+    }
+    match code(&e) {
+        Some(WRITE_CONFLICT | LOCK_TIMEOUT) => MetaError::WriteConflict,
+        Some(DUPLICATE_KEY) => MetaError::Duplicate,
+        _ if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => MetaError::Transient(e.to_string()),
+        _ => MetaError::Other(e.to_string()),
+    }
+}
