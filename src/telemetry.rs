@@ -1,5 +1,9 @@
 //! Tracing setup: `RUST_LOG` filter (default `info`), text or JSON output,
 //! on stderr — stdout carries the commands' own output (`sweep`'s JSON report).
+//! Text is coloured only on a terminal: a log that goes to a file or a pipe
+//! (cron, systemd, a container runtime) stays plain.
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
@@ -17,7 +21,12 @@ pub fn init(json: bool) {
             .try_init()
     } else {
         registry
-            .with(fmt::layer().with_target(false).with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_target(false)
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init()
     };
 }

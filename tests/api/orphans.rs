@@ -539,6 +539,47 @@ async fn the_cron_commands_print_only_their_json_report_on_stdout() {
     }
 }
 
+/// A log written to a file or a pipe (cron, systemd, a container runtime)
+/// is plain text: colour codes are for a terminal only.
+#[tokio::test]
+async fn a_log_written_to_a_pipe_has_no_colour_codes() {
+    use tokio::io::AsyncBufReadExt;
+    let settings = test_settings();
+    let port = filedock::testing::free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_filedock"))
+        .envs(binary_env(&settings))
+        .env("FILEDOCK_BIND", format!("127.0.0.1:{port}"))
+        .env("FILEDOCK_SWEEP_INTERVAL_SECS", "0")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    let started = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains("filedock listening") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    child.kill().await.unwrap();
+    assert!(
+        matches!(started, Ok(true)),
+        "the server did not start: {log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log: {log:?}"
+    );
+}
+
 /// An intent that another open transaction holds (one a cut link stranded,
 /// until it is ended) is skipped by a sweep pass, not a failure of the whole
 /// pass: the other stale intents are abandoned now, the held one later.
