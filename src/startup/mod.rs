@@ -33,7 +33,7 @@ use crate::{
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
     ports::Ports,
-    worker,
+    worker::Workers,
 };
 
 impl Ports {
@@ -319,15 +319,19 @@ impl Application {
     }
 
     /// Serves until `shutdown` fires, then finishes in-flight requests.
+    /// Background workers get `shutdown_grace` too, after the requests,
+    /// and are waited for: when this returns, they have let go of their
+    /// leases and stores.
     pub async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let router = http::router(self.state.clone());
+        let mut workers = Workers::default();
         let interval = self.state.settings.sweep.interval;
         if !interval.is_zero() {
             let sweeper = SweepWorker::new(self.state.sweeper.clone(), interval);
-            worker::spawn(sweeper, shutdown.child_token());
+            workers.spawn(sweeper, shutdown.child_token());
         }
         if let Some(queue) = &self.state.queue {
-            queue.spawn_workers(shutdown.child_token());
+            workers.add("queue manager", queue.spawn_workers(shutdown.child_token()));
         }
         let metrics_server =
             self.metrics_addr()
@@ -354,6 +358,8 @@ impl Application {
         if let Some(server) = metrics_server {
             let _ = server.await;
         }
+        let grace = self.state.settings.shutdown_grace;
+        workers.drain(std::time::Instant::now() + grace).await;
         Ok(())
     }
 }

@@ -442,3 +442,47 @@ async fn with_redis_down_operations_take_the_direct_path_and_the_queue_resumes_a
         "every operation applied once, whichever path it took"
     );
 }
+
+/// A server that has stopped has given back every queue bucket it held and
+/// left the members: its workers are waited for, not left running behind
+/// the shutdown (another instance takes the buckets at once, not when the
+/// leases run out).
+#[tokio::test]
+async fn a_stopped_server_has_given_back_its_queue_buckets() {
+    if skip() {
+        return;
+    }
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    let prefix = settings.redis_prefix.clone();
+    let app = spawn_app_with(settings).await;
+    let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // The lease keys themselves, not the fencing counters beside them.
+    let leases = || async {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}filedock_queue_lease:*"))
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        keys.into_iter().filter(|k| k.ends_with('}')).count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while leases().await < filedock::coord::BUCKETS as usize {
+        assert!(
+            Instant::now() < deadline,
+            "the workers took {} buckets",
+            leases().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.stop().await;
+    let held = leases().await;
+    assert_eq!(held, 0, "{held} leases still held after the stop");
+    let members: u64 = redis::cmd("ZCARD")
+        .arg(format!("{prefix}filedock_queue_members"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(members, 0, "the stopped instance is still a member");
+}
