@@ -154,7 +154,7 @@ pub enum Environment {
 pub enum LockStrategy {
     /// Queue in arrival order; the releaser wakes the next waiter.
     Notify,
-    /// The seed's loop: retry after 100 ms × 1.5ⁿ, capped at 2 s.
+    /// The original design's loop: retry after 100 ms × 1.5ⁿ, capped at 2 s.
     Backoff,
 }
 
@@ -203,7 +203,7 @@ impl FromStr for SignedLinks {
 pub enum LockScope {
     /// Only the metadata transaction; bytes stream without the lock.
     Commit,
-    /// The whole upload, as in the seed.
+    /// The whole upload, as in the original design.
     Upload,
 }
 

@@ -89,9 +89,6 @@ pub enum CoordError {
     /// It kept failing and was moved to the dead-letter queue.
     #[error("{0}")]
     DeadLettered(String),
-    /// A queue worker answered with this error code.
-    #[error("queued operation failed: {0}")]
-    Failed(String),
 }
 
 #[async_trait]
@@ -143,7 +140,8 @@ impl LockCoordinator {
     }
 }
 
-/// The seed's `QueueMetrics`, plus what this instance holds.
+/// The queue's figures (those of the original design's `QueueMetrics`:
+/// length, rate, wait, failures, dead letters), plus what this instance holds.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct QueueStats {
     /// Operations enqueued and not yet acknowledged, over all buckets.
@@ -161,7 +159,7 @@ pub struct QueueStats {
 }
 
 impl QueueStats {
-    /// The seed's thresholds: length > 100, dead letters > 10, average wait > 5 s.
+    /// Warnings past length 100, 10 dead letters or 5 s average wait.
     pub fn with_warnings(mut self) -> Self {
         self.warnings.clear();
         if self.length > 100 {
@@ -203,37 +201,71 @@ pub fn wait_timeout(base: Duration, queue_len: u64) -> Duration {
 const MAX_QUEUE_WAIT: Duration = Duration::from_secs(300);
 const PER_OP_AHEAD: Duration = Duration::from_secs(2);
 
-/// An operation's result as it travels back to the waiter.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct OpOutcome {
-    pub code: Option<String>,
-    pub message: Option<String>,
+/// A queued operation's result as it travels back to its waiter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "OutcomeWire", try_from = "OutcomeWire")]
+pub enum OpOutcome {
+    Applied,
+    /// Either side of the operation is not the owner's; nothing changed.
+    NotFound,
+    /// It kept failing and was moved to the dead-letter queue; the message
+    /// says why.
+    DeadLettered(String),
 }
 
 impl OpOutcome {
-    pub fn ok() -> Self {
-        Self {
-            code: None,
-            message: None,
-        }
-    }
-
-    /// Either side of the operation is not the owner's.
-    pub fn not_found() -> Self {
-        Self {
-            code: Some("not_found".into()),
-            message: Some("not found".into()),
+    /// Its name in the metrics (`filedock_queue_processed_total`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::NotFound => "not_found",
+            Self::DeadLettered(_) => "dead_lettered",
         }
     }
 
     pub fn into_result(self) -> Result<(), CoordError> {
-        match self.code.as_deref() {
-            None => Ok(()),
-            Some("not_found") => Err(MetaError::NotFound.into()),
-            Some("dead_lettered") => {
-                Err(CoordError::DeadLettered(self.message.unwrap_or_default()))
-            }
-            Some(code) => Err(CoordError::Failed(code.to_owned())),
+        match self {
+            Self::Applied => Ok(()),
+            Self::NotFound => Err(MetaError::NotFound.into()),
+            Self::DeadLettered(message) => Err(CoordError::DeadLettered(message)),
+        }
+    }
+}
+
+/// [`OpOutcome`] as Redis keeps it, `{"code", "message"}` (`code` null when
+/// applied): the shape instances of every version read and write. A code
+/// this version does not know does not decode; its waiter then settles the
+/// operation as one whose answer was lost.
+#[derive(Serialize, Deserialize)]
+struct OutcomeWire {
+    code: Option<String>,
+    message: Option<String>,
+}
+
+impl From<OpOutcome> for OutcomeWire {
+    fn from(o: OpOutcome) -> Self {
+        let code = match &o {
+            OpOutcome::Applied => None,
+            other => Some(other.label().to_owned()),
+        };
+        let message = match o {
+            OpOutcome::Applied => None,
+            OpOutcome::NotFound => Some("not found".into()),
+            OpOutcome::DeadLettered(m) => Some(m),
+        };
+        Self { code, message }
+    }
+}
+
+impl TryFrom<OutcomeWire> for OpOutcome {
+    type Error = String;
+
+    fn try_from(w: OutcomeWire) -> Result<Self, String> {
+        match w.code.as_deref() {
+            None => Ok(Self::Applied),
+            Some("not_found") => Ok(Self::NotFound),
+            Some("dead_lettered") => Ok(Self::DeadLettered(w.message.unwrap_or_default())),
+            Some(other) => Err(format!("unknown operation outcome {other:?}")),
         }
     }
 }
@@ -265,7 +297,7 @@ mod tests {
     }
 
     #[test]
-    fn warnings_follow_the_seed_thresholds() {
+    fn warnings_start_past_100_queued_10_dead_letters_or_5_s_wait() {
         let quiet = QueueStats {
             length: 100,
             dead_letter_count: 10,
@@ -280,5 +312,27 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(loud.with_warnings().warnings.len(), 3);
+    }
+
+    #[test]
+    fn outcomes_keep_their_wire_shape_and_an_unknown_code_does_not_decode() {
+        let cases = [
+            (OpOutcome::Applied, r#"{"code":null,"message":null}"#),
+            (
+                OpOutcome::NotFound,
+                r#"{"code":"not_found","message":"not found"}"#,
+            ),
+            (
+                OpOutcome::DeadLettered("failed 5 times".into()),
+                r#"{"code":"dead_lettered","message":"failed 5 times"}"#,
+            ),
+        ];
+        for (outcome, wire) in cases {
+            assert_eq!(serde_json::to_string(&outcome).unwrap(), wire);
+            assert_eq!(serde_json::from_str::<OpOutcome>(wire).unwrap(), outcome);
+        }
+        assert!(
+            serde_json::from_str::<OpOutcome>(r#"{"code":"exploded","message":null}"#).is_err()
+        );
     }
 }

@@ -186,9 +186,6 @@ impl From<CoordError> for DomainError {
             CoordError::OutcomeUnknown(path) => Self::OutcomeUnknown(Some(path)),
             CoordError::Cancelled => Self::LockTimeout,
             CoordError::DeadLettered(message) => Self::DeadLettered(message),
-            CoordError::Failed(code) => {
-                Self::internal(anyhow::anyhow!("queued operation failed: {code}"))
-            }
         }
     }
 }

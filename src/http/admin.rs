@@ -78,7 +78,7 @@ pub async fn sweep(_: Admin, State(state): State<AppState>) -> ApiResult {
     ok(Json(state.sweeper.run_once_now().await?))
 }
 
-/// `GET /v1/admin/queue`: the seed's queue metrics (queue mode).
+/// `GET /v1/admin/queue`: the queue's figures and warnings (queue mode).
 pub async fn queue(_: Admin, State(state): State<AppState>) -> ApiResult {
     let mode = match state.settings.coordination {
         crate::config::Coordination::Lock => "lock",

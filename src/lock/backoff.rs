@@ -1,8 +1,10 @@
-//! The seed's lock-wait backoff: the schedule of the `backoff` strategy.
+//! The lock-wait schedule of the `backoff` strategy: the loop of the
+//! original design (the service filedock was modelled on), kept so that the
+//! two strategies can be measured side by side.
 
 use std::time::Duration;
 
-/// The seed's lock-wait loop: 100 ms, then ×1.5 each time, capped at 2 s
+/// The original lock-wait loop: 100 ms, then ×1.5 each time, capped at 2 s
 /// (the lock facade adds jitter to each sleep).
 #[derive(Clone, Copy, Debug)]
 pub struct LockBackoff {

@@ -1,5 +1,5 @@
 //! The `LockManager` port and [`Locks`], the facade the services use:
-//! strategy (wake-on-release or the seed's backoff), lease renewal,
+//! strategy (wake-on-release, or the original design's backoff), lease renewal,
 //! metrics, and the degradation policy when the lock backend is down: a
 //! lock is [`Held`] `Locked` or, in development with the backend down,
 //! `Degraded` (go on without it). [`Locks::with_lock`] is the one "take,
@@ -217,6 +217,8 @@ pub enum TryLock {
 /// metrics, and applies the degradation policy.
 pub struct Locks {
     manager: Arc<dyn LockManager>,
+    /// How a waiter gets a held lock, chosen from the settings at start-up.
+    strategy: Box<dyn WaitStrategy>,
     settings: LockSettings,
     production: bool,
     metrics: Arc<Metrics>,
@@ -238,8 +240,13 @@ impl Locks {
         production: bool,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let strategy: Box<dyn WaitStrategy> = match settings.strategy {
+            LockStrategy::Notify => Box::new(Notify),
+            LockStrategy::Backoff => Box::new(Backoff(LockBackoff::default())),
+        };
         Self {
             manager,
+            strategy,
             settings,
             production,
             metrics,
@@ -257,7 +264,13 @@ impl Locks {
         let started = Instant::now();
         let result = match self.breaker_open() {
             true => Err(breaker_error()),
-            false => self.acquire_with_strategy(key.as_str()).await,
+            false => {
+                let (ttl, wait) = (self.settings.ttl, self.settings.wait_timeout);
+                let manager = self.manager.as_ref();
+                self.strategy
+                    .acquire(manager, key.as_str(), ttl, wait)
+                    .await
+            }
         };
         match result {
             Ok(lease) => {
@@ -361,35 +374,72 @@ impl Locks {
         }
     }
 
-    async fn acquire_with_strategy(&self, key: &str) -> Result<Lease, LockError> {
-        let (ttl, wait) = (self.settings.ttl, self.settings.wait_timeout);
-        let deadline = Instant::now() + wait;
-        match self.settings.strategy {
-            LockStrategy::Notify => self.manager.acquire_fair(key, ttl, deadline).await,
-            LockStrategy::Backoff => {
-                for delay in LockBackoff::default().delays() {
-                    if let Some(lease) = self.manager.try_acquire(key, ttl).await? {
-                        return Ok(lease);
-                    }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        break;
-                    }
-                    tokio::time::sleep(jitter(delay).min(deadline - now)).await;
-                }
-                Err(LockError::Timeout(wait))
-            }
-        }
-    }
-
     /// Whether the backend answers (for `/readyz`).
     pub async fn ping(&self) -> Result<(), LockError> {
         self.manager.ping().await
     }
 }
 
+/// How a waiter gets a lock that someone else holds (`FILEDOCK_LOCK_STRATEGY`).
+#[async_trait]
+trait WaitStrategy: Send + Sync {
+    /// The lock on `key`, waiting at most `wait` for it.
+    async fn acquire(
+        &self,
+        manager: &dyn LockManager,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, LockError>;
+}
+
+/// Queue in arrival order; the holder's release hands the lock to the next
+/// waiter, who is woken by a notice (the default: BENCHMARKS.md).
+struct Notify;
+
+#[async_trait]
+impl WaitStrategy for Notify {
+    async fn acquire(
+        &self,
+        manager: &dyn LockManager,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, LockError> {
+        manager.acquire_fair(key, ttl, Instant::now() + wait).await
+    }
+}
+
+/// The original design's loop: try, sleep on a growing schedule, try again
+/// (kept to measure against; see [`LockBackoff`]).
+struct Backoff(LockBackoff);
+
+#[async_trait]
+impl WaitStrategy for Backoff {
+    async fn acquire(
+        &self,
+        manager: &dyn LockManager,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let deadline = Instant::now() + wait;
+        for delay in self.0.delays() {
+            if let Some(lease) = manager.try_acquire(key, ttl).await? {
+                return Ok(lease);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            tokio::time::sleep(jitter(delay).min(deadline - now)).await;
+        }
+        Err(LockError::Timeout(wait))
+    }
+}
+
 /// A random sleep in `[d/2, d]`. Without it, waiters that arrived together
-/// retry together: in a 100-way burst on one key, the seed's plain schedule
+/// retry together: in a 100-way burst on one key, the plain schedule
 /// let only one or two through per wave and 76 of 100 timed out.
 fn jitter(d: Duration) -> Duration {
     use rand::Rng;

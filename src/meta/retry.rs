@@ -1,5 +1,5 @@
-//! The transaction retry on `WriteConflict` (quadratic backoff, as in the
-//! seed), run and counted by [`Transactions`]: the one retry path that
+//! The transaction retry on `WriteConflict` (quadratic backoff: 0, 50,
+//! 200 ms), run and counted by [`Transactions`]: the one retry path that
 //! serves every adapter.
 
 use std::{future::Future, sync::Arc};

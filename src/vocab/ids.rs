@@ -237,7 +237,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn categories_follow_the_seed_thresholds() {
+    fn categories_are_split_at_10_and_100_mib() {
         use SizeCategory::*;
         assert_eq!(SizeCategory::from_declared_len(Some(0)), Small);
         assert_eq!(SizeCategory::from_declared_len(Some(10 << 20)), Small);

@@ -175,7 +175,7 @@ async fn heartbeat(queue: &RedisQueue) -> redis::RedisResult<u32> {
     Ok(alive)
 }
 
-/// Publishes the queue figures as metrics and logs the seed's warnings.
+/// Publishes the queue figures as metrics and logs their warnings.
 pub(super) async fn report(queue: &RedisQueue) {
     if let Some(stats) = queue.stats().await {
         queue.metrics.queue_length.set(stats.length as i64);
@@ -382,7 +382,7 @@ impl Consumer<'_> {
             }
         }
         self.queue.metrics.queue_grouped.inc_by(ops.len() as u64);
-        let ok = OpOutcome::ok();
+        let ok = OpOutcome::Applied;
         let done: Vec<_> = entries.iter().map(|e| (e, &ok)).collect();
         self.deliver(conn, &done).await;
         Some(Step::Next)
@@ -404,8 +404,8 @@ impl Consumer<'_> {
                             .applier
                             .apply(op, Some(self.fence.clone()), Some(op_id));
                     match applied.await {
-                        Ok(()) => break OpOutcome::ok(),
-                        Err(MetaError::NotFound) => break OpOutcome::not_found(),
+                        Ok(()) => break OpOutcome::Applied,
+                        Err(MetaError::NotFound) => break OpOutcome::NotFound,
                         Err(MetaError::StaleFence) => return Step::Stop,
                         // Transient: a conflicting transaction (perhaps left open by a
                         // process that died mid-commit, until it is ended), the
@@ -429,7 +429,7 @@ impl Consumer<'_> {
                 // (another worker with the same entry may have applied it).
                 match self.queue.applier.cancel(op_id).await {
                     Ok(true) => {}
-                    Ok(false) => break OpOutcome::ok(),
+                    Ok(false) => break OpOutcome::Applied,
                     Err(e) => {
                         tracing::warn!(op_id, error = %e, "cannot settle a failing operation yet");
                         tokio::time::sleep(RETRY_STEP * attempts).await;
@@ -440,10 +440,7 @@ impl Consumer<'_> {
                 let message = format!(
                     "the operation failed {attempts} times and was moved to the dead-letter queue: {error}"
                 );
-                break OpOutcome {
-                    code: Some("dead_lettered".into()),
-                    message: Some(message),
-                };
+                break OpOutcome::DeadLettered(message);
             }
             tracing::warn!(
                 op_id,
@@ -480,7 +477,7 @@ impl Consumer<'_> {
             tracing::warn!(error = %e, "could not deliver queued operations' results");
         }
         for (_, outcome) in done {
-            let label = outcome.code.as_deref().unwrap_or("applied");
+            let label = outcome.label();
             self.queue
                 .metrics
                 .queue_processed
@@ -493,7 +490,7 @@ impl Consumer<'_> {
             .recent
             .record(done.iter().map(|(entry, outcome)| {
                 let wait_ms = now_ms().saturating_sub(entry.enqueued_ms) as f64;
-                (wait_ms, outcome.code.is_none())
+                (wait_ms, **outcome == OpOutcome::Applied)
             }));
     }
 }
