@@ -34,7 +34,9 @@ fn settings_help() -> String {
     for s in config::SETTINGS {
         help.push_str(&format!(
             "  {:<36} {} [default: {}]\n",
-            s.var, s.meaning, s.default
+            s.var,
+            s.meaning,
+            s.shown_default()
         ));
     }
     help

@@ -5,20 +5,16 @@ mod table;
 
 pub use media::AllowedTypes;
 
-pub use table::{SETTINGS, Setting};
+pub use table::{SETTINGS, Setting, default_of};
 
 use std::{path::PathBuf, str::FromStr, time::Duration};
 
 use anyhow::{Context, bail};
 use secrecy::SecretString;
 
-/// Connections served at once unless `FILEDOCK_MAX_CONNECTIONS` says
-/// otherwise: well below the usual 1024-descriptor limit less what the
-/// stores, blobs and logs use.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 768;
-
 /// Everything the service can be told. Built by [`Settings::from_env`] or, in
-/// tests, by [`Settings::embedded`] plus field updates.
+/// tests, by [`Settings::embedded`] plus field updates; every default is
+/// written once, in [`SETTINGS`].
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub bind: String,
@@ -241,54 +237,12 @@ impl FromStr for LockScope {
 }
 
 impl Settings {
-    /// Embedded defaults: local files, embedded store, in-process locks.
+    /// Embedded defaults (local files, embedded store, in-process locks),
+    /// with the data under `data_dir`: every setting at its default.
     pub fn embedded(data_dir: impl Into<PathBuf>) -> Self {
-        Self {
-            bind: "127.0.0.1:8080".into(),
-            metrics_addr: None,
-            data_dir: data_dir.into(),
-            env: Environment::Development,
-            admin_key: None,
-            max_upload_bytes: 10 * 1024 * 1024 * 1024,
-            user_quota_bytes: None,
-            mongodb_uri: None,
-            mongodb_db: "filedock".into(),
-            redis_url: None,
-            redis_prefix: String::new(),
-            s3: None,
-            lock: LockSettings {
-                strategy: LockStrategy::Notify,
-                scope: LockScope::Commit,
-                ttl: Duration::from_secs(300),
-                wait_timeout: Duration::from_secs(30),
-            },
-            txn_retry: TxnRetryPolicy::default(),
-            sweep: SweepSettings {
-                interval: Duration::from_secs(600),
-                intent_grace: Duration::from_secs(6 * 3600),
-                retry_interval: Duration::from_secs(3600),
-                max_retries: 3,
-            },
-            coordination: Coordination::Lock,
-            queue_wait: Duration::from_secs(30),
-            auth_cache_ttl: Duration::from_secs(30),
-            shutdown_grace: Duration::from_secs(30),
-            max_uploads_per_user: 2048,
-            upload_group_commit: true,
-            upload_group_max: 32,
-            body_idle_timeout: Duration::from_secs(60),
-            tus_expiry: Duration::from_secs(24 * 3600),
-            header_timeout: Duration::from_secs(30),
-            h2c: false,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            cors_origins: Vec::new(),
-            allowed_types: AllowedTypes::default(),
-            link_secret: None,
-            public_url: None,
-            signed_links: SignedLinks::Proxy,
-            log_json: false,
-            allow_embedded_in_production: false,
-        }
+        let mut s = Self::from_lookup(|_| None).expect("every default parses");
+        s.data_dir = data_dir.into();
+        s
     }
 
     /// Defaults overridden by the process environment.
@@ -296,98 +250,103 @@ impl Settings {
         Self::from_lookup(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
     }
 
-    /// Defaults overridden by `lookup(name)`; `from_env` with a seam for tests.
+    /// Each setting from `lookup(variable)`, or else its default
+    /// ([`SETTINGS`], the one place defaults are written); `from_env` with a
+    /// seam for tests.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
-        let get = |name: &str| lookup(&format!("FILEDOCK_{name}"));
-        let mut s = Self::embedded(get("DATA_DIR").unwrap_or_else(|| "./data".into()));
-        if let Some(v) = get("BIND") {
-            s.bind = v;
-        }
-        s.metrics_addr = get("METRICS_ADDR");
-        parse_into(&get, "ENV", &mut s.env)?;
-        s.admin_key = get("ADMIN_KEY").map(SecretString::from);
-        parse_into(&get, "MAX_UPLOAD_BYTES", &mut s.max_upload_bytes)?;
-        s.user_quota_bytes = get("USER_QUOTA_BYTES")
-            .map(|v| v.parse().context("FILEDOCK_USER_QUOTA_BYTES"))
-            .transpose()?;
-        s.mongodb_uri = get("MONGODB_URI").map(SecretString::from);
-        if let Some(v) = get("MONGODB_DB") {
-            s.mongodb_db = v;
-        }
-        s.redis_url = get("REDIS_URL").map(SecretString::from);
-        if let Some(v) = get("REDIS_PREFIX") {
-            s.redis_prefix = v;
-        }
-        if let Some(endpoint) = get("S3_ENDPOINT") {
-            let mut s3 = S3Settings {
+        let vars = Vars(move |name: &str| {
+            lookup(&format!("FILEDOCK_{name}")).or_else(|| default_of(name).map(str::to_owned))
+        });
+        let s3 = match vars.get("S3_ENDPOINT") {
+            None => None,
+            Some(endpoint) => Some(S3Settings {
                 endpoint,
-                bucket: get("S3_BUCKET").unwrap_or_else(|| "filedock".into()),
-                region: get("S3_REGION").unwrap_or_else(|| "us-east-1".into()),
-                access_key: get("S3_ACCESS_KEY")
+                bucket: vars.value("S3_BUCKET")?,
+                region: vars.value("S3_REGION")?,
+                access_key: vars
+                    .get("S3_ACCESS_KEY")
                     .context("FILEDOCK_S3_ACCESS_KEY is required with FILEDOCK_S3_ENDPOINT")?
                     .into(),
-                secret_key: get("S3_SECRET_KEY")
+                secret_key: vars
+                    .get("S3_SECRET_KEY")
                     .context("FILEDOCK_S3_SECRET_KEY is required with FILEDOCK_S3_ENDPOINT")?
                     .into(),
-                key_prefix: get("S3_KEY_PREFIX").unwrap_or_default(),
-                create_bucket: true,
-                part_size: 8 * 1024 * 1024,
-                part_concurrency: 4,
-            };
-            parse_into(&get, "S3_CREATE_BUCKET", &mut s3.create_bucket)?;
-            parse_into(&get, "S3_PART_SIZE", &mut s3.part_size)?;
-            parse_into(&get, "S3_PART_CONCURRENCY", &mut s3.part_concurrency)?;
-            if s3.part_size < 5 * 1024 * 1024 {
-                bail!("FILEDOCK_S3_PART_SIZE must be at least 5 MiB (the S3 minimum)");
-            }
-            s.s3 = Some(s3);
-        }
-        parse_into(&get, "LOCK_STRATEGY", &mut s.lock.strategy)?;
-        parse_into(&get, "LOCK_SCOPE", &mut s.lock.scope)?;
-        parse_into(&get, "COORDINATION", &mut s.coordination)?;
-        parse_secs(&get, "QUEUE_WAIT_SECS", &mut s.queue_wait)?;
-        parse_secs(&get, "AUTH_CACHE_SECS", &mut s.auth_cache_ttl)?;
-        parse_secs(&get, "SHUTDOWN_GRACE_SECS", &mut s.shutdown_grace)?;
-        parse_into(&get, "MAX_UPLOADS_PER_USER", &mut s.max_uploads_per_user)?;
-        parse_into(&get, "UPLOAD_GROUP_COMMIT", &mut s.upload_group_commit)?;
-        parse_into(&get, "UPLOAD_GROUP_MAX", &mut s.upload_group_max)?;
-        parse_secs(&get, "BODY_IDLE_TIMEOUT_SECS", &mut s.body_idle_timeout)?;
-        parse_secs(&get, "TUS_EXPIRY_SECS", &mut s.tus_expiry)?;
-        parse_secs(&get, "HEADER_TIMEOUT_SECS", &mut s.header_timeout)?;
-        parse_into(&get, "H2C", &mut s.h2c)?;
-        parse_into(&get, "MAX_CONNECTIONS", &mut s.max_connections)?;
-        parse_secs(&get, "LOCK_TTL_SECS", &mut s.lock.ttl)?;
-        parse_secs(&get, "LOCK_WAIT_SECS", &mut s.lock.wait_timeout)?;
-        parse_into(&get, "TXN_MAX_ATTEMPTS", &mut s.txn_retry.max_attempts)?;
-        parse_secs(&get, "SWEEP_INTERVAL_SECS", &mut s.sweep.interval)?;
-        parse_secs(&get, "SWEEP_INTENT_GRACE_SECS", &mut s.sweep.intent_grace)?;
-        parse_secs(
-            &get,
-            "SWEEP_RETRY_INTERVAL_SECS",
-            &mut s.sweep.retry_interval,
-        )?;
-        parse_into(&get, "SWEEP_MAX_RETRIES", &mut s.sweep.max_retries)?;
-        if let Some(v) = get("CORS_ORIGINS") {
-            s.cors_origins = v.split(',').map(|o| o.trim().to_owned()).collect();
-        }
-        if let Some(v) = get("ALLOWED_TYPES") {
-            s.allowed_types = AllowedTypes::parse(&v)
-                .map_err(|e| anyhow::anyhow!("FILEDOCK_ALLOWED_TYPES: {e}"))?;
-        }
-        s.link_secret = get("LINK_SECRET").map(SecretString::from);
-        if let Some(v) = get("PUBLIC_URL") {
-            if !(v.starts_with("http://") || v.starts_with("https://")) {
-                bail!("FILEDOCK_PUBLIC_URL must start with http:// or https://, not {v:?}");
-            }
-            s.public_url = Some(v.trim_end_matches('/').to_owned());
-        }
-        parse_into(&get, "SIGNED_LINKS", &mut s.signed_links)?;
-        s.log_json = match get("LOG_FORMAT").as_deref() {
-            None | Some("text") => false,
-            Some("json") => true,
-            Some(other) => bail!("FILEDOCK_LOG_FORMAT must be text or json, not {other:?}"),
+                key_prefix: vars.value("S3_KEY_PREFIX")?,
+                create_bucket: vars.value("S3_CREATE_BUCKET")?,
+                part_size: vars.value("S3_PART_SIZE")?,
+                part_concurrency: vars.value("S3_PART_CONCURRENCY")?,
+            }),
         };
-        parse_into(&get, "ALLOW_EMBEDDED", &mut s.allow_embedded_in_production)?;
+        let s = Self {
+            bind: vars.value("BIND")?,
+            metrics_addr: vars.get("METRICS_ADDR"),
+            data_dir: vars.value("DATA_DIR")?,
+            env: vars.value("ENV")?,
+            admin_key: vars.get("ADMIN_KEY").map(SecretString::from),
+            max_upload_bytes: vars.value("MAX_UPLOAD_BYTES")?,
+            user_quota_bytes: vars.optional("USER_QUOTA_BYTES")?,
+            mongodb_uri: vars.get("MONGODB_URI").map(SecretString::from),
+            mongodb_db: vars.value("MONGODB_DB")?,
+            redis_url: vars.get("REDIS_URL").map(SecretString::from),
+            redis_prefix: vars.value("REDIS_PREFIX")?,
+            s3,
+            lock: LockSettings {
+                strategy: vars.value("LOCK_STRATEGY")?,
+                scope: vars.value("LOCK_SCOPE")?,
+                ttl: vars.secs("LOCK_TTL_SECS")?,
+                wait_timeout: vars.secs("LOCK_WAIT_SECS")?,
+            },
+            txn_retry: TxnRetryPolicy {
+                max_attempts: vars.value("TXN_MAX_ATTEMPTS")?,
+                ..TxnRetryPolicy::default()
+            },
+            sweep: SweepSettings {
+                interval: vars.secs("SWEEP_INTERVAL_SECS")?,
+                intent_grace: vars.secs("SWEEP_INTENT_GRACE_SECS")?,
+                retry_interval: vars.secs("SWEEP_RETRY_INTERVAL_SECS")?,
+                max_retries: vars.value("SWEEP_MAX_RETRIES")?,
+            },
+            coordination: vars.value("COORDINATION")?,
+            queue_wait: vars.secs("QUEUE_WAIT_SECS")?,
+            auth_cache_ttl: vars.secs("AUTH_CACHE_SECS")?,
+            shutdown_grace: vars.secs("SHUTDOWN_GRACE_SECS")?,
+            max_uploads_per_user: vars.value("MAX_UPLOADS_PER_USER")?,
+            upload_group_commit: vars.value("UPLOAD_GROUP_COMMIT")?,
+            upload_group_max: vars.value("UPLOAD_GROUP_MAX")?,
+            body_idle_timeout: vars.secs("BODY_IDLE_TIMEOUT_SECS")?,
+            tus_expiry: vars.secs("TUS_EXPIRY_SECS")?,
+            header_timeout: vars.secs("HEADER_TIMEOUT_SECS")?,
+            h2c: vars.value("H2C")?,
+            max_connections: vars.value("MAX_CONNECTIONS")?,
+            cors_origins: vars.get("CORS_ORIGINS").map_or_else(Vec::new, |v| {
+                v.split(',').map(|o| o.trim().to_owned()).collect()
+            }),
+            allowed_types: match vars.get("ALLOWED_TYPES") {
+                Some(v) => AllowedTypes::parse(&v)
+                    .map_err(|e| anyhow::anyhow!("FILEDOCK_ALLOWED_TYPES: {e}"))?,
+                None => AllowedTypes::default(),
+            },
+            link_secret: vars.get("LINK_SECRET").map(SecretString::from),
+            public_url: match vars.get("PUBLIC_URL") {
+                Some(v) if !(v.starts_with("http://") || v.starts_with("https://")) => {
+                    bail!("FILEDOCK_PUBLIC_URL must start with http:// or https://, not {v:?}")
+                }
+                v => v.map(|v| v.trim_end_matches('/').to_owned()),
+            },
+            signed_links: vars.value("SIGNED_LINKS")?,
+            log_json: match vars.get("LOG_FORMAT").as_deref() {
+                None | Some("text") => false,
+                Some("json") => true,
+                Some(other) => bail!("FILEDOCK_LOG_FORMAT must be text or json, not {other:?}"),
+            },
+            allow_embedded_in_production: vars.value("ALLOW_EMBEDDED")?,
+        };
+        if s.s3
+            .as_ref()
+            .is_some_and(|s3| s3.part_size < 5 * 1024 * 1024)
+        {
+            bail!("FILEDOCK_S3_PART_SIZE must be at least 5 MiB (the S3 minimum)");
+        }
         if s.max_connections == 0 {
             bail!("FILEDOCK_MAX_CONNECTIONS must be at least 1");
         }
@@ -408,32 +367,44 @@ impl Settings {
     }
 }
 
-fn parse_into<T>(
-    get: &impl Fn(&str) -> Option<String>,
-    name: &str,
-    slot: &mut T,
-) -> anyhow::Result<()>
-where
-    T: FromStr,
-    T::Err: std::fmt::Display,
-{
-    if let Some(raw) = get(name) {
-        *slot = raw
-            .parse()
-            .map_err(|e| anyhow::anyhow!("FILEDOCK_{name}={raw:?}: {e}"))?;
-    }
-    Ok(())
-}
+/// The settings' variables (without `FILEDOCK_`), each as set or else at
+/// its default.
+struct Vars<F>(F);
 
-fn parse_secs(
-    get: &impl Fn(&str) -> Option<String>,
-    name: &str,
-    slot: &mut Duration,
-) -> anyhow::Result<()> {
-    let mut secs = slot.as_secs_f64();
-    parse_into(get, name, &mut secs)?;
-    *slot = Duration::from_secs_f64(secs);
-    Ok(())
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name)
+    }
+
+    /// A setting that has a default (`SETTINGS` lists one), parsed.
+    fn value<T>(&self, name: &str) -> anyhow::Result<T>
+    where
+        T: FromStr,
+        T::Err: std::fmt::Display,
+    {
+        self.optional(name)?
+            .with_context(|| format!("FILEDOCK_{name} has no default and is not set"))
+    }
+
+    /// A setting that may be unset, parsed if set.
+    fn optional<T>(&self, name: &str) -> anyhow::Result<Option<T>>
+    where
+        T: FromStr,
+        T::Err: std::fmt::Display,
+    {
+        self.get(name)
+            .map(|raw| {
+                raw.parse()
+                    .map_err(|e| anyhow::anyhow!("FILEDOCK_{name}={raw:?}: {e}"))
+            })
+            .transpose()
+    }
+
+    /// A duration in (possibly fractional) seconds.
+    fn secs(&self, name: &str) -> anyhow::Result<Duration> {
+        let secs: f64 = self.value(name)?;
+        Duration::try_from_secs_f64(secs).map_err(|e| anyhow::anyhow!("FILEDOCK_{name}: {e}"))
+    }
 }
 
 #[cfg(test)]
@@ -470,7 +441,34 @@ mod tests {
         assert_eq!(s.lock.strategy, LockStrategy::Notify);
         assert_eq!(s.lock.scope, LockScope::Commit);
         assert_eq!(s.txn_retry.max_attempts, 3);
+        assert_eq!(s.max_upload_bytes, 10 << 30);
+        assert_eq!(s.sweep.intent_grace, Duration::from_secs(6 * 3600));
+        assert_eq!(s.max_connections, 768);
         assert!(s.s3.is_none() && s.mongodb_uri.is_none() && s.redis_url.is_none());
+        let with_s3 = Settings::from_lookup(|n| match n {
+            "FILEDOCK_S3_ENDPOINT" => Some("http://127.0.0.1:9000".into()),
+            "FILEDOCK_S3_ACCESS_KEY" | "FILEDOCK_S3_SECRET_KEY" => Some("k".into()),
+            _ => None,
+        })
+        .unwrap();
+        let s3 = with_s3.s3.unwrap();
+        assert_eq!(
+            (s3.bucket.as_str(), s3.region.as_str()),
+            ("filedock", "us-east-1")
+        );
+        assert_eq!((s3.part_size, s3.part_concurrency), (8 << 20, 4));
+        assert!(s3.create_bucket && s3.key_prefix.is_empty());
+    }
+
+    #[test]
+    fn a_default_is_written_once_and_help_shows_it() {
+        for setting in SETTINGS {
+            let shown = setting.shown_default();
+            assert!(!shown.is_empty(), "{} shows no default", setting.var);
+        }
+        let embedded = Settings::embedded("/tmp/x");
+        assert_eq!(embedded.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(embedded.bind, default_of("BIND").unwrap());
     }
 
     #[test]
@@ -483,5 +481,9 @@ mod tests {
         let err = Settings::from_lookup(|n| (n == "FILEDOCK_LOG_FORMAT").then(|| "jsno".into()))
             .unwrap_err();
         assert!(err.to_string().contains("FILEDOCK_LOG_FORMAT"), "{err}");
+        // A negative duration is refused at start-up too (it panicked).
+        let err = Settings::from_lookup(|n| (n == "FILEDOCK_LOCK_TTL_SECS").then(|| "-1".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("FILEDOCK_LOCK_TTL_SECS"), "{err}");
     }
 }

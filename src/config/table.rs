@@ -1,258 +1,331 @@
-//! Every setting the server reads, with its meaning and default, as
-//! `filedock --help` lists them (a test checks that `Settings::from_lookup`
-//! reads no variable missing here).
+//! Every setting the server reads: its variable, its meaning and its
+//! default, in one place. `Settings::from_lookup` takes a variable's default
+//! from here (a test checks that it reads no variable missing here), and
+//! `filedock --help` lists them from here.
 
-/// One setting as `filedock --help` lists it.
+/// One setting.
 pub struct Setting {
     pub var: &'static str,
     pub meaning: &'static str,
-    pub default: &'static str,
+    /// What an unset variable stands for, written as one would set it;
+    /// `None`: unset means none (no quota, no S3, a generated key…).
+    pub value: Option<&'static str>,
+    /// How `--help` shows the default, when not as `value` is written.
+    shown: Option<&'static str>,
+}
+
+impl Setting {
+    /// The default as `--help` shows it.
+    pub fn shown_default(&self) -> &'static str {
+        self.shown.or(self.value).unwrap_or("—")
+    }
+}
+
+/// The default of `FILEDOCK_{name}` (or `name`), if it has one.
+pub fn default_of(name: &str) -> Option<&'static str> {
+    SETTINGS
+        .iter()
+        .find(|s| s.var.strip_prefix("FILEDOCK_") == Some(name) || s.var == name)
+        .and_then(|s| s.value)
 }
 
 pub const SETTINGS: &[Setting] = &[
     Setting {
         var: "FILEDOCK_BIND",
         meaning: "listen address",
-        default: "127.0.0.1:8080",
+        value: Some("127.0.0.1:8080"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_METRICS_ADDR",
         meaning: "serve /metrics on this address only (e.g. 127.0.0.1:9090), no longer on FILEDOCK_BIND",
-        default: "unset → /metrics on FILEDOCK_BIND",
+        value: None,
+        shown: Some("unset → /metrics on FILEDOCK_BIND"),
     },
     Setting {
         var: "FILEDOCK_DATA_DIR",
         meaning: "embedded store, local blobs, generated admin key",
-        default: "./data",
+        value: Some("./data"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_ENV",
         meaning: "development or production; production refuses embedded adapters and answers 503 when Redis is down",
-        default: "development",
+        value: Some("development"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_ALLOW_EMBEDDED",
         meaning: "let production run on embedded adapters",
-        default: "false",
+        value: Some("false"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_ADMIN_KEY",
         meaning: "admin bearer key",
-        default: "generated into data/admin.key",
+        value: None,
+        shown: Some("generated into data/admin.key"),
     },
     Setting {
         var: "FILEDOCK_MAX_UPLOAD_BYTES",
         meaning: "largest accepted file",
-        default: "10 GiB",
+        value: Some("10737418240"),
+        shown: Some("10 GiB"),
     },
     Setting {
         var: "FILEDOCK_USER_QUOTA_BYTES",
         meaning: "per-user storage quota",
-        default: "unlimited",
+        value: None,
+        shown: Some("unlimited"),
     },
     Setting {
         var: "FILEDOCK_MONGODB_URI",
         meaning: "MongoDB (a replica set: transactions need one)",
-        default: "unset → embedded store",
+        value: None,
+        shown: Some("unset → embedded store"),
     },
     Setting {
         var: "FILEDOCK_MONGODB_DB",
         meaning: "database name",
-        default: "filedock",
+        value: Some("filedock"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_REDIS_URL",
         meaning: "Redis",
-        default: "unset → in-process locks",
+        value: None,
+        shown: Some("unset → in-process locks"),
     },
     Setting {
         var: "FILEDOCK_REDIS_PREFIX",
         meaning: "prefix of every Redis key (several deployments on one Redis)",
-        default: "empty",
+        value: Some(""),
+        shown: Some("empty"),
     },
     Setting {
         var: "FILEDOCK_S3_ENDPOINT",
         meaning: "S3 endpoint, e.g. http://127.0.0.1:9000",
-        default: "unset → local files",
+        value: None,
+        shown: Some("unset → local files"),
     },
     Setting {
         var: "FILEDOCK_S3_BUCKET",
         meaning: "bucket, region",
-        default: "filedock",
+        value: Some("filedock"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_S3_REGION",
         meaning: "bucket, region",
-        default: "us-east-1",
+        value: Some("us-east-1"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_S3_ACCESS_KEY",
         meaning: "S3 credentials (required with an endpoint; never logged)",
-        default: "—",
+        value: None,
+        shown: Some("—"),
     },
     Setting {
         var: "FILEDOCK_S3_SECRET_KEY",
         meaning: "S3 credentials (required with an endpoint; never logged)",
-        default: "—",
+        value: None,
+        shown: Some("—"),
     },
     Setting {
         var: "FILEDOCK_S3_KEY_PREFIX",
         meaning: "prefix of every object key",
-        default: "empty",
+        value: Some(""),
+        shown: Some("empty"),
     },
     Setting {
         var: "FILEDOCK_S3_CREATE_BUCKET",
         meaning: "create the bucket at start-up",
-        default: "true",
+        value: Some("true"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_S3_PART_SIZE",
         meaning: "multipart part size (≥ 5 MiB) and parts in flight; memory per large upload ≈ size × (concurrency + 1)",
-        default: "8 MiB",
+        value: Some("8388608"),
+        shown: Some("8 MiB"),
     },
     Setting {
         var: "FILEDOCK_S3_PART_CONCURRENCY",
         meaning: "multipart part size (≥ 5 MiB) and parts in flight; memory per large upload ≈ size × (concurrency + 1)",
-        default: "4",
+        value: Some("4"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_LOCK_STRATEGY",
         meaning: "notify (FIFO, handed over on release) or backoff (the original 100 ms × 1.5 loop)",
-        default: "notify",
+        value: Some("notify"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_LOCK_SCOPE",
         meaning: "commit (lock only the metadata transaction; bytes stream in parallel) or upload (lock the whole upload)",
-        default: "commit",
+        value: Some("commit"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_LOCK_TTL_SECS",
         meaning: "lock lease, renewed every TTL/3 while held",
-        default: "300",
+        value: Some("300"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_LOCK_WAIT_SECS",
         meaning: "how long a request waits for a lock before lock_timeout (429)",
-        default: "30",
+        value: Some("30"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_TXN_MAX_ATTEMPTS",
         meaning: "attempts per transaction on WriteConflict",
-        default: "3",
+        value: Some("3"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_SWEEP_INTERVAL_SECS",
         meaning: "between background sweeper passes; 0 turns the background sweeper off (use cron)",
-        default: "600",
+        value: Some("600"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_SWEEP_INTENT_GRACE_SECS",
         meaning: "an upload intent not refreshed for this long belongs to a dead upload (a live upload refreshes its intent every quarter of this while it streams, however long it takes)",
-        default: "21600 (6 h)",
+        value: Some("21600"),
+        shown: Some("21600 (6 h)"),
     },
     Setting {
         var: "FILEDOCK_SWEEP_RETRY_INTERVAL_SECS",
         meaning: "between delete attempts of one orphan",
-        default: "3600",
+        value: Some("3600"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_SWEEP_MAX_RETRIES",
         meaning: "failed deletes before an orphan is marked failed",
-        default: "3",
+        value: Some("3"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_COORDINATION",
         meaning: "lock or queue for session and agent writes",
-        default: "lock",
+        value: Some("lock"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_QUEUE_WAIT_SECS",
         meaning: "queue mode: how long a request waits for its operation (plus 2 s per operation ahead) before it is cancelled and answered 429",
-        default: "30",
+        value: Some("30"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_AUTH_CACHE_SECS",
         meaning: "how long an authenticated API key is remembered (0: look it up every request)",
-        default: "30",
+        value: Some("30"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_MAX_UPLOADS_PER_USER",
         meaning: "uploads one user may have in flight on one instance (more get 429)",
-        default: "2048",
+        value: Some("2048"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_UPLOAD_GROUP_COMMIT",
         meaning: "group commit: one user's uploads whose bytes are stored commit together, in one metadata transaction (false: one transaction each)",
-        default: "true",
+        value: Some("true"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_UPLOAD_GROUP_MAX",
         meaning: "the most uploads one group commit takes",
-        default: "32",
+        value: Some("32"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_BODY_IDLE_TIMEOUT_SECS",
         meaning: "an upload whose client sends nothing for this long, or a JSON body that has not arrived in this long, gets 408",
-        default: "60",
+        value: Some("60"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_TUS_EXPIRY_SECS",
         meaning: "a resumable (tus) upload with no PATCH for this long expires and is aborted by the sweeper",
-        default: "86400",
+        value: Some("86400"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_HEADER_TIMEOUT_SECS",
         meaning: "a connection that has not sent a whole request head in this long, or has had no request in progress for this long (HTTP/1 or HTTP/2), is closed",
-        default: "30",
+        value: Some("30"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_H2C",
         meaning: "true: also accept cleartext HTTP/2 with prior knowledge (h2c); false: HTTP/1.1 only (put HTTP/2 on a TLS proxy in front)",
-        default: "false",
+        value: Some("false"),
+        shown: None,
     },
+    // 768: well below the usual 1024-descriptor limit, less what the
+    // stores, blobs and logs use.
     Setting {
         var: "FILEDOCK_MAX_CONNECTIONS",
         meaning: "connections served at once; further ones wait in the listen backlog until one closes (keep it below the open-file limit)",
-        default: "768",
+        value: Some("768"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_SHUTDOWN_GRACE_SECS",
         meaning: "after SIGTERM: new connections are refused, in-flight requests get this long",
-        default: "30",
+        value: Some("30"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_CORS_ORIGINS",
         meaning: "comma-separated browser origins allowed (* for any)",
-        default: "none",
+        value: None,
+        shown: Some("none"),
     },
     Setting {
         var: "FILEDOCK_ALLOWED_TYPES",
         meaning: "comma list of content types an upload may have, exact or type/* (e.g. image/*,application/pdf); others get 415",
-        default: "any type",
+        value: None,
+        shown: Some("any type"),
     },
     Setting {
         var: "FILEDOCK_LINK_SECRET",
         meaning: "key of signed download links, at least 32 bytes, the same on every instance (never logged)",
-        default: "random per process: links die on restart and work only on the instance that made them",
+        value: None,
+        shown: Some(
+            "random per process: links die on restart and work only on the instance that made them",
+        ),
     },
     Setting {
         var: "FILEDOCK_PUBLIC_URL",
         meaning: "base URL signed links are built on, e.g. https://files.example.com",
-        default: "http:// + the request's Host",
+        value: None,
+        shown: Some("http:// + the request's Host"),
     },
     Setting {
         var: "FILEDOCK_SIGNED_LINKS",
         meaning: "proxy (filedock streams a link's file) or redirect (307 to a presigned S3 GET valid for at most 5 min; proxied on local files)",
-        default: "proxy",
+        value: Some("proxy"),
+        shown: None,
     },
     Setting {
         var: "FILEDOCK_LOG_FORMAT",
         meaning: "text or json (anything else is refused at start-up)",
-        default: "text",
+        value: Some("text"),
+        shown: None,
     },
     Setting {
         var: "RUST_LOG",
         meaning: "log filter",
-        default: "info",
+        value: None,
+        shown: Some("info"),
     },
 ];
