@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use super::{FsBlobStore, io_err};
-use crate::blob::{BlobError, resumable::ResumableBlobs};
+use crate::blob::{BlobError, BlobStore, resumable::ResumableBlobs};
 
 /// Parts are a bookkeeping unit here (the bytes go straight to the staging
 /// file); this size only sets how often a PATCH syncs.
@@ -99,19 +99,40 @@ impl ResumableBlobs for FsBlobStore {
         Ok(())
     }
 
-    async fn complete(&self, key: &str, handle: &str, tags: &[String]) -> Result<(), BlobError> {
-        let len = match tags.last() {
+    async fn complete(
+        &self,
+        key: &str,
+        handle: &str,
+        tags: &[String],
+        len: u64,
+    ) -> Result<(), BlobError> {
+        let tagged = match tags.last() {
             Some(t) => t
                 .parse::<u64>()
                 .map_err(|_| BlobError::Other(format!("bad part tag {t:?}")))?,
             None => 0,
         };
+        if tagged != len {
+            return Err(BlobError::Other(format!(
+                "the parts end at {tagged}, not at {len}"
+            )));
+        }
         let staging = self.staging(handle)?;
-        let file = tokio::fs::OpenOptions::new()
+        let file = match tokio::fs::OpenOptions::new()
             .write(true)
             .open(&staging)
             .await
-            .map_err(io_err)?;
+        {
+            Ok(f) => f,
+            // Renamed into place before (the first answer was lost).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return match self.head(key).await? {
+                    Some(n) if n == len => Ok(()),
+                    _ => Err(io_err(e)),
+                };
+            }
+            Err(e) => return Err(io_err(e)),
+        };
         // A PATCH refused after it wrote (a checksum mismatch) may have left
         // bytes past the end.
         file.set_len(len).await.map_err(io_err)?;
@@ -121,6 +142,11 @@ impl ResumableBlobs for FsBlobStore {
             tokio::fs::create_dir_all(parent).await.map_err(io_err)?;
         }
         tokio::fs::rename(&staging, &dest).await.map_err(io_err)
+    }
+
+    async fn clear_staging(&self, _key: &str, _handle: &str) -> Result<(), BlobError> {
+        // The tail lives in the staging file, which the completion renamed.
+        Ok(())
     }
 
     async fn abort(&self, _key: &str, handle: &str) -> Result<(), BlobError> {

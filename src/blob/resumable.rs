@@ -60,9 +60,22 @@ pub trait ResumableBlobs: Send + Sync {
         end: u64,
     ) -> Result<(), BlobError>;
 
-    /// Makes the object at `key` from the parts with these tags, in order.
-    async fn complete(&self, key: &str, handle: &str, tags: &[String]) -> Result<(), BlobError>;
+    /// Makes the object at `key` (`len` bytes) from the parts with these
+    /// tags, in order. Completing a write that already completed succeeds
+    /// (its first answer may have been lost): the object is there, whole.
+    async fn complete(
+        &self,
+        key: &str,
+        handle: &str,
+        tags: &[String],
+        len: u64,
+    ) -> Result<(), BlobError>;
 
-    /// Drops the parts and tails; aborting a finished or missing write succeeds.
+    /// Drops the parts and tails; aborting a finished or missing write
+    /// succeeds (and leaves a finished write's object alone).
     async fn abort(&self, key: &str, handle: &str) -> Result<(), BlobError>;
+
+    /// Drops what a finished write left in staging (tails whose delete
+    /// failed); its object stays.
+    async fn clear_staging(&self, key: &str, handle: &str) -> Result<(), BlobError>;
 }

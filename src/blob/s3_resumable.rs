@@ -9,7 +9,7 @@ use aws_sdk_s3::{
 use bytes::Bytes;
 
 use super::{S3BlobStore, sdk_err};
-use crate::blob::{BlobError, resumable::ResumableBlobs};
+use crate::blob::{BlobError, BlobStore, resumable::ResumableBlobs};
 
 impl S3BlobStore {
     /// Where the tails of the upload to `key` live.
@@ -141,7 +141,13 @@ impl ResumableBlobs for S3BlobStore {
         self.delete_raw(&self.tail_key(key, start, end)).await
     }
 
-    async fn complete(&self, key: &str, handle: &str, tags: &[String]) -> Result<(), BlobError> {
+    async fn complete(
+        &self,
+        key: &str,
+        handle: &str,
+        tags: &[String],
+        len: u64,
+    ) -> Result<(), BlobError> {
         if tags.is_empty() {
             // An empty upload: S3 completes no multipart upload without parts.
             self.client
@@ -165,7 +171,8 @@ impl ResumableBlobs for S3BlobStore {
                     .build()
             })
             .collect();
-        self.client
+        let completed = self
+            .client
             .complete_multipart_upload()
             .bucket(&self.bucket)
             .key(self.full_key(key))
@@ -177,14 +184,42 @@ impl ResumableBlobs for S3BlobStore {
             )
             .send()
             .await
-            .map_err(sdk_err)?;
-        self.count_multipart("completed");
+            .map_err(sdk_err);
+        match completed {
+            Ok(_) => self.count_multipart("completed"),
+            // Completed before, its answer lost: the upload id is gone
+            // (NoSuchUpload; s3s-fs says AccessDenied) and the object is
+            // whole. Nothing else writes this key.
+            Err(e) if self.head(key).await? != Some(len) => return Err(e),
+            Err(_) => {}
+        }
         Ok(())
     }
 
     async fn abort(&self, key: &str, handle: &str) -> Result<(), BlobError> {
-        // The tails first, so that an abort that fails (an upload already
-        // completed on a store that does not say NoSuchUpload) leaves none.
+        // The tails first, so that an abort that fails leaves none.
+        self.clear_staging(key, handle).await?;
+        match self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .upload_id(handle)
+            .send()
+            .await
+            .map_err(sdk_err)
+        {
+            Ok(_) => self.count_multipart("aborted"),
+            Err(BlobError::NotFound) => {}
+            // A completed upload's id is gone (s3s-fs says AccessDenied,
+            // not NoSuchUpload): its object is there.
+            Err(e) if self.head(key).await?.is_none() => return Err(e),
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    async fn clear_staging(&self, key: &str, _handle: &str) -> Result<(), BlobError> {
         let mut pages = self
             .client
             .list_objects_v2()
@@ -198,20 +233,6 @@ impl ResumableBlobs for S3BlobStore {
                     self.delete_raw(k).await?;
                 }
             }
-        }
-        match self
-            .client
-            .abort_multipart_upload()
-            .bucket(&self.bucket)
-            .key(self.full_key(key))
-            .upload_id(handle)
-            .send()
-            .await
-            .map_err(sdk_err)
-        {
-            Ok(_) => self.count_multipart("aborted"),
-            Err(BlobError::NotFound) => {}
-            Err(e) => return Err(e),
         }
         Ok(())
     }

@@ -170,9 +170,13 @@ impl Sweeper {
             TryLock::Busy => return Ok(()),
         };
         let result = async {
-            self.resumable_blobs
-                .abort(&upload.key, &upload.handle)
-                .await?;
+            let (key, handle) = (&upload.key, &upload.handle);
+            match upload.completed {
+                // Every byte stored, the commit refused: the object goes
+                // with the intent's orphan, below.
+                true => self.resumable_blobs.clear_staging(key, handle).await?,
+                false => self.resumable_blobs.abort(key, handle).await?,
+            }
             if let Some(orphan) = self.meta.abandon_intent(&upload.id, None).await? {
                 report.intents_abandoned += 1;
                 tried.insert(orphan.id.clone());

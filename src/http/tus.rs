@@ -169,13 +169,20 @@ pub async fn create(
         // first bytes; the client learns from Upload-Offset what was kept.
         let patched = run_patch(&state, user.clone(), created.id.clone(), 0, checksum, body).await;
         upload = match patched {
-            Ok(Patched::Partial(u)) => u,
-            Ok(Patched::Done { upload, .. }) => upload,
+            Ok(patched) => patched.into_upload(),
             Err(e) => match state.resumables.find(&user, &created.id).await {
                 // Still open: the client learns from Upload-Offset what was kept.
-                Ok(open) if length > 0 => open,
-                // Over: its last bytes arrived but the file was refused (or
-                // its commit's outcome is unknown): that is the answer.
+                Ok(open) if !open.all_stored() => open,
+                // Its last bytes arrived but the file was refused: that is
+                // the answer, and a client that never learnt the upload's
+                // address cannot retry it, so nothing of it stays.
+                Ok(_) if !matches!(e, ApiError::Domain(DomainError::OutcomeUnknown(_))) => {
+                    if let Err(t) = state.resumables.terminate(&user, &created.id).await {
+                        tracing::warn!(upload = %created.id, error = %t, "a refused upload is left to expire");
+                    }
+                    return Err(e.into());
+                }
+                // Over, or its commit's outcome is unknown (its HEAD settles it).
                 _ => return Err(e.into()),
             },
         };
@@ -198,7 +205,7 @@ pub async fn head(
     headers: HeaderMap,
 ) -> TusResult {
     check_version(&headers)?;
-    let upload = state.resumables.find(&user, &id).await?;
+    let upload = state.resumables.head(&user, &id).await?;
     let mut res = StatusCode::OK.into_response();
     let h = res.headers_mut();
     progress_headers(h, &upload);
@@ -228,10 +235,9 @@ pub async fn patch(
     let offset = number(&headers, UPLOAD_OFFSET)?
         .ok_or_else(|| ApiError::invalid("Upload-Offset is required"))?;
     let checksum = checksum(&headers)?;
-    let upload = match run_patch(&state, user, id, offset, checksum, body).await? {
-        Patched::Partial(u) => u,
-        Patched::Done { upload, .. } => upload,
-    };
+    let upload = run_patch(&state, user, id, offset, checksum, body)
+        .await?
+        .into_upload();
     let mut res = StatusCode::NO_CONTENT.into_response();
     progress_headers(res.headers_mut(), &upload);
     Ok(res)

@@ -30,6 +30,10 @@ pub struct ResumableRecord {
     pub parts: Vec<String>,
     /// The SHA-256 of the bytes up to `offset`, as a serialized hash state (hex).
     pub sha256_state: String,
+    /// Whether the blob store's write was completed (the object is whole
+    /// at `key`): every byte arrived, and only the file's commit is left.
+    #[serde(default)]
+    pub completed: bool,
     pub filename: String,
     pub content_type: String,
     /// The raw `Upload-Metadata`, returned by `HEAD`.
@@ -45,6 +49,11 @@ impl ResumableRecord {
     /// Where the tail starts: after the whole parts.
     pub fn tail_start(&self) -> i64 {
         self.parts.len() as i64 * self.part_size
+    }
+
+    /// Whether every byte is stored (and only the commit may be left).
+    pub fn all_stored(&self) -> bool {
+        self.offset == self.length
     }
 }
 

@@ -33,3 +33,4 @@ mod rename;
 mod same_user;
 mod servers;
 mod tus;
+mod tus_recovery;

@@ -15,22 +15,22 @@ use crate::helpers::{
     test_settings,
 };
 
-const TUS: &str = "1.0.0";
-const OCTETS: &str = "application/offset+octet-stream";
+pub(crate) const TUS: &str = "1.0.0";
+pub(crate) const OCTETS: &str = "application/offset+octet-stream";
 
 /// Bytes that differ at every offset, so that a misplaced byte shows.
-fn data(len: usize) -> Vec<u8> {
+pub(crate) fn data(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i % 251) as u8 ^ (i >> 12) as u8)
         .collect()
 }
 
-async fn create(app: &TestApp, user: &TestUser, len: usize) -> String {
+pub(crate) async fn create(app: &TestApp, user: &TestUser, len: usize) -> String {
     create_typed(app, user, len, Some("application/x-test")).await
 }
 
 /// Creates an upload of `len` bytes named `big.bin`, of type `filetype`.
-async fn create_typed(
+pub(crate) async fn create_typed(
     app: &TestApp,
     user: &TestUser,
     len: usize,
@@ -58,7 +58,7 @@ async fn create_typed(
     location.rsplit('/').next().unwrap().to_owned()
 }
 
-async fn patch_body(
+pub(crate) async fn patch_body(
     app: &TestApp,
     user: &TestUser,
     id: &str,
@@ -79,14 +79,20 @@ async fn patch_body(
     req.body(body).send().await
 }
 
-async fn patch(app: &TestApp, user: &TestUser, id: &str, offset: usize, bytes: &[u8]) -> Response {
+pub(crate) async fn patch(
+    app: &TestApp,
+    user: &TestUser,
+    id: &str,
+    offset: usize,
+    bytes: &[u8],
+) -> Response {
     patch_body(app, user, id, offset, bytes.to_vec().into(), None)
         .await
         .unwrap()
 }
 
 /// `HEAD`: the status and `Upload-Offset`.
-async fn head(app: &TestApp, user: &TestUser, id: &str) -> (StatusCode, Option<usize>) {
+pub(crate) async fn head(app: &TestApp, user: &TestUser, id: &str) -> (StatusCode, Option<usize>) {
     let res = app
         .client
         .request(Method::HEAD, app.url(&format!("/v1/uploads/{id}")))
@@ -102,7 +108,7 @@ async fn head(app: &TestApp, user: &TestUser, id: &str) -> (StatusCode, Option<u
     (res.status(), offset)
 }
 
-fn offset_of(res: &Response) -> usize {
+pub(crate) fn offset_of(res: &Response) -> usize {
     res.headers()["upload-offset"]
         .to_str()
         .unwrap()
@@ -110,14 +116,14 @@ fn offset_of(res: &Response) -> usize {
         .unwrap()
 }
 
-async fn content(app: &TestApp, user: &TestUser, id: &str) -> Vec<u8> {
+pub(crate) async fn content(app: &TestApp, user: &TestUser, id: &str) -> Vec<u8> {
     let res = app.download(user, id).await;
     assert_eq!(res.status(), StatusCode::OK);
     res.bytes().await.unwrap().to_vec()
 }
 
 /// What a resumable upload leaves in staging: S3 tail objects, or local staging files.
-async fn staging_left(app: &TestApp) -> usize {
+pub(crate) async fn staging_left(app: &TestApp) -> usize {
     if real_backends() {
         app.state.ports.blobs.list_keys("tus/").await.unwrap().len()
     } else {
@@ -128,7 +134,7 @@ async fn staging_left(app: &TestApp) -> usize {
 }
 
 /// A size that crosses part boundaries of both blob stores (5 and 8 MiB).
-const LEN: usize = 13 * 1024 * 1024 + 77;
+pub(crate) const LEN: usize = 13 * 1024 * 1024 + 77;
 
 #[tokio::test]
 async fn a_tus_upload_in_three_patches_commits_the_same_bytes() {

@@ -5,6 +5,7 @@
 //! commits through [`UploadService::commit_stored`], exactly as a plain
 //! upload does (category lock, fence, quota, idempotency, intent).
 
+mod finish;
 mod hash;
 mod patch;
 
@@ -85,6 +86,7 @@ impl ResumableService {
             part_size: self.blobs.part_size() as i64,
             parts: Vec::new(),
             sha256_state: hash::fresh_state(),
+            completed: false,
             filename: new.filename.as_str().to_owned(),
             content_type: new.content_type,
             metadata: new.metadata,
@@ -107,16 +109,31 @@ impl ResumableService {
         }
     }
 
-    /// Ends the upload: the blob store's write, its intent and its state go.
+    /// Ends the upload: the blob store's write, its intent and its state go
+    /// (and the completed object of one whose commit failed).
     pub async fn terminate(&self, user: &UserRecord, id: &str) -> Result<(), DomainError> {
         self.find(user, id).await?;
         let guard = self.lock(id).await?;
         let result = async {
             // Read again under the lock: a last PATCH may have finished it.
             let record = self.find(user, id).await?;
-            self.blobs.abort(&record.key, &record.handle).await?;
-            self.cleanup.delete_intent(id).await?;
-            self.resumables.delete_resumable(id).await?;
+            if !record.all_stored() {
+                self.blobs.abort(&record.key, &record.handle).await?;
+                self.cleanup.delete_intent(id).await?;
+                self.resumables.delete_resumable(id).await?;
+                return Ok(());
+            }
+            // Every byte stored, the commit failed (or is unknown): a file
+            // committed since is the user's now; else the object goes too.
+            if self.uploads.files.file(&user.id, id).await?.is_some() {
+                self.resumables.delete_resumable(id).await?;
+                return Err(DomainError::NotFound);
+            }
+            match self.cleanup.intent(id).await? {
+                Some(intent) => self.discard(&record, &intent).await?,
+                // Swept: the sweeper has the blob.
+                None => self.resumables.delete_resumable(id).await?,
+            }
             Ok(())
         }
         .await;

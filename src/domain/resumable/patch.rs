@@ -20,15 +20,11 @@ use super::{
 };
 use crate::{
     blob::{BlobError, BodyError, ByteStream, resumable::ResumableBlobs},
-    domain::{
-        DomainError, Filename, SizeCategory, UserId,
-        upload::{StoredBlob, Uploaded},
-    },
-    lock::LockKey,
+    domain::DomainError,
     meta::{FileRecord, ResumableRecord, UserRecord},
 };
 
-/// What a PATCH did.
+/// What a PATCH (or a HEAD that finished the upload) did.
 pub enum Patched {
     /// Stored up to this offset; more is to come.
     Partial(ResumableRecord),
@@ -72,7 +68,9 @@ impl ResumableService {
             if upload.offset as u64 != offset {
                 return Err(DomainError::OffsetMismatch(upload.offset as u64));
             }
-            if !self.cleanup.touch_intent(id).await? {
+            // An upload whose bytes are all stored may have committed (its
+            // intent gone with it): finishing it tells.
+            if !upload.all_stored() && !self.cleanup.touch_intent(id).await? {
                 return Err(DomainError::UploadExpired);
             }
             let slot = self.uploads.reserve(user)?;
@@ -113,12 +111,37 @@ impl ResumableService {
             hasher,
             cut,
         } = received;
+        if before.all_stored() {
+            // A final PATCH failed after storing every byte: only the
+            // commit is left, and this PATCH (with an empty body) retries it.
+            return self.finish(user, upload).await;
+        }
         let old_tail = before.tail_start() as u64;
         let old_tail =
             (before.offset as u64 > old_tail).then_some((old_tail, before.offset as u64));
-        if upload.offset == upload.length {
+        if upload.all_stored() {
             let last = tail.freeze();
-            return self.finish(user, upload, last, hasher, old_tail).await;
+            return self
+                .store_last(user, upload, before.offset, last, hasher, old_tail)
+                .await;
+        }
+        upload.expires_at = crate::meta::now() + self.expiry();
+        if upload.offset == before.offset {
+            // Nothing arrived (an empty PATCH, or one cut before its first
+            // byte): the stored tail is the one the state names. Writing it
+            // again under that name and then dropping the old one would drop
+            // it, so only the expiry is renewed.
+            if !self
+                .resumables
+                .advance_resumable(&upload, before.offset)
+                .await?
+            {
+                return Err(DomainError::OffsetMismatch(before.offset as u64));
+            }
+            return match cut {
+                Some(cut) => Err(cut.into()),
+                None => Ok(Patched::Partial(upload)),
+            };
         }
         let tail_start = upload.tail_start() as u64;
         if !tail.is_empty() {
@@ -128,7 +151,6 @@ impl ResumableService {
                 .await?;
         }
         upload.sha256_state = hash::save(&hasher);
-        upload.expires_at = crate::meta::now() + self.expiry();
         if !self
             .resumables
             .advance_resumable(&upload, before.offset)
@@ -241,12 +263,14 @@ impl ResumableService {
         })
     }
 
-    /// The last bytes: the last part, the blob completed (and the tail the
-    /// state pointed at dropped), the file committed.
-    async fn finish(
+    /// The last bytes: the last part is stored and the state advanced to
+    /// the end (so that a commit that fails from here on loses none of
+    /// them), the tail the state pointed at dropped, then the file finished.
+    async fn store_last(
         &self,
         user: &UserRecord,
         mut upload: ResumableRecord,
+        before_offset: i64,
         last: Bytes,
         hasher: sha2_state::Sha256,
         old_tail: Option<(u64, u64)>,
@@ -260,9 +284,15 @@ impl ResumableService {
                 .await?;
             upload.parts.push(tag);
         }
-        self.blobs
-            .complete(&upload.key, &upload.handle, &upload.parts)
-            .await?;
+        upload.sha256_state = hash::save(&hasher);
+        upload.expires_at = crate::meta::now() + self.expiry();
+        if !self
+            .resumables
+            .advance_resumable(&upload, before_offset)
+            .await?
+        {
+            return Err(DomainError::OffsetMismatch(before_offset as u64));
+        }
         if let Some((start, end)) = old_tail
             && let Err(e) = self
                 .blobs
@@ -271,46 +301,7 @@ impl ResumableService {
         {
             tracing::warn!(upload = %upload.id, error = %e, "could not drop a finished upload's tail");
         }
-        let Some(intent) = self.cleanup.intent(&upload.id).await? else {
-            return Err(DomainError::UploadExpired);
-        };
-        let user_id = UserId::parse(&user.id)
-            .ok_or_else(|| DomainError::internal(anyhow::anyhow!("bad user id")))?;
-        let category = SizeCategory::from_declared_len(Some(upload.length as u64));
-        let lock_key = LockKey::user_upload(&user_id, category.as_str());
-        // As a plain upload's: detected when the client named no real type,
-        // and checked against the allow-list (a refusal undoes the upload).
-        let content_type = self
-            .uploads
-            .stored_type(&intent, &upload.content_type, upload.length as u64)
-            .await;
-        let content_type = match content_type {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = self.resumables.delete_resumable(&upload.id).await;
-                return Err(e);
-            }
-        };
-        let stored = StoredBlob {
-            filename: Filename::parse(&upload.filename).map_err(DomainError::InvalidRequest)?,
-            content_type,
-            size: upload.length as u64,
-            sha256: hash::finish(hasher),
-            category,
-            idempotency_key: None,
-        };
-        let committed = self
-            .uploads
-            .commit_stored(user, &intent, stored, None, user_id, lock_key)
-            .await;
-        // Committed or not, the upload is over: its blob is the file's, or
-        // the commit's failure path has deleted it.
-        let _ = self.resumables.delete_resumable(&upload.id).await;
-        let Uploaded { file, .. } = committed?;
-        Ok(Patched::Done {
-            upload,
-            file: Box::new(file),
-        })
+        self.finish(user, upload).await
     }
 }
 

@@ -15,13 +15,14 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256, Sha512};
 
+pub(crate) use self::settle::CommitError;
+use self::slots::InFlight;
 pub use self::{
     group::CommitGroups,
     intents::IntentBatches,
     quota::Usage,
     slots::{InFlightKeys, KeyClaim, UploadSlot, UploadSlots},
 };
-use self::{settle::CommitError, slots::InFlight};
 use super::{
     DomainError, FileId, Filename, SizeCategory, UserId,
     commit::{UserCommitError, user_commit},
@@ -262,23 +263,63 @@ impl UploadService {
         user: &UserRecord,
         intent: &IntentRecord,
         stored: StoredBlob,
-        mut guard: Option<Held>,
+        guard: Option<Held>,
         user_id: UserId,
         lock_key: LockKey,
     ) -> Result<Uploaded, DomainError> {
+        let (commit, committed) = self
+            .try_commit(user, intent, stored, guard, user_id, lock_key)
+            .await;
+        match committed {
+            Ok(CommitOutcome::Committed) => Ok(Uploaded {
+                file: commit.file,
+                replayed: false,
+            }),
+            Ok(CommitOutcome::Replayed(first)) => {
+                self.compensate(intent).await;
+                let ours = commit.idempotency.as_ref().map(|k| k.fingerprint.as_str());
+                if !first.fingerprint.is_empty() && Some(first.fingerprint.as_str()) != ours {
+                    return Err(DomainError::IdempotencyKeyMismatch);
+                }
+                Ok(Uploaded {
+                    file: first.file,
+                    replayed: true,
+                })
+            }
+            Err(CommitError::OutcomeUnknown) => {
+                self.settle_unknown_commit(intent, commit.file).await
+            }
+            Err(CommitError::Failed(e)) => {
+                self.compensate(intent).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The commit alone, with nothing undone or settled whatever its
+    /// outcome: takes the category lock (unless `guard` holds it already),
+    /// commits under its fence in one retried transaction, and releases.
+    /// Answers what it tried to commit, and how that went.
+    pub(crate) async fn try_commit(
+        &self,
+        user: &UserRecord,
+        intent: &IntentRecord,
+        stored: StoredBlob,
+        mut guard: Option<Held>,
+        user_id: UserId,
+        lock_key: LockKey,
+    ) -> (CommitUpload, Result<CommitOutcome, CommitError>) {
         let settings = &self.settings;
         let category = stored.category;
         // With group commit, the committer takes the category lock for the
         // whole group.
         let grouped = settings.upload_group_commit;
+        let mut refused = None;
         if guard.is_none() && !grouped {
-            guard = match self.locks.acquire(&lock_key).await {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    self.compensate(intent).await;
-                    return Err(e.into());
-                }
-            };
+            match self.locks.acquire(&lock_key).await {
+                Ok(g) => guard = Some(g),
+                Err(e) => refused = Some(e),
+            }
         }
 
         let idempotency = stored.idempotency_key.map(|key| IdempotencyKey {
@@ -309,6 +350,9 @@ impl UploadService {
             quota_bytes: settings.user_quota_bytes,
             idempotency,
         };
+        if let Some(e) = refused {
+            return (commit, Err(CommitError::Failed(e.into())));
+        }
         crate::crash_point("before_commit");
         let committed = match grouped {
             false => user_commit(&self.locks, &self.txns, &user_id, "commit_upload", || {
@@ -339,32 +383,7 @@ impl UploadService {
             Err(e) => Err(CommitError::Failed(e.into())),
         };
         release(guard).await;
-        match committed {
-            Ok(r) => match r {
-                CommitOutcome::Committed => Ok(Uploaded {
-                    file: commit.file,
-                    replayed: false,
-                }),
-                CommitOutcome::Replayed(first) => {
-                    self.compensate(intent).await;
-                    let ours = commit.idempotency.as_ref().map(|k| k.fingerprint.as_str());
-                    if !first.fingerprint.is_empty() && Some(first.fingerprint.as_str()) != ours {
-                        return Err(DomainError::IdempotencyKeyMismatch);
-                    }
-                    Ok(Uploaded {
-                        file: first.file,
-                        replayed: true,
-                    })
-                }
-            },
-            Err(CommitError::OutcomeUnknown) => {
-                self.settle_unknown_commit(intent, commit.file).await
-            }
-            Err(CommitError::Failed(e)) => {
-                self.compensate(intent).await;
-                Err(e)
-            }
-        }
+        (commit, committed)
     }
 
     /// Streams the body into the blob store, hashing and counting as it goes;

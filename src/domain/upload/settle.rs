@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// Why a commit did not answer `Ok`.
-pub(super) enum CommitError {
+pub(crate) enum CommitError {
     /// It did not happen: undo the upload.
     Failed(DomainError),
     /// It may have happened: the blob must stay until that is settled.
@@ -75,7 +75,7 @@ impl UploadService {
 
     /// Undoes a failed upload: delete the blob, then the intent. If the delete
     /// fails, the blob is recorded as an orphan for the sweeper.
-    pub(super) async fn compensate(&self, intent: &IntentRecord) {
+    pub(crate) async fn compensate(&self, intent: &IntentRecord) {
         if let Err(e) = self.blobs.delete(&intent.key).await {
             tracing::warn!(key = %intent.key, error = %e, "compensating blob delete failed; recording an orphan");
             let orphan = OrphanRecord::pending(&intent.bucket, &intent.key, Some(e.to_string()));
@@ -116,7 +116,7 @@ impl UploadService {
     /// The type to store for a blob already stored at `intent`'s key whose
     /// client declared `declared` (a resumable upload): detected from its
     /// first bytes and checked against the allow-list as a plain upload's
-    /// is ([`media::resolve`]). A refused type undoes the upload.
+    /// is ([`media::resolve`]). Nothing is undone here, whatever the answer.
     pub(crate) async fn stored_type(
         &self,
         intent: &IntentRecord,
@@ -124,23 +124,16 @@ impl UploadService {
         len: u64,
     ) -> Result<String, DomainError> {
         let settings = &self.settings;
-        let resolved = async {
-            let head: ByteStream<'_> = match len {
-                0 => Box::pin(futures::stream::empty()),
-                _ => {
-                    let end = len.min(media::SNIFF_BYTES as u64) - 1;
-                    let range = ByteRange { start: 0, end };
-                    self.blobs.get(&intent.key, Some(range)).await?
-                }
-            };
-            let idle = settings.body_idle_timeout;
-            let (stored, _) = media::resolve(declared, head, &settings.allowed_types, idle).await?;
-            Ok(stored)
-        }
-        .await;
-        if resolved.is_err() {
-            self.compensate(intent).await;
-        }
-        resolved
+        let head: ByteStream<'_> = match len {
+            0 => Box::pin(futures::stream::empty()),
+            _ => {
+                let end = len.min(media::SNIFF_BYTES as u64) - 1;
+                let range = ByteRange { start: 0, end };
+                self.blobs.get(&intent.key, Some(range)).await?
+            }
+        };
+        let idle = settings.body_idle_timeout;
+        let (stored, _) = media::resolve(declared, head, &settings.allowed_types, idle).await?;
+        Ok(stored)
     }
 }

@@ -1,0 +1,185 @@
+//! Finishing an upload whose bytes are all stored: complete the blob, decide
+//! its type, commit the file. Nothing of it is undone when the commit is
+//! refused (a quota, a lock wait that ran out, an outage) or its outcome is
+//! unknown: the state stays, at the end offset, and the next PATCH or HEAD
+//! at that offset finishes it. Only a refusal that no retry can change (a
+//! type outside the allow-list, an upload the sweeper took) ends it.
+
+use super::{Patched, ResumableService, hash, release};
+use crate::{
+    domain::{
+        DomainError, Filename, SizeCategory, UserId,
+        upload::{CommitError, StoredBlob},
+    },
+    lock::LockKey,
+    meta::{CommitOutcome, FileRecord, IntentRecord, ResumableRecord, UserRecord},
+};
+
+impl ResumableService {
+    /// The upload for `HEAD`: one whose bytes are all stored but whose file
+    /// is not committed yet (its final PATCH failed) is finished first, so
+    /// that `Upload-Offset` reaches `Upload-Length` only for a committed file.
+    pub async fn head(&self, user: &UserRecord, id: &str) -> Result<ResumableRecord, DomainError> {
+        let upload = self.find(user, id).await?;
+        if !upload.all_stored() {
+            return Ok(upload);
+        }
+        let guard = self.lock(id).await?;
+        let result = async {
+            let upload = self.find(user, id).await?;
+            if !upload.all_stored() {
+                return Ok(upload);
+            }
+            tokio::select! {
+                r = self.finish(user, upload) => r.map(Patched::into_upload),
+                never = self.uploads.keep_alive(id) => match never {},
+            }
+        }
+        .await;
+        release(guard).await;
+        result
+    }
+
+    /// Completes the blob (once: completing again is harmless) and commits
+    /// the file, under the upload's lock.
+    pub(super) async fn finish(
+        &self,
+        user: &UserRecord,
+        mut upload: ResumableRecord,
+    ) -> Result<Patched, DomainError> {
+        // Committed before: that commit's answer was lost, or its state's delete failed.
+        if let Some(file) = self.uploads.files.file(&user.id, &upload.id).await? {
+            return Ok(self.done(upload, file).await);
+        }
+        let len = upload.length as u64;
+        if !upload.completed {
+            self.blobs
+                .complete(&upload.key, &upload.handle, &upload.parts, len)
+                .await?;
+            upload.completed = true;
+            if let Err(e) = self
+                .resumables
+                .advance_resumable(&upload, upload.offset)
+                .await
+            {
+                tracing::warn!(upload = %upload.id, error = %e, "could not record the completion; the next try completes again");
+            }
+        }
+        let Some(intent) = self.cleanup.intent(&upload.id).await? else {
+            // Swept (expired): the sweeper has its blob.
+            self.forget(&upload).await;
+            return Err(DomainError::UploadExpired);
+        };
+        // As a plain upload's: detected when the client named no real type,
+        // and checked against the allow-list.
+        let content_type = match self
+            .uploads
+            .stored_type(&intent, &upload.content_type, len)
+            .await
+        {
+            Ok(t) => t,
+            Err(e @ DomainError::UnsupportedMediaType(_)) => {
+                if let Err(d) = self.discard(&upload, &intent).await {
+                    tracing::warn!(upload = %upload.id, error = %d, "a refused upload is left to expire");
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        let user_id = UserId::parse(&user.id)
+            .ok_or_else(|| DomainError::internal(anyhow::anyhow!("bad user id")))?;
+        let category = SizeCategory::from_declared_len(Some(len));
+        let lock_key = LockKey::user_upload(&user_id, category.as_str());
+        let hasher = hash::restore(&upload.sha256_state)?;
+        let stored = StoredBlob {
+            filename: Filename::parse(&upload.filename).map_err(DomainError::InvalidRequest)?,
+            content_type,
+            size: len,
+            sha256: hash::finish(hasher),
+            category,
+            idempotency_key: None,
+        };
+        let (commit, committed) = self
+            .uploads
+            .try_commit(user, &intent, stored, None, user_id, lock_key)
+            .await;
+        match committed {
+            Ok(CommitOutcome::Committed) => Ok(self.done(upload, commit.file).await),
+            Ok(CommitOutcome::Replayed(first)) => Ok(self.done(upload, first.file).await),
+            Err(CommitError::Failed(e)) => {
+                // An earlier commit whose answer was lost may have applied.
+                if let Ok(Some(file)) = self.uploads.files.file(&user.id, &upload.id).await {
+                    return Ok(self.done(upload, file).await);
+                }
+                if matches!(e, DomainError::UploadExpired) {
+                    self.forget(&upload).await;
+                }
+                Err(e)
+            }
+            // The state stays: the next HEAD or PATCH at the end reads the
+            // file (it applied) or commits again (it did not: the intent the
+            // commit deletes, and the file's id, let only one apply).
+            Err(CommitError::OutcomeUnknown) => Err(DomainError::OutcomeUnknown(Some(format!(
+                "/v1/uploads/{}",
+                upload.id
+            )))),
+        }
+    }
+
+    /// The upload is over: its blob is the file's; what is left in staging
+    /// (a tail whose delete failed) and its state go.
+    async fn done(&self, upload: ResumableRecord, file: FileRecord) -> Patched {
+        if let Err(e) = self.blobs.clear_staging(&upload.key, &upload.handle).await {
+            tracing::warn!(upload = %upload.id, error = %e, "could not clear a finished upload's staging");
+        }
+        self.forget(&upload).await;
+        Patched::Done {
+            upload,
+            file: Box::new(file),
+        }
+    }
+
+    /// Drops the state (a failure leaves it to expire: its HEAD and PATCH
+    /// find the file committed).
+    async fn forget(&self, upload: &ResumableRecord) {
+        if let Err(e) = self.resumables.delete_resumable(&upload.id).await {
+            tracing::warn!(upload = %upload.id, error = %e, "could not drop a finished upload's state");
+        }
+    }
+
+    /// Ends an upload whose file can never commit: the blob store's write,
+    /// the completed object (or its orphan) and the intent, then the state.
+    /// If the write cannot be aborted, the state stays for the sweeper,
+    /// which aborts it when it expires.
+    pub(super) async fn discard(
+        &self,
+        upload: &ResumableRecord,
+        intent: &IntentRecord,
+    ) -> Result<(), DomainError> {
+        self.end_write(upload).await?;
+        self.uploads.compensate(intent).await;
+        self.resumables.delete_resumable(&upload.id).await?;
+        Ok(())
+    }
+}
+
+impl ResumableService {
+    /// Ends the blob store's write: aborted, or (completed) its staging cleared.
+    pub(super) async fn end_write(&self, upload: &ResumableRecord) -> Result<(), DomainError> {
+        let (key, handle) = (&upload.key, &upload.handle);
+        match upload.completed {
+            true => self.blobs.clear_staging(key, handle).await?,
+            false => self.blobs.abort(key, handle).await?,
+        }
+        Ok(())
+    }
+}
+
+impl Patched {
+    /// The upload's state as the answer shows it.
+    pub fn into_upload(self) -> ResumableRecord {
+        match self {
+            Patched::Partial(upload) | Patched::Done { upload, .. } => upload,
+        }
+    }
+}
