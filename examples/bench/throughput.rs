@@ -9,6 +9,7 @@ use filedock::{
     http::AppState,
     metrics::Metrics,
     testing::Server,
+    vocab::{BlobKey, FileId, UserId},
 };
 use futures::{StreamExt, TryStreamExt, stream};
 
@@ -94,7 +95,8 @@ pub(crate) async fn ceiling(client: &Client, r: &mut Report) {
                 } else {
                     direct
                         .put(
-                            &format!("direct/{rep}-{size}"),
+                            // Direct writes, under keys of their own.
+                            &BlobKey::file(UserId::new(), FileId::new()),
                             raw.map_err(Into::into).boxed(),
                         )
                         .await
@@ -183,13 +185,13 @@ pub(crate) async fn small_files(client: &Client, r: &mut Report) {
                 })
                 .await
             } else {
-                drive(2000, 32, |n| {
+                drive(2000, 32, |_| {
                     let (direct, body) = (&direct, body.clone());
                     async move {
                         let t = Instant::now();
                         let ok = direct
                             .put(
-                                &format!("small/{rep}/{n}"),
+                                &BlobKey::file(UserId::new(), FileId::new()),
                                 stream::iter([Ok(body)]).boxed(),
                             )
                             .await

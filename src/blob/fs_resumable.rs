@@ -9,14 +9,20 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use super::{FsBlobStore, io_err};
-use crate::blob::{BlobError, BlobStore, resumable::ResumableBlobs};
+use crate::{
+    blob::{BlobError, BlobStore, resumable::ResumableBlobs},
+    vocab::{BlobKey, WriteHandle},
+};
 
 /// Parts are a bookkeeping unit here (the bytes go straight to the staging
 /// file); this size only sets how often a PATCH syncs.
 const PART_SIZE: usize = 8 * 1024 * 1024;
+/// Parts written at once (each at its own offset of the staging file).
+const PART_CONCURRENCY: usize = 4;
 
 impl FsBlobStore {
-    fn staging(&self, handle: &str) -> Result<PathBuf, BlobError> {
+    fn staging(&self, handle: &WriteHandle) -> Result<PathBuf, BlobError> {
+        let handle = handle.as_str();
         if handle.is_empty() || !handle.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return Err(BlobError::Other(format!(
                 "invalid upload handle {handle:?}"
@@ -25,7 +31,12 @@ impl FsBlobStore {
         Ok(self.tmp.join(format!("tus-{handle}")))
     }
 
-    async fn write_at(&self, handle: &str, offset: u64, bytes: &[u8]) -> Result<(), BlobError> {
+    async fn write_at(
+        &self,
+        handle: &WriteHandle,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), BlobError> {
         let mut file = tokio::fs::OpenOptions::new()
             .write(true)
             .open(self.staging(handle)?)
@@ -48,8 +59,12 @@ impl ResumableBlobs for FsBlobStore {
         PART_SIZE
     }
 
-    async fn start(&self, _key: &str) -> Result<String, BlobError> {
-        let handle = uuid::Uuid::new_v4().simple().to_string();
+    fn part_concurrency(&self) -> usize {
+        PART_CONCURRENCY
+    }
+
+    async fn start(&self, _key: &BlobKey) -> Result<WriteHandle, BlobError> {
+        let handle = WriteHandle::new(uuid::Uuid::new_v4().simple().to_string());
         tokio::fs::File::create(self.staging(&handle)?)
             .await
             .map_err(io_err)?;
@@ -58,8 +73,8 @@ impl ResumableBlobs for FsBlobStore {
 
     async fn put_part(
         &self,
-        _key: &str,
-        handle: &str,
+        _key: &BlobKey,
+        handle: &WriteHandle,
         _number: i32,
         offset: u64,
         part: Bytes,
@@ -70,8 +85,8 @@ impl ResumableBlobs for FsBlobStore {
 
     async fn put_tail(
         &self,
-        _key: &str,
-        handle: &str,
+        _key: &BlobKey,
+        handle: &WriteHandle,
         start: u64,
         tail: Bytes,
     ) -> Result<(), BlobError> {
@@ -80,8 +95,8 @@ impl ResumableBlobs for FsBlobStore {
 
     async fn get_tail(
         &self,
-        _key: &str,
-        handle: &str,
+        _key: &BlobKey,
+        handle: &WriteHandle,
         start: u64,
         end: u64,
     ) -> Result<Bytes, BlobError> {
@@ -94,15 +109,21 @@ impl ResumableBlobs for FsBlobStore {
         Ok(tail.into())
     }
 
-    async fn delete_tail(&self, _: &str, _: &str, _: u64, _: u64) -> Result<(), BlobError> {
+    async fn delete_tail(
+        &self,
+        _: &BlobKey,
+        _: &WriteHandle,
+        _: u64,
+        _: u64,
+    ) -> Result<(), BlobError> {
         // The tail lives in the staging file; the next part overwrites it.
         Ok(())
     }
 
     async fn complete(
         &self,
-        key: &str,
-        handle: &str,
+        key: &BlobKey,
+        handle: &WriteHandle,
         tags: &[String],
         len: u64,
     ) -> Result<(), BlobError> {
@@ -144,12 +165,12 @@ impl ResumableBlobs for FsBlobStore {
         tokio::fs::rename(&staging, &dest).await.map_err(io_err)
     }
 
-    async fn clear_staging(&self, _key: &str, _handle: &str) -> Result<(), BlobError> {
+    async fn clear_staging(&self, _: &BlobKey, _: &WriteHandle) -> Result<(), BlobError> {
         // The tail lives in the staging file, which the completion renamed.
         Ok(())
     }
 
-    async fn abort(&self, _key: &str, handle: &str) -> Result<(), BlobError> {
+    async fn abort(&self, _key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         match tokio::fs::remove_file(self.staging(handle)?).await {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(e)),
             _ => Ok(()),

@@ -1,8 +1,9 @@
 //! `BlobStore` on any S3-compatible server (MinIO, s3s-fs, AWS) through
 //! `aws-sdk-s3`. Bodies are streamed: a body that fits in one part goes up
-//! as one PUT; a larger one as a multipart upload with a bounded number of
-//! parts in flight, aborted on any failure. Memory stays at about
-//! `part_size × (part_concurrency + 1)` whatever the file size.
+//! as one PUT; a larger one as a multipart upload whose parts the part
+//! writer (`super::parts`) sends, a bounded number in flight, aborted on
+//! any failure. Memory stays at about `part_size × (part_concurrency + 1)`
+//! whatever the file size.
 
 use std::{sync::Arc, time::Duration};
 
@@ -18,16 +19,19 @@ use aws_sdk_s3::{
     primitives::ByteStream as S3Body,
     types::{CompletedMultipartUpload, CompletedPart},
 };
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use secrecy::ExposeSecret;
-use tokio::task::JoinSet;
 use tokio_util::io::ReaderStream;
 
-use super::{BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob, PresignedHeaders};
+use super::{
+    BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob, PresignedHeaders,
+    parts::{self, PartSink, Parts, PartsFrom, Short},
+};
 use crate::{
     config::S3Settings,
     metrics::{Metrics, OutcomeLabel},
+    vocab::BlobKey,
 };
 
 #[path = "s3_resumable.rs"]
@@ -132,22 +136,18 @@ impl S3BlobStore {
             .inc();
     }
 
-    fn full_key(&self, key: &str) -> String {
+    /// The object's key in the bucket: the key prefix, then `key`.
+    fn full_key(&self, key: impl std::fmt::Display) -> String {
         format!("{}{key}", self.prefix)
     }
 
-    async fn multipart(
-        &self,
-        key: &str,
-        first: Bytes,
-        parts: &mut PartReader<'_, '_>,
-        written: &mut u64,
-    ) -> Result<(), BlobError> {
+    /// Starts a multipart upload to `full_key`; its upload id.
+    async fn create_multipart(&self, full_key: &str) -> Result<String, BlobError> {
         let created = self
             .client
             .create_multipart_upload()
             .bucket(&self.bucket)
-            .key(key)
+            .key(full_key)
             .send()
             .await
             .map_err(sdk_err)?;
@@ -156,171 +156,157 @@ impl S3BlobStore {
             .ok_or_else(|| BlobError::Other("CreateMultipartUpload returned no upload id".into()))?
             .to_owned();
         self.count_multipart("started");
-        let result = self
-            .upload_parts(key, &upload_id, first, parts, written)
-            .await;
-        match result {
-            Ok(parts) => {
-                self.client
-                    .complete_multipart_upload()
-                    .bucket(&self.bucket)
-                    .key(key)
-                    .upload_id(&upload_id)
-                    .multipart_upload(
-                        CompletedMultipartUpload::builder()
-                            .set_parts(Some(parts))
-                            .build(),
-                    )
-                    .send()
-                    .await
-                    .map_err(sdk_err)?;
-                self.count_multipart("completed");
-                Ok(())
-            }
-            Err(e) => {
-                match self
-                    .client
-                    .abort_multipart_upload()
-                    .bucket(&self.bucket)
-                    .key(key)
-                    .upload_id(&upload_id)
-                    .send()
-                    .await
-                {
-                    Ok(_) => self.count_multipart("aborted"),
-                    Err(abort) => {
-                        self.count_multipart("abort_failed");
-                        tracing::warn!(key, error = %DisplayErrorContext(&abort), "AbortMultipartUpload failed");
-                    }
-                }
-                Err(e)
-            }
-        }
+        Ok(upload_id)
     }
 
-    /// Uploads the parts as tasks, so that reading the next part from the
-    /// client overlaps with sending the previous ones; at most
-    /// `part_concurrency` parts are in flight (and in memory).
-    async fn upload_parts(
+    /// Makes the object at `full_key` from the parts with these tags, part 1 first.
+    async fn complete_multipart(
         &self,
-        key: &str,
+        full_key: &str,
         upload_id: &str,
-        first: Bytes,
-        parts: &mut PartReader<'_, '_>,
-        written: &mut u64,
-    ) -> Result<Vec<CompletedPart>, BlobError> {
-        let mut in_flight = JoinSet::new();
-        let mut done = Vec::new();
-        let mut part = Some(first);
-        let mut number = 0;
-        while let Some(bytes) = part.take() {
-            number += 1;
-            *written += bytes.len() as u64;
-            in_flight.spawn(upload_part(
-                self.client.clone(),
-                self.bucket.clone(),
-                key.to_owned(),
-                upload_id.to_owned(),
-                number,
-                bytes,
-            ));
-            while in_flight.len() >= self.part_concurrency {
-                done.push(joined(in_flight.join_next().await)?);
-            }
-            part = parts.next().await?;
-        }
-        while let Some(r) = in_flight.join_next().await {
-            done.push(joined(Some(r))?);
-        }
-        done.sort_by_key(|p: &CompletedPart| p.part_number());
-        Ok(done)
-    }
-}
-
-/// Cuts a body into parts of exactly `size` bytes (the last may be shorter),
-/// each held in one allocation of its own size, so that memory per upload
-/// stays at `size × parts in flight` whatever the chunks look like.
-struct PartReader<'a, 'b> {
-    body: &'a mut ByteStream<'b>,
-    /// The tail of a chunk that crossed the previous part's end.
-    carry: Option<Bytes>,
-    size: usize,
-    ended: bool,
-}
-
-impl<'a, 'b> PartReader<'a, 'b> {
-    fn new(body: &'a mut ByteStream<'b>, size: usize) -> Self {
-        Self {
-            body,
-            carry: None,
-            size,
-            ended: false,
-        }
+        tags: &[String],
+    ) -> Result<(), BlobError> {
+        let parts = tags
+            .iter()
+            .zip(1..)
+            .map(|(tag, number)| {
+                CompletedPart::builder()
+                    .part_number(number)
+                    .e_tag(tag)
+                    .build()
+            })
+            .collect();
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(full_key)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(sdk_err)?;
+        self.count_multipart("completed");
+        Ok(())
     }
 
-    /// The next part, or `None` when the body is done.
-    async fn next(&mut self) -> Result<Option<Bytes>, BlobError> {
-        let mut chunks: Vec<Bytes> = Vec::new();
-        let mut len = 0;
-        while len < self.size {
-            let chunk = match self.carry.take() {
-                Some(c) => c,
-                None if self.ended => break,
-                None => match self.body.next().await {
-                    Some(c) => c.map_err(BlobError::Body)?,
-                    None => {
-                        self.ended = true;
-                        break;
-                    }
-                },
-            };
-            let room = self.size - len;
-            if chunk.len() > room {
-                self.carry = Some(chunk.slice(room..));
-                chunks.push(chunk.slice(..room));
-                len += room;
-            } else {
-                len += chunk.len();
-                chunks.push(chunk);
-            }
-        }
-        Ok(match chunks.len() {
-            0 => None,
-            1 => chunks.pop(),
-            _ => {
-                let mut part = BytesMut::with_capacity(len);
-                for c in &chunks {
-                    part.extend_from_slice(c);
-                }
-                Some(part.freeze())
-            }
+    /// Drops a multipart upload's parts.
+    async fn abort_multipart(&self, full_key: &str, upload_id: &str) -> Result<(), BlobError> {
+        self.client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(full_key)
+            .upload_id(upload_id)
+            .send()
+            .await
+            .map_err(sdk_err)?;
+        self.count_multipart("aborted");
+        Ok(())
+    }
+
+    /// Where the parts of multipart upload `upload_id` to `full_key` go.
+    fn sink(&self, full_key: &str, upload_id: &str) -> Arc<dyn PartSink> {
+        Arc::new(MultipartSink {
+            client: self.client.clone(),
+            bucket: self.bucket.clone(),
+            key: full_key.to_owned(),
+            upload_id: upload_id.to_owned(),
         })
     }
 
-    /// Whether the whole body has been read.
-    fn done(&self) -> bool {
-        self.ended && self.carry.is_none()
+    /// A body larger than a part, `first` of it read: a multipart upload,
+    /// its parts sent by the part writer, aborted on any failure.
+    async fn multipart(
+        &self,
+        full_key: &str,
+        first: Bytes,
+        parts: &mut Parts<'_>,
+    ) -> Result<(), BlobError> {
+        let upload_id = self.create_multipart(full_key).await?;
+        let sink = self.sink(full_key, &upload_id);
+        let from = PartsFrom {
+            number: 1,
+            offset: 0,
+        };
+        let sent = parts::send(
+            parts,
+            Some(first),
+            sink,
+            from,
+            self.part_concurrency,
+            Short::Send,
+        );
+        let result = match (sent.await, parts.cut()) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Some(cut)) => Err(BlobError::Body(cut)),
+            (Ok(sent), None) => {
+                self.complete_multipart(full_key, &upload_id, &sent.tags)
+                    .await
+            }
+        };
+        if result.is_err()
+            && let Err(abort) = self.abort_multipart(full_key, &upload_id).await
+        {
+            self.count_multipart("abort_failed");
+            tracing::warn!(key = full_key, error = %abort, "AbortMultipartUpload failed");
+        }
+        result
+    }
+
+    /// Stores part `number` of multipart upload `upload_id`; its ETag.
+    async fn upload_part(
+        &self,
+        full_key: &str,
+        upload_id: &str,
+        number: i32,
+        part: Bytes,
+    ) -> Result<String, BlobError> {
+        upload_part(
+            &self.client,
+            &self.bucket,
+            full_key,
+            upload_id,
+            number,
+            part,
+        )
+        .await
     }
 }
 
-fn joined(
-    r: Option<Result<Result<CompletedPart, BlobError>, tokio::task::JoinError>>,
-) -> Result<CompletedPart, BlobError> {
-    match r {
-        Some(Ok(part)) => part,
-        Some(Err(e)) => Err(BlobError::Other(format!("part upload task failed: {e}"))),
-        None => Err(BlobError::Other("no part upload in flight".into())),
-    }
-}
-
-async fn upload_part(
+/// The parts of one multipart upload, as the part writer sends them.
+struct MultipartSink {
     client: Client,
     bucket: String,
     key: String,
     upload_id: String,
+}
+
+#[async_trait]
+impl PartSink for MultipartSink {
+    async fn put_part(&self, number: i32, _offset: u64, part: Bytes) -> Result<String, BlobError> {
+        upload_part(
+            &self.client,
+            &self.bucket,
+            &self.key,
+            &self.upload_id,
+            number,
+            part,
+        )
+        .await
+    }
+}
+
+async fn upload_part(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    upload_id: &str,
     number: i32,
     part: Bytes,
-) -> Result<CompletedPart, BlobError> {
+) -> Result<String, BlobError> {
     let out = client
         .upload_part()
         .bucket(bucket)
@@ -332,10 +318,7 @@ async fn upload_part(
         .send()
         .await
         .map_err(sdk_err)?;
-    Ok(CompletedPart::builder()
-        .part_number(number)
-        .set_e_tag(out.e_tag().map(str::to_owned))
-        .build())
+    Ok(out.e_tag().unwrap_or_default().to_owned())
 }
 
 #[async_trait]
@@ -344,10 +327,13 @@ impl BlobStore for S3BlobStore {
         &self.bucket
     }
 
-    async fn put(&self, key: &str, mut body: ByteStream<'_>) -> Result<u64, BlobError> {
+    async fn put(&self, key: &BlobKey, body: ByteStream<'_>) -> Result<u64, BlobError> {
         let key = self.full_key(key);
-        let mut parts = PartReader::new(&mut body, self.part_size);
-        let first = parts.next().await?.unwrap_or_default();
+        let mut parts = Parts::new(Bytes::new(), body, self.part_size);
+        let first = parts.next().await.unwrap_or_default();
+        if let Some(cut) = parts.cut() {
+            return Err(BlobError::Body(cut));
+        }
         if parts.done() {
             let len = first.len() as u64;
             self.client
@@ -361,15 +347,13 @@ impl BlobStore for S3BlobStore {
                 .map_err(sdk_err)?;
             return Ok(len);
         }
-        let mut written = 0;
-        self.multipart(&key, first, &mut parts, &mut written)
-            .await?;
-        Ok(written)
+        self.multipart(&key, first, &mut parts).await?;
+        Ok(parts.read())
     }
 
     async fn get(
         &self,
-        key: &str,
+        key: &BlobKey,
         range: Option<ByteRange>,
     ) -> Result<ByteStream<'static>, BlobError> {
         let out = self
@@ -388,7 +372,7 @@ impl BlobStore for S3BlobStore {
 
     async fn presigned_get(
         &self,
-        key: &str,
+        key: &BlobKey,
         ttl: Duration,
         headers: &PresignedHeaders,
     ) -> Result<Option<String>, BlobError> {
@@ -408,7 +392,7 @@ impl BlobStore for S3BlobStore {
         Ok(Some(request.uri().to_owned()))
     }
 
-    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+    async fn delete(&self, key: &BlobKey) -> Result<(), BlobError> {
         self.client
             .delete_object()
             .bucket(&self.bucket)
@@ -422,7 +406,7 @@ impl BlobStore for S3BlobStore {
             })
     }
 
-    async fn head(&self, key: &str) -> Result<Option<u64>, BlobError> {
+    async fn head(&self, key: &BlobKey) -> Result<Option<u64>, BlobError> {
         match self
             .client
             .head_object()
@@ -474,59 +458,5 @@ impl BlobStore for S3BlobStore {
             .await
             .map(|_| ())
             .map_err(sdk_err)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use futures::StreamExt;
-
-    use super::*;
-
-    /// Cuts chunks of the given lengths into parts of `size`.
-    async fn parts_of(chunks: &[usize], size: usize) -> (Vec<Bytes>, Vec<u8>) {
-        let mut all = Vec::new();
-        let body: Vec<Result<Bytes, BodyError>> = chunks
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                let c: Vec<u8> = (0..n).map(|j| (i * 31 + j) as u8).collect();
-                all.extend_from_slice(&c);
-                Ok(Bytes::from(c))
-            })
-            .collect();
-        let mut body: ByteStream = futures::stream::iter(body).boxed();
-        let mut reader = PartReader::new(&mut body, size);
-        let mut parts = Vec::new();
-        while let Some(p) = reader.next().await.unwrap() {
-            parts.push(p);
-        }
-        assert!(reader.done());
-        (parts, all)
-    }
-
-    #[tokio::test]
-    async fn parts_are_exactly_the_part_size_whatever_the_chunks() {
-        let size = 200 << 10;
-        let cases: [&[usize]; 6] = [
-            &[],
-            &[10],
-            &[1000, 3000, 5],
-            &[size],
-            &[size * 2 + 7],
-            &[70_000, 1, 130_000, 300_000, 64 << 10, 3, size, 9],
-        ];
-        for chunks in cases {
-            let (parts, all) = parts_of(chunks, size).await;
-            let (last, full) = parts
-                .split_last()
-                .map_or((None, &[][..]), |(l, f)| (Some(l), f));
-            assert!(full.iter().all(|p| p.len() == size), "{chunks:?}");
-            assert!(
-                last.is_none_or(|l| !l.is_empty() && l.len() <= size),
-                "{chunks:?}"
-            );
-            assert_eq!(parts.concat(), all, "{chunks:?}: the bytes, in order");
-        }
     }
 }

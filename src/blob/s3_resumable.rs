@@ -2,23 +2,23 @@
 //! tail a small staging object beside it (see `super::super::resumable`).
 
 use async_trait::async_trait;
-use aws_sdk_s3::{
-    primitives::ByteStream as S3Body,
-    types::{CompletedMultipartUpload, CompletedPart},
-};
+use aws_sdk_s3::primitives::ByteStream as S3Body;
 use bytes::Bytes;
 
 use super::{S3BlobStore, sdk_err};
-use crate::blob::{BlobError, BlobStore, resumable::ResumableBlobs};
+use crate::{
+    blob::{BlobError, BlobStore, resumable::ResumableBlobs},
+    vocab::{BlobKey, WriteHandle},
+};
 
 impl S3BlobStore {
     /// Where the tails of the upload to `key` live.
-    fn staging_prefix(&self, key: &str) -> String {
-        self.full_key(&format!("tus/{key}/"))
+    fn staging_prefix(&self, key: &BlobKey) -> String {
+        self.full_key(key.staging_prefix())
     }
 
-    fn tail_key(&self, key: &str, start: u64, end: u64) -> String {
-        format!("{}tail-{start}-{end}", self.staging_prefix(key))
+    fn tail_key(&self, key: &BlobKey, start: u64, end: u64) -> String {
+        self.full_key(key.tail(start, end))
     }
 
     async fn delete_raw(&self, full_key: &str) -> Result<(), BlobError> {
@@ -42,49 +42,32 @@ impl ResumableBlobs for S3BlobStore {
         self.part_size
     }
 
-    async fn start(&self, key: &str) -> Result<String, BlobError> {
-        let created = self
-            .client
-            .create_multipart_upload()
-            .bucket(&self.bucket)
-            .key(self.full_key(key))
-            .send()
-            .await
-            .map_err(sdk_err)?;
-        self.count_multipart("started");
-        created
-            .upload_id()
-            .map(str::to_owned)
-            .ok_or_else(|| BlobError::Other("CreateMultipartUpload returned no upload id".into()))
+    fn part_concurrency(&self) -> usize {
+        self.part_concurrency
+    }
+
+    async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {
+        let upload_id = self.create_multipart(&self.full_key(key)).await?;
+        Ok(WriteHandle::new(upload_id))
     }
 
     async fn put_part(
         &self,
-        key: &str,
-        handle: &str,
+        key: &BlobKey,
+        handle: &WriteHandle,
         number: i32,
         _offset: u64,
         part: Bytes,
     ) -> Result<String, BlobError> {
-        let out = self
-            .client
-            .upload_part()
-            .bucket(&self.bucket)
-            .key(self.full_key(key))
-            .upload_id(handle)
-            .part_number(number)
-            .content_length(part.len() as i64)
-            .body(S3Body::from(part))
-            .send()
+        let full_key = self.full_key(key);
+        self.upload_part(&full_key, handle.as_str(), number, part)
             .await
-            .map_err(sdk_err)?;
-        Ok(out.e_tag().unwrap_or_default().to_owned())
     }
 
     async fn put_tail(
         &self,
-        key: &str,
-        _handle: &str,
+        key: &BlobKey,
+        _handle: &WriteHandle,
         start: u64,
         tail: Bytes,
     ) -> Result<(), BlobError> {
@@ -103,8 +86,8 @@ impl ResumableBlobs for S3BlobStore {
 
     async fn get_tail(
         &self,
-        key: &str,
-        _handle: &str,
+        key: &BlobKey,
+        _handle: &WriteHandle,
         start: u64,
         end: u64,
     ) -> Result<Bytes, BlobError> {
@@ -133,8 +116,8 @@ impl ResumableBlobs for S3BlobStore {
 
     async fn delete_tail(
         &self,
-        key: &str,
-        _handle: &str,
+        key: &BlobKey,
+        _handle: &WriteHandle,
         start: u64,
         end: u64,
     ) -> Result<(), BlobError> {
@@ -143,8 +126,8 @@ impl ResumableBlobs for S3BlobStore {
 
     async fn complete(
         &self,
-        key: &str,
-        handle: &str,
+        key: &BlobKey,
+        handle: &WriteHandle,
         tags: &[String],
         len: u64,
     ) -> Result<(), BlobError> {
@@ -161,32 +144,11 @@ impl ResumableBlobs for S3BlobStore {
                 .map_err(sdk_err)?;
             return self.abort(key, handle).await;
         }
-        let parts = tags
-            .iter()
-            .zip(1..)
-            .map(|(tag, number)| {
-                CompletedPart::builder()
-                    .part_number(number)
-                    .e_tag(tag)
-                    .build()
-            })
-            .collect();
         let completed = self
-            .client
-            .complete_multipart_upload()
-            .bucket(&self.bucket)
-            .key(self.full_key(key))
-            .upload_id(handle)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(parts))
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(sdk_err);
+            .complete_multipart(&self.full_key(key), handle.as_str(), tags)
+            .await;
         match completed {
-            Ok(_) => self.count_multipart("completed"),
+            Ok(()) => {}
             // Completed before, its answer lost: the upload id is gone
             // (NoSuchUpload; s3s-fs says AccessDenied) and the object is
             // whole. Nothing else writes this key.
@@ -196,20 +158,14 @@ impl ResumableBlobs for S3BlobStore {
         Ok(())
     }
 
-    async fn abort(&self, key: &str, handle: &str) -> Result<(), BlobError> {
+    async fn abort(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         // The tails first, so that an abort that fails leaves none.
         self.clear_staging(key, handle).await?;
         match self
-            .client
-            .abort_multipart_upload()
-            .bucket(&self.bucket)
-            .key(self.full_key(key))
-            .upload_id(handle)
-            .send()
+            .abort_multipart(&self.full_key(key), handle.as_str())
             .await
-            .map_err(sdk_err)
         {
-            Ok(_) => self.count_multipart("aborted"),
+            Ok(()) => {}
             Err(BlobError::NotFound) => {}
             // A completed upload's id is gone (s3s-fs says AccessDenied,
             // not NoSuchUpload): its object is there.
@@ -219,7 +175,7 @@ impl ResumableBlobs for S3BlobStore {
         Ok(())
     }
 
-    async fn clear_staging(&self, key: &str, _handle: &str) -> Result<(), BlobError> {
+    async fn clear_staging(&self, key: &BlobKey, _: &WriteHandle) -> Result<(), BlobError> {
         let mut pages = self
             .client
             .list_objects_v2()

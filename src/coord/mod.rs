@@ -20,7 +20,7 @@ use crate::{
     lock::{LockError, Locks},
     meta::retry::Transactions,
     meta::{ContainerRepo, Fence, MetaError, MetaResult},
-    vocab::{LockKey, Operation},
+    vocab::{LockKey, OpId, Operation},
 };
 
 /// Applies operations to the metadata store: what every coordinator ends in.
@@ -41,7 +41,7 @@ impl Applier {
         &self,
         op: &Operation,
         fence: Option<Fence>,
-        op_id: Option<&str>,
+        op_id: Option<&OpId>,
     ) -> MetaResult<()> {
         let result = self
             .txns
@@ -58,7 +58,7 @@ impl Applier {
     /// Settles a queued operation whose waiter gave up (see
     /// [`ContainerRepo::cancel_op`]): `true` if it can no longer apply,
     /// `false` if it already did.
-    pub async fn cancel(&self, op_id: &str) -> MetaResult<bool> {
+    pub async fn cancel(&self, op_id: &OpId) -> MetaResult<bool> {
         Ok(self
             .txns
             .run("cancel_op", || self.meta.cancel_op(op_id))
@@ -67,7 +67,7 @@ impl Applier {
     }
 
     /// Applies queued operations in one transaction (see [`ContainerRepo::apply_group`]).
-    pub async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+    pub async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {
         self.meta.apply_group(ops, fence).await
     }
 }
@@ -125,7 +125,7 @@ impl LockCoordinator {
     /// Runs `op`, recording `op_id` with it when it has one (an operation
     /// that may also sit in the queue must apply once, whichever path gets
     /// to it first).
-    pub async fn run_as(&self, op: Operation, op_id: Option<&str>) -> Result<(), CoordError> {
+    pub async fn run_as(&self, op: Operation, op_id: Option<&OpId>) -> Result<(), CoordError> {
         self.locks
             .with_lock(&op.lock_key(), async |held| {
                 let fence = Fence::of_lock(held.fence(), op.fence_slot());

@@ -34,8 +34,8 @@ impl ContainerService {
 
     pub async fn create_session(&self, user: &UserRecord) -> Result<SessionRecord, DomainError> {
         let session = SessionRecord {
-            id: SessionId::new().to_string(),
-            owner_id: user.id.clone(),
+            id: SessionId::new(),
+            owner_id: user.id,
             file_ids: Vec::new(),
             fence: Default::default(),
             created_at: now(),
@@ -44,10 +44,13 @@ impl ContainerService {
         Ok(session)
     }
 
-    pub async fn session(&self, user: &UserRecord, id: &str) -> Result<SessionRecord, DomainError> {
-        let id = SessionId::parse(id).ok_or(DomainError::NotFound)?;
+    pub async fn session(
+        &self,
+        user: &UserRecord,
+        id: &SessionId,
+    ) -> Result<SessionRecord, DomainError> {
         self.meta
-            .session(&user.id, &id.to_string())
+            .session(&user.id, id)
             .await?
             .ok_or(DomainError::NotFound)
     }
@@ -59,8 +62,8 @@ impl ContainerService {
         page: &PageRequest,
     ) -> Result<Page<SessionRecord>, DomainError> {
         page.fetch(
-            |after, n| async move { self.meta.list_sessions(&user.id, after.as_deref(), n).await },
-            |s: &SessionRecord| &s.id,
+            |after, n| async move { self.meta.list_sessions(&user.id, after.as_ref(), n).await },
+            |s: &SessionRecord| s.id,
         )
         .await
     }
@@ -72,8 +75,8 @@ impl ContainerService {
         page: &PageRequest,
     ) -> Result<Page<AgentRecord>, DomainError> {
         page.fetch(
-            |after, n| async move { self.meta.list_agents(&user.id, after.as_deref(), n).await },
-            |a: &AgentRecord| &a.id,
+            |after, n| async move { self.meta.list_agents(&user.id, after.as_ref(), n).await },
+            |a: &AgentRecord| a.id,
         )
         .await
     }
@@ -91,8 +94,8 @@ impl ContainerService {
             ));
         }
         let agent = AgentRecord {
-            id: AgentId::new().to_string(),
-            owner_id: user.id.clone(),
+            id: AgentId::new(),
+            owner_id: user.id,
             name,
             file_ids: Vec::new(),
             mcp_ids: Vec::new(),
@@ -104,10 +107,9 @@ impl ContainerService {
         Ok(agent)
     }
 
-    pub async fn agent(&self, user: &UserRecord, id: &str) -> Result<AgentRecord, DomainError> {
-        let id = AgentId::parse(id).ok_or(DomainError::NotFound)?;
+    pub async fn agent(&self, user: &UserRecord, id: &AgentId) -> Result<AgentRecord, DomainError> {
         self.meta
-            .agent(&user.id, &id.to_string())
+            .agent(&user.id, id)
             .await?
             .ok_or(DomainError::NotFound)
     }
@@ -118,7 +120,7 @@ impl ContainerService {
     pub async fn session_after_change(
         &self,
         user: &UserRecord,
-        id: &str,
+        id: &SessionId,
     ) -> Result<SessionRecord, DomainError> {
         let read = self.session(user, id).await;
         read.map_err(|_| DomainError::OutcomeUnknown(Some(format!("/v1/sessions/{id}"))))
@@ -128,19 +130,20 @@ impl ContainerService {
     pub async fn agent_after_change(
         &self,
         user: &UserRecord,
-        id: &str,
+        id: &AgentId,
     ) -> Result<AgentRecord, DomainError> {
         let read = self.agent(user, id).await;
         read.map_err(|_| DomainError::OutcomeUnknown(Some(format!("/v1/agents/{id}"))))
     }
 
     /// Attaches (or detaches) one of the caller's files to (from) a session or
-    /// an agent the caller owns.
+    /// an agent the caller owns. `file_id` is `None` when what the client
+    /// named is no file id at all (refused once the container is found).
     pub async fn set_attachment(
         &self,
         user: &UserRecord,
         container: Container,
-        file_id: &str,
+        file_id: Option<FileId>,
         attached: bool,
     ) -> Result<(), DomainError> {
         // The session or agent must be the caller's (404 otherwise); a file that
@@ -152,7 +155,7 @@ impl ContainerService {
         };
         let not_yours =
             || DomainError::InvalidRequest("file_id does not name one of your files".into());
-        let Some(file_id) = FileId::parse(file_id) else {
+        let Some(file_id) = file_id else {
             return Err(if attached {
                 not_yours()
             } else {
@@ -160,9 +163,9 @@ impl ContainerService {
             });
         };
         let op = Operation::Attach {
-            owner_id: user.id.clone(),
+            owner_id: user.id,
             container,
-            file_id: file_id.to_string(),
+            file_id,
             attached,
         };
         match self.coordinator.run(op).await.map_err(DomainError::from) {
@@ -171,22 +174,21 @@ impl ContainerService {
         }
     }
 
-    /// Connects (PUT) or disconnects (DELETE) an MCP server or toolset; both idempotent.
+    /// Connects (PUT) or disconnects (DELETE) an MCP server or toolset; both
+    /// idempotent. `link_id` as the handler parsed it: a malformed one is
+    /// refused once the agent is found.
     pub async fn set_link(
         &self,
         user: &UserRecord,
-        agent_id: &str,
+        agent_id: &AgentId,
         kind: LinkKind,
-        link_id: &str,
+        link_id: Result<LinkId, String>,
         connected: bool,
     ) -> Result<(), DomainError> {
         let agent_id = self.agent(user, agent_id).await?.id;
-        let link_id = LinkId::parse(link_id)
-            .map_err(DomainError::InvalidRequest)?
-            .as_str()
-            .to_owned();
+        let link_id = link_id.map_err(DomainError::InvalidRequest)?;
         let op = Operation::Link {
-            owner_id: user.id.clone(),
+            owner_id: user.id,
             agent_id,
             kind,
             link_id,

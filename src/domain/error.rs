@@ -34,15 +34,6 @@ pub enum DomainError {
     WriteConflict,
     #[error("the upload took longer than its reservation allows and was discarded; try again")]
     UploadExpired,
-    /// A PATCH to a resumable upload from another offset than the stored one.
-    #[error("the upload is at offset {0}; send from there")]
-    OffsetMismatch(u64),
-    /// Another request is writing to this resumable upload right now.
-    #[error("another request is writing to this upload; try again")]
-    UploadLocked,
-    /// The body does not match the checksum the client sent; nothing of it was kept.
-    #[error("the body does not match its Upload-Checksum; nothing of it was kept")]
-    ChecksumMismatch,
     #[error("{0} is unavailable")]
     DependencyUnavailable(&'static str),
     /// The change was sent to the metadata store but its answer was lost: it
@@ -94,9 +85,6 @@ impl DomainError {
             Self::LockLost => "lock_lost",
             Self::WriteConflict => "write_conflict",
             Self::UploadExpired => "upload_expired",
-            Self::OffsetMismatch(_) => "offset_mismatch",
-            Self::UploadLocked => "upload_locked",
-            Self::ChecksumMismatch => "checksum_mismatch",
             Self::DependencyUnavailable(_) => "dependency_unavailable",
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::QuotaExceeded => "quota_exceeded",

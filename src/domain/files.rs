@@ -3,7 +3,7 @@
 use std::{future::Future, sync::Arc};
 
 use super::{
-    DomainError, FileId, Filename, SizeCategory, UserId,
+    DomainError, FileId, Filename, UserId,
     commit::{UserCommitError, user_commit},
     page::{Page, PageRequest},
 };
@@ -26,16 +26,19 @@ pub struct FileService {
 
 impl FileService {
     /// The caller's file, or `NotFound` (also for other users' files).
-    pub async fn find(&self, user: &UserRecord, id: &str) -> Result<FileRecord, DomainError> {
+    pub async fn find(&self, user: &UserRecord, id: &FileId) -> Result<FileRecord, DomainError> {
         self.find_owned(&user.id, id).await
     }
 
     /// The file `id` of the user `owner_id`, or `NotFound` (also once it is
     /// deleted: a signed link dies with its file).
-    pub async fn find_owned(&self, owner_id: &str, id: &str) -> Result<FileRecord, DomainError> {
-        let id = FileId::parse(id).ok_or(DomainError::NotFound)?;
+    pub async fn find_owned(
+        &self,
+        owner_id: &UserId,
+        id: &FileId,
+    ) -> Result<FileRecord, DomainError> {
         self.files
-            .file(owner_id, &id.to_string())
+            .file(owner_id, id)
             .await?
             .ok_or(DomainError::NotFound)
     }
@@ -47,8 +50,8 @@ impl FileService {
         page: &PageRequest,
     ) -> Result<Page<FileRecord>, DomainError> {
         page.fetch(
-            |after, n| async move { self.files.list_files(&user.id, after.as_deref(), n).await },
-            |f: &FileRecord| &f.id,
+            |after, n| async move { self.files.list_files(&user.id, after.as_ref(), n).await },
+            |f: &FileRecord| f.id,
         )
         .await
     }
@@ -81,12 +84,11 @@ impl FileService {
     pub async fn rename(
         &self,
         user: &UserRecord,
-        id: &str,
+        id: &FileId,
         name: &str,
     ) -> Result<FileRecord, DomainError> {
-        let name = Filename::parse(name).map_err(DomainError::InvalidRequest)?;
+        let name = &Filename::parse(name).map_err(DomainError::InvalidRequest)?;
         let file = &self.find(user, id).await?;
-        let name = name.as_str();
         self.write_file(user, file, "rename_file", |fence| async move {
             self.files
                 .rename_file(&user.id, &file.id, name, fence.as_ref())
@@ -100,7 +102,7 @@ impl FileService {
     /// Deletes the file: the metadata goes in one transaction
     /// ([`Self::write_file`]), which also queues the blob as a pending
     /// orphan; then the blob goes and the orphan is marked deleted.
-    pub async fn delete(&self, user: &UserRecord, id: &str) -> Result<(), DomainError> {
+    pub async fn delete(&self, user: &UserRecord, id: &FileId) -> Result<(), DomainError> {
         let file = &self.find(user, id).await?;
         let deleted = self
             .write_file(user, file, "delete_file", |fence| async move {
@@ -145,16 +147,13 @@ impl FileService {
         F: Fn(Option<Fence>) -> Fut,
         Fut: Future<Output = Result<T, MetaError>>,
     {
-        let user_id = UserId::parse(&user.id).ok_or(DomainError::NotFound)?;
-        let category = SizeCategory::parse(&file.category).ok_or_else(|| {
-            DomainError::internal(anyhow::anyhow!("unknown size category {}", file.category))
-        })?;
-        let lock = LockKey::user_upload(&user_id, category.as_str());
+        let (user_id, category) = (&user.id, file.category);
+        let lock = LockKey::user_upload(user_id, category);
         let written = self
             .locks
             .with_lock(&lock, async |held| {
                 let fence = Fence::of_lock(held.fence(), category.as_str());
-                user_commit(&self.locks, &self.txns, &user_id, op, || txn(fence.clone())).await
+                user_commit(&self.locks, &self.txns, user_id, op, || txn(fence.clone())).await
             })
             .await;
         written.map(|r| r.value).map_err(|e| match e {

@@ -8,8 +8,11 @@ use bytes::Bytes;
 use futures::{StreamExt, stream};
 
 use super::DomainError;
-use crate::blob::{BodyError, ByteStream};
 pub use crate::config::media::{AllowedTypes, essence};
+use crate::{
+    blob::{BlobStore, BodyError, ByteRange, ByteStream},
+    vocab::BlobKey,
+};
 
 /// How many leading bytes are read to detect a type: more than any of
 /// `infer`'s signatures needs (the deepest, tar's, ends at byte 262; the
@@ -114,6 +117,30 @@ async fn sniff(
     }
     let replay = stream::iter(head.clone().into_iter().map(Ok));
     Ok((head, replay.chain(body).boxed()))
+}
+
+/// The type to store for a blob already stored at `key` (`len` bytes) whose
+/// client declared `declared` (a resumable upload's): decided from its first
+/// bytes as a plain upload's is ([`resolve`]). Nothing is undone here,
+/// whatever the answer.
+pub async fn stored_type(
+    blobs: &dyn BlobStore,
+    key: &BlobKey,
+    declared: &str,
+    len: u64,
+    allowed: &AllowedTypes,
+    idle: Duration,
+) -> Result<String, DomainError> {
+    let head: ByteStream<'_> = match len {
+        0 => Box::pin(stream::empty()),
+        _ => {
+            let end = len.min(SNIFF_BYTES as u64) - 1;
+            let range = ByteRange { start: 0, end };
+            blobs.get(key, Some(range)).await?
+        }
+    };
+    let (stored, _) = resolve(declared, head, allowed, idle).await?;
+    Ok(stored)
 }
 
 #[cfg(test)]

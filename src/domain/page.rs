@@ -35,15 +35,7 @@ impl PageRequest {
         // Every listed id is a UUID (files', sessions' and agents' alike), and
         // so is every cursor.
         let after = match cursor {
-            Some(c) => Some(
-                FileId::parse(c)
-                    .ok_or_else(|| {
-                        DomainError::InvalidRequest(
-                            "cursor is not a cursor this API returned".into(),
-                        )
-                    })?
-                    .to_string(),
-            ),
+            Some(c) => Some(FileId::parse(c).ok_or_else(bad_cursor)?.to_string()),
             None => None,
         };
         Ok(Self { limit, after })
@@ -51,26 +43,36 @@ impl PageRequest {
 
     /// The page `fetch(after, n)` gives: it is asked for one item more than
     /// the limit, to learn whether another page follows without a second
-    /// round trip. `id` names an item's place in the list (its cursor).
-    pub(crate) async fn fetch<T, F, Fut, E>(
+    /// round trip. `id` names an item's place in the list (its cursor), an
+    /// id of the kind `I` the list is ordered by.
+    pub(crate) async fn fetch<T, I, F, Fut, E>(
         &self,
         fetch: F,
-        id: impl Fn(&T) -> &str,
+        id: impl Fn(&T) -> I,
     ) -> Result<Page<T>, DomainError>
     where
-        F: FnOnce(Option<String>, usize) -> Fut,
+        I: std::str::FromStr + std::fmt::Display,
+        F: FnOnce(Option<I>, usize) -> Fut,
         Fut: Future<Output = Result<Vec<T>, E>>,
         DomainError: From<E>,
     {
-        let mut items = fetch(self.after.clone(), self.limit + 1).await?;
+        let after = match self.after.as_deref().map(str::parse::<I>) {
+            Some(Err(_)) => return Err(bad_cursor()),
+            after => after.and_then(Result::ok),
+        };
+        let mut items = fetch(after, self.limit + 1).await?;
         let next_cursor = if items.len() > self.limit {
             items.truncate(self.limit);
-            items.last().map(|i| id(i).to_owned())
+            items.last().map(|i| id(i).to_string())
         } else {
             None
         };
         Ok(Page { items, next_cursor })
     }
+}
+
+fn bad_cursor() -> DomainError {
+    DomainError::InvalidRequest("cursor is not a cursor this API returned".into())
 }
 
 #[cfg(test)]
@@ -100,7 +102,7 @@ mod tests {
                 let req = PageRequest { limit, after: None };
                 req.fetch(
                     |_, n| async move { Ok::<_, DomainError>(list.into_iter().take(n).collect()) },
-                    |s: &String| s.as_str(),
+                    |s: &String| s.clone(),
                 )
                 .await
                 .unwrap()

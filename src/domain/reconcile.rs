@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::{
     blob::{BlobStore, ListedBlob},
     meta::{CleanupRepo, FileRecord, FileRepo},
+    vocab::{BlobKey, FileId},
 };
 
 #[derive(Debug, Default, Serialize)]
@@ -31,7 +32,10 @@ pub struct ReconcileReport {
     /// Objects with neither a file record nor an upload intent.
     pub strays: Vec<String>,
     /// File ids whose object is missing.
-    pub missing: Vec<String>,
+    pub missing: Vec<FileId>,
+    /// Strays whose key filedock never writes (not `files/{user}/{file}`):
+    /// reported, never deleted.
+    pub foreign: Vec<String>,
     /// Strays left alone because they are younger than the grace period.
     pub too_young: usize,
     pub deleted: usize,
@@ -52,14 +56,14 @@ impl Reconciler {
     /// grace period if `delete_strays`.
     pub async fn reconcile(&self, delete_strays: bool) -> anyhow::Result<ReconcileReport> {
         let blobs = self.blobs.as_ref();
-        let objects: Vec<ListedBlob> = blobs.list("files/").await?;
+        let objects: Vec<ListedBlob> = blobs.list(BlobKey::FILES).await?;
         let mut files: HashMap<String, FileRecord> = HashMap::new();
-        let mut after: Option<String> = None;
+        let mut after: Option<FileId> = None;
         loop {
-            let page = self.files.all_files(after.as_deref(), 1000).await?;
+            let page = self.files.all_files(after.as_ref(), 1000).await?;
             let Some(last) = page.last() else { break };
-            after = Some(last.id.clone());
-            files.extend(page.into_iter().map(|f| (f.key.clone(), f)));
+            after = Some(last.id);
+            files.extend(page.into_iter().map(|f| (f.key.to_string(), f)));
         }
         let mut report = ReconcileReport {
             objects: objects.len(),
@@ -76,18 +80,20 @@ impl Reconciler {
             if !delete_strays {
                 continue;
             }
-            if object.modified > young_after {
-                report.too_young += 1;
-            } else {
-                blobs.delete(&object.key).await?;
-                report.deleted += 1;
+            match BlobKey::parse(&object.key) {
+                _ if object.modified > young_after => report.too_young += 1,
+                Some(key) => {
+                    blobs.delete(&key).await?;
+                    report.deleted += 1;
+                }
+                None => report.foreign.push(object.key.clone()),
             }
         }
         let listed: HashSet<&str> = objects.iter().map(|o| o.key.as_str()).collect();
         for (key, f) in &files {
             // A file committed after the listing has its object now.
-            if !listed.contains(key.as_str()) && blobs.head(key).await?.is_none() {
-                report.missing.push(f.id.clone());
+            if !listed.contains(key.as_str()) && blobs.head(&f.key).await?.is_none() {
+                report.missing.push(f.id);
             }
         }
         report.strays.sort();
@@ -99,14 +105,13 @@ impl Reconciler {
     /// record. The intent is read before the record: an upload that commits
     /// between the two reads is seen by the second.
     async fn is_still_stray(&self, key: &str) -> anyhow::Result<bool> {
-        // Keys are `files/{user}/{file}`; anything else is not filedock's upload.
-        let mut parts = key.split('/').skip(1);
-        let (Some(user), Some(file)) = (parts.next(), parts.next()) else {
+        // Anything but `files/{user}/{file}` is not filedock's upload.
+        let Some(BlobKey::File { user, file }) = BlobKey::parse(key) else {
             return Ok(true);
         };
-        if self.cleanup.intent(file).await?.is_some() {
+        if self.cleanup.intent(&file).await?.is_some() {
             return Ok(false);
         }
-        Ok(self.files.file(user, file).await?.is_none())
+        Ok(self.files.file(&user, &file).await?.is_none())
     }
 }

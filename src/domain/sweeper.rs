@@ -20,6 +20,7 @@ use crate::{
         self, CleanupRepo, MetaError, OrphanRecord, OrphanStatus, ResumableRecord, ResumableRepo,
     },
     metrics::{Metrics, OutcomeLabel, StatusLabel},
+    vocab::OrphanId,
     worker::{Worker, WorkerState},
 };
 
@@ -130,7 +131,7 @@ impl Sweeper {
             };
             if let Some(orphan) = abandoned {
                 report.intents_abandoned += 1;
-                tried.insert(orphan.id.clone());
+                tried.insert(orphan.id);
                 self.delete(orphan, &mut report).await?;
             }
         }
@@ -158,7 +159,7 @@ impl Sweeper {
         &self,
         upload: ResumableRecord,
         report: &mut SweepReport,
-        tried: &mut std::collections::HashSet<String>,
+        tried: &mut std::collections::HashSet<OrphanId>,
     ) -> anyhow::Result<()> {
         let guard = match self
             .locks
@@ -179,7 +180,7 @@ impl Sweeper {
             }
             if let Some(orphan) = self.meta.abandon_intent(&upload.id, None).await? {
                 report.intents_abandoned += 1;
-                tried.insert(orphan.id.clone());
+                tried.insert(orphan.id);
                 self.delete(orphan, report).await?;
             }
             self.resumables.delete_resumable(&upload.id).await?;

@@ -9,7 +9,10 @@ use subtle::ConstantTimeEq;
 use std::sync::Arc;
 
 use super::{DomainError, UserId};
-use crate::meta::{UserRecord, UserRepo};
+use crate::{
+    meta::{UserRecord, UserRepo},
+    vocab::ApiKeyHash,
+};
 
 /// Users and their keys, and the ports that takes.
 pub struct UserService {
@@ -34,8 +37,8 @@ impl UserService {
 }
 
 /// SHA-256 of a presented key, hex.
-pub fn hash_key(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
+pub fn hash_key(key: &str) -> ApiKeyHash {
+    ApiKeyHash::from_hex(hex::encode(Sha256::digest(key.as_bytes())))
 }
 
 /// A new API key: `fdk_` + 64 hex digits.
@@ -70,7 +73,7 @@ pub async fn create_user(
 ) -> Result<(UserRecord, String), DomainError> {
     let key = new_api_key();
     let user = UserRecord {
-        id: UserId::new().to_string(),
+        id: UserId::new(),
         name: parse_name(name)?,
         api_key_hash: hash_key(&key),
         file_ids: Vec::new(),
@@ -102,7 +105,8 @@ pub async fn authenticate(
         .ok_or(DomainError::Unauthenticated)?;
     // The lookup matched by hash already; compare again in constant time so
     // no store's index behaviour decides authentication.
-    if bool::from(user.api_key_hash.as_bytes().ct_eq(hash.as_bytes())) {
+    let stored = user.api_key_hash.as_str().as_bytes();
+    if bool::from(stored.ct_eq(hash.as_str().as_bytes())) {
         cache.insert(hash, user.clone());
         Ok(user)
     } else {
@@ -111,7 +115,7 @@ pub async fn authenticate(
 }
 
 /// Authenticated users by key hash, for a short time.
-pub type AuthCache = moka::sync::Cache<String, UserRecord>;
+pub type AuthCache = moka::sync::Cache<ApiKeyHash, UserRecord>;
 
 pub fn auth_cache(ttl: std::time::Duration) -> AuthCache {
     let capacity = if ttl.is_zero() { 0 } else { 100_000 };
@@ -131,7 +135,7 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a.len(), 68);
         assert_eq!(hash_key(&a), hash_key(&a));
-        assert_ne!(hash_key(&a), a);
+        assert_ne!(hash_key(&a).as_str(), a);
         assert!(secrets_match(&a, &a));
         assert!(!secrets_match(&a, &b));
         assert!(!secrets_match("", &b));

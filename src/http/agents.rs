@@ -10,14 +10,14 @@ use serde_json::{Value, json};
 
 use super::{
     error::{ApiResult, ok},
-    extract::{AppJson, AppQuery, AuthUser},
+    extract::{AppJson, AppQuery, AuthUser, path_id},
     listing::{ListQuery, page_response},
     sessions::FileRef,
     state::AppState,
 };
 use crate::{
     meta::AgentRecord,
-    vocab::{Container, LinkKind},
+    vocab::{AgentId, Container, FileId, LinkId, LinkKind},
 };
 
 fn view(a: AgentRecord) -> Json<Value> {
@@ -64,7 +64,7 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    ok(view(state.containers.agent(&user, &id).await?))
+    ok(view(state.containers.agent(&user, &path_id(&id)?).await?))
 }
 
 /// `POST /v1/agents/{id}/files {"file_id"}`: attach (idempotent) → the agent.
@@ -74,9 +74,12 @@ pub async fn attach(
     Path(id): Path<String>,
     AppJson(body): AppJson<FileRef>,
 ) -> ApiResult {
+    let id: AgentId = path_id(&id)?;
+    // A file id that is not one names none of the caller's files (400).
+    let file_id = FileId::parse(&body.file_id);
     state
         .containers
-        .set_attachment(&user, Container::Agent(id.clone()), &body.file_id, true)
+        .set_attachment(&user, Container::Agent(id), file_id, true)
         .await?;
     ok(view(state.containers.agent_after_change(&user, &id).await?))
 }
@@ -87,9 +90,11 @@ pub async fn detach(
     State(state): State<AppState>,
     Path((id, file_id)): Path<(String, String)>,
 ) -> ApiResult {
+    let id: AgentId = path_id(&id)?;
+    let file_id = FileId::parse(&file_id);
     state
         .containers
-        .set_attachment(&user, Container::Agent(id.clone()), &file_id, false)
+        .set_attachment(&user, Container::Agent(id), file_id, false)
         .await?;
     ok(view(state.containers.agent_after_change(&user, &id).await?))
 }
@@ -103,9 +108,11 @@ async fn link(
     connected: bool,
 ) -> ApiResult {
     let AuthUser(user) = user;
+    let id: AgentId = path_id(&id)?;
+    let link_id = LinkId::parse(&link_id);
     state
         .containers
-        .set_link(&user, &id, kind, &link_id, connected)
+        .set_link(&user, &id, kind, link_id, connected)
         .await?;
     ok(view(state.containers.agent_after_change(&user, &id).await?))
 }

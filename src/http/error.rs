@@ -59,10 +59,6 @@ impl ApiError {
             // balancer must not count it against the instance's health.
             D::LockTimeout => StatusCode::TOO_MANY_REQUESTS,
             D::LockLost | D::WriteConflict | D::UploadExpired => StatusCode::CONFLICT,
-            D::OffsetMismatch(_) => StatusCode::CONFLICT,
-            D::UploadLocked => StatusCode::LOCKED,
-            // tus's checksum extension: 460 Checksum Mismatch.
-            D::ChecksumMismatch => StatusCode::from_u16(460).unwrap_or(StatusCode::BAD_REQUEST),
             D::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,

@@ -107,3 +107,9 @@ pub fn media_type(declared: Option<&str>) -> Result<String, ApiError> {
         .map_err(ApiError::invalid)?
         .into_string())
 }
+
+/// A resource's id from the path: what is not an id names nothing (404,
+/// as another user's resource would).
+pub fn path_id<T: std::str::FromStr>(raw: &str) -> Result<T, ApiError> {
+    raw.parse().map_err(|_| DomainError::NotFound.into())
+}

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     conditional,
     error::{ApiError, ApiResult, ok},
-    extract::{AppJson, AppQuery, AuthUser, media_type},
+    extract::{AppJson, AppQuery, AuthUser, media_type, path_id},
     listing::{ListQuery, page_response},
     multipart,
     state::AppState,
@@ -28,17 +28,18 @@ use crate::{
         upload::NewUpload,
     },
     meta::FileRecord,
+    vocab::{FileId, IdempotencyKey, SizeCategory},
 };
 
 /// A file as the API shows it.
 #[derive(Serialize)]
 pub struct FileView {
-    id: String,
+    id: FileId,
     filename: String,
     size: i64,
     content_type: String,
     sha256: String,
-    category: String,
+    category: SizeCategory,
     created_at: chrono::DateTime<chrono::Utc>,
 }
 
@@ -64,18 +65,14 @@ pub struct UploadQuery {
     filename: Option<String>,
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
     };
-    match v.to_str() {
-        Ok(k) if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()) => {
-            Ok(Some(k.to_owned()))
-        }
-        _ => Err(ApiError::invalid(
-            "Idempotency-Key must be 1 to 255 visible ASCII characters",
-        )),
-    }
+    let raw = v.to_str().unwrap_or_default();
+    IdempotencyKey::parse(raw)
+        .map(Some)
+        .map_err(ApiError::invalid)
 }
 
 /// The `Content-Digest` the client declared, if any (400 if malformed).
@@ -179,6 +176,7 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult {
+    let id = path_id(&id)?;
     ok(Json(FileView::from(state.files.find(&user, &id).await?)))
 }
 
@@ -194,7 +192,10 @@ pub async fn rename(
     Path(id): Path<String>,
     AppJson(body): AppJson<Rename>,
 ) -> ApiResult {
-    let file = state.files.rename(&user, &id, &body.name).await?;
+    let file = state
+        .files
+        .rename(&user, &path_id(&id)?, &body.name)
+        .await?;
     ok(Json(FileView::from(file)))
 }
 
@@ -205,6 +206,7 @@ pub async fn delete(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult {
+    let id = path_id(&id)?;
     if headers.contains_key(header::IF_MATCH) {
         // A file's bytes never change: what is checked here still holds
         // when the delete runs.
@@ -224,7 +226,7 @@ pub async fn content(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult {
-    let file = state.files.find(&user, &id).await?;
+    let file = state.files.find(&user, &path_id(&id)?).await?;
     serve(&state, file, &headers).await
 }
 

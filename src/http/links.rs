@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     error::{ApiError, ApiResult, ok},
-    extract::{AppJson, AppQuery, AuthUser},
+    extract::{AppJson, AppQuery, AuthUser, path_id},
     files,
     state::AppState,
 };
@@ -50,8 +50,9 @@ pub async fn create(
     AppJson(body): AppJson<NewLink>,
 ) -> ApiResult {
     let expires_at = expiry(Utc::now(), body.expires_in)?;
-    let file = state.files.find(&user, &id).await?;
-    let signature = state.links.sign(&user.id, &file.id, expires_at);
+    let file = state.files.find(&user, &path_id(&id)?).await?;
+    let (owner_id, file_id) = (user.id.to_string(), file.id.to_string());
+    let signature = state.links.sign(&owner_id, &file_id, expires_at);
     let url = format!(
         "{}/v1/links/{}?user={}&expires={}&signature={signature}",
         base_url(&state, &headers)?,
@@ -98,7 +99,8 @@ pub async fn download(
     };
     state.links.verify(&link, Utc::now())?;
     // Looked up every time: a deleted file's links die with it.
-    let file = state.files.find_owned(&q.user, &id).await?;
+    let (owner, id) = (path_id(&q.user)?, path_id(&id)?);
+    let file = state.files.find_owned(&owner, &id).await?;
     if state.settings.signed_links == SignedLinks::Redirect {
         let left = (q.expires - Utc::now().timestamp()).max(1) as u64;
         let ttl = Duration::from_secs(left.min(PRESIGNED_SECS));

@@ -10,13 +10,13 @@ use serde_json::{Value, json};
 
 use super::{
     error::{ApiResult, ok},
-    extract::{AppJson, AppQuery, AuthUser},
+    extract::{AppJson, AppQuery, AuthUser, path_id},
     listing::{ListQuery, page_response},
     state::AppState,
 };
 use crate::{
     meta::{SessionRecord, UserRecord},
-    vocab::Container,
+    vocab::{Container, FileId, SessionId},
 };
 
 fn view(s: SessionRecord) -> Json<Value> {
@@ -47,7 +47,7 @@ pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    ok(view(state.containers.session(&user, &id).await?))
+    ok(view(state.containers.session(&user, &path_id(&id)?).await?))
 }
 
 #[derive(Deserialize)]
@@ -62,7 +62,8 @@ pub async fn attach(
     Path(id): Path<String>,
     AppJson(body): AppJson<FileRef>,
 ) -> ApiResult {
-    change(&state, &user, id, &body.file_id, true).await
+    // A file id that is not one names none of the caller's files (400).
+    change(&state, &user, &id, FileId::parse(&body.file_id), true).await
 }
 
 /// `DELETE /v1/sessions/{id}/files/{file_id}`: detach (idempotent) → the session.
@@ -71,19 +72,20 @@ pub async fn detach(
     State(state): State<AppState>,
     Path((id, file_id)): Path<(String, String)>,
 ) -> ApiResult {
-    change(&state, &user, id, &file_id, false).await
+    change(&state, &user, &id, FileId::parse(&file_id), false).await
 }
 
 async fn change(
     state: &AppState,
     user: &UserRecord,
-    id: String,
-    file_id: &str,
+    id: &str,
+    file_id: Option<FileId>,
     attached: bool,
 ) -> ApiResult {
+    let id: SessionId = path_id(id)?;
     state
         .containers
-        .set_attachment(user, Container::Session(id.clone()), file_id, attached)
+        .set_attachment(user, Container::Session(id), file_id, attached)
         .await?;
     ok(view(
         state.containers.session_after_change(user, &id).await?,

@@ -17,16 +17,17 @@ use futures::TryStreamExt;
 
 use super::{
     error::{ApiError, error_body},
-    extract::{AuthUser, media_type},
+    extract::{AuthUser, media_type, path_id},
     state::AppState,
 };
 use crate::{
     blob::{BodyError, ByteStream},
     domain::{
         DomainError, Filename,
-        resumable::{CHECKSUM_ALGORITHMS, Checksum, NewResumable, Patched},
+        resumable::{CHECKSUM_ALGORITHMS, Checksum, NewResumable, Patched, ResumableError},
     },
     meta::{MetaError, ResumableRecord},
+    vocab::FileId,
 };
 
 /// The protocol version this server speaks.
@@ -71,24 +72,67 @@ pub const RESPONSE_HEADERS: [&str; 9] = [
 pub enum TusError {
     /// The request does not say `Tus-Resumable: 1.0.0`: 412 with `Tus-Version`.
     Version,
+    /// A PATCH from another offset than the upload's: 409 `offset_mismatch`.
+    OffsetMismatch(u64),
+    /// Another PATCH is writing to the upload: 423 `upload_locked`.
+    Locked,
+    /// The body does not match its `Upload-Checksum`: 460 (the checksum
+    /// extension's Checksum Mismatch) `checksum_mismatch`.
+    ChecksumMismatch,
     Api(ApiError),
 }
 
+/// tus's checksum extension: 460 Checksum Mismatch.
+const CHECKSUM_MISMATCH: u16 = 460;
+
 impl IntoResponse for TusError {
     fn into_response(self) -> Response {
-        match self {
+        let (status, code, message) = match self {
             Self::Version => {
                 let message = format!("send Tus-Resumable: {TUS_VERSION}");
-                let mut res = error_body(
-                    StatusCode::PRECONDITION_FAILED,
-                    "precondition_failed",
-                    message,
-                );
+                let status = StatusCode::PRECONDITION_FAILED;
+                let mut res = error_body(status, "precondition_failed", message);
                 res.headers_mut()
                     .insert("tus-version", HeaderValue::from_static(TUS_VERSION));
-                res
+                return res;
             }
-            Self::Api(e) => e.into_response(),
+            Self::Api(e) => return e.into_response(),
+            Self::OffsetMismatch(at) => (
+                StatusCode::CONFLICT,
+                "offset_mismatch",
+                ResumableError::OffsetMismatch(at).to_string(),
+            ),
+            Self::Locked => (
+                StatusCode::LOCKED,
+                "upload_locked",
+                ResumableError::Locked.to_string(),
+            ),
+            Self::ChecksumMismatch => (
+                StatusCode::from_u16(CHECKSUM_MISMATCH).unwrap_or(StatusCode::BAD_REQUEST),
+                "checksum_mismatch",
+                ResumableError::ChecksumMismatch.to_string(),
+            ),
+        };
+        error_body(status, code, message)
+    }
+}
+
+impl TusError {
+    fn is_outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            Self::Api(ApiError::Domain(DomainError::OutcomeUnknown(_)))
+        )
+    }
+}
+
+impl From<ResumableError> for TusError {
+    fn from(e: ResumableError) -> Self {
+        match e {
+            ResumableError::OffsetMismatch(at) => Self::OffsetMismatch(at),
+            ResumableError::Locked => Self::Locked,
+            ResumableError::ChecksumMismatch => Self::ChecksumMismatch,
+            ResumableError::Domain(e) => Self::Api(e.into()),
         }
     }
 }
@@ -167,7 +211,7 @@ pub async fn create(
     if with_body || length == 0 {
         // creation-with-upload: the upload exists whatever becomes of its
         // first bytes; the client learns from Upload-Offset what was kept.
-        let patched = run_patch(&state, user.clone(), created.id.clone(), 0, checksum, body).await;
+        let patched = run_patch(&state, user.clone(), created.id, 0, checksum, body).await;
         upload = match patched {
             Ok(patched) => patched.into_upload(),
             Err(e) => match state.resumables.find(&user, &created.id).await {
@@ -176,14 +220,14 @@ pub async fn create(
                 // Its last bytes arrived but the file was refused: that is
                 // the answer, and a client that never learnt the upload's
                 // address cannot retry it, so nothing of it stays.
-                Ok(_) if !matches!(e, ApiError::Domain(DomainError::OutcomeUnknown(_))) => {
+                Ok(_) if !e.is_outcome_unknown() => {
                     if let Err(t) = state.resumables.terminate(&user, &created.id).await {
                         tracing::warn!(upload = %created.id, error = %t, "a refused upload is left to expire");
                     }
-                    return Err(e.into());
+                    return Err(e);
                 }
                 // Over, or its commit's outcome is unknown (its HEAD settles it).
-                _ => return Err(e.into()),
+                _ => return Err(e),
             },
         };
     }
@@ -205,7 +249,7 @@ pub async fn head(
     headers: HeaderMap,
 ) -> TusResult {
     check_version(&headers)?;
-    let upload = state.resumables.head(&user, &id).await?;
+    let upload = state.resumables.head(&user, &path_id(&id)?).await?;
     let mut res = StatusCode::OK.into_response();
     let h = res.headers_mut();
     progress_headers(h, &upload);
@@ -235,7 +279,7 @@ pub async fn patch(
     let offset = number(&headers, UPLOAD_OFFSET)?
         .ok_or_else(|| ApiError::invalid("Upload-Offset is required"))?;
     let checksum = checksum(&headers)?;
-    let upload = run_patch(&state, user, id, offset, checksum, body)
+    let upload = run_patch(&state, user, path_id(&id)?, offset, checksum, body)
         .await?
         .into_upload();
     let mut res = StatusCode::NO_CONTENT.into_response();
@@ -251,7 +295,7 @@ pub async fn terminate(
     headers: HeaderMap,
 ) -> TusResult {
     check_version(&headers)?;
-    state.resumables.terminate(&user, &id).await?;
+    state.resumables.terminate(&user, &path_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -261,11 +305,11 @@ pub async fn terminate(
 async fn run_patch(
     state: &AppState,
     user: crate::meta::UserRecord,
-    id: String,
+    id: FileId,
     offset: u64,
     checksum: Option<Checksum>,
     body: Body,
-) -> Result<Patched, ApiError> {
+) -> Result<Patched, TusError> {
     let service = state.resumables.clone();
     let body: ByteStream<'static> = Box::pin(
         body.into_data_stream()
@@ -274,7 +318,7 @@ async fn run_patch(
     tokio::spawn(async move { service.patch(&user, &id, offset, checksum, body).await })
         .await
         .map_err(ApiError::internal)?
-        .map_err(ApiError::from)
+        .map_err(TusError::from)
 }
 
 fn progress_headers(h: &mut HeaderMap, upload: &ResumableRecord) {

@@ -97,29 +97,37 @@ pub fn fences(group: &[CommitUpload]) -> MetaResult<Vec<&Fence>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::{FileRecord, IdempotencyKey};
+    use crate::{
+        meta::{FileRecord, IdempotencyClaim},
+        vocab::{BlobKey, FileId, IdempotencyKey, SizeCategory, UserId},
+    };
+
+    /// The one user every upload of these groups is by.
+    fn owner() -> UserId {
+        UserId::parse("0190f2a0-0000-7000-8000-000000000001").unwrap()
+    }
 
     fn upload(size: i64, key: Option<&str>) -> CommitUpload {
-        let id = uuid::Uuid::now_v7().to_string();
+        let id = FileId::new();
         CommitUpload {
             file: FileRecord {
-                id: id.clone(),
-                owner_id: "u".into(),
+                id,
+                owner_id: owner(),
                 filename: "f".into(),
                 content_type: "text/plain".into(),
                 size,
                 sha256: String::new(),
-                category: "small".into(),
+                category: SizeCategory::Small,
                 bucket: "b".into(),
-                key: format!("files/u/{id}"),
+                key: BlobKey::file(owner(), id),
                 created_at: super::super::now(),
                 sessions: vec![],
                 agents: vec![],
             },
             fence: None,
             quota_bytes: Some(100),
-            idempotency: key.map(|k| IdempotencyKey {
-                key: k.to_owned(),
+            idempotency: key.map(|k| IdempotencyClaim {
+                key: IdempotencyKey::parse(k).unwrap(),
                 fingerprint: String::new(),
             }),
         }
@@ -158,13 +166,14 @@ mod tests {
             upload(1, Some("a")),
             upload(1, Some("b")),
         ];
+        let b_id = IdempotencyRecord::id_for(&owner(), &IdempotencyKey::parse("b").unwrap());
         let first_b = IdempotencyRecord {
-            id: "u:b".into(),
+            id: b_id.clone(),
             file: group[0].file.clone(),
             fingerprint: String::new(),
             created_at: crate::meta::now(),
         };
-        let before = HashMap::from([("u:b".to_owned(), first_b)]);
+        let before = HashMap::from([(b_id, first_b)]);
         let p = plan(&group, 0, before);
         assert_eq!(shape(&p), ["commit", "replay", "replay"]);
         let Ok(CommitOutcome::Replayed(first)) = &p.outcomes[1] else {

@@ -17,16 +17,19 @@ use chrono::{DateTime, Utc};
 pub use self::error::{MetaError, MetaResult};
 pub use self::records::*;
 pub use self::resumable::{ResumableRecord, ResumableRepo};
-use crate::vocab::Operation;
+use crate::vocab::{
+    AgentId, ApiKeyHash, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
+    UserId,
+};
 
 /// Users and their keys.
 #[async_trait]
 pub trait UserRepo: Send + Sync {
     async fn insert_user(&self, user: &UserRecord) -> MetaResult<()>;
 
-    async fn user(&self, id: &str) -> MetaResult<Option<UserRecord>>;
+    async fn user(&self, id: &UserId) -> MetaResult<Option<UserRecord>>;
 
-    async fn user_by_key_hash(&self, hash: &str) -> MetaResult<Option<UserRecord>>;
+    async fn user_by_key_hash(&self, hash: &ApiKeyHash) -> MetaResult<Option<UserRecord>>;
 }
 
 /// Files: the upload commit, reads, lists and the delete.
@@ -43,8 +46,8 @@ pub trait FileRepo: Send + Sync {
     /// and its file has not been deleted since.
     async fn idempotency_record(
         &self,
-        user_id: &str,
-        key: &str,
+        user_id: &UserId,
+        key: &IdempotencyKey,
     ) -> MetaResult<Option<IdempotencyRecord>>;
 
     /// Commits one user's uploads in one transaction (a group commit), in
@@ -64,13 +67,13 @@ pub trait FileRepo: Send + Sync {
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>>;
 
     /// The file if `owner_id` owns it.
-    async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>>;
+    async fn file(&self, owner_id: &UserId, file_id: &FileId) -> MetaResult<Option<FileRecord>>;
 
     /// The owner's files in id (creation) order, after `after`.
     async fn list_files(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&FileId>,
         limit: usize,
     ) -> MetaResult<Vec<FileRecord>>;
 
@@ -80,8 +83,8 @@ pub trait FileRepo: Send + Sync {
     /// transaction so that a crash before the blob delete loses nothing.
     async fn delete_file(
         &self,
-        owner_id: &str,
-        file_id: &str,
+        owner_id: &UserId,
+        file_id: &FileId,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>>;
 
@@ -90,14 +93,14 @@ pub trait FileRepo: Send + Sync {
     /// (then nothing is written).
     async fn rename_file(
         &self,
-        owner_id: &str,
-        file_id: &str,
-        filename: &str,
+        owner_id: &UserId,
+        file_id: &FileId,
+        filename: &Filename,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<FileRecord>>;
 
     /// Every file, in id order, after `after` (audits).
-    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>>;
+    async fn all_files(&self, after: Option<&FileId>, limit: usize) -> MetaResult<Vec<FileRecord>>;
 }
 
 /// Cleanup: upload intents (uploads in flight) and orphans (blobs that
@@ -109,16 +112,16 @@ pub trait CleanupRepo: Send + Sync {
     /// Writes several intents at once (one `insert_many`).
     async fn put_intents(&self, intents: &[IntentRecord]) -> MetaResult<()>;
 
-    async fn delete_intent(&self, file_id: &str) -> MetaResult<()>;
+    async fn delete_intent(&self, file_id: &FileId) -> MetaResult<()>;
 
     /// The intent of the upload that will commit as `file_id`, if it is in flight.
-    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>>;
+    async fn intent(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>>;
 
     /// Intents whose upload was last alive before `before`, oldest first.
     async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>>;
 
     /// Marks the intent's upload alive now; `false` if the intent is gone.
-    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool>;
+    async fn touch_intent(&self, file_id: &FileId) -> MetaResult<bool>;
 
     /// Turns an upload intent into a pending orphan, in one transaction, if
     /// its upload was last alive before `stale_before` (always, if `None`).
@@ -126,7 +129,7 @@ pub trait CleanupRepo: Send + Sync {
     /// or was refreshed since.
     async fn abandon_intent(
         &self,
-        file_id: &str,
+        file_id: &FileId,
         stale_before: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<OrphanRecord>>;
 
@@ -146,7 +149,7 @@ pub trait CleanupRepo: Send + Sync {
 
     async fn mark_orphan(
         &self,
-        id: &str,
+        id: &OrphanId,
         status: OrphanStatus,
         error: Option<String>,
     ) -> MetaResult<()>;
@@ -164,26 +167,27 @@ pub trait ContainerRepo: Send + Sync {
     async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()>;
 
     /// The session if `owner_id` owns it.
-    async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>>;
+    async fn session(&self, owner_id: &UserId, id: &SessionId)
+    -> MetaResult<Option<SessionRecord>>;
 
     async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()>;
 
     /// The agent if `owner_id` owns it.
-    async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>>;
+    async fn agent(&self, owner_id: &UserId, id: &AgentId) -> MetaResult<Option<AgentRecord>>;
 
     /// The owner's sessions in id (creation) order, after `after`.
     async fn list_sessions(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&SessionId>,
         limit: usize,
     ) -> MetaResult<Vec<SessionRecord>>;
 
     /// The owner's agents in id (creation) order, after `after`.
     async fn list_agents(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&AgentId>,
         limit: usize,
     ) -> MetaResult<Vec<AgentRecord>>;
 
@@ -199,19 +203,19 @@ pub trait ContainerRepo: Send + Sync {
         &self,
         op: &Operation,
         fence: Option<&Fence>,
-        op_id: Option<&str>,
+        op_id: Option<&OpId>,
     ) -> MetaResult<()>;
 
     /// Settles a queued operation whose waiter gave up: records its id in
     /// `processed_ops` so that it can never apply (`true`), unless it already
     /// did (`false`).
-    async fn cancel_op(&self, op_id: &str) -> MetaResult<bool>;
+    async fn cancel_op(&self, op_id: &OpId) -> MetaResult<bool>;
 
     /// Applies queued operations in order in one transaction, recording each
     /// one's id (the second of the pair) as `apply_op` does,
     /// under one fence: all or none. Any refusal, or an id seen before, fails
     /// the whole group; the caller then applies them one at a time.
-    async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()>;
+    async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()>;
 }
 
 /// One method per unit of work; each mutating method is a single transaction

@@ -6,6 +6,11 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::vocab::{
+    AgentId, ApiKeyHash, BlobKey, FileId, IdempotencyKey, LinkId, OpId, OrphanId, SessionId,
+    SizeCategory, UserId,
+};
+
 /// Now, at the millisecond precision the stores keep, so that what a
 /// request returns equals what a later read returns.
 pub fn now() -> DateTime<Utc> {
@@ -16,13 +21,13 @@ pub fn now() -> DateTime<Utc> {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct UserRecord {
     #[serde(rename = "_id")]
-    pub id: String,
+    pub id: UserId,
     pub name: String,
     /// SHA-256 (hex) of the API key; the key itself is never stored.
-    pub api_key_hash: String,
+    pub api_key_hash: ApiKeyHash,
     /// Not loaded by `user_by_key_hash` (empty there).
     #[serde(default)]
-    pub file_ids: Vec<String>,
+    pub file_ids: Vec<FileId>,
     pub used_bytes: i64,
     /// Highest fencing token committed, per upload-lock category.
     #[serde(default)]
@@ -35,32 +40,32 @@ pub struct UserRecord {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct FileRecord {
     #[serde(rename = "_id")]
-    pub id: String,
-    pub owner_id: String,
+    pub id: FileId,
+    pub owner_id: UserId,
     pub filename: String,
     pub content_type: String,
     pub size: i64,
     pub sha256: String,
-    pub category: String,
+    pub category: SizeCategory,
     pub bucket: String,
-    pub key: String,
+    pub key: BlobKey,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
     /// Sessions the file is attached to (so a delete knows where to detach).
     #[serde(default)]
-    pub sessions: Vec<String>,
+    pub sessions: Vec<SessionId>,
     /// Agents the file is attached to.
     #[serde(default)]
-    pub agents: Vec<String>,
+    pub agents: Vec<AgentId>,
 }
 
 /// `sessions` collection: a chat session and its files.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SessionRecord {
     #[serde(rename = "_id")]
-    pub id: String,
-    pub owner_id: String,
-    pub file_ids: Vec<String>,
+    pub id: SessionId,
+    pub owner_id: UserId,
+    pub file_ids: Vec<FileId>,
     /// Highest fencing token committed, per lock (`files`).
     #[serde(default)]
     pub fence: BTreeMap<String, i64>,
@@ -72,12 +77,12 @@ pub struct SessionRecord {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct AgentRecord {
     #[serde(rename = "_id")]
-    pub id: String,
-    pub owner_id: String,
+    pub id: AgentId,
+    pub owner_id: UserId,
     pub name: String,
-    pub file_ids: Vec<String>,
-    pub mcp_ids: Vec<String>,
-    pub toolset_ids: Vec<String>,
+    pub file_ids: Vec<FileId>,
+    pub mcp_ids: Vec<LinkId>,
+    pub toolset_ids: Vec<LinkId>,
     /// Highest fencing token committed, per lock (`files`, `config`).
     #[serde(default)]
     pub fence: BTreeMap<String, i64>,
@@ -88,11 +93,24 @@ pub struct AgentRecord {
 /// `permissions` collection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct PermissionRecord {
+    /// `{file}:{user}`.
     #[serde(rename = "_id")]
     pub id: String,
-    pub file_id: String,
-    pub user_id: String,
+    pub file_id: FileId,
+    pub user_id: UserId,
     pub role: String,
+}
+
+impl PermissionRecord {
+    /// The owner's permission on a file just uploaded.
+    pub fn owner_of(file: &FileRecord) -> Self {
+        Self {
+            id: format!("{}:{}", file.id, file.owner_id),
+            file_id: file.id,
+            user_id: file.owner_id,
+            role: "owner".into(),
+        }
+    }
 }
 
 /// `upload_intents`: written before the first blob byte, deleted by the commit.
@@ -100,10 +118,10 @@ pub struct PermissionRecord {
 pub struct IntentRecord {
     /// The file id the upload will commit under.
     #[serde(rename = "_id")]
-    pub id: String,
-    pub user_id: String,
+    pub id: FileId,
+    pub user_id: UserId,
     pub bucket: String,
-    pub key: String,
+    pub key: BlobKey,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
     /// The last time its upload showed it is alive (it refreshes the intent
@@ -113,6 +131,19 @@ pub struct IntentRecord {
 }
 
 impl IntentRecord {
+    /// The intent of an upload by `user` that will commit as file `file`,
+    /// its blob at the file's key in `bucket`: the one place an intent is made.
+    pub fn new(user: UserId, file: FileId, bucket: &str) -> Self {
+        Self {
+            id: file,
+            user_id: user,
+            bucket: bucket.to_owned(),
+            key: BlobKey::file(user, file),
+            created_at: now(),
+            refreshed_at: None,
+        }
+    }
+
     /// When its upload last showed it is alive.
     pub fn alive_at(&self) -> DateTime<Utc> {
         self.refreshed_at.unwrap_or(self.created_at)
@@ -123,9 +154,9 @@ impl IntentRecord {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct OrphanRecord {
     #[serde(rename = "_id")]
-    pub id: String,
+    pub id: OrphanId,
     pub bucket: String,
-    pub key: String,
+    pub key: BlobKey,
     pub status: OrphanStatus,
     pub retries: i32,
     pub error: Option<String>,
@@ -147,7 +178,7 @@ pub enum OrphanStatus {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ProcessedOp {
     #[serde(rename = "_id")]
-    pub id: String,
+    pub id: OpId,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
 }
@@ -170,14 +201,15 @@ pub struct IdempotencyRecord {
 
 /// An `Idempotency-Key` and the fingerprint of the request that sent it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct IdempotencyKey {
-    pub key: String,
+pub struct IdempotencyClaim {
+    pub key: IdempotencyKey,
     pub fingerprint: String,
 }
 
 impl IdempotencyRecord {
-    pub fn id_for(user_id: &str, key: &str) -> String {
-        format!("{user_id}:{key}")
+    /// `{user}:{key}`: a key is the user's own.
+    pub fn id_for(user_id: &UserId, key: &IdempotencyKey) -> String {
+        format!("{user_id}:{}", key.as_str())
     }
 }
 
@@ -219,7 +251,7 @@ pub struct CommitUpload {
     pub file: FileRecord,
     pub fence: Option<Fence>,
     pub quota_bytes: Option<u64>,
-    pub idempotency: Option<IdempotencyKey>,
+    pub idempotency: Option<IdempotencyClaim>,
 }
 
 /// A file whose metadata was deleted, and the pending orphan that now
@@ -227,7 +259,7 @@ pub struct CommitUpload {
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeletedFile {
     pub file: FileRecord,
-    pub orphan_id: String,
+    pub orphan_id: OrphanId,
 }
 
 /// Sizes of the bookkeeping collections.
@@ -250,11 +282,11 @@ pub enum CommitOutcome {
 
 impl OrphanRecord {
     /// A pending orphan for a blob that has to be deleted.
-    pub fn pending(bucket: &str, key: &str, error: Option<String>) -> Self {
+    pub fn pending(bucket: &str, key: &BlobKey, error: Option<String>) -> Self {
         Self {
-            id: uuid::Uuid::now_v7().to_string(),
+            id: OrphanId::new(),
             bucket: bucket.to_owned(),
-            key: key.to_owned(),
+            key: *key,
             status: OrphanStatus::Pending,
             retries: 0,
             error,

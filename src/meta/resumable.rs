@@ -7,18 +7,19 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{error::MetaResult, records::bson_time};
+use crate::vocab::{BlobKey, FileId, UserId, WriteHandle};
 
 /// `resumable_uploads`: one tus upload between its creation and its last PATCH.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ResumableRecord {
     /// The upload id, which is also the id the file commits under (and its intent's).
     #[serde(rename = "_id")]
-    pub id: String,
-    pub user_id: String,
+    pub id: FileId,
+    pub user_id: UserId,
     /// The blob key the file will have.
-    pub key: String,
+    pub key: BlobKey,
     /// The blob store's handle on the write (the S3 multipart upload id).
-    pub handle: String,
+    pub handle: WriteHandle,
     /// `Upload-Length`.
     pub length: i64,
     /// `Upload-Offset`: the bytes stored so far.
@@ -61,7 +62,7 @@ impl ResumableRecord {
 pub trait ResumableRepo: Send + Sync {
     async fn insert_resumable(&self, upload: &ResumableRecord) -> MetaResult<()>;
 
-    async fn resumable(&self, id: &str) -> MetaResult<Option<ResumableRecord>>;
+    async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>>;
 
     /// Replaces the record with `upload` if its offset is still
     /// `expected_offset`: `false` (nothing changed) if another PATCH moved
@@ -72,7 +73,7 @@ pub trait ResumableRepo: Send + Sync {
         expected_offset: i64,
     ) -> MetaResult<bool>;
 
-    async fn delete_resumable(&self, id: &str) -> MetaResult<()>;
+    async fn delete_resumable(&self, id: &FileId) -> MetaResult<()>;
 
     /// Uploads that expired before `before`, soonest first.
     async fn expired_resumables(

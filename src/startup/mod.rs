@@ -24,7 +24,7 @@ use crate::{
         reconcile::Reconciler,
         resumable::ResumableService,
         sweeper::{SweepWorker, Sweeper},
-        upload::{CommitGroups, InFlightKeys, IntentBatches, UploadService, UploadSlots},
+        upload::{Admission, Committer, Idempotency, UploadService},
         users::{UserService, auth_cache, new_api_key},
     },
     http::{self, AppState},
@@ -141,26 +141,41 @@ impl AppState {
         };
         let links = LinkSigner::new(settings.link_secret.as_ref())?;
         let settings = Arc::new(settings);
-        let uploads = Arc::new(UploadService {
-            files: meta.clone(),
-            users: meta.clone(),
-            cleanup: meta.clone(),
-            blobs: blobs.clone(),
-            locks: locks.clone(),
-            txns: txns.clone(),
-            metrics: metrics.clone(),
-            settings: settings.clone(),
-            upload_slots: UploadSlots::default(),
-            idempotency_keys: InFlightKeys::default(),
-            groups: CommitGroups::new(
-                meta.clone(),
-                locks.clone(),
-                txns.clone(),
-                metrics.clone(),
-                settings.upload_group_max,
-            ),
-            intents: IntentBatches::new(meta.clone(), settings.upload_group_max),
-        });
+        // The commit and the admission gate plain and resumable uploads share.
+        let committer = Arc::new(Committer::new(
+            meta.clone(),
+            meta.clone(),
+            blobs.clone(),
+            locks.clone(),
+            txns.clone(),
+            metrics.clone(),
+            &settings,
+        ));
+        let admission = Arc::new(Admission::new(
+            meta.clone(),
+            meta.clone(),
+            metrics.clone(),
+            &settings,
+        ));
+        let uploads = Arc::new(UploadService::new(
+            admission.clone(),
+            committer.clone(),
+            blobs.clone(),
+            Idempotency::new(meta.clone()),
+            metrics.clone(),
+            &settings,
+        ));
+        let resumables = Arc::new(ResumableService::new(
+            committer,
+            admission,
+            meta.clone(),
+            meta.clone(),
+            meta.clone(),
+            blobs.clone(),
+            resumable.clone(),
+            locks.clone(),
+            &settings,
+        ));
         Ok(Self {
             links: Arc::new(links),
             users: Arc::new(UserService::new(
@@ -169,14 +184,8 @@ impl AppState {
             )),
             // Each service gets the narrow repositories it uses; one store
             // serves them all.
-            uploads: uploads.clone(),
-            resumables: Arc::new(ResumableService {
-                uploads,
-                resumables: meta.clone(),
-                cleanup: meta.clone(),
-                blobs: resumable.clone(),
-                locks: locks.clone(),
-            }),
+            uploads,
+            resumables,
             files: Arc::new(FileService {
                 files: meta.clone(),
                 cleanup: meta.clone(),

@@ -5,20 +5,25 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::keys::LockKey;
+use super::{
+    ids::{AgentId, FileId, LinkId, SessionId, UserId},
+    keys::LockKey,
+};
 
 /// What a file can be attached to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "id", rename_all = "snake_case")]
 pub enum Container {
-    Session(String),
-    Agent(String),
+    Session(SessionId),
+    Agent(AgentId),
 }
 
 impl Container {
-    pub fn id(&self) -> &str {
+    /// The container's id, as its key and its documents write it.
+    pub fn id(&self) -> String {
         match self {
-            Self::Session(id) | Self::Agent(id) => id,
+            Self::Session(id) => id.to_string(),
+            Self::Agent(id) => id.to_string(),
         }
     }
 
@@ -36,16 +41,16 @@ impl Container {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Operation {
     Attach {
-        owner_id: String,
+        owner_id: UserId,
         container: Container,
-        file_id: String,
+        file_id: FileId,
         attached: bool,
     },
     Link {
-        owner_id: String,
-        agent_id: String,
+        owner_id: UserId,
+        agent_id: AgentId,
         kind: LinkKind,
-        link_id: String,
+        link_id: LinkId,
         connected: bool,
     },
 }
@@ -129,10 +134,10 @@ mod tests {
     #[test]
     fn operations_round_trip_as_json() {
         let op = Operation::Link {
-            owner_id: "u".into(),
-            agent_id: "a".into(),
+            owner_id: UserId::new(),
+            agent_id: AgentId::new(),
             kind: LinkKind::Mcp,
-            link_id: "github".into(),
+            link_id: LinkId::parse("github").unwrap(),
             connected: true,
         };
         let json = serde_json::to_string(&op).unwrap();

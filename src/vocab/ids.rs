@@ -6,12 +6,36 @@ use serde::{Deserialize, Serialize};
 use unicode_normalization::UnicodeNormalization;
 use uuid::Uuid;
 
+/// An id made of a UUID, written in its canonical hyphenated form in every
+/// format (JSON, BSON, keys, URLs), so that stored ids stay strings.
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        #[serde(transparent)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(Uuid);
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let raw = std::borrow::Cow::<'de, str>::deserialize(d)?;
+                Self::parse(&raw).ok_or_else(|| {
+                    serde::de::Error::custom(format!(concat!("not a ", stringify!($name), ": {:?}"), raw))
+                })
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+
+            fn from_str(raw: &str) -> Result<Self, String> {
+                Self::parse(raw).ok_or_else(|| format!(concat!("not a ", stringify!($name), ": {:?}"), raw))
+            }
+        }
 
         impl $name {
             /// A new, time-ordered id (UUID v7), so ids sort by creation.
@@ -56,10 +80,63 @@ uuid_id!(
     /// An agent's id.
     AgentId
 );
+uuid_id!(
+    /// An orphan's id (a blob that still has to go).
+    OrphanId
+);
+uuid_id!(
+    /// A queued operation's id: what makes a redelivered operation apply once.
+    OpId
+);
+
+/// The SHA-256 (hex) of an API key: how a user is found by their key (the
+/// key itself is never stored).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ApiKeyHash(String);
+
+impl ApiKeyHash {
+    /// The hash as computed from a presented key.
+    pub fn from_hex(hex: String) -> Self {
+        Self(hex)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An `Idempotency-Key` as a client sent it: 1 to 255 visible ASCII
+/// characters, per user.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub const MAX_BYTES: usize = 255;
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if !raw.is_empty()
+            && raw.len() <= Self::MAX_BYTES
+            && raw.bytes().all(|b| b.is_ascii_graphic())
+        {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(format!(
+                "Idempotency-Key must be 1 to {} visible ASCII characters",
+                Self::MAX_BYTES
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
 
 /// The id of an MCP server or toolset connected to an agent (the client's
 /// own identifier): 1 to 128 of `A-Z a-z 0-9 . _ : -`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct LinkId(String);
 
@@ -121,6 +198,12 @@ impl SizeCategory {
             Self::Medium => "medium",
             Self::Large => "large",
         }
+    }
+}
+
+impl fmt::Display for SizeCategory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -278,5 +361,24 @@ mod tests {
         assert_eq!(FileId::parse(&id.to_string()), Some(id));
         assert_eq!(FileId::parse("../../etc"), None);
         assert_eq!(FileId::parse(&id.to_string().replace('-', "")), None);
+    }
+
+    #[test]
+    fn ids_are_strings_in_every_format() {
+        let id = UserId::new();
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, format!("\"{id}\""));
+        assert_eq!(serde_json::from_str::<UserId>(&json).unwrap(), id);
+        // BSON's raw serializer is not human-readable: a plain UUID would be binary.
+        let doc =
+            bson::to_raw_document_buf(&bson::doc! {"id": bson::to_bson(&id).unwrap()}).unwrap();
+        assert_eq!(doc.get_str("id").unwrap(), id.to_string());
+        #[derive(Serialize)]
+        struct Rec {
+            id: UserId,
+        }
+        let raw = bson::to_raw_document_buf(&Rec { id }).unwrap();
+        assert_eq!(raw.get_str("id").unwrap(), id.to_string());
+        assert!(serde_json::from_str::<UserId>("\"not-an-id\"").is_err());
     }
 }

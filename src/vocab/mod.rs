@@ -9,6 +9,9 @@ pub mod keys;
 
 pub use self::{
     commands::{Container, LinkKind, Operation},
-    ids::{AgentId, FileId, Filename, LinkId, MediaType, SessionId, SizeCategory, UserId},
-    keys::LockKey,
+    ids::{
+        AgentId, ApiKeyHash, FileId, Filename, IdempotencyKey, LinkId, MediaType, OpId, OrphanId,
+        SessionId, SizeCategory, UserId,
+    },
+    keys::{BlobKey, LockKey, WriteHandle},
 };

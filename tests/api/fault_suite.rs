@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use filedock::{domain::users, http::AppState};
+use filedock::{domain::users, http::AppState, vocab::UserId};
 use rand::{SeedableRng, rngs::StdRng};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -53,7 +53,7 @@ async fn maintenance(state: AppState, stop: tokio_util::sync::CancellationToken)
 }
 
 /// Reads everything back through the direct backends.
-async fn final_state(w: &World, state: &AppState, user_id: &str) -> FinalState {
+async fn final_state(w: &World, state: &AppState, user_id: &UserId) -> FinalState {
     let mut fin = FinalState::default();
     for f in state
         .ports
@@ -76,26 +76,34 @@ async fn final_state(w: &World, state: &AppState, user_id: &str) -> FinalState {
         } else {
             None
         };
-        fin.files.insert(f.id.clone(), (f.filename.clone(), sha));
+        fin.files
+            .insert(f.id.to_string(), (f.filename.clone(), sha));
     }
     fin.session_files = state
         .ports
         .meta
-        .session(user_id, &w.session)
+        .session(user_id, &w.session.parse().unwrap())
         .await
         .unwrap()
         .unwrap()
-        .file_ids;
+        .file_ids
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let agent = state
         .ports
         .meta
-        .agent(user_id, &w.agent)
+        .agent(user_id, &w.agent.parse().unwrap())
         .await
         .unwrap()
         .unwrap();
-    fin.agent_files = agent.file_ids;
-    fin.linked = agent.mcp_ids.iter().any(|m| m == MCP);
-    fin.mcp_ids = agent.mcp_ids;
+    fin.agent_files = agent.file_ids.iter().map(ToString::to_string).collect();
+    fin.mcp_ids = agent
+        .mcp_ids
+        .iter()
+        .map(|m| m.as_str().to_owned())
+        .collect();
+    fin.linked = fin.mcp_ids.iter().any(|m| m == MCP);
     let objects: std::collections::HashSet<String> = state
         .ports
         .blobs
@@ -111,7 +119,7 @@ async fn final_state(w: &World, state: &AppState, user_id: &str) -> FinalState {
         .await
         .unwrap()
         .into_iter()
-        .map(|f| f.key)
+        .map(|f| f.key.to_string())
         .collect();
     fin.strays = objects.difference(&records).count();
     fin.missing = records.difference(&objects).count();

@@ -371,7 +371,14 @@ async fn delete_removes_metadata_and_blob() {
         error_code(app.download(&u, id).await).await.0,
         StatusCode::NOT_FOUND
     );
-    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app
+        .state
+        .ports
+        .meta
+        .user(&u.user_id())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(user.file_ids.is_empty());
     assert_eq!(user.used_bytes, 0);
     let res = app

@@ -85,7 +85,13 @@ async fn statuses(sent: Vec<tokio::task::JoinHandle<Response>>) -> Vec<(StatusCo
 }
 
 async fn stored_user(app: &TestApp, u: &TestUser) -> filedock::meta::UserRecord {
-    app.state.ports.meta.user(&u.id).await.unwrap().unwrap()
+    app.state
+        .ports
+        .meta
+        .user(&u.user_id())
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use filedock::{
     http::AppState,
     startup::Application,
     testing::{create_user_json, upload_and_parse, upload_raw_at},
+    vocab::BlobKey,
 };
 use reqwest::{Response, StatusCode};
 use secrecy::SecretString;
@@ -84,6 +85,13 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
 pub struct TestUser {
     pub id: String,
     pub key: String,
+}
+
+impl TestUser {
+    /// The user's id, as the ports take it.
+    pub fn user_id(&self) -> filedock::vocab::UserId {
+        self.id.parse().expect("a user id")
+    }
 }
 
 impl TestApp {
@@ -261,17 +269,17 @@ impl BlobStore for FailingDeletes {
     fn bucket(&self) -> &str {
         self.inner.bucket()
     }
-    async fn put(&self, key: &str, body: ByteStream<'_>) -> Result<u64, BlobError> {
+    async fn put(&self, key: &BlobKey, body: ByteStream<'_>) -> Result<u64, BlobError> {
         self.inner.put(key, body).await
     }
     async fn get(
         &self,
-        key: &str,
+        key: &BlobKey,
         range: Option<ByteRange>,
     ) -> Result<ByteStream<'static>, BlobError> {
         self.inner.get(key, range).await
     }
-    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+    async fn delete(&self, key: &BlobKey) -> Result<(), BlobError> {
         self.delete_calls
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
@@ -281,7 +289,7 @@ impl BlobStore for FailingDeletes {
         }
         self.inner.delete(key).await
     }
-    async fn head(&self, key: &str) -> Result<Option<u64>, BlobError> {
+    async fn head(&self, key: &BlobKey) -> Result<Option<u64>, BlobError> {
         self.inner.head(key).await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<ListedBlob>, BlobError> {
@@ -363,7 +371,7 @@ pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
         .await
         .unwrap()
         .into_iter()
-        .map(|f| f.key)
+        .map(|f| f.key.to_string())
         .collect();
     let strays: Vec<_> = objects.difference(&records).collect();
     let missing: Vec<_> = records.difference(&objects).collect();

@@ -85,16 +85,17 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
         StatusCode::CREATED
     );
     // …so the stale holder's commit must be refused.
+    let id = filedock::vocab::FileId::new();
     let file = FileRecord {
-        id: uuid::Uuid::now_v7().to_string(),
-        owner_id: u.id.clone(),
+        id,
+        owner_id: u.user_id(),
         filename: "stale.txt".into(),
         content_type: "text/plain".into(),
         size: 3,
         sha256: sha256_hex(b"old"),
-        category: "small".into(),
+        category: filedock::vocab::SizeCategory::Small,
         bucket: app.state.ports.blobs.bucket().into(),
-        key: "files/none".into(),
+        key: filedock::vocab::BlobKey::file(u.user_id(), id),
         created_at: Utc::now(),
         sessions: Vec::new(),
         agents: Vec::new(),

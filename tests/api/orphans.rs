@@ -8,6 +8,7 @@ use filedock::{
     http::AppState,
     meta::{CommitUpload, IntentRecord, MetaError},
     ports::Ports,
+    vocab::{BlobKey, FileId, SizeCategory, UserId},
 };
 use futures::StreamExt;
 use reqwest::StatusCode;
@@ -206,15 +207,15 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
     let app = spawn_app_with(settings).await;
     let u = app.create_user("crashed").await;
     // An upload that died after writing its blob: intent + blob, no file.
-    let file_id = uuid::Uuid::now_v7().to_string();
-    let key = format!("files/{}/{file_id}", u.id);
+    let file_id = FileId::new();
+    let key = BlobKey::file(u.id.parse().unwrap(), file_id);
     let intent = IntentRecord {
-        id: file_id.clone(),
-        user_id: u.id.clone(),
-        bucket: app.state.ports.blobs.bucket().into(),
-        key: key.clone(),
         created_at: filedock::meta::now() - chrono::Duration::seconds(1),
-        refreshed_at: None,
+        ..IntentRecord::new(
+            u.id.parse().unwrap(),
+            file_id,
+            app.state.ports.blobs.bucket(),
+        )
     };
     app.state.ports.meta.put_intent(&intent).await.unwrap();
     let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"half"))]);
@@ -243,12 +244,12 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
     // Had that upload still been running, its commit now fails: the intent is gone.
     let file = filedock::meta::FileRecord {
         id: file_id,
-        owner_id: u.id.clone(),
+        owner_id: u.id.parse().unwrap(),
         filename: "late".into(),
         content_type: "text/plain".into(),
         size: 4,
         sha256: sha256_hex(b"half"),
-        category: "small".into(),
+        category: SizeCategory::Small,
         bucket: intent.bucket.clone(),
         key,
         created_at: filedock::meta::now(),
@@ -276,11 +277,11 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
     let u = app.create_user("audit").await;
     let kept: Value = app.upload_json(&u, "kept.txt", b"kept".to_vec()).await;
     let lost: Value = app.upload_json(&u, "lost.txt", b"lost".to_vec()).await;
-    let lost_id = lost["id"].as_str().unwrap().to_owned();
+    let lost_id: FileId = lost["id"].as_str().unwrap().parse().unwrap();
     app.state
         .ports
         .blobs
-        .delete(&format!("files/{}/{lost_id}", u.id))
+        .delete(&BlobKey::file(u.id.parse().unwrap(), lost_id))
         .await
         .unwrap();
     let stray = plant_stray(&app, &u).await;
@@ -479,7 +480,7 @@ async fn an_upload_waiting_for_its_lock_outlasts_the_grace_period() {
 
 /// An object under the user's prefix with neither a record nor an intent.
 async fn plant_stray(app: &TestApp, u: &TestUser) -> String {
-    let key = format!("files/{}/{}", u.id, uuid::Uuid::now_v7());
+    let key = BlobKey::file(u.id.parse().unwrap(), FileId::new());
     let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"stray"))]);
     app.state
         .ports
@@ -487,7 +488,7 @@ async fn plant_stray(app: &TestApp, u: &TestUser) -> String {
         .put(&key, Box::pin(body))
         .await
         .unwrap();
-    key
+    key.to_string()
 }
 
 /// `sweep` and `reconcile` are run from cron and piped to `jq`: their stdout is
@@ -498,14 +499,9 @@ async fn the_cron_commands_print_only_their_json_report_on_stdout() {
     {
         // A dead upload's intent, so that the sweep has something to log.
         let state = AppState::build(settings.clone()).await.unwrap();
-        let id = uuid::Uuid::now_v7().to_string();
         let intent = IntentRecord {
-            id: id.clone(),
-            user_id: "cron-user".into(),
-            bucket: state.ports.blobs.bucket().into(),
-            key: format!("files/cron-user/{id}"),
             created_at: filedock::meta::now() - chrono::Duration::seconds(1),
-            refreshed_at: None,
+            ..IntentRecord::new(UserId::new(), FileId::new(), state.ports.blobs.bucket())
         };
         state.ports.meta.put_intent(&intent).await.unwrap();
     }
@@ -597,17 +593,13 @@ async fn a_sweep_passes_over_an_intent_another_transaction_holds() {
     let u = app.create_user("swept").await;
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let id = uuid::Uuid::now_v7().to_string();
+        let id = FileId::new();
         let intent = IntentRecord {
-            id: id.clone(),
-            user_id: u.id.clone(),
-            bucket: app.state.ports.blobs.bucket().into(),
-            key: format!("files/{}/{id}", u.id),
             created_at: filedock::meta::now() - chrono::Duration::seconds(1),
-            refreshed_at: None,
+            ..IntentRecord::new(u.id.parse().unwrap(), id, app.state.ports.blobs.bucket())
         };
         app.state.ports.meta.put_intent(&intent).await.unwrap();
-        ids.push(id);
+        ids.push(id.to_string());
     }
     let client = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
         .await

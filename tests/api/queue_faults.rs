@@ -161,10 +161,10 @@ async fn an_entry_delivered_to_a_worker_that_lost_its_lease_is_applied_in_order(
     // A stale worker ("ghost") reads the next entry: added and delivered to
     // it in one MULTI, so the owner's blocked read cannot get it first.
     let op = filedock::vocab::Operation::Link {
-        owner_id: u.id.clone(),
-        agent_id: agent.clone(),
+        owner_id: u.user_id(),
+        agent_id: agent.parse().unwrap(),
         kind: filedock::vocab::LinkKind::Mcp,
-        link_id: "second".into(),
+        link_id: filedock::vocab::LinkId::parse("second").unwrap(),
         connected: true,
     };
     let stream = link_stream(&app, &agent);

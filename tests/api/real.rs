@@ -281,28 +281,22 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         tokio::time::sleep(Duration::from_millis(30)).await;
         other.commit_transaction().await.unwrap();
     });
+    let id = filedock::vocab::FileId::new();
     let file = FileRecord {
-        id: uuid::Uuid::now_v7().to_string(),
-        owner_id: u.id.clone(),
+        id,
+        owner_id: u.user_id(),
         filename: "f.txt".into(),
         content_type: "text/plain".into(),
         size: 5,
         sha256: sha256_hex(b"hello"),
-        category: "small".into(),
+        category: filedock::vocab::SizeCategory::Small,
         bucket: app.state.ports.blobs.bucket().into(),
-        key: "files/x".into(),
+        key: filedock::vocab::BlobKey::file(u.user_id(), id),
         created_at: chrono::Utc::now(),
         sessions: Vec::new(),
         agents: Vec::new(),
     };
-    let intent = IntentRecord {
-        id: file.id.clone(),
-        user_id: u.id.clone(),
-        bucket: file.bucket.clone(),
-        key: file.key.clone(),
-        created_at: file.created_at,
-        refreshed_at: None,
-    };
+    let intent = IntentRecord::new(u.user_id(), id, &file.bucket);
     app.state.ports.meta.put_intent(&intent).await.unwrap();
     let commit = CommitUpload {
         file: file.clone(),
@@ -317,7 +311,14 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
     .expect("the retry path absorbs the WriteConflict");
     other_commits.await.unwrap();
     assert!(r.retries >= 1, "MongoDB reported no WriteConflict");
-    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app
+        .state
+        .ports
+        .meta
+        .user(&u.user_id())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(user.file_ids, vec![file.id]);
     assert_eq!(user.used_bytes, 1 + 5, "neither write was lost");
 }

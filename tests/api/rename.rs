@@ -140,7 +140,14 @@ async fn concurrent_renames_and_uploads_by_one_user_all_land_with_exact_usage() 
         "usage counts each file once"
     );
     assert_eq!(me["usage"]["file_count"], 2 * n);
-    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app
+        .state
+        .ports
+        .meta
+        .user(&u.user_id())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(user.file_ids.len(), 2 * n, "the user lists each file once");
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 2 * n);
 }
@@ -188,7 +195,7 @@ async fn a_rename_racing_a_delete_is_applied_first_or_finds_nothing() {
         .state
         .ports
         .meta
-        .list_files(&u.id, None, 100)
+        .list_files(&u.user_id(), None, 100)
         .await
         .unwrap();
     assert!(

@@ -27,7 +27,14 @@ async fn concurrent_uploads_by_one_user_all_land_once() {
         listed.iter().collect::<HashSet<_>>(),
         created.iter().collect::<HashSet<_>>()
     );
-    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app
+        .state
+        .ports
+        .meta
+        .user(&u.user_id())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(user.file_ids.len(), 50);
     assert_eq!(
         user.file_ids.iter().collect::<HashSet<_>>().len(),
@@ -75,7 +82,14 @@ async fn uploads_spanning_categories_all_commit_once() {
         ));
     }
     assert_eq!(categories.len(), 2);
-    let user = app.state.ports.meta.user(&u.id).await.unwrap().unwrap();
+    let user = app
+        .state
+        .ports
+        .meta
+        .user(&u.user_id())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(user.file_ids.len(), n);
     assert_eq!(
         user.file_ids.iter().collect::<HashSet<_>>().len(),

@@ -356,7 +356,15 @@ async fn a_terminated_upload_leaves_nothing() {
     );
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 0);
     assert_eq!(staging_left(&app).await, 0);
-    assert!(app.state.ports.meta.resumable(&id).await.unwrap().is_none());
+    assert!(
+        app.state
+            .ports
+            .meta
+            .resumable(&id.parse().unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -385,7 +393,7 @@ async fn an_expired_upload_is_aborted_by_the_sweeper_and_a_live_one_is_not() {
 
     // Expire it, as if no PATCH had come for FILEDOCK_TUS_EXPIRY_SECS.
     let meta = &app.state.ports.meta;
-    let mut upload = meta.resumable(&id).await.unwrap().unwrap();
+    let mut upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
         meta.advance_resumable(&upload, upload.offset)
@@ -400,7 +408,12 @@ async fn an_expired_upload_is_aborted_by_the_sweeper_and_a_live_one_is_not() {
         (report.resumables_expired, report.intents_abandoned),
         (1, 1)
     );
-    assert!(meta.resumable(&id).await.unwrap().is_none());
+    assert!(
+        meta.resumable(&id.parse().unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 0);
     assert_eq!(staging_left(&app).await, 0);
 }
@@ -578,7 +591,15 @@ async fn a_resumable_upload_type_is_detected_and_held_to_the_allow_list() {
         "only the PNG"
     );
     assert_eq!(staging_left(&app).await, 0);
-    assert!(app.state.ports.meta.resumable(&id).await.unwrap().is_none());
+    assert!(
+        app.state
+            .ports
+            .meta
+            .resumable(&id.parse().unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 /// An upload that ends on its creation (an empty file) and whose file is

@@ -22,6 +22,7 @@ use filedock::{
     http::AppState,
     lock::LockKey,
     ports::Ports,
+    vocab::{BlobKey, WriteHandle},
 };
 use reqwest::StatusCode;
 
@@ -183,14 +184,18 @@ impl ResumableBlobs for LosesCompleteAnswer {
         self.inner.part_size()
     }
 
-    async fn start(&self, key: &str) -> Result<String, BlobError> {
+    fn part_concurrency(&self) -> usize {
+        self.inner.part_concurrency()
+    }
+
+    async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {
         self.inner.start(key).await
     }
 
     async fn put_part(
         &self,
-        key: &str,
-        handle: &str,
+        key: &BlobKey,
+        handle: &WriteHandle,
         number: i32,
         offset: u64,
         part: Bytes,
@@ -200,8 +205,8 @@ impl ResumableBlobs for LosesCompleteAnswer {
 
     async fn put_tail(
         &self,
-        key: &str,
-        handle: &str,
+        key: &BlobKey,
+        handle: &WriteHandle,
         start: u64,
         tail: Bytes,
     ) -> Result<(), BlobError> {
@@ -210,8 +215,8 @@ impl ResumableBlobs for LosesCompleteAnswer {
 
     async fn get_tail(
         &self,
-        key: &str,
-        handle: &str,
+        key: &BlobKey,
+        handle: &WriteHandle,
         start: u64,
         end: u64,
     ) -> Result<Bytes, BlobError> {
@@ -220,8 +225,8 @@ impl ResumableBlobs for LosesCompleteAnswer {
 
     async fn delete_tail(
         &self,
-        key: &str,
-        handle: &str,
+        key: &BlobKey,
+        handle: &WriteHandle,
         start: u64,
         end: u64,
     ) -> Result<(), BlobError> {
@@ -230,8 +235,8 @@ impl ResumableBlobs for LosesCompleteAnswer {
 
     async fn complete(
         &self,
-        key: &str,
-        handle: &str,
+        key: &BlobKey,
+        handle: &WriteHandle,
         tags: &[String],
         len: u64,
     ) -> Result<(), BlobError> {
@@ -242,11 +247,11 @@ impl ResumableBlobs for LosesCompleteAnswer {
         }
     }
 
-    async fn abort(&self, key: &str, handle: &str) -> Result<(), BlobError> {
+    async fn abort(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         self.inner.abort(key, handle).await
     }
 
-    async fn clear_staging(&self, key: &str, handle: &str) -> Result<(), BlobError> {
+    async fn clear_staging(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         self.inner.clear_staging(key, handle).await
     }
 }
@@ -327,7 +332,7 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
 
     // Expire it, as if no PATCH had come for FILEDOCK_TUS_EXPIRY_SECS.
     let meta = &app.state.ports.meta;
-    let mut upload = meta.resumable(&id).await.unwrap().unwrap();
+    let mut upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
     assert!(upload.completed);
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
@@ -339,7 +344,12 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
         panic!("busy")
     };
     assert_eq!((report.resumables_expired, report.orphans_deleted), (1, 1));
-    assert!(meta.resumable(&id).await.unwrap().is_none());
+    assert!(
+        meta.resumable(&id.parse().unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(app.blob_keys(&user).await.len(), 1, "the object went too");
     assert_eq!(app.intents().await, 0);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");

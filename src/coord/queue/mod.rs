@@ -46,7 +46,7 @@ use super::{
 use crate::{
     lock::{Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
     metrics::Metrics,
-    vocab::Operation,
+    vocab::{OpId, Operation},
 };
 
 const GROUP: &str = "filedock";
@@ -180,7 +180,7 @@ impl RedisQueue {
             .sum())
     }
 
-    async fn enqueue(&self, op: &Operation, op_id: &str) -> redis::RedisResult<u64> {
+    async fn enqueue(&self, op: &Operation, op_id: &OpId) -> redis::RedisResult<u64> {
         let b = bucket_of(&op.lock_key());
         let ahead = self.bucket_len(b).await.unwrap_or(0);
         let body = serde_json::to_string(op)
@@ -194,7 +194,7 @@ impl RedisQueue {
             .arg("op")
             .arg(body)
             .arg("id")
-            .arg(op_id)
+            .arg(op_id.to_string())
             .arg("reply")
             .arg(&self.instance)
             .arg("at")
@@ -239,11 +239,15 @@ async fn listen(
     }
 }
 
-fn result_key(prefix: &str, op_id: &str) -> String {
+fn result_key(prefix: &str, op_id: &impl std::fmt::Display) -> String {
     format!("{prefix}filedock_queue_result:{op_id}")
 }
 
-async fn read_result(conn: &mut ConnectionManager, prefix: &str, op_id: &str) -> Option<OpOutcome> {
+async fn read_result(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    op_id: &impl std::fmt::Display,
+) -> Option<OpOutcome> {
     let raw: Option<String> = conn.get(result_key(prefix, op_id)).await.ok()?;
     serde_json::from_str(&raw?).ok()
 }
@@ -257,14 +261,14 @@ impl RedisQueue {
     async fn settle(
         &self,
         op: &Operation,
-        op_id: &str,
+        op_id: &OpId,
         failure: CoordError,
     ) -> Result<(), CoordError> {
         match tokio::time::timeout(SETTLE_WAIT, self.applier.cancel(op_id)).await {
             Ok(Ok(true)) => Err(failure),
             Ok(Ok(false)) => Ok(()),
             Ok(Err(e)) => {
-                tracing::warn!(op_id, error = %e, "could not settle a queued operation");
+                tracing::warn!(%op_id, error = %e, "could not settle a queued operation");
                 Err(CoordError::OutcomeUnknown(op.resource_path()))
             }
             Err(_) => Err(CoordError::OutcomeUnknown(op.resource_path())),
@@ -278,10 +282,10 @@ impl Coordinator for RedisQueue {
         if !self.healthy().await {
             return self.direct.run(op).await;
         }
-        let op_id = uuid::Uuid::now_v7().to_string();
+        let op_id = OpId::new();
         let (tx, mut rx) = oneshot::channel();
         // Registered before the enqueue, so the result cannot come too early.
-        let _waiting = self.waiters.register(&op_id, tx);
+        let _waiting = self.waiters.register(&op_id.to_string(), tx);
         let ahead = match self.enqueue(&op, &op_id).await {
             Ok(n) => n,
             Err(e) => {

@@ -23,7 +23,7 @@ use crate::{
     lock::{LockGuard, LockKey},
     meta::{Fence, MetaError},
     metrics::OutcomeLabel,
-    vocab::Operation,
+    vocab::{OpId, Operation},
     worker::{self, WorkerState},
 };
 
@@ -318,7 +318,9 @@ impl Consumer<'_> {
 /// A stream entry, decoded.
 struct Entry<'a> {
     raw: &'a StreamId,
-    op_id: String,
+    /// `None` for an entry filedock did not write (no valid operation id):
+    /// it is undecodable, and no waiter waits for it.
+    op_id: Option<OpId>,
     reply_to: Option<String>,
     enqueued_ms: u64,
     op: Result<Operation, String>,
@@ -326,15 +328,20 @@ struct Entry<'a> {
 
 impl<'a> Entry<'a> {
     fn decode(raw: &'a StreamId) -> Self {
-        Self {
-            raw,
-            op_id: raw.get("id").unwrap_or_else(|| raw.id.clone()),
-            reply_to: raw.get("reply"),
-            enqueued_ms: raw.get("at").unwrap_or_else(now_ms),
-            op: raw
+        let op_id = raw.get::<String>("id").and_then(|id| OpId::parse(&id));
+        let op = match op_id {
+            None => Err("no operation id".to_owned()),
+            Some(_) => raw
                 .get::<String>("op")
                 .ok_or_else(|| "no op field".to_owned())
                 .and_then(|r| serde_json::from_str(&r).map_err(|e| e.to_string())),
+        };
+        Self {
+            raw,
+            op_id,
+            reply_to: raw.get("reply"),
+            enqueued_ms: raw.get("at").unwrap_or_else(now_ms),
+            op,
         }
     }
 }
@@ -360,7 +367,7 @@ impl Consumer<'_> {
     ) -> Option<Step> {
         let ops = entries
             .iter()
-            .map(|e| Some((e.op.clone().ok()?, e.op_id.clone())))
+            .map(|e| Some((e.op.clone().ok()?, e.op_id?)))
             .collect::<Option<Vec<_>>>()?;
         let mut transient = 0u32;
         loop {
@@ -395,14 +402,14 @@ impl Consumer<'_> {
             if self.lost.is_cancelled() {
                 return Step::Stop;
             }
-            let op_id = entry.op_id.as_str();
+            let op_id = entry.op_id.as_ref();
             let error = match &entry.op {
                 Err(e) => format!("undecodable operation: {e}"),
                 Ok(op) => {
-                    let applied =
-                        self.queue
-                            .applier
-                            .apply(op, Some(self.fence.clone()), Some(op_id));
+                    let applied = self
+                        .queue
+                        .applier
+                        .apply(op, Some(self.fence.clone()), op_id);
                     match applied.await {
                         Ok(()) => break OpOutcome::Applied,
                         Err(MetaError::NotFound) => break OpOutcome::NotFound,
@@ -415,7 +422,7 @@ impl Consumer<'_> {
                         // operation's fault: wait and try again.
                         Err(e) if waits_for_store(&e) => {
                             transient += 1;
-                            tracing::warn!(op_id, error = %e, "queued operation waits for the metadata store");
+                            tracing::warn!(?op_id, error = %e, "queued operation waits for the metadata store");
                             tokio::time::sleep(transient_pause(transient)).await;
                             continue;
                         }
@@ -427,11 +434,16 @@ impl Consumer<'_> {
             if attempts >= MAX_ATTEMPTS || entry.op.is_err() {
                 // Given up on: settled first, so that the answer stays true
                 // (another worker with the same entry may have applied it).
-                match self.queue.applier.cancel(op_id).await {
+                // An entry without an id is no operation of filedock's: nothing applies it.
+                let settled = match op_id {
+                    Some(id) => self.queue.applier.cancel(id).await,
+                    None => Ok(true),
+                };
+                match settled {
                     Ok(true) => {}
                     Ok(false) => break OpOutcome::Applied,
                     Err(e) => {
-                        tracing::warn!(op_id, error = %e, "cannot settle a failing operation yet");
+                        tracing::warn!(?op_id, error = %e, "cannot settle a failing operation yet");
                         tokio::time::sleep(RETRY_STEP * attempts).await;
                         continue;
                     }
@@ -443,7 +455,7 @@ impl Consumer<'_> {
                 break OpOutcome::DeadLettered(message);
             }
             tracing::warn!(
-                op_id,
+                ?op_id,
                 attempt = attempts,
                 error,
                 "queued operation failed; retrying"
@@ -460,15 +472,14 @@ impl Consumer<'_> {
         let prefix = &self.queue.prefix;
         let mut pipe = redis::pipe();
         for (entry, outcome) in done {
-            let body = serde_json::to_string(outcome).unwrap_or_default();
-            pipe.set_ex(result_key(prefix, &entry.op_id), body, RESULT_TTL_SECS)
-                .ignore();
-            if let Some(instance) = &entry.reply_to {
-                pipe.publish(
-                    format!("{prefix}filedock_queue_done:{instance}"),
-                    &entry.op_id,
-                )
-                .ignore();
+            if let Some(op_id) = &entry.op_id {
+                let body = serde_json::to_string(outcome).unwrap_or_default();
+                pipe.set_ex(result_key(prefix, op_id), body, RESULT_TTL_SECS)
+                    .ignore();
+                if let Some(instance) = &entry.reply_to {
+                    let channel = format!("{prefix}filedock_queue_done:{instance}");
+                    pipe.publish(channel, op_id.to_string()).ignore();
+                }
             }
             pipe.xack(self.stream, GROUP, &[&entry.raw.id]).ignore();
         }

@@ -5,21 +5,21 @@
 //! at that offset finishes it. Only a refusal that no retry can change (a
 //! type outside the allow-list, an upload the sweeper took) ends it.
 
-use super::{Patched, ResumableService, hash, release};
+use super::{Patched, Result, ResumableService, hash, release};
 use crate::{
     domain::{
-        DomainError, Filename, SizeCategory, UserId,
-        upload::{CommitError, StoredBlob},
+        DomainError, Filename, SizeCategory, media,
+        upload::{Commit, Hold, OnDrop, Refusal, StoredBlob},
     },
-    lock::LockKey,
-    meta::{CommitOutcome, FileRecord, IntentRecord, ResumableRecord, UserRecord},
+    meta::{FileRecord, IntentRecord, ResumableRecord, UserRecord},
+    vocab::FileId,
 };
 
 impl ResumableService {
     /// The upload for `HEAD`: one whose bytes are all stored but whose file
     /// is not committed yet (its final PATCH failed) is finished first, so
     /// that `Upload-Offset` reaches `Upload-Length` only for a committed file.
-    pub async fn head(&self, user: &UserRecord, id: &str) -> Result<ResumableRecord, DomainError> {
+    pub async fn head(&self, user: &UserRecord, id: &FileId) -> Result<ResumableRecord> {
         let upload = self.find(user, id).await?;
         if !upload.all_stored() {
             return Ok(upload);
@@ -32,7 +32,7 @@ impl ResumableService {
             }
             tokio::select! {
                 r = self.finish(user, upload) => r.map(Patched::into_upload),
-                never = self.uploads.keep_alive(id) => match never {},
+                never = self.admission.keep_alive(id) => match never {},
             }
         }
         .await;
@@ -46,14 +46,14 @@ impl ResumableService {
         &self,
         user: &UserRecord,
         mut upload: ResumableRecord,
-    ) -> Result<Patched, DomainError> {
+    ) -> Result<Patched> {
         // Committed before: that commit's answer was lost, or its state's delete failed.
-        if let Some(file) = self.uploads.files.file(&user.id, &upload.id).await? {
+        if let Some(file) = self.files.file(&user.id, &upload.id).await? {
             return Ok(self.done(upload, file).await);
         }
         let len = upload.length as u64;
         if !upload.completed {
-            self.blobs
+            self.parts
                 .complete(&upload.key, &upload.handle, &upload.parts, len)
                 .await?;
             upload.completed = true;
@@ -68,28 +68,25 @@ impl ResumableService {
         let Some(intent) = self.cleanup.intent(&upload.id).await? else {
             // Swept (expired): the sweeper has its blob.
             self.forget(&upload).await;
-            return Err(DomainError::UploadExpired);
+            return Err(DomainError::UploadExpired.into());
         };
         // As a plain upload's: detected when the client named no real type,
         // and checked against the allow-list.
-        let content_type = match self
-            .uploads
-            .stored_type(&intent, &upload.content_type, len)
-            .await
-        {
+        let (allowed, idle) = (&self.limits.allowed_types, self.limits.body_idle_timeout);
+        let declared = &upload.content_type;
+        let stored_type =
+            media::stored_type(&*self.blobs, &intent.key, declared, len, allowed, idle);
+        let content_type = match stored_type.await {
             Ok(t) => t,
             Err(e @ DomainError::UnsupportedMediaType(_)) => {
-                if let Err(d) = self.discard(&upload, &intent).await {
+                if let Err(d) = self.discard(&upload, intent).await {
                     tracing::warn!(upload = %upload.id, error = %d, "a refused upload is left to expire");
                 }
-                return Err(e);
+                return Err(e.into());
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
-        let user_id = UserId::parse(&user.id)
-            .ok_or_else(|| DomainError::internal(anyhow::anyhow!("bad user id")))?;
         let category = SizeCategory::from_declared_len(Some(len));
-        let lock_key = LockKey::user_upload(&user_id, category.as_str());
         let hasher = hash::restore(&upload.sha256_state)?;
         let stored = StoredBlob {
             filename: Filename::parse(&upload.filename).map_err(DomainError::InvalidRequest)?,
@@ -99,37 +96,40 @@ impl ResumableService {
             category,
             idempotency_key: None,
         };
-        let (commit, committed) = self
-            .uploads
-            .try_commit(user, &intent, stored, None, user_id, lock_key)
-            .await;
-        match committed {
-            Ok(CommitOutcome::Committed) => Ok(self.done(upload, commit.file).await),
-            Ok(CommitOutcome::Replayed(first)) => Ok(self.done(upload, first.file).await),
-            Err(CommitError::Failed(e)) => {
+        // The state names the blob: whatever the commit's answer, it stays
+        // for the next try, and only a refusal no retry changes ends it.
+        let mut staged = self.committer.staged(intent, OnDrop::Keep);
+        let committed = self
+            .committer
+            .commit(&mut staged, Hold::none(category), stored);
+        match committed.await {
+            Commit::Committed(file) => Ok(self.done(upload, file).await),
+            Commit::Refused(Refusal::KeyUsed { first, .. }) => {
+                Ok(self.done(upload, first.file).await)
+            }
+            Commit::Refused(Refusal::Error(e)) => {
                 // An earlier commit whose answer was lost may have applied.
-                if let Ok(Some(file)) = self.uploads.files.file(&user.id, &upload.id).await {
+                if let Ok(Some(file)) = self.files.file(&user.id, &upload.id).await {
                     return Ok(self.done(upload, file).await);
                 }
                 if matches!(e, DomainError::UploadExpired) {
                     self.forget(&upload).await;
                 }
-                Err(e)
+                Err(e.into())
             }
             // The state stays: the next HEAD or PATCH at the end reads the
             // file (it applied) or commits again (it did not: the intent the
             // commit deletes, and the file's id, let only one apply).
-            Err(CommitError::OutcomeUnknown) => Err(DomainError::OutcomeUnknown(Some(format!(
-                "/v1/uploads/{}",
-                upload.id
-            )))),
+            Commit::Unknown(_) => {
+                Err(DomainError::OutcomeUnknown(Some(format!("/v1/uploads/{}", upload.id))).into())
+            }
         }
     }
 
     /// The upload is over: its blob is the file's; what is left in staging
     /// (a tail whose delete failed) and its state go.
     async fn done(&self, upload: ResumableRecord, file: FileRecord) -> Patched {
-        if let Err(e) = self.blobs.clear_staging(&upload.key, &upload.handle).await {
+        if let Err(e) = self.parts.clear_staging(&upload.key, &upload.handle).await {
             tracing::warn!(upload = %upload.id, error = %e, "could not clear a finished upload's staging");
         }
         self.forget(&upload).await;
@@ -154,32 +154,15 @@ impl ResumableService {
     pub(super) async fn discard(
         &self,
         upload: &ResumableRecord,
-        intent: &IntentRecord,
-    ) -> Result<(), DomainError> {
-        self.end_write(upload).await?;
-        self.uploads.compensate(intent).await;
-        self.resumables.delete_resumable(&upload.id).await?;
-        Ok(())
-    }
-}
-
-impl ResumableService {
-    /// Ends the blob store's write: aborted, or (completed) its staging cleared.
-    pub(super) async fn end_write(&self, upload: &ResumableRecord) -> Result<(), DomainError> {
+        intent: IntentRecord,
+    ) -> Result<()> {
         let (key, handle) = (&upload.key, &upload.handle);
         match upload.completed {
-            true => self.blobs.clear_staging(key, handle).await?,
-            false => self.blobs.abort(key, handle).await?,
+            true => self.parts.clear_staging(key, handle).await?,
+            false => self.parts.abort(key, handle).await?,
         }
+        self.committer.staged(intent, OnDrop::Keep).undo().await;
+        self.resumables.delete_resumable(&upload.id).await?;
         Ok(())
-    }
-}
-
-impl Patched {
-    /// The upload's state as the answer shows it.
-    pub fn into_upload(self) -> ResumableRecord {
-        match self {
-            Patched::Partial(upload) | Patched::Done { upload, .. } => upload,
-        }
     }
 }

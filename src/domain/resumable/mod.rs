@@ -1,9 +1,11 @@
 //! Resumable uploads (tus 1.0): create, report the offset, append
-//! (`patch.rs`), terminate. The bytes go to the blob store's resumable path
-//! in parts; the state (offset, part tags, hash state, expiry) is in the
-//! metadata store, so any instance continues any upload. The last PATCH
-//! commits through [`UploadService::commit_stored`], exactly as a plain
-//! upload does (category lock, fence, quota, idempotency, intent).
+//! (`patch.rs`), finish (`finish.rs`), terminate. The bytes go to the blob
+//! store's resumable write through the one part writer
+//! ([`crate::blob::resumable::append`]); the state (offset, part tags, hash
+//! state, expiry) is in the metadata store, so any instance continues any
+//! upload. The last bytes commit through the [`Committer`], exactly as a
+//! plain upload does (category lock, fence, quota, intent), and what a
+//! refused or unknown commit leaves is kept for the next PATCH or HEAD.
 
 mod finish;
 mod hash;
@@ -12,21 +14,44 @@ mod patch;
 use std::sync::Arc;
 
 pub use self::hash::{CHECKSUM_ALGORITHMS, Checksum};
-pub use self::patch::Patched;
-use super::{DomainError, FileId, Filename, UserId, upload::UploadService};
+use super::{
+    DomainError, Filename,
+    upload::{Admission, Committer},
+};
 use crate::{
-    blob::resumable::ResumableBlobs,
-    lock::{LockGuard, LockKey, Locks, TryLock},
-    meta::{CleanupRepo, IntentRecord, ResumableRecord, ResumableRepo, UserRecord},
+    blob::{BlobError, BlobStore, BodyError, resumable::ResumableBlobs},
+    config::{AllowedTypes, Settings},
+    lock::{LockError, LockGuard, Locks, TryLock},
+    meta::{
+        CleanupRepo, FileRecord, FileRepo, MetaError, ResumableRecord, ResumableRepo, UserRecord,
+    },
+    vocab::{FileId, LockKey},
 };
 
-/// The resumable-upload flow and the ports it uses.
+/// The resumable-upload flow and the ports it uses. It shares the commit
+/// ([`Committer`]) and the admission gate ([`Admission`]: slot, quota,
+/// keep-alive) with plain uploads, and nothing else.
 pub struct ResumableService {
-    pub(crate) uploads: Arc<UploadService>,
-    pub(crate) resumables: Arc<dyn ResumableRepo>,
-    pub(crate) cleanup: Arc<dyn CleanupRepo>,
-    pub(crate) blobs: Arc<dyn ResumableBlobs>,
-    pub(crate) locks: Arc<Locks>,
+    committer: Arc<Committer>,
+    admission: Arc<Admission>,
+    resumables: Arc<dyn ResumableRepo>,
+    cleanup: Arc<dyn CleanupRepo>,
+    /// Whether a finished upload's file is committed.
+    files: Arc<dyn FileRepo>,
+    /// A completed upload's first bytes, to decide its type.
+    blobs: Arc<dyn BlobStore>,
+    /// The resumable writes.
+    parts: Arc<dyn ResumableBlobs>,
+    locks: Arc<Locks>,
+    limits: Limits,
+}
+
+/// What a resumable upload is held to.
+struct Limits {
+    max_upload_bytes: u64,
+    expiry: chrono::Duration,
+    body_idle_timeout: std::time::Duration,
+    allowed_types: AllowedTypes,
 }
 
 /// A resumable upload as the HTTP layer hands it over (`POST`).
@@ -38,52 +63,120 @@ pub struct NewResumable {
     pub metadata: String,
 }
 
+/// What a PATCH (or a HEAD that finished the upload) did.
+pub enum Patched {
+    /// Stored up to this offset; more is to come.
+    Partial(ResumableRecord),
+    /// The last bytes: the file is committed.
+    Done {
+        upload: ResumableRecord,
+        file: Box<FileRecord>,
+    },
+}
+
+impl Patched {
+    /// The upload's state as the answer shows it.
+    pub fn into_upload(self) -> ResumableRecord {
+        match self {
+            Patched::Partial(upload) | Patched::Done { upload, .. } => upload,
+        }
+    }
+}
+
+/// Why a resumable-upload call failed: what only tus knows (the HTTP tus
+/// module maps these), or any other domain error.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumableError {
+    /// A PATCH from another offset than the stored one.
+    #[error("the upload is at offset {0}; send from there")]
+    OffsetMismatch(u64),
+    /// Another request is writing to this upload right now.
+    #[error("another request is writing to this upload; try again")]
+    Locked,
+    /// The body does not match the checksum the client sent; nothing of it was kept.
+    #[error("the body does not match its Upload-Checksum; nothing of it was kept")]
+    ChecksumMismatch,
+    #[error(transparent)]
+    Domain(#[from] DomainError),
+}
+
+macro_rules! via_domain {
+    ($($from:ty),*) => {$(
+        impl From<$from> for ResumableError {
+            fn from(e: $from) -> Self {
+                Self::Domain(e.into())
+            }
+        }
+    )*};
+}
+
+via_domain!(MetaError, BlobError, BodyError, LockError);
+
+type Result<T, E = ResumableError> = std::result::Result<T, E>;
+
 impl ResumableService {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        committer: Arc<Committer>,
+        admission: Arc<Admission>,
+        resumables: Arc<dyn ResumableRepo>,
+        cleanup: Arc<dyn CleanupRepo>,
+        files: Arc<dyn FileRepo>,
+        blobs: Arc<dyn BlobStore>,
+        parts: Arc<dyn ResumableBlobs>,
+        locks: Arc<Locks>,
+        settings: &Settings,
+    ) -> Self {
+        Self {
+            committer,
+            admission,
+            resumables,
+            cleanup,
+            files,
+            blobs,
+            parts,
+            locks,
+            limits: Limits {
+                max_upload_bytes: settings.max_upload_bytes,
+                expiry: chrono::Duration::from_std(settings.tus_expiry)
+                    .unwrap_or_else(|_| chrono::Duration::days(1)),
+                body_idle_timeout: settings.body_idle_timeout,
+                allowed_types: settings.allowed_types.clone(),
+            },
+        }
+    }
+
     /// Creates the upload: its intent first (so that the sweeper can find
     /// it), then the blob store's write, then the state.
-    pub async fn create(
-        &self,
-        user: &UserRecord,
-        new: NewResumable,
-    ) -> Result<ResumableRecord, DomainError> {
-        let settings = &self.uploads.settings;
-        if new.length > settings.max_upload_bytes {
-            return Err(DomainError::PayloadTooLarge(settings.max_upload_bytes));
+    pub async fn create(&self, user: &UserRecord, new: NewResumable) -> Result<ResumableRecord> {
+        let max = self.limits.max_upload_bytes;
+        if new.length > max {
+            return Err(DomainError::PayloadTooLarge(max).into());
         }
-        self.uploads
+        self.admission
             .check_declared_quota(user, Some(new.length))
             .await?;
-        let user_id = UserId::parse(&user.id)
-            .ok_or_else(|| DomainError::internal(anyhow::anyhow!("bad user id")))?;
-        let file_id = FileId::new();
-        let now = crate::meta::now();
-        let intent = IntentRecord {
-            id: file_id.to_string(),
-            user_id: user.id.clone(),
-            bucket: self.uploads.blobs.bucket().to_owned(),
-            key: format!("files/{user_id}/{file_id}"),
-            created_at: now,
-            refreshed_at: None,
-        };
+        let intent = self.committer.new_intent(user.id);
         self.cleanup.put_intent(&intent).await?;
         // A crash from here until the state is stored leaves an empty
         // multipart upload that nothing names (S3's lifecycle rule for
         // incomplete uploads is the backstop); the intent is swept.
-        let handle = match self.blobs.start(&intent.key).await {
+        let handle = match self.parts.start(&intent.key).await {
             Ok(h) => h,
             Err(e) => {
                 let _ = self.cleanup.delete_intent(&intent.id).await;
                 return Err(e.into());
             }
         };
+        let now = intent.created_at;
         let record = ResumableRecord {
-            id: intent.id.clone(),
-            user_id: user.id.clone(),
-            key: intent.key.clone(),
+            id: intent.id,
+            user_id: user.id,
+            key: intent.key,
             handle,
             length: new.length as i64,
             offset: 0,
-            part_size: self.blobs.part_size() as i64,
+            part_size: self.parts.part_size() as i64,
             parts: Vec::new(),
             sha256_state: hash::fresh_state(),
             completed: false,
@@ -91,10 +184,10 @@ impl ResumableService {
             content_type: new.content_type,
             metadata: new.metadata,
             created_at: now,
-            expires_at: now + self.expiry(),
+            expires_at: now + self.limits.expiry,
         };
         if let Err(e) = self.resumables.insert_resumable(&record).await {
-            let _ = self.blobs.abort(&record.key, &record.handle).await;
+            let _ = self.parts.abort(&record.key, &record.handle).await;
             let _ = self.cleanup.delete_intent(&intent.id).await;
             return Err(e.into());
         }
@@ -102,35 +195,35 @@ impl ResumableService {
     }
 
     /// The upload, if `user` owns it and it has not expired.
-    pub async fn find(&self, user: &UserRecord, id: &str) -> Result<ResumableRecord, DomainError> {
+    pub async fn find(&self, user: &UserRecord, id: &FileId) -> Result<ResumableRecord> {
         match self.resumables.resumable(id).await? {
             Some(r) if r.user_id == user.id && r.expires_at > crate::meta::now() => Ok(r),
-            _ => Err(DomainError::NotFound),
+            _ => Err(DomainError::NotFound.into()),
         }
     }
 
     /// Ends the upload: the blob store's write, its intent and its state go
     /// (and the completed object of one whose commit failed).
-    pub async fn terminate(&self, user: &UserRecord, id: &str) -> Result<(), DomainError> {
+    pub async fn terminate(&self, user: &UserRecord, id: &FileId) -> Result<()> {
         self.find(user, id).await?;
         let guard = self.lock(id).await?;
         let result = async {
             // Read again under the lock: a last PATCH may have finished it.
             let record = self.find(user, id).await?;
             if !record.all_stored() {
-                self.blobs.abort(&record.key, &record.handle).await?;
+                self.parts.abort(&record.key, &record.handle).await?;
                 self.cleanup.delete_intent(id).await?;
                 self.resumables.delete_resumable(id).await?;
                 return Ok(());
             }
             // Every byte stored, the commit failed (or is unknown): a file
             // committed since is the user's now; else the object goes too.
-            if self.uploads.files.file(&user.id, id).await?.is_some() {
+            if self.files.file(&user.id, id).await?.is_some() {
                 self.resumables.delete_resumable(id).await?;
-                return Err(DomainError::NotFound);
+                return Err(DomainError::NotFound.into());
             }
             match self.cleanup.intent(id).await? {
-                Some(intent) => self.discard(&record, &intent).await?,
+                Some(intent) => self.discard(&record, intent).await?,
                 // Swept: the sweeper has the blob.
                 None => self.resumables.delete_resumable(id).await?,
             }
@@ -141,20 +234,20 @@ impl ResumableService {
         result
     }
 
-    /// The upload's lock, without waiting: a second writer gets `UploadLocked`.
-    async fn lock(&self, id: &str) -> Result<Option<LockGuard>, DomainError> {
+    /// The upload's lock, without waiting: a second writer gets `Locked`.
+    async fn lock(&self, id: &FileId) -> Result<Option<LockGuard>> {
         match self.locks.try_acquire(&LockKey::resumable(id)).await? {
             TryLock::Held(g) => Ok(Some(g)),
             // Development without the lock backend: the conditional update
             // on the offset still lets only one of two PATCHes count.
             TryLock::Degraded => Ok(None),
-            TryLock::Busy => Err(DomainError::UploadLocked),
+            TryLock::Busy => Err(ResumableError::Locked),
         }
     }
 
-    fn expiry(&self) -> chrono::Duration {
-        chrono::Duration::from_std(self.uploads.settings.tus_expiry)
-            .unwrap_or_else(|_| chrono::Duration::days(1))
+    /// When an upload renewed now expires.
+    fn expires_at(&self) -> chrono::DateTime<chrono::Utc> {
+        crate::meta::now() + self.limits.expiry
     }
 }
 

@@ -19,11 +19,12 @@ use std::{
 use tokio::sync::oneshot;
 
 use crate::{
-    domain::{UserId, commit::UserCommitError},
-    lock::{Held, LockError, LockKey, Locks},
+    domain::commit::UserCommitError,
+    lock::{Held, LockError, Locks},
     meta::retry::Transactions,
     meta::{CommitOutcome, CommitUpload, Fence, FileRepo, MetaError},
     metrics::Metrics,
+    vocab::{LockKey, SizeCategory, UserId},
 };
 
 /// What one upload's commit came to.
@@ -36,7 +37,7 @@ struct GroupKey {
     user: UserId,
     /// The category lock the committer takes (scope = commit); `None` when
     /// every upload holds its own (scope = upload) and brings its fence.
-    category: Option<&'static str>,
+    category: Option<SizeCategory>,
 }
 
 struct Waiting {
@@ -81,7 +82,7 @@ impl CommitGroups {
     pub(super) async fn commit(
         self: &Arc<Self>,
         user: &UserId,
-        category: Option<&'static str>,
+        category: Option<SizeCategory>,
         commit: CommitUpload,
     ) -> Option<Answer> {
         let key = GroupKey {
@@ -130,7 +131,8 @@ impl CommitGroups {
             };
             let mut group = self.take(&key);
             if let (Some(c), [category_lock, ..]) = (key.category, held.as_slice()) {
-                let fence = Fence::of_lock(category_lock.fence(), c);
+                // The holder of the category lock fences the commit.
+                let fence = Fence::of_lock(category_lock.fence(), c.as_str());
                 for w in &mut group {
                     w.commit.fence = fence.clone();
                 }

@@ -3,30 +3,47 @@
 //! A repeat of that request replays its answer; another request with the
 //! key is refused, and so is one sent while the first is still in flight.
 
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::{NewUpload, UploadService, Uploaded, bounded, slots::KeyClaim};
+use super::slots::{InFlightKeys, KeyClaim};
 use crate::{
+    blob::{ByteStream, body::bounded},
     domain::DomainError,
-    meta::{IdempotencyRecord, UserRecord},
+    meta::{FileRepo, IdempotencyRecord, UserRecord},
+    vocab::{Filename, IdempotencyKey},
 };
-use futures::StreamExt;
 
-impl UploadService {
+/// The keys used before (in the store) and in flight (on this instance).
+pub struct Idempotency {
+    files: Arc<dyn FileRepo>,
+    in_flight: InFlightKeys,
+}
+
+impl Idempotency {
+    pub fn new(files: Arc<dyn FileRepo>) -> Self {
+        Self {
+            files,
+            in_flight: InFlightKeys::default(),
+        }
+    }
+
     /// The record of `user`'s `key` if it was used before, else the key for
     /// this request alone on this instance (`IdempotencyKeyInFlight` while
     /// another request holds it). Across instances the commit transaction
     /// lets one request through; the others replay it or get a mismatch.
-    pub(super) async fn claim_key(
+    pub async fn claim(
         &self,
         user: &UserRecord,
-        key: &str,
+        key: &IdempotencyKey,
     ) -> Result<Result<KeyClaim<'_>, IdempotencyRecord>, DomainError> {
         if let Some(first) = self.files.idempotency_record(&user.id, key).await? {
             return Ok(Err(first));
         }
         let claim = self
-            .idempotency_keys
+            .in_flight
             .claim(&user.id, key)
             .ok_or(DomainError::IdempotencyKeyInFlight)?;
         // The holder before us may have committed since the first look.
@@ -35,32 +52,33 @@ impl UploadService {
             None => Ok(Ok(claim)),
         }
     }
+}
 
-    /// Answers a request whose idempotency key was used before: with the
-    /// first request's file if this is the same request (its body, filename
-    /// and content type match the fingerprint), else `IdempotencyKeyMismatch`.
-    /// The body is read and hashed, never stored.
-    pub(super) async fn replay(
-        &self,
-        first: IdempotencyRecord,
-        new: NewUpload<'_>,
-    ) -> Result<Uploaded, DomainError> {
-        if !first.fingerprint.is_empty() {
-            let max = self.settings.max_upload_bytes;
-            let mut body = std::pin::pin!(bounded(new.body, self.settings.body_idle_timeout, max));
-            let mut hasher = Sha256::new();
-            while let Some(chunk) = body.next().await {
-                hasher.update(&chunk?);
-            }
-            let sha256 = hex::encode(hasher.finalize());
-            if fingerprint(&sha256, new.filename.as_str(), &new.content_type) != first.fingerprint {
-                return Err(DomainError::IdempotencyKeyMismatch);
-            }
-        }
-        Ok(Uploaded {
-            file: first.file,
-            replayed: true,
-        })
+/// Answers a request whose idempotency key was used before: `true` if this
+/// is the same request (its body, filename and content type match the
+/// fingerprint), else `IdempotencyKeyMismatch`. The body is read (at most
+/// `max` bytes, `idle` apart) and hashed, never stored.
+pub async fn same_request(
+    first: &IdempotencyRecord,
+    filename: &Filename,
+    content_type: &str,
+    body: ByteStream<'_>,
+    idle: Duration,
+    max: u64,
+) -> Result<(), DomainError> {
+    if first.fingerprint.is_empty() {
+        // Recorded before fingerprints were kept: such a key replays whatever is sent.
+        return Ok(());
+    }
+    let mut body = bounded(body, idle, max);
+    let mut hasher = Sha256::new();
+    while let Some(chunk) = body.next().await {
+        hasher.update(&chunk?);
+    }
+    let sha256 = hex::encode(hasher.finalize());
+    match fingerprint(&sha256, filename.as_str(), content_type) == first.fingerprint {
+        true => Ok(()),
+        false => Err(DomainError::IdempotencyKeyMismatch),
     }
 }
 

@@ -1,7 +1,10 @@
 //! Uploads in flight: counted in a gauge, limited per user on one instance,
 //! and their idempotency keys, one request per key at a time.
 
-use crate::metrics::Metrics;
+use crate::{
+    metrics::Metrics,
+    vocab::{IdempotencyKey, UserId},
+};
 
 /// Counts an upload in the in-flight gauge while it lives.
 pub(super) struct InFlight<'a>(&'a Metrics);
@@ -22,12 +25,12 @@ impl Drop for InFlight<'_> {
 /// Uploads in flight per user on this instance.
 #[derive(Default)]
 pub struct UploadSlots {
-    in_flight: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    in_flight: std::sync::Mutex<std::collections::HashMap<UserId, usize>>,
 }
 
 impl UploadSlots {
     /// How many uploads `user` has in flight on this instance.
-    pub fn in_flight(&self, user: &str) -> usize {
+    pub fn in_flight(&self, user: &UserId) -> usize {
         self.in_flight
             .lock()
             .unwrap()
@@ -37,16 +40,16 @@ impl UploadSlots {
     }
 
     /// A slot for `user`, or `None` if `max` are taken.
-    pub fn take(&self, user: &str, max: usize) -> Option<UploadSlot<'_>> {
+    pub fn take(&self, user: &UserId, max: usize) -> Option<UploadSlot<'_>> {
         let mut in_flight = self.in_flight.lock().unwrap();
-        let n = in_flight.entry(user.to_owned()).or_default();
+        let n = in_flight.entry(*user).or_default();
         if *n >= max {
             return None;
         }
         *n += 1;
         Some(UploadSlot {
             slots: self,
-            user: user.to_owned(),
+            user: *user,
         })
     }
 }
@@ -54,13 +57,13 @@ impl UploadSlots {
 /// Gives its slot back when dropped.
 pub struct UploadSlot<'a> {
     slots: &'a UploadSlots,
-    user: String,
+    user: UserId,
 }
 
 impl UploadSlot<'_> {
     /// The user whose slot this is.
-    pub fn user(&self) -> &str {
-        &self.user
+    pub fn user(&self) -> UserId {
+        self.user
     }
 }
 
@@ -84,7 +87,7 @@ pub struct InFlightKeys {
 
 impl InFlightKeys {
     /// `user`'s `key` for one upload, or `None` while another one holds it.
-    pub fn claim(&self, user: &str, key: &str) -> Option<KeyClaim<'_>> {
+    pub fn claim(&self, user: &UserId, key: &IdempotencyKey) -> Option<KeyClaim<'_>> {
         let id = crate::meta::IdempotencyRecord::id_for(user, key);
         let fresh = self.keys.lock().unwrap().insert(id.clone());
         // Built only when fresh: a claim dropped frees its key.

@@ -4,8 +4,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::EmbeddedStore;
-use crate::meta::{
-    CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus, now,
+use crate::{
+    meta::{
+        CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus,
+        now,
+    },
+    vocab::{FileId, OrphanId},
 };
 
 #[async_trait]
@@ -27,7 +31,7 @@ impl CleanupRepo for EmbeddedStore {
         .await
     }
 
-    async fn delete_intent(&self, file_id: &str) -> MetaResult<()> {
+    async fn delete_intent(&self, file_id: &FileId) -> MetaResult<()> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {
             tx.delete(&key);
@@ -36,7 +40,7 @@ impl CleanupRepo for EmbeddedStore {
         .await
     }
 
-    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>> {
+    async fn intent(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| tx.get::<IntentRecord>(&key))
             .await
@@ -63,7 +67,7 @@ impl CleanupRepo for EmbeddedStore {
         .await
     }
 
-    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool> {
+    async fn touch_intent(&self, file_id: &FileId) -> MetaResult<bool> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {
             let Some(mut intent) = tx.get::<IntentRecord>(&key)? else {
@@ -78,7 +82,7 @@ impl CleanupRepo for EmbeddedStore {
 
     async fn abandon_intent(
         &self,
-        file_id: &str,
+        file_id: &FileId,
         stale_before: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<OrphanRecord>> {
         let key = format!("intents/{file_id}");
@@ -141,7 +145,7 @@ impl CleanupRepo for EmbeddedStore {
 
     async fn mark_orphan(
         &self,
-        id: &str,
+        id: &OrphanId,
         status: OrphanStatus,
         error: Option<String>,
     ) -> MetaResult<()> {

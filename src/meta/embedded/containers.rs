@@ -8,14 +8,14 @@ use crate::{
     meta::{
         AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, SessionRecord, now,
     },
-    vocab::Operation,
+    vocab::{AgentId, OpId, Operation, SessionId, UserId},
 };
 
 /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
-pub(super) fn record_op(tx: &mut Txn, op_id: Option<&str>) -> MetaResult<()> {
+pub(super) fn record_op(tx: &mut Txn, op_id: Option<&OpId>) -> MetaResult<()> {
     let Some(id) = op_id else { return Ok(()) };
     let op = ProcessedOp {
-        id: id.to_owned(),
+        id: *id,
         created_at: now(),
     };
     match tx.insert(&format!("processed_ops/{id}"), &op) {
@@ -61,13 +61,13 @@ pub(super) fn write_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> M
                         .get::<Value>(&format!("permissions/{file_id}:{owner_id}"))?
                         .is_some() =>
                 {
-                    set_member(&mut file, collection, cid, *attached);
+                    set_member(&mut file, collection, &cid, *attached);
                     tx.put(&fkey, &file)?;
                 }
                 _ if *attached => return Err(MetaError::NotFound),
                 _ => {} // detaching a file that is gone: nothing to undo on it
             }
-            set_member(&mut doc, "file_ids", file_id, *attached);
+            set_member(&mut doc, "file_ids", &file_id.to_string(), *attached);
             tx.put(&ckey, &doc)
         }
         Operation::Link {
@@ -80,7 +80,7 @@ pub(super) fn write_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> M
             let key = format!("agents/{agent_id}");
             let mut doc = owned(tx.get::<Value>(&key)?, owner_id)?;
             apply_fence_value(&mut doc, fence)?;
-            set_member(&mut doc, kind.field(), link_id, *connected);
+            set_member(&mut doc, kind.field(), link_id.as_str(), *connected);
             tx.put(&key, &doc)
         }
     }
@@ -91,15 +91,19 @@ impl ContainerRepo for EmbeddedStore {
     async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
         let session = session.clone();
         self.transaction(move |tx| {
-            let index = owner_index("sessions", &session.owner_id);
+            let index = owner_index("sessions", session.owner_id);
             tx.put(&format!("{index}{}", session.id), &())?;
             tx.insert(&format!("sessions/{}", session.id), &session)
         })
         .await
     }
 
-    async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>> {
-        let (owner, key) = (owner_id.to_owned(), format!("sessions/{id}"));
+    async fn session(
+        &self,
+        owner_id: &UserId,
+        id: &SessionId,
+    ) -> MetaResult<Option<SessionRecord>> {
+        let (owner, key) = (*owner_id, format!("sessions/{id}"));
         self.transaction(move |tx| {
             Ok(tx
                 .get::<SessionRecord>(&key)?
@@ -112,7 +116,7 @@ impl ContainerRepo for EmbeddedStore {
         let agent = agent.clone();
         self.transaction(move |tx| {
             tx.put(
-                &format!("{}{}", owner_index("agents", &agent.owner_id), agent.id),
+                &format!("{}{}", owner_index("agents", agent.owner_id), agent.id),
                 &(),
             )?;
             tx.insert(&format!("agents/{}", agent.id), &agent)
@@ -120,50 +124,56 @@ impl ContainerRepo for EmbeddedStore {
         .await
     }
 
-    async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>> {
-        let (owner, key) = (owner_id.to_owned(), format!("agents/{id}"));
+    async fn agent(&self, owner_id: &UserId, id: &AgentId) -> MetaResult<Option<AgentRecord>> {
+        let (owner, key) = (*owner_id, format!("agents/{id}"));
         self.transaction(move |tx| Ok(tx.get::<AgentRecord>(&key)?.filter(|a| a.owner_id == owner)))
             .await
     }
 
     async fn list_sessions(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&SessionId>,
         limit: usize,
     ) -> MetaResult<Vec<SessionRecord>> {
-        let (owner, after) = (owner_id.to_owned(), after.map(str::to_owned));
-        self.transaction(move |tx| owned_page(tx, "sessions", &owner, after.as_deref(), limit))
-            .await
+        let (owner, after) = (*owner_id, after.copied());
+        self.transaction(move |tx| {
+            let after = after.as_ref().map(|a| a as &dyn std::fmt::Display);
+            owned_page(tx, "sessions", &owner, after, limit)
+        })
+        .await
     }
 
     async fn list_agents(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&AgentId>,
         limit: usize,
     ) -> MetaResult<Vec<AgentRecord>> {
-        let (owner, after) = (owner_id.to_owned(), after.map(str::to_owned));
-        self.transaction(move |tx| owned_page(tx, "agents", &owner, after.as_deref(), limit))
-            .await
+        let (owner, after) = (*owner_id, after.copied());
+        self.transaction(move |tx| {
+            let after = after.as_ref().map(|a| a as &dyn std::fmt::Display);
+            owned_page(tx, "agents", &owner, after, limit)
+        })
+        .await
     }
 
     async fn apply_op(
         &self,
         op: &Operation,
         fence: Option<&Fence>,
-        op_id: Option<&str>,
+        op_id: Option<&OpId>,
     ) -> MetaResult<()> {
-        let (op, fence, op_id) = (op.clone(), fence.cloned(), op_id.map(str::to_owned));
+        let (op, fence, op_id) = (op.clone(), fence.cloned(), op_id.copied());
         self.transaction(move |tx| {
-            record_op(tx, op_id.as_deref())?;
+            record_op(tx, op_id.as_ref())?;
             write_op(tx, &op, fence.as_ref())
         })
         .await
     }
 
-    async fn cancel_op(&self, op_id: &str) -> MetaResult<bool> {
-        let op_id = op_id.to_owned();
+    async fn cancel_op(&self, op_id: &OpId) -> MetaResult<bool> {
+        let op_id = *op_id;
         self.transaction(move |tx| match record_op(tx, Some(&op_id)) {
             Ok(()) => Ok(true),
             Err(MetaError::AlreadyApplied) => Ok(false),
@@ -172,7 +182,7 @@ impl ContainerRepo for EmbeddedStore {
         .await
     }
 
-    async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+    async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {
         let (ops, fence) = (ops.to_vec(), fence.clone());
         self.transaction(move |tx| {
             for (op, id) in &ops {

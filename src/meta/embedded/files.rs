@@ -12,9 +12,12 @@ use super::{
     txn::{Txn, other},
     user_key,
 };
-use crate::meta::{
-    CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
-    IntentRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, UserRecord, group,
+use crate::{
+    meta::{
+        CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
+        IntentRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, UserRecord, group,
+    },
+    vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
 
 #[async_trait]
@@ -49,7 +52,7 @@ impl FileRepo for EmbeddedStore {
                 return Err(MetaError::QuotaExceeded);
             }
             user.used_bytes += file.size;
-            user.file_ids.push(file.id.clone());
+            user.file_ids.push(file.id);
             tx.put(&ukey, &user)?;
             insert_file(tx, file)?;
             Ok(CommitOutcome::Committed)
@@ -63,7 +66,7 @@ impl FileRepo for EmbeddedStore {
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
         let group = group.to_vec();
         self.transaction(move |tx| {
-            let Some(owner) = group.first().map(|c| c.file.owner_id.clone()) else {
+            let Some(owner) = group.first().map(|c| c.file.owner_id) else {
                 return Ok(Vec::new());
             };
             let mut recorded = HashMap::new();
@@ -80,7 +83,7 @@ impl FileRepo for EmbeddedStore {
             let plan = group::plan(&group, user.used_bytes, recorded);
             user.used_bytes += plan.bytes;
             user.file_ids
-                .extend(plan.committing.iter().map(|c| c.file.id.clone()));
+                .extend(plan.committing.iter().map(|c| c.file.id));
             tx.put(&ukey, &user)?;
             for record in &plan.keys {
                 tx.put(&format!("idempotency/{}", record.id), record)?;
@@ -96,38 +99,41 @@ impl FileRepo for EmbeddedStore {
 
     async fn idempotency_record(
         &self,
-        user_id: &str,
-        key: &str,
+        user_id: &UserId,
+        key: &IdempotencyKey,
     ) -> MetaResult<Option<IdempotencyRecord>> {
         let key = format!("idempotency/{}", IdempotencyRecord::id_for(user_id, key));
         self.transaction(move |tx| tx.get::<IdempotencyRecord>(&key))
             .await
     }
 
-    async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>> {
-        let (owner, key) = (owner_id.to_owned(), file_key(file_id));
+    async fn file(&self, owner_id: &UserId, file_id: &FileId) -> MetaResult<Option<FileRecord>> {
+        let (owner, key) = (*owner_id, file_key(file_id));
         self.transaction(move |tx| Ok(tx.get::<FileRecord>(&key)?.filter(|f| f.owner_id == owner)))
             .await
     }
 
     async fn list_files(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&FileId>,
         limit: usize,
     ) -> MetaResult<Vec<FileRecord>> {
-        let (owner, after) = (owner_id.to_owned(), after.map(str::to_owned));
-        self.transaction(move |tx| owned_page(tx, "files", &owner, after.as_deref(), limit))
-            .await
+        let (owner, after) = (*owner_id, after.copied());
+        self.transaction(move |tx| {
+            let after = after.as_ref().map(|a| a as &dyn std::fmt::Display);
+            owned_page(tx, "files", &owner, after, limit)
+        })
+        .await
     }
 
     async fn delete_file(
         &self,
-        owner_id: &str,
-        file_id: &str,
+        owner_id: &UserId,
+        file_id: &FileId,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
-        let (owner, id, fence) = (owner_id.to_owned(), file_id.to_owned(), fence.cloned());
+        let (owner, id, fence) = (*owner_id, *file_id, fence.cloned());
         self.transaction(move |tx| {
             let Some(file) = tx
                 .get::<FileRecord>(&file_key(&id))?
@@ -141,17 +147,23 @@ impl FileRepo for EmbeddedStore {
             user.file_ids.retain(|f| *f != id);
             user.used_bytes -= file.size;
             tx.put(&ukey, &user)?;
-            for (collection, ids) in [("sessions", &file.sessions), ("agents", &file.agents)] {
+            let sessions = file.sessions.iter().map(ToString::to_string);
+            let agents = file.agents.iter().map(ToString::to_string);
+            let attached: [(&str, Vec<String>); 2] = [
+                ("sessions", sessions.collect()),
+                ("agents", agents.collect()),
+            ];
+            for (collection, ids) in &attached {
                 for cid in ids {
                     let key = format!("{collection}/{cid}");
                     if let Some(mut doc) = tx.get::<Value>(&key)? {
-                        set_member(&mut doc, "file_ids", &id, false);
+                        set_member(&mut doc, "file_ids", &id.to_string(), false);
                         tx.put(&key, &doc)?;
                     }
                 }
             }
             tx.delete(&file_key(&id));
-            tx.delete(&format!("{}{}", owner_index("files", &owner), id));
+            tx.delete(&format!("{}{}", owner_index("files", owner), id));
             tx.delete(&format!("permissions/{id}:{owner}"));
             // The key that created the file is free again.
             if let Some(key_id) = tx.get::<String>(&key_of_file(&id))? {
@@ -170,16 +182,17 @@ impl FileRepo for EmbeddedStore {
 
     async fn rename_file(
         &self,
-        owner_id: &str,
-        file_id: &str,
-        filename: &str,
+        owner_id: &UserId,
+        file_id: &FileId,
+        filename: &Filename,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<FileRecord>> {
-        let (owner, fkey) = (owner_id.to_owned(), file_key(file_id));
-        let (filename, fence) = (filename.to_owned(), fence.cloned());
+        let (owner, fkey) = (*owner_id, file_key(file_id));
+        let (filename, fence) = (filename.as_str().to_owned(), fence.cloned());
         self.transaction(move |tx| {
             // As a document, so that whatever else the file holds is kept.
-            let Some(mut file) = tx.get::<Value>(&fkey)?.filter(|f| f["owner_id"] == owner) else {
+            let mine = |f: &Value| f["owner_id"] == owner.to_string().as_str();
+            let Some(mut file) = tx.get::<Value>(&fkey)?.filter(mine) else {
                 return Ok(None);
             };
             if fence.is_some() {
@@ -195,8 +208,8 @@ impl FileRepo for EmbeddedStore {
         .await
     }
 
-    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>> {
-        let after = after.map(str::to_owned);
+    async fn all_files(&self, after: Option<&FileId>, limit: usize) -> MetaResult<Vec<FileRecord>> {
+        let after = after.map(ToString::to_string);
         self.transaction(move |tx| {
             let keys = tx.keys("files/", after.as_deref(), limit)?;
             let mut files = Vec::with_capacity(keys.len());
@@ -213,7 +226,7 @@ impl FileRepo for EmbeddedStore {
 
 /// Where the idempotency key that created a file is named, so that its
 /// delete can free the key.
-fn key_of_file(file_id: &str) -> String {
+fn key_of_file(file_id: &FileId) -> String {
     format!("idempotency_by_file/{file_id}")
 }
 
@@ -222,15 +235,10 @@ fn key_of_file(file_id: &str) -> String {
 fn insert_file(tx: &mut Txn, file: &FileRecord) -> MetaResult<()> {
     tx.insert(&file_key(&file.id), file)?;
     tx.put(
-        &format!("{}{}", owner_index("files", &file.owner_id), file.id),
+        &format!("{}{}", owner_index("files", file.owner_id), file.id),
         &(),
     )?;
-    let perm = PermissionRecord {
-        id: format!("{}:{}", file.id, file.owner_id),
-        file_id: file.id.clone(),
-        user_id: file.owner_id.clone(),
-        role: "owner".into(),
-    };
+    let perm = PermissionRecord::owner_of(file);
     tx.insert(&format!("permissions/{}", perm.id), &perm)?;
     let intent_key = format!("intents/{}", file.id);
     if tx.get::<IntentRecord>(&intent_key)?.is_none() {

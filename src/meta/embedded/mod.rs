@@ -26,7 +26,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use self::txn::{Db, Txn};
-use crate::meta::{Fence, MetaError, MetaResult, MetadataStore, UserRecord};
+use crate::{
+    meta::{Fence, MetaError, MetaResult, MetadataStore, UserRecord},
+    vocab::{FileId, UserId},
+};
 
 /// The embedded store; cheap to clone.
 #[derive(Clone)]
@@ -88,17 +91,17 @@ impl EmbeddedStore {
     }
 }
 
-pub(super) fn user_key(id: &str) -> String {
+pub(super) fn user_key(id: &UserId) -> String {
     format!("users/{id}")
 }
 
-pub(super) fn file_key(id: &str) -> String {
+pub(super) fn file_key(id: &FileId) -> String {
     format!("files/{id}")
 }
 
 /// The index of an owner's documents in `collection`: a key
 /// `owner_{collection}/{owner}/{id}` per document, so that a list is a range read.
-pub(super) fn owner_index(collection: &str, owner: &str) -> String {
+pub(super) fn owner_index(collection: &str, owner: impl std::fmt::Display) -> String {
     format!("owner_{collection}/{owner}/")
 }
 
@@ -106,12 +109,13 @@ pub(super) fn owner_index(collection: &str, owner: &str) -> String {
 pub(super) fn owned_page<T: DeserializeOwned>(
     tx: &mut Txn,
     collection: &str,
-    owner: &str,
-    after: Option<&str>,
+    owner: &UserId,
+    after: Option<&dyn std::fmt::Display>,
     limit: usize,
 ) -> MetaResult<Vec<T>> {
     let prefix = owner_index(collection, owner);
-    let keys = tx.keys(&prefix, after, limit)?;
+    let after = after.map(ToString::to_string);
+    let keys = tx.keys(&prefix, after.as_deref(), limit)?;
     let mut docs = Vec::with_capacity(keys.len());
     for k in keys {
         if let Some(doc) = tx.get(&format!("{collection}/{}", &k[prefix.len()..]))? {
@@ -122,8 +126,8 @@ pub(super) fn owned_page<T: DeserializeOwned>(
 }
 
 /// The document if it exists and `owner` owns it.
-pub(super) fn owned(doc: Option<Value>, owner: &str) -> MetaResult<Value> {
-    doc.filter(|d| d["owner_id"] == owner)
+pub(super) fn owned(doc: Option<Value>, owner: &UserId) -> MetaResult<Value> {
+    doc.filter(|d| d["owner_id"] == owner.to_string().as_str())
         .ok_or(MetaError::NotFound)
 }
 

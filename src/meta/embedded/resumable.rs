@@ -4,9 +4,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::EmbeddedStore;
-use crate::meta::{MetaError, MetaResult, ResumableRecord, ResumableRepo};
+use crate::{
+    meta::{MetaError, MetaResult, ResumableRecord, ResumableRepo},
+    vocab::FileId,
+};
 
-fn resumable_key(id: &str) -> String {
+fn resumable_key(id: &FileId) -> String {
     format!("resumables/{id}")
 }
 
@@ -18,7 +21,7 @@ impl ResumableRepo for EmbeddedStore {
             .await
     }
 
-    async fn resumable(&self, id: &str) -> MetaResult<Option<ResumableRecord>> {
+    async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
         let key = resumable_key(id);
         self.transaction(move |tx| tx.get::<ResumableRecord>(&key))
             .await
@@ -49,7 +52,7 @@ impl ResumableRepo for EmbeddedStore {
         }
     }
 
-    async fn delete_resumable(&self, id: &str) -> MetaResult<()> {
+    async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
         let key = resumable_key(id);
         self.transaction(move |tx| {
             tx.delete(&key);

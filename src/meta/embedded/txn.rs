@@ -222,17 +222,20 @@ mod tests {
     };
 
     use super::*;
-    use crate::meta::{
-        UserRecord, UserRepo,
-        embedded::EmbeddedStore,
-        retry::{TxnRetryPolicy, with_txn_retry},
+    use crate::{
+        meta::{
+            UserRecord, UserRepo,
+            embedded::EmbeddedStore,
+            retry::{TxnRetryPolicy, with_txn_retry},
+        },
+        vocab::{ApiKeyHash, FileId, UserId},
     };
 
-    fn user(id: &str) -> UserRecord {
+    fn user(id: UserId) -> UserRecord {
         UserRecord {
-            id: id.into(),
+            id,
             name: "u".into(),
-            api_key_hash: format!("hash-{id}"),
+            api_key_hash: ApiKeyHash::from_hex(format!("hash-{id}")),
             file_ids: vec![],
             used_bytes: 0,
             upload_fence: Default::default(),
@@ -244,7 +247,10 @@ mod tests {
     async fn racing_transactions_conflict_and_the_retry_path_absorbs_it() {
         let dir = tempdir();
         let store = EmbeddedStore::open(&dir).unwrap();
-        store.insert_user(&user("u1")).await.unwrap();
+        let u1 = UserId::new();
+        let key = format!("users/{u1}");
+        store.insert_user(&user(u1)).await.unwrap();
+        let (f1, f2) = (FileId::new(), FileId::new());
 
         // Both transactions read the user document before either commits.
         let barrier = Arc::new(Barrier::new(2));
@@ -253,25 +259,27 @@ mod tests {
             max_attempts: 3,
             base_delay: std::time::Duration::from_millis(5),
         };
-        let push = |file: &'static str| {
+        let push = |file: FileId| {
             let (store, barrier, attempts) = (store.clone(), barrier.clone(), attempts.clone());
+            let key = key.clone();
             async move {
                 with_txn_retry(&policy, || {
                     let (barrier, attempts) = (barrier.clone(), attempts.clone());
+                    let key = key.clone();
                     store.transaction(move |tx| {
                         let first = attempts.fetch_add(1, Ordering::SeqCst) < 2;
-                        let mut u: UserRecord = tx.get("users/u1")?.unwrap();
+                        let mut u: UserRecord = tx.get(&key)?.unwrap();
                         if first {
                             barrier.wait();
                         }
-                        u.file_ids.push(file.into());
-                        tx.put("users/u1", &u)
+                        u.file_ids.push(file);
+                        tx.put(&key, &u)
                     })
                 })
                 .await
             }
         };
-        let (a, b) = tokio::join!(push("f1"), push("f2"));
+        let (a, b) = tokio::join!(push(f1), push(f2));
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(
             a.retries + b.retries,
@@ -279,22 +287,26 @@ mod tests {
             "exactly one side conflicted and retried"
         );
         assert_eq!(attempts.load(Ordering::SeqCst), 3);
-        let mut ids = store.user("u1").await.unwrap().unwrap().file_ids;
+        let mut ids = store.user(&u1).await.unwrap().unwrap().file_ids;
         ids.sort();
-        assert_eq!(ids, ["f1", "f2"], "no update lost");
+        let mut both = vec![f1, f2];
+        both.sort();
+        assert_eq!(ids, both, "no update lost");
     }
 
     #[tokio::test]
     async fn a_conflict_is_reported_not_silently_overwritten() {
         let dir = tempdir();
         let store = EmbeddedStore::open(&dir).unwrap();
-        store.insert_user(&user("u1")).await.unwrap();
+        let u1 = UserId::new();
+        let key = format!("users/{u1}");
+        store.insert_user(&user(u1)).await.unwrap();
         let mut a = store.begin().unwrap();
         let mut b = store.begin().unwrap();
-        let ua: UserRecord = a.get("users/u1").unwrap().unwrap();
-        let ub: UserRecord = b.get("users/u1").unwrap().unwrap();
-        a.put("users/u1", &ua).unwrap();
-        b.put("users/u1", &ub).unwrap();
+        let ua: UserRecord = a.get(&key).unwrap().unwrap();
+        let ub: UserRecord = b.get(&key).unwrap().unwrap();
+        a.put(&key, &ua).unwrap();
+        b.put(&key, &ub).unwrap();
         a.commit(&store).unwrap();
         assert!(matches!(b.commit(&store), Err(MetaError::WriteConflict)));
     }

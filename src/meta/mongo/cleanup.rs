@@ -5,8 +5,11 @@ use bson::{Document, doc};
 use chrono::{DateTime, Utc};
 
 use super::{MongoStore, errors::classify, find_sorted};
-use crate::meta::{
-    CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus,
+use crate::{
+    meta::{
+        CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus,
+    },
+    vocab::{FileId, OrphanId},
 };
 
 /// Intents whose upload was last alive before `t` (see [`IntentRecord::alive_at`]).
@@ -36,7 +39,7 @@ impl CleanupRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn delete_intent(&self, file_id: &str) -> MetaResult<()> {
+    async fn delete_intent(&self, file_id: &FileId) -> MetaResult<()> {
         self.intents()
             .delete_one(doc! {"_id": file_id})
             .await
@@ -44,7 +47,7 @@ impl CleanupRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn intent(&self, file_id: &str) -> MetaResult<Option<IntentRecord>> {
+    async fn intent(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>> {
         self.intents()
             .find_one(doc! {"_id": file_id})
             .await
@@ -61,7 +64,7 @@ impl CleanupRepo for MongoStore {
         .await
     }
 
-    async fn touch_intent(&self, file_id: &str) -> MetaResult<bool> {
+    async fn touch_intent(&self, file_id: &FileId) -> MetaResult<bool> {
         let now = bson::DateTime::from_chrono(crate::meta::now());
         let touched = self
             .intents()
@@ -73,7 +76,7 @@ impl CleanupRepo for MongoStore {
 
     async fn abandon_intent(
         &self,
-        file_id: &str,
+        file_id: &FileId,
         stale_before: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<OrphanRecord>> {
         let mut filter = stale_before.map_or_else(Document::new, last_alive_before);
@@ -147,7 +150,7 @@ impl CleanupRepo for MongoStore {
 
     async fn mark_orphan(
         &self,
-        id: &str,
+        id: &OrphanId,
         status: OrphanStatus,
         error: Option<String>,
     ) -> MetaResult<()> {

@@ -2,7 +2,7 @@
 //! a group commit.
 
 use async_trait::async_trait;
-use bson::{Document, bson, doc};
+use bson::{Bson, Document, bson, doc};
 use mongodb::ClientSession;
 
 use super::{MongoStore, errors::classify, find_sorted, owned_after, txn::add_fence};
@@ -10,7 +10,7 @@ use crate::{
     meta::{
         AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, SessionRecord, now,
     },
-    vocab::{LinkKind, Operation},
+    vocab::{AgentId, LinkId, LinkKind, OpId, Operation, SessionId, UserId},
 };
 
 /// Connects and disconnects of one agent's list in a row, each link once.
@@ -19,11 +19,11 @@ use crate::{
 /// ones stay where they are. A link seen again starts a new run (removing
 /// and re-adding it moves it to the end, which one update cannot express).
 struct LinkRun<'a> {
-    owner_id: &'a str,
-    agent_id: &'a str,
+    owner_id: &'a UserId,
+    agent_id: &'a AgentId,
     kind: LinkKind,
-    add: Vec<&'a str>,
-    remove: Vec<&'a str>,
+    add: Vec<&'a LinkId>,
+    remove: Vec<&'a LinkId>,
 }
 
 enum GroupStep<'a> {
@@ -33,7 +33,7 @@ enum GroupStep<'a> {
 
 /// A group's operations, in order, with runs of link changes merged: a
 /// burst on one agent costs a few statements instead of one per operation.
-fn plan_group(ops: &[(Operation, String)]) -> Vec<GroupStep<'_>> {
+fn plan_group(ops: &[(Operation, OpId)]) -> Vec<GroupStep<'_>> {
     let mut steps: Vec<GroupStep<'_>> = Vec::new();
     for (op, _) in ops {
         let Operation::Link {
@@ -47,7 +47,7 @@ fn plan_group(ops: &[(Operation, String)]) -> Vec<GroupStep<'_>> {
             steps.push(GroupStep::One(op));
             continue;
         };
-        let link = link_id.as_str();
+        let link = link_id;
         let extends = matches!(steps.last(), Some(GroupStep::Links(run))
             if run.agent_id == agent_id
                 && run.owner_id == owner_id
@@ -75,10 +75,10 @@ fn plan_group(ops: &[(Operation, String)]) -> Vec<GroupStep<'_>> {
 
 impl MongoStore {
     /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
-    async fn record_op(&self, s: &mut ClientSession, op_id: Option<&str>) -> MetaResult<()> {
+    async fn record_op(&self, s: &mut ClientSession, op_id: Option<&OpId>) -> MetaResult<()> {
         let Some(id) = op_id else { return Ok(()) };
         let op = ProcessedOp {
-            id: id.to_owned(),
+            id: *id,
             created_at: now(),
         };
         match self
@@ -123,7 +123,10 @@ impl MongoStore {
                         .map_err(classify)?;
                     let updated = self
                         .files()
-                        .update_one(doc! {"_id": file_id}, doc! {"$addToSet": {collection: cid}})
+                        .update_one(
+                            doc! {"_id": file_id},
+                            doc! {"$addToSet": {collection: &cid}},
+                        )
                         .session(&mut *s)
                         .await
                         .map_err(classify)?;
@@ -132,13 +135,13 @@ impl MongoStore {
                     }
                 } else {
                     self.files()
-                        .update_one(doc! {"_id": file_id}, doc! {"$pull": {collection: cid}})
+                        .update_one(doc! {"_id": file_id}, doc! {"$pull": {collection: &cid}})
                         .session(&mut *s)
                         .await
                         .map_err(classify)?;
                 }
                 let verb = if *attached { "$addToSet" } else { "$pull" };
-                let mut filter = doc! {"_id": cid, "owner_id": owner_id};
+                let mut filter = doc! {"_id": &cid, "owner_id": owner_id};
                 let mut update = doc! {verb: {"file_ids": file_id}};
                 add_fence(&mut filter, &mut update, "fence", fence);
                 self.update_owned(s, collection, filter, update, owner_id, cid)
@@ -169,8 +172,8 @@ impl MongoStore {
         collection: &str,
         filter: Document,
         update: Document,
-        owner_id: &str,
-        id: &str,
+        owner_id: &UserId,
+        id: impl Into<Bson>,
     ) -> MetaResult<()> {
         let coll = self.db.collection::<Document>(collection);
         let updated = coll
@@ -203,7 +206,11 @@ impl ContainerRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn session(&self, owner_id: &str, id: &str) -> MetaResult<Option<SessionRecord>> {
+    async fn session(
+        &self,
+        owner_id: &UserId,
+        id: &SessionId,
+    ) -> MetaResult<Option<SessionRecord>> {
         self.sessions()
             .find_one(doc! {"_id": id, "owner_id": owner_id})
             .await
@@ -218,7 +225,7 @@ impl ContainerRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn agent(&self, owner_id: &str, id: &str) -> MetaResult<Option<AgentRecord>> {
+    async fn agent(&self, owner_id: &UserId, id: &AgentId) -> MetaResult<Option<AgentRecord>> {
         self.agents()
             .find_one(doc! {"_id": id, "owner_id": owner_id})
             .await
@@ -227,8 +234,8 @@ impl ContainerRepo for MongoStore {
 
     async fn list_sessions(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&SessionId>,
         limit: usize,
     ) -> MetaResult<Vec<SessionRecord>> {
         find_sorted(
@@ -242,8 +249,8 @@ impl ContainerRepo for MongoStore {
 
     async fn list_agents(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&AgentId>,
         limit: usize,
     ) -> MetaResult<Vec<AgentRecord>> {
         find_sorted(
@@ -259,7 +266,7 @@ impl ContainerRepo for MongoStore {
         &self,
         op: &Operation,
         fence: Option<&Fence>,
-        op_id: Option<&str>,
+        op_id: Option<&OpId>,
     ) -> MetaResult<()> {
         let mut s = self.txns.begin(fence).await?;
         let result = async {
@@ -270,9 +277,9 @@ impl ContainerRepo for MongoStore {
         self.txns.finish(s, fence, result).await
     }
 
-    async fn cancel_op(&self, op_id: &str) -> MetaResult<bool> {
+    async fn cancel_op(&self, op_id: &OpId) -> MetaResult<bool> {
         let op = ProcessedOp {
-            id: op_id.to_owned(),
+            id: *op_id,
             created_at: now(),
         };
         let inserted = self
@@ -287,13 +294,13 @@ impl ContainerRepo for MongoStore {
         }
     }
 
-    async fn apply_group(&self, ops: &[(Operation, String)], fence: &Fence) -> MetaResult<()> {
+    async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {
         let mut s = self.txns.begin(Some(fence)).await?;
         let result = async {
             let records: Vec<ProcessedOp> = ops
                 .iter()
                 .map(|(_, id)| ProcessedOp {
-                    id: id.clone(),
+                    id: *id,
                     created_at: now(),
                 })
                 .collect();
@@ -343,28 +350,51 @@ impl ContainerRepo for MongoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocab::Container;
+    use crate::vocab::{Container, FileId};
 
-    fn link(agent: &str, kind: LinkKind, id: &str, connected: bool) -> (Operation, String) {
-        let op = Operation::Link {
-            owner_id: "u".into(),
-            agent_id: agent.into(),
-            kind,
-            link_id: id.into(),
-            connected,
+    /// Agents `a` and `b` of user `u`.
+    fn id(name: &str) -> String {
+        let n = match name {
+            "u" => 1,
+            "a" => 2,
+            _ => 3,
         };
-        (op, format!("op-{id}"))
+        format!("0190f2a0-0000-7000-8000-00000000000{n}")
     }
 
-    /// A merged run: agent, list, added, removed.
-    type Run<'a> = (&'a str, LinkKind, Vec<&'a str>, Vec<&'a str>);
+    fn link(agent: &str, kind: LinkKind, link: &str, connected: bool) -> (Operation, OpId) {
+        let op = Operation::Link {
+            owner_id: UserId::parse(&id("u")).unwrap(),
+            agent_id: AgentId::parse(&id(agent)).unwrap(),
+            kind,
+            link_id: LinkId::parse(link).unwrap(),
+            connected,
+        };
+        (op, OpId::new())
+    }
+
+    /// A merged run: agent (its name), list, added, removed.
+    type Run = (&'static str, LinkKind, Vec<String>, Vec<String>);
+
+    fn run(agent: &'static str, kind: LinkKind, add: &[&str], remove: &[&str]) -> Option<Run> {
+        let owned = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+        Some((agent, kind, owned(add), owned(remove)))
+    }
 
     /// Each step as a run, or `None` for a single operation.
-    fn shape(ops: &[(Operation, String)]) -> Vec<Option<Run<'_>>> {
+    fn shape(ops: &[(Operation, OpId)]) -> Vec<Option<Run>> {
+        let names = |links: Vec<&LinkId>| links.iter().map(|l| l.as_str().to_owned()).collect();
         plan_group(ops)
             .into_iter()
             .map(|s| match s {
-                GroupStep::Links(r) => Some((r.agent_id, r.kind, r.add, r.remove)),
+                GroupStep::Links(r) => {
+                    let agent = if r.agent_id.to_string() == id("a") {
+                        "a"
+                    } else {
+                        "b"
+                    };
+                    Some((agent, r.kind, names(r.add), names(r.remove)))
+                }
                 GroupStep::One(_) => None,
             })
             .collect()
@@ -374,9 +404,9 @@ mod tests {
     fn a_run_of_link_changes_merges_until_a_link_repeats_or_the_list_changes() {
         use LinkKind::{Mcp, Toolset};
         let attach = Operation::Attach {
-            owner_id: "u".into(),
-            container: Container::Agent("a".into()),
-            file_id: "f".into(),
+            owner_id: UserId::parse(&id("u")).unwrap(),
+            container: Container::Agent(AgentId::parse(&id("a")).unwrap()),
+            file_id: FileId::new(),
             attached: true,
         };
         let ops = vec![
@@ -386,18 +416,18 @@ mod tests {
             link("a", Mcp, "m1", false), // m1 again: a new run
             link("a", Toolset, "t1", true),
             link("b", Toolset, "t2", true),
-            (attach, "op-f".into()),
+            (attach, OpId::new()),
             link("b", Toolset, "t3", true),
         ];
         assert_eq!(
             shape(&ops),
             vec![
-                Some(("a", Mcp, vec!["m1", "m2"], vec!["m3"])),
-                Some(("a", Mcp, vec![], vec!["m1"])),
-                Some(("a", Toolset, vec!["t1"], vec![])),
-                Some(("b", Toolset, vec!["t2"], vec![])),
+                run("a", Mcp, &["m1", "m2"], &["m3"]),
+                run("a", Mcp, &[], &["m1"]),
+                run("a", Toolset, &["t1"], &[]),
+                run("b", Toolset, &["t2"], &[]),
                 None,
-                Some(("b", Toolset, vec!["t3"], vec![])),
+                run("b", Toolset, &["t3"], &[]),
             ]
         );
     }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use bson::{Document, doc};
+use bson::{Bson, Document, doc};
 use mongodb::ClientSession;
 
 use super::{
@@ -12,9 +12,12 @@ use super::{
     find_sorted, owned_after,
     txn::{add_fence, add_fences},
 };
-use crate::meta::{
-    CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
-    MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
+use crate::{
+    meta::{
+        CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
+        MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
+    },
+    vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
 
 impl MongoStore {
@@ -70,7 +73,7 @@ impl MongoStore {
             .await
             .map_err(classify)?;
         self.permissions()
-            .insert_one(owner_permission(file))
+            .insert_one(PermissionRecord::owner_of(file))
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -95,7 +98,7 @@ impl MongoStore {
         s: &mut ClientSession,
         group: &[CommitUpload],
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
-        let Some(owner) = group.first().map(|c| c.file.owner_id.as_str()) else {
+        let Some(owner) = group.first().map(|c| &c.file.owner_id) else {
             return Ok(Vec::new());
         };
         let fences = group::fences(group)?;
@@ -129,7 +132,7 @@ impl MongoStore {
         if plan.committing.is_empty() {
             return Ok(plan.outcomes);
         }
-        let ids: Vec<&str> = plan.committing.iter().map(|c| c.file.id.as_str()).collect();
+        let ids: Vec<FileId> = plan.committing.iter().map(|c| c.file.id).collect();
         // The quota read above is in this transaction's snapshot: a write of
         // the user document since then makes this update a write conflict.
         let mut filter = doc! {"_id": owner};
@@ -160,7 +163,11 @@ impl MongoStore {
             .await
             .map_err(classify)?;
         self.permissions()
-            .insert_many(plan.committing.iter().map(|c| owner_permission(&c.file)))
+            .insert_many(
+                plan.committing
+                    .iter()
+                    .map(|c| PermissionRecord::owner_of(&c.file)),
+            )
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -189,7 +196,7 @@ impl MongoStore {
     async fn update_user_fenced(
         &self,
         s: &mut ClientSession,
-        owner: &str,
+        owner: &UserId,
         mut update: Document,
         fence: Option<&Fence>,
     ) -> MetaResult<()> {
@@ -210,7 +217,7 @@ impl MongoStore {
     async fn why_user_unmatched(
         &self,
         s: &mut ClientSession,
-        user_id: &str,
+        user_id: &UserId,
         fence: Option<&Fence>,
     ) -> MetaError {
         match self
@@ -233,8 +240,8 @@ impl MongoStore {
     async fn delete_file_in(
         &self,
         s: &mut ClientSession,
-        owner: &str,
-        id: &str,
+        owner: &UserId,
+        id: &FileId,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
         let Some(file) = self
@@ -248,8 +255,12 @@ impl MongoStore {
         };
         let update = doc! {"$pull": {"file_ids": id}, "$inc": {"used_bytes": -file.size}};
         self.update_user_fenced(s, owner, update, fence).await?;
-        for (collection, ids) in [("sessions", &file.sessions), ("agents", &file.agents)] {
-            if !ids.is_empty() {
+        let attached: [(&str, Bson); 2] = [
+            ("sessions", file.sessions.clone().into()),
+            ("agents", file.agents.clone().into()),
+        ];
+        for (collection, ids) in attached {
+            if ids.as_array().is_some_and(|a| !a.is_empty()) {
                 self.db
                     .collection::<Document>(collection)
                     .update_many(doc! {"_id": {"$in": ids}}, doc! {"$pull": {"file_ids": id}})
@@ -291,9 +302,9 @@ impl MongoStore {
     async fn rename_file_in(
         &self,
         s: &mut ClientSession,
-        owner: &str,
-        id: &str,
-        filename: &str,
+        owner: &UserId,
+        id: &FileId,
+        filename: &Filename,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<FileRecord>> {
         if fence.is_some() {
@@ -303,7 +314,10 @@ impl MongoStore {
         let owned = doc! {"_id": id, "owner_id": owner};
         let updated = self
             .files()
-            .update_one(owned.clone(), doc! {"$set": {"filename": filename}})
+            .update_one(
+                owned.clone(),
+                doc! {"$set": {"filename": filename.as_str()}},
+            )
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -338,8 +352,8 @@ impl FileRepo for MongoStore {
 
     async fn idempotency_record(
         &self,
-        user_id: &str,
-        key: &str,
+        user_id: &UserId,
+        key: &IdempotencyKey,
     ) -> MetaResult<Option<IdempotencyRecord>> {
         let id = IdempotencyRecord::id_for(user_id, key);
         self.idempotency()
@@ -348,7 +362,7 @@ impl FileRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn file(&self, owner_id: &str, file_id: &str) -> MetaResult<Option<FileRecord>> {
+    async fn file(&self, owner_id: &UserId, file_id: &FileId) -> MetaResult<Option<FileRecord>> {
         self.files()
             .find_one(doc! {"_id": file_id, "owner_id": owner_id})
             .await
@@ -357,8 +371,8 @@ impl FileRepo for MongoStore {
 
     async fn list_files(
         &self,
-        owner_id: &str,
-        after: Option<&str>,
+        owner_id: &UserId,
+        after: Option<&FileId>,
         limit: usize,
     ) -> MetaResult<Vec<FileRecord>> {
         find_sorted(
@@ -372,8 +386,8 @@ impl FileRepo for MongoStore {
 
     async fn delete_file(
         &self,
-        owner_id: &str,
-        file_id: &str,
+        owner_id: &UserId,
+        file_id: &FileId,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
         let mut s = self.txns.begin(fence).await?;
@@ -383,9 +397,9 @@ impl FileRepo for MongoStore {
 
     async fn rename_file(
         &self,
-        owner_id: &str,
-        file_id: &str,
-        filename: &str,
+        owner_id: &UserId,
+        file_id: &FileId,
+        filename: &Filename,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<FileRecord>> {
         let mut s = self.txns.begin(fence).await?;
@@ -395,21 +409,11 @@ impl FileRepo for MongoStore {
         self.txns.finish(s, fence, result).await
     }
 
-    async fn all_files(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<FileRecord>> {
+    async fn all_files(&self, after: Option<&FileId>, limit: usize) -> MetaResult<Vec<FileRecord>> {
         let filter = match after {
             Some(a) => doc! {"_id": {"$gt": a}},
             None => doc! {},
         };
         find_sorted(self.files(), filter, doc! {"_id": 1}, limit).await
-    }
-}
-
-/// The owner's permission on a file just uploaded.
-fn owner_permission(file: &FileRecord) -> PermissionRecord {
-    PermissionRecord {
-        id: format!("{}:{}", file.id, file.owner_id),
-        file_id: file.id.clone(),
-        user_id: file.owner_id.clone(),
-        role: "owner".into(),
     }
 }

@@ -19,7 +19,7 @@ mod users;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::{Document, doc};
+use bson::{Bson, Document, doc};
 use futures::TryStreamExt;
 use mongodb::{
     Collection, Database, IndexModel,
@@ -30,10 +30,39 @@ use prometheus_client::metrics::counter::Counter;
 
 pub use self::errors::classify;
 use self::txn::Sessions;
-use crate::meta::{
-    AgentRecord, FileRecord, IdempotencyRecord, IntentRecord, MetaResult, MetadataStore,
-    OrphanRecord, PermissionRecord, ProcessedOp, ResumableRecord, SessionRecord, UserRecord,
+use crate::{
+    meta::{
+        AgentRecord, FileRecord, IdempotencyRecord, IntentRecord, MetaResult, MetadataStore,
+        OrphanRecord, PermissionRecord, ProcessedOp, ResumableRecord, SessionRecord, UserRecord,
+    },
+    vocab::{AgentId, ApiKeyHash, BlobKey, FileId, LinkId, OpId, OrphanId, SessionId, UserId},
 };
+
+/// Ids, keys and hashes in a filter or an update (`doc!`): as the strings
+/// their records are written as.
+macro_rules! as_bson_string {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Bson {
+            fn from(v: $t) -> Self {
+                Bson::String(v.to_string())
+            }
+        }
+    )*};
+}
+
+as_bson_string!(UserId, FileId, SessionId, AgentId, OrphanId, OpId, BlobKey);
+
+impl From<LinkId> for Bson {
+    fn from(v: LinkId) -> Self {
+        Bson::String(v.as_str().to_owned())
+    }
+}
+
+impl From<ApiKeyHash> for Bson {
+    fn from(v: ApiKeyHash) -> Self {
+        Bson::String(v.as_str().to_owned())
+    }
+}
 
 #[derive(Clone)]
 pub struct MongoStore {
@@ -65,7 +94,7 @@ where
 }
 
 /// The filter of a page of an owner's documents: theirs, after the cursor.
-fn owned_after(owner_id: &str, after: Option<&str>) -> Document {
+fn owned_after(owner_id: &UserId, after: Option<impl Into<Bson>>) -> Document {
     let mut filter = doc! {"owner_id": owner_id};
     if let Some(a) = after {
         filter.insert("_id", doc! {"$gt": a});

@@ -5,7 +5,10 @@ use bson::doc;
 use chrono::{DateTime, Utc};
 
 use super::{MongoStore, errors::classify, find_sorted};
-use crate::meta::{MetaResult, ResumableRecord, ResumableRepo};
+use crate::{
+    meta::{MetaResult, ResumableRecord, ResumableRepo},
+    vocab::FileId,
+};
 
 #[async_trait]
 impl ResumableRepo for MongoStore {
@@ -17,7 +20,7 @@ impl ResumableRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn resumable(&self, id: &str) -> MetaResult<Option<ResumableRecord>> {
+    async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
         self.resumables()
             .find_one(doc! {"_id": id})
             .await
@@ -38,7 +41,7 @@ impl ResumableRepo for MongoStore {
         Ok(replaced.matched_count > 0)
     }
 
-    async fn delete_resumable(&self, id: &str) -> MetaResult<()> {
+    async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
         self.resumables()
             .delete_one(doc! {"_id": id})
             .await

@@ -4,7 +4,10 @@ use async_trait::async_trait;
 use bson::doc;
 
 use super::{MongoStore, errors::classify};
-use crate::meta::{MetaResult, UserRecord, UserRepo};
+use crate::{
+    meta::{MetaResult, UserRecord, UserRepo},
+    vocab::{ApiKeyHash, UserId},
+};
 
 #[async_trait]
 impl UserRepo for MongoStore {
@@ -16,14 +19,14 @@ impl UserRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn user(&self, id: &str) -> MetaResult<Option<UserRecord>> {
+    async fn user(&self, id: &UserId) -> MetaResult<Option<UserRecord>> {
         self.users()
             .find_one(doc! {"_id": id})
             .await
             .map_err(classify)
     }
 
-    async fn user_by_key_hash(&self, hash: &str) -> MetaResult<Option<UserRecord>> {
+    async fn user_by_key_hash(&self, hash: &ApiKeyHash) -> MetaResult<Option<UserRecord>> {
         // Authentication needs neither the file list nor its size on the wire.
         self.users()
             .find_one(doc! {"api_key_hash": hash})

@@ -1,0 +1,214 @@
+//! The admission gate every upload passes, plain or resumable: a slot among
+//! the user's uploads in flight on this instance, the user's storage quota
+//! before and while the bytes stream, and the intent kept alive while they
+//! do. The user record comes from the auth cache and may be
+//! `auth_cache_ttl` old (after the user deleted files it overstates their
+//! usage), so a refusal it suggests is confirmed against the store before
+//! it is given. The commit transaction stays the authority on the quota:
+//! these checks only refuse early.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::{StreamExt, stream};
+
+use super::slots::{UploadSlot, UploadSlots};
+use crate::{
+    blob::{BodyError, ByteStream},
+    config::Settings,
+    domain::DomainError,
+    meta::{CleanupRepo, UserRecord, UserRepo},
+    metrics::{Metrics, OutcomeLabel},
+    vocab::FileId,
+};
+
+/// How many times per sweeper grace period a streaming upload refreshes its
+/// intent: a few missed refreshes (a store hiccup) do not get it swept.
+const INTENT_REFRESHES_PER_GRACE: u32 = 4;
+
+/// A user's storage against their quota, and their uploads in flight.
+pub struct Usage {
+    /// The user as the store has it now (not as the auth cache remembers it).
+    pub user: UserRecord,
+    /// `None`: no quota.
+    pub quota_bytes: Option<u64>,
+    /// Uploads of the user's that this instance is receiving.
+    pub uploads_in_flight: usize,
+}
+
+/// The gate and the ports it reads.
+pub struct Admission {
+    /// The user's usage as the store has it, when the cached one would refuse.
+    users: Arc<dyn UserRepo>,
+    /// The intents kept alive.
+    cleanup: Arc<dyn CleanupRepo>,
+    metrics: Arc<Metrics>,
+    slots: UploadSlots,
+    max_uploads_per_user: usize,
+    quota_bytes: Option<u64>,
+    /// How often a live upload refreshes its intent (zero: never).
+    refresh_every: Duration,
+}
+
+/// What `used` bytes leave of `quota`.
+fn left(quota: u64, used: i64) -> u64 {
+    quota.saturating_sub(used.max(0) as u64)
+}
+
+impl Admission {
+    pub fn new(
+        users: Arc<dyn UserRepo>,
+        cleanup: Arc<dyn CleanupRepo>,
+        metrics: Arc<Metrics>,
+        settings: &Settings,
+    ) -> Self {
+        Self {
+            users,
+            cleanup,
+            metrics,
+            slots: UploadSlots::default(),
+            max_uploads_per_user: settings.max_uploads_per_user,
+            quota_bytes: settings.user_quota_bytes,
+            refresh_every: settings.sweep.intent_grace / INTENT_REFRESHES_PER_GRACE,
+        }
+    }
+
+    /// One of `user`'s in-flight upload slots, or `TooManyUploads` if this
+    /// instance has `max_uploads_per_user` of theirs already. Taken before a
+    /// byte of the body is read and held until the upload has its answer.
+    pub fn reserve(&self, user: &UserRecord) -> Result<UploadSlot<'_>, DomainError> {
+        let max = self.max_uploads_per_user;
+        self.slots.take(&user.id, max).ok_or_else(|| {
+            let refused = DomainError::TooManyUploads(max);
+            self.count_outcome(refused.code());
+            refused
+        })
+    }
+
+    /// Counts an upload's outcome (`filedock_uploads_total`).
+    pub(super) fn count_outcome(&self, outcome: &str) {
+        self.metrics
+            .uploads
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// `user`'s usage: bytes and files stored, read from the store in one
+    /// document (so they agree with each other), and uploads in flight here.
+    pub async fn usage(&self, user: &UserRecord) -> Result<Usage, DomainError> {
+        let stored = self
+            .users
+            .user(&user.id)
+            .await?
+            .ok_or(DomainError::Unauthenticated)?;
+        Ok(Usage {
+            user: stored,
+            quota_bytes: self.quota_bytes,
+            uploads_in_flight: self.slots.in_flight(&user.id),
+        })
+    }
+
+    /// Refuses an upload whose declared length passes the user's quota.
+    pub async fn check_declared_quota(
+        &self,
+        user: &UserRecord,
+        declared_len: Option<u64>,
+    ) -> Result<(), DomainError> {
+        let (Some(quota), Some(len)) = (self.quota_bytes, declared_len) else {
+            return Ok(());
+        };
+        if len <= left(quota, user.used_bytes) || len <= self.quota_left(user, quota).await? {
+            return Ok(());
+        }
+        Err(DomainError::QuotaExceeded)
+    }
+
+    /// What is left of `quota` for `user`, as the store has it now.
+    async fn quota_left(&self, user: &UserRecord, quota: u64) -> Result<u64, DomainError> {
+        let stored = self
+            .users
+            .user(&user.id)
+            .await?
+            .ok_or(DomainError::Unauthenticated)?;
+        Ok(left(quota, stored.used_bytes))
+    }
+
+    /// `body`, cut off with [`BodyError::QuotaExceeded`] as soon as it passes
+    /// what is left of the user's quota, so that a body without a
+    /// `Content-Length` is not read (and stored) to its end first. A cached
+    /// usage lower than the store's (the user's own uploads committed since
+    /// it was cached) lets the body run further; the commit refuses it then.
+    pub fn within_quota<'a>(
+        &'a self,
+        user: &'a UserRecord,
+        body: ByteStream<'a>,
+    ) -> ByteStream<'a> {
+        let Some(quota) = self.quota_bytes else {
+            return body;
+        };
+        let start = Passing {
+            body: Some(body),
+            size: 0,
+            left: Some(left(quota, user.used_bytes)),
+        };
+        stream::unfold(start, move |mut s| async move {
+            let chunk = match s.body.as_mut()?.next().await? {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    s.body = None;
+                    return Some((Err(e), s));
+                }
+            };
+            s.size += chunk.len() as u64;
+            if let Some(left) = s.left
+                && s.size > left
+            {
+                match self.quota_left(user, quota).await {
+                    Ok(fresh) if s.size <= fresh => s.left = Some(fresh),
+                    Ok(_) => {
+                        s.body = None;
+                        return Some((Err(BodyError::QuotaExceeded), s));
+                    }
+                    // Unconfirmed, the refusal is not given: the commit decides.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not read the user's usage; the commit will check the quota");
+                        s.left = None;
+                    }
+                }
+            }
+            Some((Ok(chunk), s))
+        })
+        .boxed()
+    }
+
+    /// Refreshes the upload's intent until the upload is done, so that the
+    /// sweeper takes only dead uploads for abandoned ones, however long a
+    /// live one streams or waits for its lock.
+    pub async fn keep_alive(&self, file_id: &FileId) -> std::convert::Infallible {
+        if self.refresh_every.is_zero() {
+            // No grace at all (tests, audits): every intent is stale at once.
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(self.refresh_every).await;
+            match self.cleanup.touch_intent(file_id).await {
+                Ok(true) => {}
+                // Swept after all (this process stalled): the commit will say so.
+                Ok(false) => std::future::pending::<()>().await,
+                Err(e) => {
+                    tracing::warn!(%file_id, error = %e, "could not refresh the upload intent")
+                }
+            }
+        }
+    }
+}
+
+/// A body on its way past the quota check.
+struct Passing<'a> {
+    /// `None` once the body has failed or been cut off.
+    body: Option<ByteStream<'a>>,
+    size: u64,
+    /// What the user may still store, as last read; `None` once unknown.
+    left: Option<u64>,
+}

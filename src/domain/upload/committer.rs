@@ -1,0 +1,230 @@
+//! [`Committer`]: the one commit of an upload whose bytes are stored, a
+//! plain upload's and a resumable one's alike. It owns the locks (the
+//! category lock where the scope puts it, then the user's commit lock), the
+//! fence, group commit, and what undoing and settling take; it builds the
+//! commit (the one place: a change every commit must carry joins it here)
+//! and answers [`Commit`]: committed, refused, or unknown. What becomes of
+//! the blob then is the caller's to decide ([`Staged`]): a plain upload
+//! undoes a refusal and settles an unknown outcome; a resumable upload
+//! keeps both, for the PATCH or HEAD that retries it.
+
+use std::sync::Arc;
+
+use super::{
+    group::CommitGroups,
+    idempotency::fingerprint,
+    intents::IntentBatches,
+    path::{CommitPath, Grouped, OneByOne},
+    scope::{Hold, LockScope, scope},
+    settle::Undo,
+    staged::{OnDrop, Staged},
+};
+use crate::{
+    blob::BlobStore,
+    config::Settings,
+    domain::{DomainError, commit::UserCommitError},
+    lock::Locks,
+    meta::retry::Transactions,
+    meta::{
+        CleanupRepo, CommitOutcome, CommitUpload, FileRecord, FileRepo, IdempotencyClaim,
+        IdempotencyRecord, IntentRecord, MetaError, MetaResult,
+    },
+    metrics::Metrics,
+    vocab::{FileId, Filename, IdempotencyKey, SizeCategory, UserId},
+};
+
+/// A blob stored at its intent's key, ready to commit.
+pub struct StoredBlob {
+    pub filename: Filename,
+    pub content_type: String,
+    pub size: u64,
+    pub sha256: String,
+    pub category: SizeCategory,
+    pub idempotency_key: Option<IdempotencyKey>,
+}
+
+/// What a commit came to.
+pub enum Commit {
+    /// The file is committed.
+    Committed(FileRecord),
+    /// It did not apply, and never will.
+    Refused(Refusal),
+    /// It may have applied (its answer was lost): this is the file it would
+    /// be. Never undone on a guess: settled, or kept for a retry.
+    Unknown(FileRecord),
+}
+
+/// Why a commit did not apply.
+pub enum Refusal {
+    /// Another request with the upload's `Idempotency-Key` committed first:
+    /// its record, and whether it was the same request (body, filename and
+    /// content type: its fingerprint).
+    KeyUsed {
+        first: Box<IdempotencyRecord>,
+        same: bool,
+    },
+    Error(DomainError),
+}
+
+/// The commit of uploads, and the ports and strategies it takes.
+pub struct Committer {
+    /// Chosen at start-up: one transaction per upload, or group commit.
+    path: Box<dyn CommitPath>,
+    /// Chosen at start-up: where the category lock is taken.
+    scope: Box<dyn LockScope>,
+    locks: Arc<Locks>,
+    undo: Arc<Undo>,
+    bucket: String,
+    quota_bytes: Option<u64>,
+}
+
+impl Committer {
+    pub fn new(
+        files: Arc<dyn FileRepo>,
+        cleanup: Arc<dyn CleanupRepo>,
+        blobs: Arc<dyn BlobStore>,
+        locks: Arc<Locks>,
+        txns: Transactions,
+        metrics: Arc<Metrics>,
+        settings: &Settings,
+    ) -> Self {
+        let path: Box<dyn CommitPath> = match settings.upload_group_commit {
+            true => Box::new(Grouped {
+                groups: CommitGroups::new(
+                    files.clone(),
+                    locks.clone(),
+                    txns,
+                    metrics.clone(),
+                    settings.upload_group_max,
+                ),
+                intents: IntentBatches::new(cleanup.clone(), settings.upload_group_max),
+            }),
+            false => Box::new(OneByOne {
+                files: files.clone(),
+                cleanup: cleanup.clone(),
+                locks: locks.clone(),
+                txns,
+                metrics: metrics.clone(),
+            }),
+        };
+        Self {
+            path,
+            scope: scope(settings.lock.scope),
+            locks,
+            bucket: blobs.bucket().to_owned(),
+            undo: Arc::new(Undo {
+                files,
+                cleanup,
+                blobs,
+                metrics,
+            }),
+            quota_bytes: settings.user_quota_bytes,
+        }
+    }
+
+    /// The intent of a new upload by `user`: a new file id, its blob at
+    /// the file's key in this store's bucket.
+    pub fn new_intent(&self, user: UserId) -> IntentRecord {
+        IntentRecord::new(user, FileId::new(), &self.bucket)
+    }
+
+    /// Stores the intent of an upload about to store its first byte; its
+    /// blob is then `staged`'s.
+    pub async fn stage(&self, intent: IntentRecord, on_drop: OnDrop) -> MetaResult<Staged> {
+        self.path.put_intent(&intent).await?;
+        Ok(self.staged(intent, on_drop))
+    }
+
+    /// The blob of an upload whose intent is stored already.
+    pub fn staged(&self, intent: IntentRecord, on_drop: OnDrop) -> Staged {
+        Staged::new(intent, on_drop, self.undo.clone())
+    }
+
+    /// What the bytes of `user`'s upload of `category` stream under: the
+    /// category lock with lock scope `upload`, else nothing.
+    pub async fn before_bytes(
+        &self,
+        user: &UserId,
+        category: SizeCategory,
+    ) -> Result<Hold, DomainError> {
+        let held = self.scope.before_bytes(&self.locks, user, category).await?;
+        Ok(Hold::held(held, category))
+    }
+
+    /// Commits `stored`, the blob `staged` holds, under the locks and the
+    /// fence its scope takes (`hold`, released here): file, owner
+    /// permission, usage and quota, fence, idempotency key and the intent's
+    /// delete, in one retried transaction (or one shared with the user's
+    /// other uploads ready at the same time). Nothing is undone or settled
+    /// here, whatever the answer.
+    pub async fn commit(&self, staged: &mut Staged, hold: Hold, stored: StoredBlob) -> Commit {
+        let intent = staged.intent();
+        let idempotency = stored.idempotency_key.map(|key| IdempotencyClaim {
+            fingerprint: fingerprint(
+                &stored.sha256,
+                stored.filename.as_str(),
+                &stored.content_type,
+            ),
+            key,
+        });
+        let file = FileRecord {
+            id: intent.id,
+            owner_id: intent.user_id,
+            filename: stored.filename.as_str().to_owned(),
+            content_type: stored.content_type,
+            size: stored.size as i64,
+            sha256: stored.sha256,
+            category: stored.category,
+            bucket: intent.bucket.clone(),
+            key: intent.key,
+            created_at: crate::meta::now(),
+            sessions: Vec::new(),
+            agents: Vec::new(),
+        };
+        // Every upload's commit is built here, whichever path takes it.
+        let commit = CommitUpload {
+            file,
+            fence: hold.fence(),
+            quota_bytes: self.quota_bytes,
+            idempotency,
+        };
+        let (user, category) = (intent.user_id, hold.to_take());
+        staged.sending();
+        crate::crash_point("before_commit");
+        let answer = self.path.commit(&user, category, commit.clone()).await;
+        hold.release().await;
+        match answer {
+            Ok(CommitOutcome::Committed) => {
+                crate::crash_point("after_commit");
+                staged.committed();
+                Commit::Committed(commit.file)
+            }
+            Ok(CommitOutcome::Replayed(first)) => {
+                staged.refused();
+                let ours = commit.idempotency.as_ref().map(|k| k.fingerprint.as_str());
+                let same = first.fingerprint.is_empty() || Some(first.fingerprint.as_str()) == ours;
+                Commit::Refused(Refusal::KeyUsed { first, same })
+            }
+            Err(UserCommitError::Meta(MetaError::OutcomeUnknown(_))) => {
+                Commit::Unknown(commit.file)
+            }
+            Err(e) => {
+                staged.refused();
+                Commit::Refused(Refusal::Error(e.into()))
+            }
+        }
+    }
+
+    /// Settles a commit whose answer was lost (see [`Undo::settle`]):
+    /// `Ok(file)` if it applied; if it did not, the blob is gone and the
+    /// answer is why; `OutcomeUnknown` if the store cannot say in time (the
+    /// sweeper settles it then).
+    pub async fn settle(
+        &self,
+        staged: Staged,
+        file: FileRecord,
+    ) -> Result<FileRecord, DomainError> {
+        let intent = staged.disarm();
+        self.undo.settle(&intent, file).await
+    }
+}
