@@ -14,6 +14,8 @@ pub mod page;
 pub mod reconcile;
 pub mod resumable;
 pub mod sweeper;
+#[cfg(test)]
+mod test_kit;
 pub mod upload;
 pub mod users;
 

@@ -10,6 +10,8 @@
 mod finish;
 mod hash;
 mod patch;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
@@ -64,6 +66,7 @@ pub struct NewResumable {
 }
 
 /// What a PATCH (or a HEAD that finished the upload) did.
+#[derive(Debug)]
 pub enum Patched {
     /// Stored up to this offset; more is to come.
     Partial(ResumableRecord),

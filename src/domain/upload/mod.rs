@@ -20,6 +20,8 @@ mod scope;
 mod settle;
 mod slots;
 mod staged;
+#[cfg(test)]
+mod tests;
 
 use std::{sync::Arc, time::Instant};
 
@@ -79,6 +81,7 @@ pub struct NewUpload<'a> {
 }
 
 /// What an upload produced.
+#[derive(Debug)]
 pub struct Uploaded {
     pub file: FileRecord,
     /// The result of an earlier request with the same idempotency key.

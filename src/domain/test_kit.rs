@@ -1,0 +1,168 @@
+//! The services on the embedded adapters (redb, local files, in-process
+//! locks) in a directory of their own: what the domain's unit tests run on.
+
+use std::{path::PathBuf, sync::Arc};
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::{
+    resumable::ResumableService,
+    upload::{Admission, Committer, Idempotency, UploadService},
+    users,
+};
+use crate::{
+    blob::{BodyError, ByteStream, fs::FsBlobStore},
+    config::Settings,
+    lock::{Locks, memory::MemoryLocks},
+    meta::{
+        CleanupRepo, FileRecord, FileRepo, UserRecord, embedded::EmbeddedStore, retry::Transactions,
+    },
+    metrics::Metrics,
+    vocab::BlobKey,
+};
+
+/// The services and the adapters underneath them.
+pub(crate) struct Kit {
+    pub settings: Settings,
+    pub meta: Arc<EmbeddedStore>,
+    pub blobs: Arc<FsBlobStore>,
+    pub locks: Arc<Locks>,
+    pub committer: Arc<Committer>,
+    pub uploads: UploadService,
+    pub resumables: ResumableService,
+    _dir: TempDir,
+}
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Kit {
+    /// The services on `settings` changed by `tune`, in a fresh directory.
+    pub async fn new(tune: impl FnOnce(&mut Settings)) -> Self {
+        let dir = std::env::temp_dir().join(format!("filedock-kit-{}", uuid::Uuid::new_v4()));
+        let mut settings = Settings::embedded(&dir);
+        tune(&mut settings);
+        let meta = Arc::new(EmbeddedStore::open(&dir).unwrap());
+        let blobs = Arc::new(FsBlobStore::open(&dir).unwrap());
+        let metrics = Arc::new(Metrics::default());
+        let locks = Arc::new(Locks::new(
+            Arc::new(MemoryLocks::new()),
+            settings.lock.clone(),
+            false,
+            metrics.clone(),
+        ));
+        let txns = Transactions::new(settings.txn_retry, metrics.clone());
+        let committer = Arc::new(Committer::new(
+            meta.clone(),
+            meta.clone(),
+            blobs.clone(),
+            locks.clone(),
+            txns,
+            metrics.clone(),
+            &settings,
+        ));
+        let admission = Arc::new(Admission::new(
+            meta.clone(),
+            meta.clone(),
+            metrics.clone(),
+            &settings,
+        ));
+        let uploads = UploadService::new(
+            admission.clone(),
+            committer.clone(),
+            blobs.clone(),
+            Idempotency::new(meta.clone()),
+            metrics,
+            &settings,
+        );
+        let resumables = ResumableService::new(
+            committer.clone(),
+            admission,
+            meta.clone(),
+            meta.clone(),
+            meta.clone(),
+            blobs.clone(),
+            blobs.clone(),
+            locks.clone(),
+            &settings,
+        );
+        Self {
+            settings,
+            meta,
+            blobs,
+            locks,
+            committer,
+            uploads,
+            resumables,
+            _dir: TempDir(dir),
+        }
+    }
+
+    pub async fn user(&self, name: &str) -> UserRecord {
+        users::create_user(self.meta.as_ref(), name)
+            .await
+            .unwrap()
+            .0
+    }
+
+    /// The user as the store has it now.
+    pub async fn stored(&self, user: &UserRecord) -> UserRecord {
+        use crate::meta::UserRepo;
+        self.meta.user(&user.id).await.unwrap().unwrap()
+    }
+
+    pub async fn files(&self, user: &UserRecord) -> Vec<FileRecord> {
+        self.meta.list_files(&user.id, None, 100).await.unwrap()
+    }
+
+    pub async fn intents(&self) -> usize {
+        let later = crate::meta::now() + chrono::Duration::days(1);
+        self.meta.intents(later, 100).await.unwrap().len()
+    }
+
+    /// The user's objects in the blob store.
+    pub async fn objects(&self, user: &UserRecord) -> Vec<String> {
+        use crate::blob::BlobStore;
+        self.blobs
+            .list_keys(&format!("{}{}/", BlobKey::FILES, user.id))
+            .await
+            .unwrap()
+    }
+
+    pub async fn read(&self, key: &BlobKey) -> Vec<u8> {
+        use crate::blob::BlobStore;
+        let mut body = self.blobs.get(key, None).await.unwrap();
+        let mut all = Vec::new();
+        while let Some(chunk) = body.next().await {
+            all.extend_from_slice(&chunk.unwrap());
+        }
+        all
+    }
+}
+
+/// A body of these chunks.
+pub(crate) fn body(chunks: &[&'static [u8]]) -> ByteStream<'static> {
+    let chunks: Vec<Result<Bytes, BodyError>> =
+        chunks.iter().map(|c| Ok(Bytes::from_static(c))).collect();
+    futures::stream::iter(chunks).boxed()
+}
+
+/// A body that sends `first` and then nothing, ever (a client that went
+/// quiet).
+pub(crate) fn stalled(first: &'static [u8]) -> ByteStream<'static> {
+    let first = futures::stream::iter([Ok(Bytes::from_static(first))]);
+    first.chain(futures::stream::pending()).boxed()
+}
+
+/// The SHA-256 of `bytes`, hex.
+pub(crate) fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
