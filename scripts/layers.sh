@@ -11,8 +11,9 @@
 # An import is any path a file names that leads into the crate (`crate::`,
 # `super::`, `self::`, a child module, `filedock::` in the binary), in `use`
 # trees or inline; comments, strings and `#[cfg(test)]` modules are left
-# out. A path is an edge to the file that defines the module it names (an
-# item re-exported by a `mod.rs` is an edge to that `mod.rs`).
+# out (a file declared `#[cfg(test)] mod x;` too). A path is an edge to the
+# file that defines the module it names (an item re-exported by a `mod.rs`
+# is an edge to that `mod.rs`).
 # `bash scripts/layers.sh -v` prints the file edges.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +72,17 @@ for my $f (@files) {
     delete $file_of{crate_of($target)}{$mod_of{$target}};
     $mod_of{$target} = join "::", grep { length } ($mod_of{$f}, $2);
     $file_of{crate_of($target)}{$mod_of{$target}} = $target;
+  }
+}
+# `#[cfg(test)] mod name;`: the file of `name` is test code, left out (as
+# inline test modules are).
+my %test_only;
+for my $f (@files) {
+  open my $fh, "<", $f or die "$f: $!"; local $/; my $src = <$fh>; close $fh;
+  while ($src =~ /#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;/g) {
+    my $child = join "::", grep { length } ($mod_of{$f}, $1);
+    my $target = $file_of{crate_of($f)}{$child};
+    $test_only{$target} = 1 if defined $target;
   }
 }
 # Code without comments, strings and character literals.
@@ -145,6 +157,7 @@ sub resolve {
   return undef;
 }
 for my $f (@files) {
+  next if $test_only{$f};
   open my $fh, "<", $f or die "$f: $!"; local $/; my $src = strip(scalar <$fh>); close $fh;
   my $crate = crate_of($f);
   my %children = map { $_ => 1 } $src =~ /^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;/mg;
@@ -157,7 +170,7 @@ for my $f (@files) {
     if ($seg[-1] eq "*" && grep({ $_ eq "super" } @seg)) { print "GLOB $f\n" }
     @seg = grep { $_ ne "*" } @seg;
     my $to = resolve($crate, $here, \%children, @seg);
-    print "$f $to\n" if defined $to && $to ne $f && !$seen{$to}++;
+    print "$f $to\n" if defined $to && $to ne $f && !$test_only{$to} && !$seen{$to}++;
   };
   my $attr_test = 0;
   for (my $k = 0; $k < @tok; $k++) {

@@ -24,7 +24,6 @@ use crate::{
 
 /// The services and the adapters underneath them.
 pub(crate) struct Kit {
-    pub settings: Settings,
     pub meta: Arc<EmbeddedStore>,
     pub blobs: Arc<FsBlobStore>,
     pub locks: Arc<Locks>,
@@ -94,7 +93,6 @@ impl Kit {
             &settings,
         );
         Self {
-            settings,
             meta,
             blobs,
             locks,
