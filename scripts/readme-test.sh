@@ -16,6 +16,11 @@
 # First, README "Configuration" and `filedock --help` must list the same
 # settings, meanings and defaults, in the same order.
 #
+# A new block: mark it in the README, give it checks here (`before_NAME` makes
+# its input files, `after_NAME` checks it; dashes in NAME become `_`) and add
+# NAME to RT_EXPECTED. Leave unmarked what needs Docker, the real stack or a
+# long run.
+#
 #   scripts/readme-test.sh          # part of scripts/test.sh
 set -euo pipefail
 
@@ -40,7 +45,7 @@ status_of() { command curl -s -o /dev/null -w '%{http_code}' -H "Authorization: 
 # json EXPR: EXPR (Python; the document is `d`) over the JSON on stdin.
 json() { python3 -c 'import json, sys; d = json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
 is() { [ "$1" = "$2" ] || { echo "[readme]   got '$1', want '$2'" >&2; return 1; }; }
-# like STRING GLOB: STRING matches the shell pattern GLOB.
+# like STRING GLOB: STRING matches the shell pattern GLOB ($2 unquoted on purpose).
 like() { [[ $1 == $2 ]] || { echo "[readme]   got '$1', want $2" >&2; return 1; }; }
 same_bytes() { api "$1" | cmp -s - "$2"; }
 
@@ -54,9 +59,20 @@ after_walkthrough() {
   check "/v1/me to count no file" printed '"file_count":0'
 }
 after_links() {
-  check "the checksummed upload stored" is "$(api "/v1/files/$ID" | json 'd["sha256"]')" "$(sha256sum <hello.txt | cut -d' ' -f1)"
-  check "a link URL" like "$URL" "$RT_BASE/v1/links/$ID?*"
+  local sha
+  sha=$(sha256sum <hello.txt | cut -d' ' -f1)
+  check "the checksummed upload stored" is "$(api "/v1/files/$ID" | json 'd["sha256"]')" "$sha"
+  check "a link URL as the comment shows it" like "$URL" "$RT_BASE/v1/links/$ID?user=*&expires=*&signature=*"
   check "the link to download hello filedock (no key)" is "$(cat "$RT_DIR/out/links.out")" "hello filedock"
+  local files refused
+  files=$(api /v1/me | json 'd["usage"]["file_count"]')
+  refused=$(command curl -s -H "Authorization: Bearer $KEY" -H "Content-Digest: sha-256=:$(printf x | openssl dgst -sha256 -binary | base64):" \
+    --data-binary @hello.txt "$RT_BASE/v1/files?filename=hello.txt" | json 'd["error"]["code"]')
+  check "a mismatching Content-Digest to be refused" is "$refused" digest_mismatch
+  check "nothing stored for it" is "$(api /v1/me | json 'd["usage"]["file_count"]')" "$files"
+  check "Range to work on the link" is "$(command curl -fsS -r 0-4 "$URL")" hello
+  check "If-None-Match to work on the link" \
+    is "$(command curl -s -o /dev/null -w '%{http_code}' -H "If-None-Match: \"$sha\"" "$URL")" 304
   check "the link's Repr-Digest to be \$DIGEST" \
     is "$(command curl -fsS -o /dev/null -D - "$URL" | tr -d '\r' | sed -n 's/^repr-digest: //Ip')" "$DIGEST"
 }
@@ -80,6 +96,8 @@ after_sessions() {
   agent=$(api "/v1/agents/$AGENT")
   check "all four MCP connects to land" is "$(json 'sorted(d["mcp_ids"])' <<<"$agent")" "['github', 'jira', 'notion', 'slack']"
   check "the toolset connected" is "$(json 'd["toolset_ids"]' <<<"$agent")" "['web-search']"
+  check "a repeated connect to change nothing (PUT is idempotent)" \
+    is "$(api "/v1/agents/$AGENT/mcps/github" -X PUT | json 'len(d["mcp_ids"])')" 4
   check "the file attached to the agent" is "$(json 'd["file_ids"]' <<<"$agent")" "['$FILE']"
   check "the file attached to the session" is "$(api "/v1/sessions/$SESSION" | json 'd["file_ids"]')" "['$FILE']"
 }
@@ -102,9 +120,10 @@ after_cli() {
 run_blocks() {
   # The README's curl: an HTTP error fails the command (the body still printed).
   curl() { command curl --fail-with-body "$@"; }
-  rt_block=
+  rt_block= rt_failed=
+  trap 'rt_failed="line $LINENO: $BASH_COMMAND"' ERR
   trap 'rc=$?; if [ "$rc" -ne 0 ] && [ -n "$rt_block" ]; then
-    echo "[readme] block $rt_block failed (exit $rc); it printed:" >&2
+    echo "[readme] block $rt_block failed (exit $rc)${rt_failed:+ at $rt_failed of the block}; it printed:" >&2
     for f in "$RT_DIR/out/$rt_block".{out,err}; do sed "s/^/  | /" "$f" >&2; echo >&2; done
   fi' EXIT
   cd "$RT_DIR/work"
@@ -116,6 +135,7 @@ run_blocks() {
     if declare -F "before_$hook" >/dev/null; then "before_$hook"; fi
     # shellcheck disable=SC1090
     source "$file" >"$RT_DIR/out/$rt_block.out" 2>"$RT_DIR/out/$rt_block.err"
+    rt_failed=
     if declare -F "after_$hook" >/dev/null; then "after_$hook"; fi
     echo "[readme] ok: $rt_block" >&2
   done
