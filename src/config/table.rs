@@ -17,7 +17,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_METRICS_ADDR",
-        meaning: "serve /metrics on this address only (e.g. 127.0.0.1:9090), no longer on FILEDOCK_BIND",
+        meaning: "serve /metrics on this address only (e.g. 127.0.0.1:9090, a port only the scraper reaches); the API listener then answers 404 for it",
         default: "unset → /metrics on FILEDOCK_BIND",
     },
     Setting {
@@ -197,7 +197,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_TUS_EXPIRY_SECS",
-        meaning: "a resumable (tus) upload with no PATCH for this long expires and is aborted by the sweeper",
+        meaning: "a resumable (tus) upload with no PATCH for this long expires (Upload-Expires) and is aborted by the sweeper",
         default: "86400",
     },
     Setting {
@@ -222,12 +222,12 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_CORS_ORIGINS",
-        meaning: "comma-separated browser origins allowed (* for any)",
+        meaning: "comma-separated browser origins allowed (* for any); the tus methods and headers are allowed and exposed too",
         default: "none",
     },
     Setting {
         var: "FILEDOCK_ALLOWED_TYPES",
-        meaning: "comma list of content types an upload may have, exact or type/* (e.g. image/*,application/pdf); others get 415",
+        meaning: "comma list of content types an upload may have, exact or type/* (e.g. image/*,application/pdf); others get 415, nothing stored",
         default: "any type",
     },
     Setting {
