@@ -11,6 +11,7 @@
 CACHE="${FILEDOCK_CACHE:-$HOME/.cache/filedock}"
 SECANTUS_VERSION="0.7.0b3"
 S3S_VERSION="0.14.1"
+TUSPY_VERSION="1.1.0"
 S3_ACCESS_KEY="filedock-test"
 S3_SECRET_KEY="filedock-test-secret"
 
@@ -108,6 +109,17 @@ for line in sys.stdin:
     exe = json.loads(line).get("executable")
     if exe:
         print(exe)'
+}
+
+# tuspy_install: the Python tus client (PyPI), once, into $CACHE/tuspy (a venv
+# whose bin/python3 imports tusclient); used by scripts/tus-interop.sh and
+# scripts/readme-test.sh.
+tuspy_install() {
+  if [ ! -x "$CACHE/tuspy/bin/python" ] || ! "$CACHE/tuspy/bin/python" -c 'import tusclient' 2>/dev/null; then
+    log "installing tuspy $TUSPY_VERSION into $CACHE/tuspy"
+    python3 -m venv "$CACHE/tuspy"
+    "$CACHE/tuspy/bin/pip" install -q "tuspy==$TUSPY_VERSION"
+  fi
 }
 
 # serve_embedded NAME: builds and starts filedock on its embedded defaults

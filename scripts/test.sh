@@ -3,7 +3,8 @@
 # the API suite again against real Redis, MongoDB (SecantusDB) and S3 (s3s-fs),
 # which it installs (once, into ~/.cache/filedock), starts and stops itself.
 # The session/agent tests run once more in queue mode on each backend.
-# First, scripts/layers.sh checks that src/ keeps its dependency rule.
+# First, scripts/layers.sh checks that src/ keeps its dependency rule. The
+# README's shell blocks run too, as written (scripts/readme-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
@@ -25,6 +26,8 @@ echo "== filedock tests: the OpenAPI contract (schemathesis)"
 bash scripts/contract.sh
 echo "== filedock tests: tus interoperability, embedded adapters (tus-js-client, tuspy; 64 MiB cut 3 times each)"
 bash scripts/tus-interop.sh
+echo "== filedock tests: the README's commands in order on a fresh embedded server; its Configuration against --help"
+bash scripts/readme-test.sh
 
 echo "== filedock tests: real Redis, MongoDB and S3"
 trap stack_stop EXIT

@@ -10,21 +10,16 @@ cd "$(dirname "$0")/.."
 CACHE="${FILEDOCK_CACHE:-$HOME/.cache/filedock}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
 TUS_JS_VERSION="4.3.1"
-TUSPY_VERSION="1.1.0"
 
 if [ ! -f "$CACHE/tus-js/node_modules/tus-js-client/package.json" ]; then
   echo "[tus] installing tus-js-client $TUS_JS_VERSION into $CACHE/tus-js" >&2
   mkdir -p "$CACHE/tus-js"
   npm install --silent --no-audit --no-fund --prefix "$CACHE/tus-js" "tus-js-client@$TUS_JS_VERSION" >/dev/null
 fi
-if [ ! -x "$CACHE/tuspy/bin/python" ] || ! "$CACHE/tuspy/bin/python" -c 'import tusclient' 2>/dev/null; then
-  echo "[tus] installing tuspy $TUSPY_VERSION into $CACHE/tuspy" >&2
-  python3 -m venv "$CACHE/tuspy"
-  "$CACHE/tuspy/bin/pip" install -q "tuspy==$TUSPY_VERSION"
-fi
 
 # shellcheck source=scripts/stack.sh
 source scripts/stack.sh
+tuspy_install
 backend=embedded
 if [ -n "${FILEDOCK_TEST_S3_ENDPOINT:-}" ]; then
   backend=real

@@ -38,7 +38,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_METRICS_ADDR",
-        meaning: "serve /metrics on this address only (e.g. 127.0.0.1:9090), no longer on FILEDOCK_BIND",
+        meaning: "serve /metrics on this address only (e.g. 127.0.0.1:9090, a port only the scraper reaches); the API listener then answers 404 for it",
         value: None,
         shown: Some("unset → /metrics on FILEDOCK_BIND"),
     },
@@ -254,7 +254,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_TUS_EXPIRY_SECS",
-        meaning: "a resumable (tus) upload with no PATCH for this long expires and is aborted by the sweeper",
+        meaning: "a resumable (tus) upload with no PATCH for this long expires (Upload-Expires) and is aborted by the sweeper",
         value: Some("86400"),
         shown: None,
     },
@@ -286,13 +286,13 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_CORS_ORIGINS",
-        meaning: "comma-separated browser origins allowed (* for any)",
+        meaning: "comma-separated browser origins allowed (* for any); the tus methods and headers are allowed and exposed too",
         value: None,
         shown: Some("none"),
     },
     Setting {
         var: "FILEDOCK_ALLOWED_TYPES",
-        meaning: "comma list of content types an upload may have, exact or type/* (e.g. image/*,application/pdf); others get 415",
+        meaning: "comma list of content types an upload may have, exact or type/* (e.g. image/*,application/pdf); others get 415, nothing stored",
         value: None,
         shown: Some("any type"),
     },
