@@ -1,9 +1,8 @@
 //! The `BlobStore` port: streamed writes and ranged, streamed reads; the
 //! one part writer (`parts.rs`) that cuts bodies into parts for the stores
 //! that take them so, and the limits every upload body is read under
-//! (`body.rs`).
+//! ([`bounded`]).
 
-pub mod body;
 pub mod fs;
 pub mod parts;
 pub mod resumable;
@@ -14,7 +13,7 @@ use std::{io, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use futures::stream::BoxStream;
+use futures::{StreamExt, stream::BoxStream};
 
 use crate::vocab::BlobKey;
 
@@ -136,4 +135,28 @@ pub struct PresignedHeaders {
     pub content_type: String,
     pub content_disposition: String,
     pub cache_control: String,
+}
+
+/// `body`, failing with [`BodyError::Idle`] once the client has sent nothing
+/// for `idle` (it holds a connection and perhaps a lock) and with
+/// [`BodyError::TooLarge`] as soon as it passes `max` bytes.
+pub fn bounded(body: ByteStream<'_>, idle: Duration, max: u64) -> ByteStream<'_> {
+    let body = futures::stream::unfold(Some(body), move |body| async move {
+        let mut body = body?;
+        match tokio::time::timeout(idle, body.next()).await {
+            Ok(Some(chunk)) => Some((chunk, Some(body))),
+            Ok(None) => None,
+            Err(_) => Some((Err(BodyError::Idle(idle)), None)),
+        }
+    });
+    let mut size = 0u64;
+    body.map(move |chunk| {
+        let chunk = chunk?;
+        size += chunk.len() as u64;
+        if size > max {
+            return Err(BodyError::TooLarge(max));
+        }
+        Ok(chunk)
+    })
+    .boxed()
 }

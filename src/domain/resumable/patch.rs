@@ -13,8 +13,7 @@ use sha2_state::Digest;
 use super::{Checksum, Patched, Result, ResumableError, ResumableService, hash, release};
 use crate::{
     blob::{
-        BodyError, ByteStream,
-        body::bounded,
+        BodyError, ByteStream, bounded,
         resumable::{Appended, WriteAt, append},
     },
     domain::DomainError,

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::slots::{InFlightKeys, KeyClaim};
 use crate::{
-    blob::{ByteStream, body::bounded},
+    blob::{ByteStream, bounded},
     domain::DomainError,
     meta::{FileRepo, IdempotencyRecord, UserRecord},
     vocab::{Filename, IdempotencyKey},

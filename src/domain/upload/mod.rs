@@ -40,7 +40,7 @@ pub use self::{
 use self::{idempotency::same_request, slots::InFlight};
 use super::{DomainError, Filename, SizeCategory, digest::ExpectedDigest, media};
 use crate::{
-    blob::{BlobStore, BodyError, ByteStream, body::bounded},
+    blob::{BlobStore, BodyError, ByteStream, bounded},
     config::{AllowedTypes, Settings},
     lock::LockGuard,
     meta::{FileRecord, UserRecord},
