@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::{
     BlobError, BodyError, ByteStream,
@@ -134,14 +134,9 @@ pub async fn append(
     let tail_start = at.tail_start();
     let carried = match at.offset > tail_start {
         true => {
-            let old = blobs
+            blobs
                 .get_tail(at.key, at.handle, tail_start, at.offset)
-                .await?;
-            // The tail continues in a buffer of a part's size, so that the
-            // first part of this append is not copied twice.
-            let mut part = BytesMut::with_capacity(at.part_size);
-            part.extend_from_slice(&old);
-            part.freeze()
+                .await?
         }
         false => Bytes::new(),
     };
