@@ -31,15 +31,22 @@ pub mod vocab;
 pub mod worker;
 
 /// A failpoint for the crash trials: when `FILEDOCK_TEST_CRASH_AT` names
-/// this point, the process dies here as if killed (no unwinding, no cleanup).
+/// this point, the process dies here as if killed (no unwinding, no cleanup);
+/// when it names it as `panic:NAME`, the request panics here instead (a bug,
+/// which the HTTP layer answers as a 500).
 pub fn crash_point(name: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if AT
+    let Some(at) = AT
         .get_or_init(|| std::env::var("FILEDOCK_TEST_CRASH_AT").ok())
         .as_deref()
-        == Some(name)
-    {
+    else {
+        return;
+    };
+    if at == name {
         eprintln!("filedock: crash point {name} reached; aborting");
         std::process::abort();
+    }
+    if at.strip_prefix("panic:") == Some(name) {
+        panic!("filedock: panic point {name} reached");
     }
 }

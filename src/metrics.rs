@@ -55,6 +55,8 @@ pub struct Metrics {
     registry: Registry,
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_duration: Family<RouteLabel, Histogram>,
+    /// Requests whose handler panicked (each answered 500 `internal`).
+    pub http_panics: Counter,
     pub lock_wait: Family<LevelLabel, Histogram>,
     pub lock_timeouts: Family<LevelLabel, Counter>,
     pub lock_degraded: Family<LevelLabel, Counter>,
@@ -92,6 +94,7 @@ impl Default for Metrics {
         let m = Self {
             http_requests: Family::default(),
             http_duration: Family::new_with_constructor(latency_histogram),
+            http_panics: Counter::default(),
             lock_wait: Family::new_with_constructor(latency_histogram),
             lock_timeouts: Family::default(),
             lock_degraded: Family::default(),
@@ -128,6 +131,11 @@ impl Default for Metrics {
             "filedock_http_request_duration_seconds",
             "HTTP request duration by route",
             m.http_duration.clone(),
+        );
+        r.register(
+            "filedock_http_panics",
+            "Requests whose handler panicked (answered 500 internal)",
+            m.http_panics.clone(),
         );
         r.register(
             "filedock_lock_wait_seconds",

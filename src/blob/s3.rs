@@ -159,12 +159,14 @@ impl S3BlobStore {
         Ok(upload_id)
     }
 
-    /// Makes the object at `full_key` from the parts with these tags, part 1 first.
+    /// Makes the object at `full_key` (`len` bytes) from the parts with
+    /// these tags, part 1 first.
     async fn complete_multipart(
         &self,
         full_key: &str,
         upload_id: &str,
         tags: &[String],
+        len: u64,
     ) -> Result<(), BlobError> {
         let parts = tags
             .iter()
@@ -176,7 +178,8 @@ impl S3BlobStore {
                     .build()
             })
             .collect();
-        self.client
+        let completed = self
+            .client
             .complete_multipart_upload()
             .bucket(&self.bucket)
             .key(full_key)
@@ -187,10 +190,61 @@ impl S3BlobStore {
                     .build(),
             )
             .send()
-            .await
-            .map_err(sdk_err)?;
+            .await;
+        if let Err(e) = completed {
+            // The server no longer knows the upload (a retry of a complete
+            // whose answer was lost, or a completion done before): S3 says
+            // NoSuchUpload, s3s-fs AccessDenied.
+            let gone = e
+                .as_service_error()
+                .and_then(ProvideErrorMetadata::code)
+                .is_some_and(|c| matches!(c, "NoSuchUpload" | "AccessDenied"));
+            return self.settle_complete(full_key, len, gone, sdk_err(e)).await;
+        }
         self.count_multipart("completed");
         Ok(())
+    }
+
+    /// A `CompleteMultipartUpload` that failed may have completed all the
+    /// same: the SDK sends it again when its answer is lost, and the server
+    /// no longer knows the upload then (`gone`). The object decides: there
+    /// with all the bytes, the upload completed (nothing else writes its
+    /// key). Absent while the upload is `gone`, the store lost it as the
+    /// link broke (s3s-fs drops a complete cut midway): an outage, nothing
+    /// stored. Otherwise the error stands; an object that cannot be read is
+    /// the store being unavailable.
+    async fn settle_complete(
+        &self,
+        full_key: &str,
+        len: u64,
+        gone: bool,
+        error: BlobError,
+    ) -> Result<(), BlobError> {
+        let head = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(full_key)
+            .send()
+            .await;
+        let head = match head {
+            Ok(out) => Ok(Some(out.content_length().unwrap_or_default() as u64)),
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_not_found()) => Ok(None),
+            Err(e) => Err(sdk_err(e)),
+        };
+        match head {
+            Ok(Some(n)) if n == len => {
+                tracing::warn!(key = full_key, error = %error, "CompleteMultipartUpload failed, but the object is complete");
+                Ok(())
+            }
+            Ok(_) if gone => Err(BlobError::Unavailable(format!(
+                "the store lost the multipart upload while completing it: {error}"
+            ))),
+            Ok(_) => Err(error),
+            Err(e) => Err(BlobError::Unavailable(format!(
+                "completing a multipart upload: {error}; then: {e}"
+            ))),
+        }
     }
 
     /// Drops a multipart upload's parts.
@@ -243,7 +297,8 @@ impl S3BlobStore {
             (Err(e), _) => Err(e),
             (Ok(_), Some(cut)) => Err(BlobError::Body(cut)),
             (Ok(sent), None) => {
-                self.complete_multipart(full_key, &upload_id, &sent.tags)
+                let len = parts.read();
+                self.complete_multipart(full_key, &upload_id, &sent.tags, len)
                     .await
             }
         };

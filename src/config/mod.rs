@@ -40,6 +40,10 @@ pub struct Settings {
     /// Queue mode: a waiter waits this long plus 2 s per operation ahead of
     /// it (at most 5 min, or this if longer); then its operation is cancelled.
     pub queue_wait: Duration,
+    /// How long an upload whose commit answer was lost keeps trying to
+    /// settle it (read back whether it applied) before it answers
+    /// `outcome_unknown`; the sweeper settles it later.
+    pub settle_window: Duration,
     /// How long an authenticated key is remembered (zero: ask the store every time).
     pub auth_cache_ttl: Duration,
     /// After SIGTERM, how long in-flight requests may take to finish.
@@ -308,6 +312,7 @@ impl Settings {
             },
             coordination: vars.value("COORDINATION")?,
             queue_wait: vars.secs("QUEUE_WAIT_SECS")?,
+            settle_window: vars.secs("SETTLE_WINDOW_SECS")?,
             auth_cache_ttl: vars.secs("AUTH_CACHE_SECS")?,
             shutdown_grace: vars.secs("SHUTDOWN_GRACE_SECS")?,
             max_uploads_per_user: vars.value("MAX_UPLOADS_PER_USER")?,

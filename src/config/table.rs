@@ -223,6 +223,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_SETTLE_WINDOW_SECS",
+        meaning: "how long an upload whose commit answer was lost keeps reading back whether it applied before answering 504 outcome_unknown (the sweeper settles it later)",
+        value: Some("20"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_AUTH_CACHE_SECS",
         meaning: "how long an authenticated API key is remembered (0: look it up every request)",
         value: Some("30"),

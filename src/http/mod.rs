@@ -33,6 +33,7 @@ use axum::{
 };
 use tower::ServiceBuilder;
 use tower_http::{
+    catch_panic::CatchPanicLayer,
     cors::{AllowOrigin, CorsLayer},
     request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
     trace::TraceLayer,
@@ -133,6 +134,8 @@ pub fn router(state: AppState) -> Router {
                     tracing::info_span!("request", method = %req.method(), route, request_id = id)
                 }))
                 .layer(middleware::from_fn_with_state(state.clone(), observe))
+                // Inside `observe`: a panic is answered and counted as a 500.
+                .layer(CatchPanicLayer::custom(answer_panic(state.metrics.clone())))
                 .layer(middleware::from_fn(tus::tus_resumable_header))
                 .option_layer(cors),
         )
@@ -177,6 +180,25 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         })
         .inc();
     res
+}
+
+/// A handler that panicked is a bug: the client gets the documented `500
+/// internal` (with its request id; the panic message only goes to the log),
+/// the panic is counted, and the connection stays up.
+fn answer_panic(
+    metrics: std::sync::Arc<Metrics>,
+) -> impl Fn(Box<dyn std::any::Any + Send>) -> Response + Clone {
+    move |panic| {
+        metrics.http_panics.inc();
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        axum::response::IntoResponse::into_response(ApiError::internal(anyhow::anyhow!(
+            "handler panicked: {message}"
+        )))
+    }
 }
 
 /// The `method` label: a client may send any token as a method, and each

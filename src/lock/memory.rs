@@ -51,6 +51,15 @@ impl MemoryLocks {
         Self::default()
     }
 
+    /// Waiters queued for `key` (as `ZCARD` of its queue shows on Redis).
+    pub fn waiters(&self, key: &str) -> usize {
+        self.slots
+            .lock()
+            .unwrap()
+            .get(key)
+            .map_or(0, |slot| slot.waiters.len())
+    }
+
     fn grant(&self, key: &str, slot: &mut Slot, ttl: Duration) -> Lease {
         let mut fence = 0;
         let _ = self

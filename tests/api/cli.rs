@@ -140,7 +140,7 @@ async fn a_large_upload_cut_mid_way_resumes_to_an_identical_file() {
     let app = spawn_app().await;
     let u = app.create_user("resume").await;
     let upstream = app.base.trim_start_matches("http://").parse().unwrap();
-    let proxy = crate::fault_proxy::FaultProxy::start(upstream).await;
+    let proxy = crate::support::fault_proxy::FaultProxy::start(upstream).await;
     let mut bytes = pseudo_random_bytes(LEN, 11);
     for at in [4 << 20, 5 << 20, 6 << 20] {
         bytes[at..at + MARKER.len()].copy_from_slice(MARKER);
@@ -150,6 +150,7 @@ async fn a_large_upload_cut_mid_way_resumes_to_an_identical_file() {
     std::fs::write(&path, &bytes).unwrap();
 
     proxy.cut_after(MARKER, std::time::Duration::from_secs(1));
+    proxy.watch(b"upload-offset: ");
     let base = format!("http://{}", proxy.addr());
     let out = client_at(&base, &u.key, &["upload", "--json", path.to_str().unwrap()]).await;
     assert!(proxy.triggered(), "the connection was never cut");
@@ -158,6 +159,24 @@ async fn a_large_upload_cut_mid_way_resumes_to_an_identical_file() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // It resumed: one upload created, and after the cut a PATCH from the
+    // offset the server kept, not from 0 again.
+    let offsets: Vec<u64> = proxy.watched().iter().map(|o| o.parse().unwrap()).collect();
+    assert!(
+        offsets.len() >= 2 && offsets[0] == 0,
+        "PATCH offsets {offsets:?}"
+    );
+    assert!(
+        offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[1] > 0,
+        "the client started over instead of resuming: PATCH offsets {offsets:?}"
+    );
+    let created = app
+        .metric(
+            "filedock_http_requests_total",
+            "method=\"POST\",route=\"/v1/uploads\"",
+        )
+        .await;
+    assert_eq!(created, 1.0, "the client created a second upload");
     let id = json_lines(&out)[0]["id"].as_str().unwrap().to_owned();
     let stored = app.download(&u, &id).await.bytes().await.unwrap();
     assert!(

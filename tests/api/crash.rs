@@ -1,11 +1,16 @@
 //! Crash trials: uploads killed at every phase and at random moments; after
 //! a restart and one sweep, the bucket and the metadata agree exactly.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use filedock::{domain::users, http::AppState};
-use futures::future::join_all;
+use futures::{StreamExt, future::join_all};
+use reqwest::StatusCode;
 use serde_json::Value;
+use sha2::Digest;
 
 use crate::{helpers::*, real::generated_body};
 
@@ -29,23 +34,50 @@ impl Lcg {
     }
 }
 
-async fn fire_uploads(base: &str, key: &str) {
-    let client = reqwest::Client::new();
-    let send = |name: &str, body: reqwest::Body| {
-        client
-            .post(format!("{base}/v1/files?filename={name}"))
-            .bearer_auth(key)
-            .body(body)
-            .timeout(Duration::from_secs(20))
-            .send()
-    };
-    let (big, _) = generated_body(7 << 20, None); // multipart with 5 MiB parts
-    let _ = join_all([
-        send("small.txt", reqwest::Body::from(vec![1u8; 1024])),
-        send("big.bin", big),
-        send("other.txt", reqwest::Body::from(vec![2u8; 4096])),
-    ])
-    .await;
+/// An upload the server answered 201: its file id and the SHA-256 sent.
+type Acknowledged = Arc<Mutex<Vec<(String, String)>>>;
+
+/// Sends three uploads (one multipart) at once, each in a task of its own,
+/// and records every 201 in `acked` the moment it arrives, so that what was
+/// acknowledged before a crash is known however the crash cuts the rest.
+fn fire_uploads(base: &str, key: &str, acked: &Acknowledged) -> Vec<tokio::task::JoinHandle<()>> {
+    let (big, big_sha) = generated_body(7 << 20, None); // multipart with 5 MiB parts
+    let small = vec![1u8; 1024];
+    let other = vec![2u8; 4096];
+    let bodies = [
+        (
+            "small.txt",
+            reqwest::Body::from(small.clone()),
+            sha256_hex(&small),
+        ),
+        ("big.bin", big, big_sha),
+        (
+            "other.txt",
+            reqwest::Body::from(other.clone()),
+            sha256_hex(&other),
+        ),
+    ];
+    bodies
+        .into_iter()
+        .map(|(name, body, sha)| {
+            let req = reqwest::Client::new()
+                .post(format!("{base}/v1/files?filename={name}"))
+                .bearer_auth(key)
+                .body(body)
+                .timeout(Duration::from_secs(20));
+            let acked = acked.clone();
+            tokio::spawn(async move {
+                let Ok(res) = req.send().await else { return };
+                if res.status() != StatusCode::CREATED {
+                    return;
+                }
+                if let Ok(v) = res.json::<Value>().await {
+                    let id = v["id"].as_str().unwrap().to_owned();
+                    acked.lock().unwrap().push((id, sha));
+                }
+            })
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -55,13 +87,13 @@ async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
         return;
     }
     let settings = test_settings();
-    let key = {
+    let (user, key) = {
         let state = AppState::build(settings.clone()).await.unwrap();
         users::create_user(state.ports.meta.as_ref(), "victim")
             .await
             .unwrap()
-            .1
     };
+    let acked: Acknowledged = Arc::default();
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -83,7 +115,7 @@ async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
                 common[1],
             ];
             let mut server = spawn_binary(&settings, &crash).await;
-            let uploads = fire_uploads(&server.base, &key);
+            let uploads = join_all(fire_uploads(&server.base, &key, &acked));
             let _ = tokio::time::timeout(Duration::from_secs(20), uploads).await;
             let deadline = Instant::now() + Duration::from_secs(10);
             while server.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
@@ -97,9 +129,10 @@ async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
             // SIGKILL at a random moment of the uploads.
             let server = spawn_binary(&settings, &common).await;
             let delay = Duration::from_millis(rng.below(3000));
-            let uploads = fire_uploads(&server.base, &key);
-            let _ = tokio::time::timeout(delay, uploads).await;
+            let uploads = fire_uploads(&server.base, &key, &acked);
+            tokio::time::sleep(delay).await;
             drop(server); // SIGKILL
+            join_all(uploads).await; // the rest have lost their connection
         }
     }
 
@@ -126,5 +159,25 @@ async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
     let state = AppState::build(settings.clone()).await.unwrap();
     let files = assert_bucket_matches_metadata(&state).await;
     assert!(files > 0, "some uploads committed");
-    eprintln!("{files} committed files, every one with its object, no strays");
+    // Every upload answered 201 before its process died is there, whole.
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        !acked.is_empty(),
+        "no upload was acknowledged before a crash"
+    );
+    for (id, sha) in &acked {
+        let id = filedock::vocab::FileId::parse(id).expect("a file id");
+        let file = state.ports.meta.file(&user.id, &id).await.unwrap();
+        let file = file.unwrap_or_else(|| panic!("{id} was answered 201, then lost to a crash"));
+        let mut stream = state.ports.blobs.get(&file.key, None).await.unwrap();
+        let mut hasher = sha2::Sha256::new();
+        while let Some(chunk) = stream.next().await {
+            hasher.update(chunk.unwrap());
+        }
+        assert_eq!(&hex::encode(hasher.finalize()), sha, "{id}'s bytes changed");
+    }
+    eprintln!(
+        "{files} committed files, every one with its object, no strays; all {} answered 201 kept",
+        acked.len()
+    );
 }

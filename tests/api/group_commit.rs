@@ -304,3 +304,142 @@ async fn with_group_commit_off_each_upload_commits_alone() {
     assert_eq!(txns - conflicts, n as f64, "one transaction per upload");
     assert_eq!(app.metric("filedock_uploads_grouped_total", "").await, 0.0);
 }
+
+/// A group the store refuses (one of its uploads had its intent swept while
+/// it waited) is committed one upload at a time, so each gets its own
+/// answer: the swept one 409 `upload_expired`, the others 201.
+#[tokio::test]
+async fn a_refused_group_is_committed_one_upload_at_a_time() {
+    let app = spawn_app().await;
+    let u = app.create_user("refused").await;
+    let held = hold_commit_lock(&app, &u).await;
+    let sizes = [10, 20, 30];
+    let sent: Vec<_> = sizes
+        .iter()
+        .map(|&n| send(&app, &u, vec![b'r'; n], None))
+        .collect();
+    until_waiting(&app, sizes.len()).await;
+    // One upload's intent is swept (as a stalled upload's would be).
+    let far = filedock::meta::now() + chrono::Duration::days(1);
+    let intents = app.state.ports.meta.intents(far, 10).await.unwrap();
+    assert_eq!(intents.len(), sizes.len());
+    let swept = intents[1].id;
+    assert!(
+        app.state
+            .ports
+            .meta
+            .abandon_intent(&swept, None)
+            .await
+            .unwrap()
+            .is_some(),
+        "the intent was there to sweep"
+    );
+    held.release().await;
+    let answers = statuses(sent).await;
+    let mut got: Vec<u16> = answers.iter().map(|(s, _)| s.as_u16()).collect();
+    got.sort();
+    assert_eq!(got, [201, 201, 409], "{answers:?}");
+    let refused = answers
+        .iter()
+        .find(|(s, _)| *s == StatusCode::CONFLICT)
+        .unwrap();
+    assert_eq!(refused.1["error"]["code"], "upload_expired");
+    let created: HashSet<String> = answers
+        .iter()
+        .filter_map(|(_, v)| Some(v["id"].as_str()?.to_owned()))
+        .collect();
+    assert!(
+        !created.contains(&swept.to_string()),
+        "the swept upload was answered 201"
+    );
+    let listed: HashSet<String> = app.list_ids(&u).await.into_iter().collect();
+    assert_eq!(listed, created, "the two others committed");
+    let user = stored_user(&app, &u).await;
+    let kept: i64 = answers
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::CREATED)
+        .map(|(_, v)| v["size"].as_i64().unwrap())
+        .sum();
+    assert_eq!(user.used_bytes, kept, "usage counts the two");
+    // One transaction for the group, refused, then one per upload.
+    let (txns, conflicts) = commit_txns(&app).await;
+    assert_eq!(
+        txns - conflicts,
+        1.0 + sizes.len() as f64,
+        "the group, then one each"
+    );
+    assert_eq!(app.metric("filedock_uploads_grouped_total", "").await, 0.0);
+    assert_eq!(app.intents().await, 0);
+}
+
+/// A group whose commit answer is lost (the MongoDB link cut right after the
+/// server answered `commitTransaction`) makes every member settle its own
+/// outcome: the group applied, so each is answered 201, and nothing is
+/// compensated.
+#[tokio::test]
+async fn a_group_whose_commit_answer_is_lost_answers_each_upload_as_applied() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let mongo: std::net::SocketAddr = std::env::var("FILEDOCK_TEST_MONGODB_URI")
+        .unwrap()
+        .trim_start_matches("mongodb://")
+        .split(['/', '?'])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let proxy = crate::support::fault_proxy::FaultProxy::start(mongo).await;
+    let mut settings = test_settings();
+    settings.mongodb_uri = Some(
+        format!(
+            "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=500",
+            proxy.addr()
+        )
+        .into(),
+    );
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("lost-group").await;
+    let held = hold_commit_lock(&app, &u).await;
+    let bodies: Vec<Vec<u8>> = (0..3)
+        .map(|i| pseudo_random_bytes(100 + i, i as u64))
+        .collect();
+    let sent: Vec<_> = bodies
+        .iter()
+        .map(|b| send(&app, &u, b.clone(), None))
+        .collect();
+    until_waiting(&app, bodies.len()).await;
+    // The next commit is the group's.
+    proxy.cut_after(b"commitTransaction", Duration::from_secs(2));
+    held.release().await;
+    let answers = statuses(sent).await;
+    assert!(proxy.triggered(), "the group never sent its commit");
+    for (status, v) in &answers {
+        assert_eq!(*status, StatusCode::CREATED, "{v}");
+    }
+    let created: HashSet<String> = answers
+        .iter()
+        .map(|(_, v)| v["id"].as_str().unwrap().to_owned())
+        .collect();
+    let listed: HashSet<String> = app.list_ids(&u).await.into_iter().collect();
+    assert_eq!(listed, created);
+    for ((_, v), body) in answers.iter().zip(&bodies) {
+        let got = app
+            .download(&u, v["id"].as_str().unwrap())
+            .await
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(got.as_ref(), body.as_slice(), "the bytes of {v}");
+    }
+    let total: usize = bodies.iter().map(Vec::len).sum();
+    assert_eq!(stored_user(&app, &u).await.used_bytes, total as i64);
+    assert_eq!(
+        commit_txns(&app).await.0,
+        1.0,
+        "one transaction, not retried one by one"
+    );
+    assert_eq!(app.intents().await, 0);
+    assert_bucket_matches_metadata(&app.state).await;
+}

@@ -352,9 +352,9 @@ pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Se
     Server::wait_until_up(child, port, 200, std::time::Duration::from_millis(50)).await
 }
 
-/// Asserts that every object in the bucket has a committed file record, every
-/// record has its object, and no upload intent is left; returns the file count.
-pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
+/// The objects without a file record and the file records without an
+/// object (their keys), and how many records there are.
+pub async fn bucket_against_metadata(state: &AppState) -> (Vec<String>, Vec<String>, usize) {
     use std::collections::HashSet;
     let objects: HashSet<String> = state
         .ports
@@ -373,8 +373,23 @@ pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
         .into_iter()
         .map(|f| f.key.to_string())
         .collect();
-    let strays: Vec<_> = objects.difference(&records).collect();
-    let missing: Vec<_> = records.difference(&objects).collect();
+    let strays = objects.difference(&records).cloned().collect();
+    let missing = records.difference(&objects).cloned().collect();
+    (strays, missing, records.len())
+}
+
+/// A counter's value in a `/metrics` text, summed over label sets matching `labels`.
+pub fn metric_in(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Asserts that every object in the bucket has a committed file record, every
+/// record has its object, and no upload intent is left; returns the file count.
+pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
+    let (strays, missing, records) = bucket_against_metadata(state).await;
     assert!(
         strays.is_empty(),
         "objects without a file record: {strays:?}"
@@ -388,5 +403,5 @@ pub async fn assert_bucket_matches_metadata(state: &AppState) -> usize {
         state.ports.meta.intents(far, 10).await.unwrap().is_empty(),
         "an upload intent was left behind"
     );
-    records.len()
+    records
 }

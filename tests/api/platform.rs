@@ -233,7 +233,47 @@ async fn deleting_a_file_while_it_is_being_attached_never_leaves_a_dangling_id()
     let u = app.create_user("u").await;
     let session = app.new_session(&u).await;
     let agent = app.new_agent(&u).await;
+    // Both orders, one after the other: an attach that lands first is undone
+    // by the delete; one that comes after finds no file.
+    let attach_to = |file: &str| {
+        [
+            format!("/v1/sessions/{session}/files"),
+            format!("/v1/agents/{agent}/files"),
+        ]
+        .map(|path| (path, json!({ "file_id": file })))
+    };
+    let first = app.new_file(&u, 100).await;
+    for (path, body) in attach_to(&first) {
+        assert_eq!(
+            app.json("POST", path, &u, Some(body)).await.0,
+            StatusCode::OK
+        );
+    }
+    let (status, _) = app
+        .json("DELETE", format!("/v1/files/{first}"), &u, None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, s) = app
+        .json("GET", format!("/v1/sessions/{session}"), &u, None)
+        .await;
+    let (_, a) = app
+        .json("GET", format!("/v1/agents/{agent}"), &u, None)
+        .await;
+    assert!(
+        ids(&s, "file_ids").is_empty() && ids(&a, "file_ids").is_empty(),
+        "the delete left the attached file in {s} / {a}"
+    );
+    for (path, body) in attach_to(&first) {
+        let (status, body) = app.json("POST", path, &u, Some(body)).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "an attach after the delete: {body}"
+        );
+    }
+    // Then racing.
     let mut deleted = 0;
+    let mut landed = 0;
     for round in 0..10 {
         let file = app.new_file(&u, round).await;
         let attach_s = app.json(
@@ -262,8 +302,10 @@ async fn deleting_a_file_while_it_is_being_attached_never_leaves_a_dangling_id()
                 status == StatusCode::OK || status == StatusCode::BAD_REQUEST,
                 "round {round}: {status}"
             );
+            landed += usize::from(status == StatusCode::OK);
         }
     }
+    eprintln!("racing a delete: {landed} of 20 attaches landed first, the rest found no file");
     let (_, s) = app
         .json("GET", format!("/v1/sessions/{session}"), &u, None)
         .await;

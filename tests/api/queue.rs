@@ -13,7 +13,7 @@ use futures::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::{helpers::*, servers::OwnRedis};
+use crate::{helpers::*, support::servers::OwnRedis};
 
 const QUEUE: [(&str, &str); 1] = [("FILEDOCK_COORDINATION", "queue")];
 
@@ -383,6 +383,10 @@ async fn a_poisoned_operation_is_dead_lettered_and_its_waiter_told() {
     assert!(stats["failure_rate"].as_f64().unwrap() > 0.0);
 }
 
+/// Operations on one agent keep their acknowledged order across the queue
+/// and its fallback: through the queue, then (Redis down) the direct path,
+/// then the queue again once Redis is back. The links are an array in the
+/// order they were connected, so the order is compared, not just the set.
 #[tokio::test]
 async fn with_redis_down_operations_take_the_direct_path_and_the_queue_resumes_after() {
     if skip() {
@@ -397,49 +401,50 @@ async fn with_redis_down_operations_take_the_direct_path_and_the_queue_resumes_a
     let (key, agent) = user_and_agent(&app.base).await;
     let client = reqwest::Client::new();
     let queued = || app.metric("filedock_queue_processed_total", "outcome=\"applied\"");
-    let put = |mcp: &'static str| {
-        call(
-            &client,
-            "PUT",
-            app.url(&format!("/v1/agents/{agent}/mcps/{mcp}")),
-            &key,
-            None,
-        )
+    let link = |method: &'static str, mcp: String| {
+        let url = app.url(&format!("/v1/agents/{agent}/mcps/{mcp}"));
+        let (client, key) = (client.clone(), key.clone());
+        async move { call(&client, method, url, &key, None).await.0 }
     };
 
-    assert_eq!(put("one").await.0, StatusCode::OK);
-    assert_eq!(queued().await, 1.0, "applied by a queue worker");
+    assert_eq!(link("PUT", "one".into()).await, StatusCode::OK);
+    assert_eq!(link("PUT", "two".into()).await, StatusCode::OK);
+    assert_eq!(queued().await, 2.0, "applied by a queue worker");
 
     redis.stop();
     let started = Instant::now();
-    assert_eq!(
-        put("two").await.0,
-        StatusCode::OK,
-        "the direct path (development: without a lock)"
-    );
-    assert!(started.elapsed() < Duration::from_secs(5));
-    assert_eq!(queued().await, 1.0, "not through the queue");
+    // The direct path (development: without a lock): "one" leaves and comes
+    // back after "three".
+    for (method, mcp) in [("DELETE", "one"), ("PUT", "three"), ("PUT", "one")] {
+        assert_eq!(
+            link(method, mcp.into()).await,
+            StatusCode::OK,
+            "{method} {mcp}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(queued().await, 2.0, "not through the queue");
 
     let _redis = OwnRedis::start(port).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut n = 0;
-    while queued().await < 2.0 {
+    while queued().await < 3.0 {
         assert!(Instant::now() < deadline, "the queue did not resume");
         tokio::time::sleep(Duration::from_millis(300)).await;
         n += 1;
-        let mcp: &'static str = Box::leak(format!("again-{n}").into_boxed_str());
-        assert_eq!(put(mcp).await.0, StatusCode::OK);
+        assert_eq!(link("PUT", format!("again-{n}")).await, StatusCode::OK);
     }
-    let mut all = mcp_ids(&app.base, &key, &agent).await;
-    all.sort();
-    let mut expected: Vec<String> = ["one".to_owned(), "two".to_owned()]
+    // Through the queue again: "two" leaves.
+    assert_eq!(link("DELETE", "two".into()).await, StatusCode::OK);
+    let all = mcp_ids(&app.base, &key, &agent).await;
+    let expected: Vec<String> = ["three", "one"]
         .into_iter()
+        .map(str::to_owned)
         .chain((1..=n).map(|i| format!("again-{i}")))
         .collect();
-    expected.sort();
     assert_eq!(
         all, expected,
-        "every operation applied once, whichever path it took"
+        "every operation applied once and in order, whichever path it took"
     );
 }
 

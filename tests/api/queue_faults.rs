@@ -242,9 +242,12 @@ async fn a_result_that_cannot_be_read_is_not_taken_for_success() {
             .await
             .unwrap();
         let done = format!("{prefix}filedock_queue_done:{instance}");
-        let _: i64 = redis::AsyncCommands::publish(&mut conn, done, &op_id)
+        // The waiter is registered (the entry is queued) and its instance
+        // listens: the notice reaches it, and it reads the garbage.
+        let told: i64 = redis::AsyncCommands::publish(&mut conn, done, &op_id)
             .await
             .unwrap();
+        assert_eq!(told, 1, "the waiting instance never heard of the result");
     };
     let (res, ()) = tokio::join!(link(&app, &u, "PUT", &agent, "unread"), garble);
     let applied = mcps(&app, &u, &agent).await == json!(["unread"]);
@@ -275,7 +278,7 @@ async fn an_enqueue_whose_answer_was_lost_applies_once() {
     let redis_addr = redis_url
         .trim_start_matches("redis://")
         .trim_end_matches('/');
-    let proxy = crate::fault_proxy::FaultProxy::start(redis_addr.parse().unwrap()).await;
+    let proxy = crate::support::fault_proxy::FaultProxy::start(redis_addr.parse().unwrap()).await;
     let mut settings = test_settings();
     settings.coordination = Coordination::Queue;
     settings.redis_url = Some(format!("redis://{}/", proxy.addr()).into());
@@ -303,5 +306,78 @@ async fn an_enqueue_whose_answer_was_lost_applies_once() {
         mcps(&app, &u, &agent).await,
         json!(["warm"]),
         "the queued copy of the connect applied again, after the disconnect"
+    );
+}
+
+/// Redis loses a queued operation (FLUSHALL) before any worker read it: its
+/// waiter's answer, at the deadline, is 429 (it did not and will not apply),
+/// and the queue works on after.
+#[tokio::test]
+async fn an_operation_lost_with_a_flushed_queue_is_cancelled_at_its_deadline() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let port = free_port();
+    let _redis = crate::support::servers::OwnRedis::start(port).await;
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut settings = test_settings();
+    settings.coordination = Coordination::Queue;
+    settings.redis_url = Some(url.clone().into());
+    settings.queue_wait = Duration::from_secs(2);
+    // Every bucket leased by someone else: what is queued waits unread.
+    let squatter =
+        filedock::lock::redis::RedisLocks::connect(&url, &settings.redis_prefix).unwrap();
+    for b in 0..filedock::coord::BUCKETS {
+        let key = LockKey::queue_bucket(b);
+        let lease = filedock::lock::LockManager::try_acquire(
+            &squatter,
+            key.as_str(),
+            Duration::from_secs(60),
+        );
+        assert!(lease.await.unwrap().is_some(), "bucket {b} was free");
+    }
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("flushed").await;
+    let agent = app.new_agent(&u).await;
+
+    let connect = link(&app, &u, "PUT", &agent, "lost");
+    let flush = async {
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let stream = link_stream(&app, &agent);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let queued: usize = redis::AsyncCommands::xlen(&mut conn, &stream)
+                .await
+                .unwrap();
+            if queued == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the connect was never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    };
+    let (res, ()) = tokio::join!(connect, flush);
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::TOO_MANY_REQUESTS, "lock_timeout".into()),
+        "lost with the stream: cancelled at the deadline"
+    );
+    // The leases went with the flush: the workers take the buckets again.
+    assert_eq!(
+        link(&app, &u, "PUT", &agent, "after").await.status(),
+        StatusCode::OK
+    );
+    drained(&app).await;
+    assert_eq!(
+        mcps(&app, &u, &agent).await,
+        json!(["after"]),
+        "the cancelled connect applied after all"
     );
 }

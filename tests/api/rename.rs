@@ -158,11 +158,30 @@ async fn a_rename_racing_a_delete_is_applied_first_or_finds_nothing() {
     let u = &app.create_user("racer").await;
     let n = 30;
     let mut ids = Vec::new();
-    for i in 0..n {
+    for i in 0..n + 2 {
         ids.push(id_of(
             &app.upload_json(u, "doomed.txt", vec![b'd'; i + 1]).await,
         ));
     }
+    // Both orders, one after the other: a rename that comes first is
+    // applied and the delete still removes the file; one that comes after
+    // finds nothing, and the file does not come back.
+    let (before, after) = (ids.pop().unwrap(), ids.pop().unwrap());
+    let renamed = rename(&app, u, &before, json!({"name": "first.txt"})).await;
+    assert_eq!(renamed.0, StatusCode::OK, "{}", renamed.1);
+    let (deleted, _) = app
+        .json("DELETE", format!("/v1/files/{before}"), u, None)
+        .await;
+    assert_eq!(deleted, StatusCode::NO_CONTENT);
+    let (deleted, _) = app
+        .json("DELETE", format!("/v1/files/{after}"), u, None)
+        .await;
+    assert_eq!(deleted, StatusCode::NO_CONTENT);
+    let late = rename(&app, u, &after, json!({"name": "late.txt"})).await;
+    assert_eq!(late.0, StatusCode::NOT_FOUND, "{}", late.1);
+    assert_eq!(late.1["error"]["code"], "not_found");
+    let n = ids.len();
+    // Then racing.
     let app = &app;
     let races = ids.iter().map(|id| async move {
         let delete = app.json("DELETE", format!("/v1/files/{id}"), u, None);
@@ -183,7 +202,7 @@ async fn a_rename_racing_a_delete_is_applied_first_or_finds_nothing() {
         "{n} renames racing deletes: {applied} applied first, {} found nothing",
         n - applied
     );
-    for id in &ids {
+    for id in ids.iter().chain([&before, &after]) {
         let (status, _) = app.json("GET", format!("/v1/files/{id}"), u, None).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{id} came back");
     }

@@ -108,15 +108,30 @@ async fn uploads_spanning_categories_all_commit_once() {
     }
     assert_eq!(app.blob_keys(&u).await.len(), n, "no stray blob");
     // `op="commit_upload` also matches group commits (`commit_upload_group`).
-    let attempts = app
-        .metric("filedock_txn_attempts_total", "op=\"commit_upload")
-        .await;
     let conflicts = app
         .metric("filedock_txn_write_conflicts_total", "op=\"commit_upload")
         .await;
     let run = app.metric("filedock_upload_commit_txns_total", "").await;
+    let committed = app
+        .metric("filedock_uploads_total", "outcome=\"committed\"")
+        .await;
+    let grouped = app.metric("filedock_uploads_grouped_total", "").await;
     eprintln!(
-        "{n} uploads over two lock categories: {run} commit transactions, {conflicts} WriteConflict retries"
+        "{n} uploads over two lock categories: {run} commit transactions, {conflicts} WriteConflict retries, {grouped} uploads grouped"
     );
-    assert_eq!(attempts, run, "every retry is counted as an attempt");
+    assert_eq!(committed, n as f64, "each upload committed once");
+    // Every transaction run either committed (one upload alone, or a group
+    // of several) or was a conflict retried: those that committed a group
+    // are what is left, and a group holds 2 to 32 uploads. A conflict that
+    // was retried but not counted makes too many groups for the uploads
+    // grouped.
+    let alone = n as f64 - grouped;
+    let groups = run - conflicts - alone;
+    assert!(
+        groups >= (grouped / GROUP_MAX).ceil() && groups <= grouped / 2.0,
+        "{run} transactions less {conflicts} retries and {alone} lone commits leave {groups} groups for {grouped} grouped uploads"
+    );
 }
+
+/// The most uploads one group commit takes (the default `FILEDOCK_UPLOAD_GROUP_MAX`).
+const GROUP_MAX: f64 = 32.0;

@@ -231,6 +231,10 @@ async fn a_patch_cut_mid_body_keeps_what_arrived_and_the_upload_resumes() {
         }
     };
     eprintln!("resumed from {offset} of {sent} sent");
+    assert!(
+        offset > 0,
+        "the server kept none of the {sent} bytes that arrived before the cut"
+    );
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
     assert_eq!(staging_left(&app).await, 0);

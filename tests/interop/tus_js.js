@@ -1,12 +1,13 @@
 // tus-js-client (the tus reference client) against filedock through the
 // cutting proxy: a 64 MiB upload cut at least 3 times, resumed by the
-// client itself (HEAD, then PATCH from the server's offset), then
-// downloaded and compared byte for byte.
+// client itself (HEAD, then PATCH from the server's offset: the proxy's
+// record of the requests shows it did not start over), then downloaded and
+// compared byte for byte.
 //   NODE_PATH=<dir with tus-js-client> node tus_js.js <server-port> <api-key>
 "use strict";
 const crypto = require("crypto");
 const tus = require("tus-js-client");
-const { startCutProxy } = require("./cut_proxy");
+const { resumeProblem, startCutProxy } = require("./cut_proxy");
 
 const SIZE = 64 * 1024 * 1024;
 const CUTS = 3;
@@ -39,7 +40,11 @@ async function main() {
     throw new Error(`download: ${res.status}, ${got.length} bytes, identical: ${got.equals(data)}`);
   }
   if (cuts < CUTS) throw new Error(`only ${cuts} cuts happened`);
-  console.log(`tus-js-client: ${SIZE} bytes, ${cuts} cuts, resumed, byte-identical (file ${id})`);
+  // One PATCH of the whole file (no chunk size): any later one resumed.
+  const problem = resumeProblem(proxy.requests(), SIZE);
+  if (problem) throw new Error(`did not resume: ${problem}`);
+  const offsets = proxy.requests().filter((r) => r.method === "PATCH").map((r) => r.offset);
+  console.log(`tus-js-client: ${SIZE} bytes, ${cuts} cuts, resumed from ${offsets.slice(1)}, byte-identical (file ${id})`);
 }
 
 main().catch((e) => {

@@ -1,6 +1,7 @@
 """tuspy (PyPI) against filedock through the cutting proxy (cut_proxy.js):
 a 64 MiB upload cut at least 3 times, resumed by tuspy's retries (HEAD, then
-PATCH from the server's offset), downloaded and compared byte for byte.
+PATCH from the server's offset: the proxy's record of the requests shows it
+did not start over), downloaded and compared byte for byte.
 
     python tuspy_test.py <server-port> <api-key>
 """
@@ -43,7 +44,9 @@ def main() -> None:
         uploader.upload()
     finally:
         proxy.terminate()
-    cuts = sum(1 for line in proxy.stdout if line.startswith("cut at"))
+    lines = proxy.stdout.readlines()
+    cuts = sum(1 for line in lines if line.startswith("cut at"))
+    requests = [line.split()[1:] for line in lines if line.startswith("request ")]
     file_id = uploader.url.rsplit("/", 1)[-1]
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/files/{file_id}/content",
@@ -52,7 +55,15 @@ def main() -> None:
     got = urllib.request.urlopen(req).read()
     assert got == data, f"download differs: {len(got)} bytes"
     assert cuts >= CUTS, f"only {cuts} cuts happened"
-    print(f"tuspy: {SIZE} bytes, {cuts} cuts, resumed, byte-identical (file {file_id})")
+    # One upload created; PATCH offsets never go back; one resumed from where
+    # the server stood (not a chunk boundary of the client's).
+    posts = sum(1 for r in requests if r[0] == "POST")
+    offsets = [int(r[2]) for r in requests if r[0] == "PATCH"]
+    assert posts == 1, f"{posts} uploads created (a client that starts over creates another)"
+    assert offsets == sorted(offsets), f"PATCH offsets went back: {offsets}"
+    resumed = [o for o in offsets if o > 0 and o % CHUNK != 0]
+    assert resumed, f"no PATCH resumed from the server's offset: {offsets}"
+    print(f"tuspy: {SIZE} bytes, {cuts} cuts, resumed from {resumed}, byte-identical (file {file_id})")
 
 
 if __name__ == "__main__":

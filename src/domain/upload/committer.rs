@@ -117,6 +117,7 @@ impl Committer {
                 cleanup,
                 blobs,
                 metrics,
+                settle_window: settings.settle_window,
             }),
             quota_bytes: settings.user_quota_bytes,
         }

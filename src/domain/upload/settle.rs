@@ -19,9 +19,6 @@ use crate::{
     metrics::Metrics,
 };
 
-/// How long an upload whose commit answer was lost keeps trying to settle
-/// it before answering `outcome_unknown` (the sweeper settles it later).
-const SETTLE_FOR: Duration = Duration::from_secs(20);
 /// The first and the longest pause between tries to settle.
 const SETTLE_PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
@@ -31,6 +28,8 @@ pub(super) struct Undo {
     pub(super) cleanup: Arc<dyn CleanupRepo>,
     pub(super) blobs: Arc<dyn BlobStore>,
     pub(super) metrics: Arc<Metrics>,
+    /// How long an unknown outcome is read back before `outcome_unknown`.
+    pub(super) settle_window: Duration,
 }
 
 impl Undo {
@@ -72,7 +71,8 @@ impl Undo {
         intent: &IntentRecord,
         file: FileRecord,
     ) -> Result<FileRecord, DomainError> {
-        let deadline = Instant::now() + SETTLE_FOR;
+        // `FILEDOCK_SETTLE_WINDOW_SECS`: then `outcome_unknown`, and the sweeper settles it.
+        let deadline = Instant::now() + self.settle_window;
         let mut pause = SETTLE_PAUSE.0;
         loop {
             match self.cleanup.abandon_intent(&intent.id, None).await {

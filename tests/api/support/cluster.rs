@@ -1,0 +1,251 @@
+//! The fault suite's cluster: two filedock processes whose MongoDB, Redis
+//! and S3 links run through fault proxies, and a private Redis the nemesis
+//! may restart and flush. An instance can be killed (SIGKILL), paused
+//! (SIGSTOP) and started again on its port.
+
+use std::{process::Child, time::Duration};
+
+use filedock::{config::Settings, http::AppState};
+
+use crate::{
+    helpers::*,
+    support::{fault_proxy::FaultProxy, servers::OwnRedis},
+};
+
+/// Leases and grace short enough that a paused process outlives them.
+pub const LOCK_TTL: Duration = Duration::from_secs(2);
+pub const GRACE: Duration = Duration::from_secs(4);
+/// How long an upload whose commit answer was lost reads back before it
+/// answers `outcome_unknown` (`FILEDOCK_SETTLE_WINDOW_SECS`): short, so
+/// that a MongoDB cut can outlast it and the 504 path runs.
+pub const SETTLE_WINDOW: Duration = Duration::from_secs(3);
+/// The S3 part size: uploads of a few MiB already go multipart.
+pub const PART_SIZE: usize = 5 << 20;
+const INSTANCES: usize = 2;
+/// What the suite reads from the instances' `/metrics` (summed over
+/// restarts): panics, and how often the grouped paths ran.
+pub const COUNTERS: [&str; 3] = [
+    "filedock_http_panics_total",
+    "filedock_uploads_grouped_total",
+    "filedock_queue_grouped_total",
+];
+
+fn addr_of(url: &str) -> std::net::SocketAddr {
+    let host = url
+        .split("://")
+        .nth(1)
+        .unwrap()
+        .split(['/', '?'])
+        .next()
+        .unwrap();
+    host.parse().unwrap()
+}
+
+/// Whether the filedock at `base` answers `/healthz` within 20 s.
+async fn answers(base: &str) -> bool {
+    let client = reqwest::Client::new();
+    for _ in 0..400 {
+        if client.get(format!("{base}/healthz")).send().await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// One filedock process of the cluster, on a port it keeps across restarts.
+pub struct Instance {
+    pub base: String,
+    port: u16,
+    child: Option<Child>,
+    log: std::path::PathBuf,
+    /// Counters of the processes that ran on this port and are gone.
+    counted_before: Vec<f64>,
+}
+
+pub struct Cluster {
+    pub mongo: FaultProxy,
+    pub redis: FaultProxy,
+    pub s3: FaultProxy,
+    pub own_redis: OwnRedis,
+    pub redis_port: u16,
+    pub instances: Vec<Instance>,
+    /// The same backends, reached directly: maintenance and the checker.
+    pub state: AppState,
+    pub settings: Settings,
+    coordination: String,
+    pub dir: std::path::PathBuf,
+}
+
+impl Cluster {
+    pub async fn start(coordination: &str) -> Self {
+        let redis_port = free_port();
+        let own_redis = OwnRedis::start(redis_port).await;
+        let mongo = FaultProxy::start(addr_of(
+            &std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap(),
+        ))
+        .await;
+        let redis = FaultProxy::start(([127, 0, 0, 1], redis_port).into()).await;
+        let s3 = FaultProxy::start(addr_of(
+            &std::env::var("FILEDOCK_TEST_S3_ENDPOINT").unwrap(),
+        ))
+        .await;
+        let mut settings: Settings = test_settings();
+        settings.redis_url = Some(format!("redis://127.0.0.1:{redis_port}/").into());
+        settings.sweep.intent_grace = GRACE;
+        settings.sweep.retry_interval = Duration::ZERO;
+        let dir = settings.data_dir.clone();
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = AppState::build(settings.clone()).await.unwrap();
+        let mut cluster = Self {
+            mongo,
+            redis,
+            s3,
+            own_redis,
+            redis_port,
+            instances: Vec::new(),
+            state,
+            settings,
+            coordination: coordination.to_owned(),
+            dir,
+        };
+        for i in 0..INSTANCES {
+            let port = free_port();
+            cluster.instances.push(Instance {
+                base: format!("http://127.0.0.1:{port}"),
+                port,
+                child: None,
+                log: cluster.dir.join(format!("instance{i}.log")),
+                counted_before: vec![0.0; COUNTERS.len()],
+            });
+            cluster.start_instance(i).await;
+        }
+        cluster
+    }
+
+    /// Starts instance `i` on its port and waits until it answers.
+    pub async fn start_instance(&mut self, i: usize) {
+        let env = self.instance_env();
+        let instance = &mut self.instances[i];
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&instance.log)
+            .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_filedock"))
+            .envs(env)
+            .env("FILEDOCK_BIND", format!("127.0.0.1:{}", instance.port))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        instance.child = Some(child);
+        if !answers(&instance.base).await {
+            panic!("filedock did not start; see {}", instance.log.display());
+        }
+    }
+
+    fn instance_env(&self) -> Vec<(String, String)> {
+        let mut env = binary_env(&self.settings);
+        env.extend(
+            [
+                (
+                    "FILEDOCK_MONGODB_URI",
+                    format!(
+                        "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=1000",
+                        self.mongo.addr()
+                    ),
+                ),
+                (
+                    "FILEDOCK_REDIS_URL",
+                    format!("redis://{}/", self.redis.addr()),
+                ),
+                ("FILEDOCK_S3_ENDPOINT", format!("http://{}", self.s3.addr())),
+                ("FILEDOCK_S3_PART_SIZE", PART_SIZE.to_string()),
+                ("FILEDOCK_COORDINATION", self.coordination.clone()),
+                ("FILEDOCK_LOCK_TTL_SECS", LOCK_TTL.as_secs().to_string()),
+                ("FILEDOCK_LOCK_WAIT_SECS", "10".into()),
+                (
+                    "FILEDOCK_SETTLE_WINDOW_SECS",
+                    SETTLE_WINDOW.as_secs().to_string(),
+                ),
+                (
+                    "FILEDOCK_SWEEP_INTENT_GRACE_SECS",
+                    GRACE.as_secs().to_string(),
+                ),
+                ("FILEDOCK_SWEEP_RETRY_INTERVAL_SECS", "0".into()),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        env
+    }
+
+    pub fn pid(&self, i: usize) -> i32 {
+        self.instances[i].child.as_ref().unwrap().id() as i32
+    }
+
+    /// SIGKILLs instance `i` (its counters read first, while it answers).
+    pub async fn kill(&mut self, i: usize) {
+        let counted = self.counted_by(i).await;
+        let instance = &mut self.instances[i];
+        for (before, now) in instance.counted_before.iter_mut().zip(counted) {
+            *before += now;
+        }
+        if let Some(mut child) = instance.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// [`COUNTERS`] as instance `i`'s current process has them (0 if it
+    /// does not answer).
+    async fn counted_by(&self, i: usize) -> Vec<f64> {
+        let url = format!("{}/metrics", self.instances[i].base);
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let text = match client.get(url).send().await {
+            Ok(res) => res.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        COUNTERS
+            .iter()
+            .map(|name| metric_in(&text, name, ""))
+            .collect()
+    }
+
+    /// [`COUNTERS`] over every process the cluster ran.
+    pub async fn counted(&self) -> Vec<f64> {
+        let mut total = vec![0.0; COUNTERS.len()];
+        for i in 0..self.instances.len() {
+            let now = self.counted_by(i).await;
+            for (t, (before, now)) in total
+                .iter_mut()
+                .zip(self.instances[i].counted_before.iter().zip(now))
+            {
+                *t += before + now;
+            }
+        }
+        total
+    }
+
+    /// Every instance answers `/healthz` (a paused one has been continued).
+    pub async fn all_up(&self) {
+        for instance in &self.instances {
+            answers(&instance.base).await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for instance in &mut self.instances {
+            if let Some(mut child) = instance.child.take() {
+                unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}

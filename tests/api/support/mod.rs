@@ -1,0 +1,14 @@
+//! Test support beyond `helpers.rs`: servers a test may stop and start, a
+//! fault-injecting TCP proxy, and the fault suite's cluster, nemesis,
+//! workload, history, read-back and checker (with its per-key model).
+
+pub mod checker;
+pub mod cluster;
+pub mod fault_proxy;
+pub mod history;
+pub mod model;
+pub mod nemesis;
+pub mod readback;
+pub mod servers;
+pub mod sets;
+pub mod workload;

@@ -1,0 +1,258 @@
+//! The fault suite's nemesis: it deals a shuffled deck that holds every
+//! fault kind that applies to the mode, one fault at a time, and counts a
+//! fault only once it fired (a cut armed to follow a command fires only when
+//! that command is sent; one that did not goes back under the deck).
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    time::{Duration, Instant},
+};
+
+use rand::{Rng, rngs::StdRng, seq::SliceRandom};
+
+use crate::support::{
+    cluster::{Cluster, GRACE, LOCK_TTL, SETTLE_WINDOW},
+    servers::OwnRedis,
+};
+
+/// BSON of `"insert": "files"`: the first command of an upload's commit.
+const INSERT_FILES: &[u8] = b"\x02insert\x00\x06\x00\x00\x00files\x00";
+const COMMIT: &[u8] = b"commitTransaction";
+const XADD: &[u8] = b"XADD";
+/// How long an armed cut may wait for its command before it goes back
+/// under the deck.
+const ARMED_FOR: Duration = Duration::from_secs(6);
+/// How often a dealt fault that did not fire is dealt again.
+const REDEALS: usize = 3;
+/// The pause between two faults.
+const BETWEEN: std::ops::Range<u64> = 300..1200;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// Every MongoDB connection cut, new ones refused, for up to 3 s.
+    MongoCut,
+    /// The same for longer than the settle window: an upload whose commit
+    /// answer was lost answers 504 `outcome_unknown`.
+    MongoCutLong,
+    /// Cut right after any transaction's `commitTransaction` was answered.
+    MongoCutAfterCommit,
+    /// Cut right after an upload's commit was answered, for longer than the
+    /// settle window: the upload 504 path.
+    MongoCutAfterUploadCommitLong,
+    RedisCut,
+    /// Cut right after an enqueue (`XADD`) was answered (queue mode only).
+    RedisCutAfterEnqueue,
+    S3Cut,
+    /// SIGSTOP for longer than the lock lease and the sweeper's grace.
+    Pause,
+    /// SIGKILL, then the instance starts again on its port.
+    Kill,
+    RedisRestart,
+    RedisFlush,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Self::MongoCut => "mongo-cut",
+            Self::MongoCutLong => "mongo-cut-long",
+            Self::MongoCutAfterCommit => "mongo-cut-after-commit",
+            Self::MongoCutAfterUploadCommitLong => "mongo-cut-after-upload-commit-long",
+            Self::RedisCut => "redis-cut",
+            Self::RedisCutAfterEnqueue => "redis-cut-after-enqueue",
+            Self::S3Cut => "s3-cut",
+            Self::Pause => "pause",
+            Self::Kill => "kill",
+            Self::RedisRestart => "redis-restart",
+            Self::RedisFlush => "redis-flush",
+        };
+        f.write_str(name)
+    }
+}
+
+impl Fault {
+    const ALL: [Fault; 11] = [
+        Self::MongoCut,
+        Self::MongoCutLong,
+        Self::MongoCutAfterCommit,
+        Self::MongoCutAfterUploadCommitLong,
+        Self::RedisCut,
+        Self::RedisCutAfterEnqueue,
+        Self::S3Cut,
+        Self::Pause,
+        Self::Kill,
+        Self::RedisRestart,
+        Self::RedisFlush,
+    ];
+
+    /// Whether the fault can happen in this coordination mode (nothing
+    /// sends `XADD` in lock mode).
+    fn applies(self, coordination: &str) -> bool {
+        self != Self::RedisCutAfterEnqueue || coordination == "queue"
+    }
+
+    /// The kinds of `coordination`'s deck.
+    pub fn deck(coordination: &str) -> Vec<Fault> {
+        Self::ALL
+            .into_iter()
+            .filter(|f| f.applies(coordination))
+            .collect()
+    }
+}
+
+/// Per fault kind: how often it was dealt, and how often it fired.
+#[derive(Debug, Default)]
+pub struct Tally(pub BTreeMap<Fault, (usize, usize)>);
+
+impl Tally {
+    pub fn fired(&self) -> usize {
+        self.0.values().map(|(_, fired)| fired).sum()
+    }
+
+    /// The kinds of `deck` that never fired.
+    pub fn silent(&self, deck: &[Fault]) -> Vec<Fault> {
+        deck.iter()
+            .filter(|f| self.0.get(f).is_none_or(|(_, fired)| *fired == 0))
+            .copied()
+            .collect()
+    }
+}
+
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|(kind, (dealt, fired))| format!("{kind} {fired}/{dealt}"))
+            .collect();
+        write!(f, "{} (fired/dealt)", parts.join(", "))
+    }
+}
+
+/// Deals decks until every kind has fired once per deck and `until` has
+/// passed (one deck by default; a soak deals more). Faults come one at a
+/// time, a short pause apart.
+pub async fn nemesis(
+    c: &mut Cluster,
+    coordination: &str,
+    rng: &mut StdRng,
+    until: Instant,
+) -> Tally {
+    let mut tally = Tally::default();
+    loop {
+        let mut deck: Vec<(Fault, usize)> = Fault::deck(coordination)
+            .into_iter()
+            .map(|f| (f, 0))
+            .collect();
+        deck.shuffle(rng);
+        while let Some((fault, dealt)) = deck.pop() {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(BETWEEN))).await;
+            let fired = inject(c, fault, rng).await;
+            let entry = tally.0.entry(fault).or_default();
+            entry.0 += 1;
+            entry.1 += usize::from(fired);
+            if !fired && dealt + 1 < REDEALS {
+                // Under the deck: dealt again once the others are.
+                deck.insert(0, (fault, dealt + 1));
+            }
+        }
+        if Instant::now() >= until {
+            return tally;
+        }
+    }
+}
+
+/// A cut for 50 ms to `max`.
+fn short(rng: &mut StdRng, max: Duration) -> Duration {
+    Duration::from_millis(rng.random_range(50..max.as_millis() as u64))
+}
+
+/// Longer than the settle window, with room for the commit's own retries
+/// (about 2 s with a 1 s server selection) before the window begins.
+fn past_settle(rng: &mut StdRng) -> Duration {
+    SETTLE_WINDOW + Duration::from_millis(rng.random_range(3000..5000))
+}
+
+/// Injects one fault and waits until it is over; whether it fired.
+async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
+    let instance = rng.random_range(0..c.instances.len());
+    match fault {
+        Fault::MongoCut => cut_for(&c.mongo, short(rng, Duration::from_secs(3))).await,
+        Fault::MongoCutLong => cut_for(&c.mongo, past_settle(rng)).await,
+        Fault::MongoCutAfterCommit => {
+            let down = short(rng, Duration::from_secs(2));
+            cut_after(&c.mongo, &[COMMIT], down).await
+        }
+        Fault::MongoCutAfterUploadCommitLong => {
+            cut_after(&c.mongo, &[INSERT_FILES, COMMIT], past_settle(rng)).await
+        }
+        Fault::RedisCut => cut_for(&c.redis, short(rng, Duration::from_secs(3))).await,
+        Fault::RedisCutAfterEnqueue => {
+            let down = short(rng, Duration::from_secs(2));
+            cut_after(&c.redis, &[XADD], down).await
+        }
+        Fault::S3Cut => cut_for(&c.s3, short(rng, Duration::from_secs(2))).await,
+        Fault::Pause => {
+            let pause = LOCK_TTL + GRACE + Duration::from_millis(rng.random_range(1000..3000));
+            let pid = c.pid(instance);
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            tokio::time::sleep(pause).await;
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+            true
+        }
+        Fault::Kill => {
+            c.kill(instance).await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
+            c.start_instance(instance).await;
+            true
+        }
+        Fault::RedisRestart => {
+            c.own_redis.stop();
+            tokio::time::sleep(short(rng, Duration::from_secs(3))).await;
+            c.own_redis = OwnRedis::start(c.redis_port).await;
+            true
+        }
+        Fault::RedisFlush => {
+            let url = format!("redis://127.0.0.1:{}/", c.redis_port);
+            let Ok(mut conn) = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+            else {
+                return false;
+            };
+            let flushed: Result<(), _> = redis::cmd("FLUSHALL").query_async(&mut conn).await;
+            flushed.is_ok()
+        }
+    }
+}
+
+async fn cut_for(proxy: &crate::support::fault_proxy::FaultProxy, down: Duration) -> bool {
+    proxy.cut(down);
+    tokio::time::sleep(down).await;
+    true
+}
+
+/// Arms a cut after `patterns`; waits for it to fire (then for its down
+/// time) or for [`ARMED_FOR`], and disarms it.
+async fn cut_after(
+    proxy: &crate::support::fault_proxy::FaultProxy,
+    patterns: &[&[u8]],
+    down: Duration,
+) -> bool {
+    let before = proxy.fired();
+    proxy.cut_after_sequence(patterns, 0, down);
+    let deadline = Instant::now() + ARMED_FOR;
+    while proxy.fired() == before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if proxy.fired() == before {
+        proxy.heal();
+        // It may have fired between the last look and the disarm.
+        return proxy.fired() > before;
+    }
+    // The cut comes once the server answered (up to 2 s), then lasts `down`.
+    tokio::time::sleep(Duration::from_secs(2) + down).await;
+    true
+}

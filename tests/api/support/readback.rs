@@ -1,0 +1,190 @@
+//! Reads everything back after healing and the final sweep: through the
+//! direct backends (files, user documents, containers, permissions,
+//! idempotency records, objects, intents) and through the API (downloads,
+//! `GET /v1/files`, `/v1/me`, and the files that should be gone).
+
+use std::collections::BTreeMap;
+
+use filedock::{http::AppState, vocab::UserId};
+use mongodb::bson::{Document, doc};
+use reqwest::StatusCode;
+use serde_json::Value;
+use sha2::Digest;
+
+use crate::{
+    helpers::bucket_against_metadata,
+    support::{
+        history::{Answer, Event, FinalAgent, FinalFile, FinalState, FinalUser, Op},
+        workload::UserWorld,
+    },
+};
+
+/// Most of anything one user has here.
+const ALL: usize = 100_000;
+
+pub async fn read_final(
+    state: &AppState,
+    base: &str,
+    users: &[UserWorld],
+    history: &[Event],
+) -> FinalState {
+    let client = reqwest::Client::new();
+    let mut fin = FinalState::default();
+    for (u, user) in users.iter().enumerate() {
+        fin.users
+            .push(read_user(state, &client, base, user, u, history).await);
+    }
+    let db = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap()
+        .database(&state.settings.mongodb_db);
+    for d in documents(&db, "permissions").await {
+        let s = |k: &str| d.get_str(k).unwrap_or_default().to_owned();
+        fin.permissions
+            .push((s("file_id"), s("user_id"), s("role")));
+    }
+    for d in documents(&db, "idempotency").await {
+        let id = d.get_str("_id").unwrap_or_default();
+        let (user, key) = id.split_once(':').unwrap_or((id, ""));
+        let file = d
+            .get_document("file")
+            .ok()
+            .and_then(|f| f.get_str("_id").ok())
+            .unwrap_or_default();
+        fin.idempotency
+            .push((user.to_owned(), key.to_owned(), file.to_owned()));
+    }
+    for d in documents(&db, "orphan_minio_objects").await {
+        fin.orphans
+            .insert(d.get_str("key").unwrap_or_default().to_owned());
+    }
+    let (strays, missing, _) = bucket_against_metadata(state).await;
+    (fin.strays, fin.missing) = (strays.len(), missing.len());
+    let meta = &state.ports.meta;
+    let far = filedock::meta::now() + chrono::Duration::days(1);
+    fin.intents = meta.intents(far, ALL).await.unwrap().len();
+    fin
+}
+
+async fn documents(db: &mongodb::Database, collection: &str) -> Vec<Document> {
+    use futures::TryStreamExt;
+    db.collection::<Document>(collection)
+        .find(doc! {})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+async fn get(client: &reqwest::Client, url: String, key: &str) -> reqwest::Response {
+    client.get(url).bearer_auth(key).send().await.unwrap()
+}
+
+async fn read_user(
+    state: &AppState,
+    client: &reqwest::Client,
+    base: &str,
+    user: &UserWorld,
+    u: usize,
+    history: &[Event],
+) -> FinalUser {
+    let meta = &state.ports.meta;
+    let mut fin = FinalUser {
+        id: user.id.clone(),
+        ..Default::default()
+    };
+    let uid = UserId::parse(&user.id).expect("a user id");
+    for f in meta.list_files(&uid, None, ALL).await.unwrap() {
+        let res = get(
+            client,
+            format!("{base}/v1/files/{}/content", f.id),
+            &user.key,
+        )
+        .await;
+        let downloaded = match res.status() {
+            StatusCode::OK => Some(hex::encode(sha2::Sha256::digest(
+                res.bytes().await.unwrap(),
+            ))),
+            _ => None,
+        };
+        let file = FinalFile {
+            name: f.filename,
+            size: f.size,
+            sha256: f.sha256,
+            downloaded,
+            sessions: strings(&f.sessions),
+            agents: strings(&f.agents),
+        };
+        fin.files.insert(f.id.to_string(), file);
+    }
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut url = format!("{base}/v1/files?limit=1000");
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={c}"));
+        }
+        let page: Value = get(client, url, &user.key).await.json().await.unwrap();
+        fin.listed.extend(
+            page["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["id"].as_str().unwrap().to_owned()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    let record = meta.user(&uid).await.unwrap().unwrap();
+    (fin.used_bytes, fin.file_ids) = (record.used_bytes, strings(&record.file_ids));
+    let me: Value = get(client, format!("{base}/v1/me"), &user.key)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let usage = &me["usage"];
+    fin.me = (
+        usage["used_bytes"].as_i64().unwrap_or(-1),
+        usage["file_count"].as_i64().unwrap_or(-1),
+    );
+    for s in meta.list_sessions(&uid, None, ALL).await.unwrap() {
+        fin.sessions.insert(s.id.to_string(), strings(&s.file_ids));
+    }
+    for a in meta.list_agents(&uid, None, ALL).await.unwrap() {
+        let agent = FinalAgent {
+            files: strings(&a.file_ids),
+            mcps: a.mcp_ids.iter().map(|l| l.as_str().to_owned()).collect(),
+            toolsets: a
+                .toolset_ids
+                .iter()
+                .map(|l| l.as_str().to_owned())
+                .collect(),
+        };
+        fin.agents.insert(a.id.to_string(), agent);
+    }
+    let acknowledged: BTreeMap<&str, ()> = history
+        .iter()
+        .filter(|e| e.op.user() == u && matches!(e.op, Op::Upload { .. }))
+        .filter(|e| e.answer == Answer::Ok)
+        .filter_map(|e| Some((e.file_id.as_deref()?, ())))
+        .collect();
+    for id in acknowledged
+        .keys()
+        .filter(|id| !fin.files.contains_key(**id))
+    {
+        let meta = get(client, format!("{base}/v1/files/{id}"), &user.key).await;
+        let content = get(client, format!("{base}/v1/files/{id}/content"), &user.key).await;
+        fin.gone.insert(
+            (*id).to_owned(),
+            (meta.status().as_u16(), content.status().as_u16()),
+        );
+    }
+    fin
+}
+
+/// Ids as the checker keeps them: their text.
+fn strings<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
+    ids.iter().map(ToString::to_string).collect()
+}

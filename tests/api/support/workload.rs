@@ -1,0 +1,403 @@
+//! The fault suite's workload: clients that, for several users, upload
+//! (small, multipart and medium files; some streamed, so taking the large
+//! lock; some with an `Idempotency-Key`, sent again after an unknown
+//! outcome), rename, delete, attach and detach files, and connect and
+//! disconnect MCP servers and toolsets, recording every request and its
+//! answer. A new kind of operation is a row of [`KINDS`], a function below
+//! and its effects in the checker.
+
+use std::{
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use rand::{Rng, rngs::StdRng, seq::IndexedRandom};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::{
+    helpers::*,
+    support::{
+        cluster::PART_SIZE,
+        history::{Answer, Container, Event, LinkKind, Op},
+    },
+};
+
+/// The links every client of a user toggles, one per kind and agent.
+const SHARED_LINKS: [(LinkKind, &str); 2] = [
+    (LinkKind::Mcp, "mcp-shared"),
+    (LinkKind::Toolset, "tools-shared"),
+];
+/// How often an upload whose outcome is unknown is sent again with its key.
+const RESENDS: u32 = 3;
+/// The largest small category (a declared length past it is medium).
+const SMALL_MAX: usize = 10 << 20;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// One user of the workload and what its clients know.
+pub struct UserWorld {
+    pub id: String,
+    pub key: String,
+    pub sessions: Vec<String>,
+    pub agents: Vec<String>,
+    /// Files whose upload was acknowledged (deletes and attaches pick from them).
+    files: Mutex<Vec<String>>,
+    /// Attaches that were acknowledged (detaches pick from them).
+    attached: Mutex<Vec<(Container, String)>>,
+    /// Links of their own that clients connected (disconnects pick from them).
+    own_links: Mutex<Vec<(String, LinkKind, String)>>,
+}
+
+impl UserWorld {
+    pub fn new(id: String, key: String, sessions: Vec<String>, agents: Vec<String>) -> Self {
+        Self {
+            id,
+            key,
+            sessions,
+            agents,
+            files: Mutex::default(),
+            attached: Mutex::default(),
+            own_links: Mutex::default(),
+        }
+    }
+
+    fn container(&self, rng: &mut StdRng) -> Container {
+        if rng.random_bool(0.5) {
+            Container::Session(self.sessions.choose(rng).unwrap().clone())
+        } else {
+            Container::Agent(self.agents.choose(rng).unwrap().clone())
+        }
+    }
+}
+
+/// What the workload shares: the instances, the users and the history.
+pub struct World {
+    pub bases: Vec<String>,
+    pub users: Vec<UserWorld>,
+    pub history: Mutex<Vec<Event>>,
+    /// Numbers names (of uploads, renames, links) so each is unique.
+    names: AtomicUsize,
+    client: reqwest::Client,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Upload,
+    Rename,
+    Delete,
+    Attach,
+    Detach,
+    SharedLink,
+    OwnLink,
+    OwnUnlink,
+}
+
+/// The operation kinds and their weights.
+const KINDS: [(Kind, u32); 8] = [
+    (Kind::Upload, 32),
+    (Kind::Rename, 6),
+    (Kind::Delete, 10),
+    (Kind::Attach, 16),
+    (Kind::Detach, 7),
+    (Kind::SharedLink, 12),
+    (Kind::OwnLink, 10),
+    (Kind::OwnUnlink, 7),
+];
+
+/// A request to send: method, path, and its body.
+struct Request {
+    method: Method,
+    path: String,
+    json: Option<Value>,
+}
+
+impl World {
+    pub fn new(bases: Vec<String>, users: Vec<UserWorld>) -> Self {
+        Self {
+            bases,
+            users,
+            history: Mutex::default(),
+            names: AtomicUsize::new(0),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    fn next_name(&self) -> usize {
+        self.names.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn record(&self, op: Op, invoked: Instant, answer: Answer, file_id: Option<String>) {
+        self.history.lock().unwrap().push(Event {
+            op,
+            invoked,
+            completed: Instant::now(),
+            answer,
+            file_id,
+        });
+    }
+
+    /// Sends one request and classifies the answer.
+    async fn send(&self, user: &UserWorld, req: reqwest::RequestBuilder) -> (Answer, Value) {
+        match req
+            .bearer_auth(&user.key)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+        {
+            // No answer (a dropped connection, a killed instance): unknown.
+            Err(_) => (Answer::Unknown("transport".into()), Value::Null),
+            Ok(res) => {
+                let status = res.status();
+                let body: Value = res.json().await.unwrap_or(Value::Null);
+                let code = body["error"]["code"].as_str().unwrap_or("").to_owned();
+                let code = if code.is_empty() {
+                    status.to_string()
+                } else {
+                    code
+                };
+                let answer = if status.is_success() {
+                    Answer::Ok
+                } else if status == StatusCode::INTERNAL_SERVER_ERROR {
+                    Answer::Internal(code)
+                } else if status == StatusCode::GATEWAY_TIMEOUT || code == "outcome_unknown" {
+                    Answer::Unknown(code)
+                } else {
+                    Answer::Failed(code)
+                };
+                (answer, body)
+            }
+        }
+    }
+
+    fn base(&self, rng: &mut StdRng) -> String {
+        self.bases.choose(rng).unwrap().clone()
+    }
+
+    /// One operation of a random kind, for `user` or (`None`) a random one.
+    pub async fn one_op(&self, rng: &mut StdRng, user: Option<usize>) {
+        let u = user.unwrap_or_else(|| rng.random_range(0..self.users.len()));
+        let total: u32 = KINDS.iter().map(|(_, w)| w).sum();
+        let mut pick = rng.random_range(0..total);
+        let kind = KINDS
+            .iter()
+            .find(|(_, w)| {
+                let here = pick < *w;
+                pick = pick.saturating_sub(*w);
+                here
+            })
+            .map_or(Kind::Upload, |(k, _)| *k);
+        let user = &self.users[u];
+        let known = user.files.lock().unwrap().clone();
+        let file = known.choose(rng).cloned();
+        let (op, req) = match (kind, file) {
+            (Kind::Upload, _) | (Kind::Rename | Kind::Delete | Kind::Attach, None) => {
+                return self.upload(u, rng).await;
+            }
+            (Kind::Rename, Some(file_id)) => {
+                let name = format!("r{}.bin", self.next_name());
+                let req = Request {
+                    method: Method::PATCH,
+                    path: format!("/v1/files/{file_id}"),
+                    json: Some(json!({ "name": name })),
+                };
+                (
+                    Op::Rename {
+                        user: u,
+                        file_id,
+                        name,
+                    },
+                    req,
+                )
+            }
+            (Kind::Delete, Some(file_id)) => {
+                let req = Request {
+                    method: Method::DELETE,
+                    path: format!("/v1/files/{file_id}"),
+                    json: None,
+                };
+                (Op::Delete { user: u, file_id }, req)
+            }
+            (Kind::Attach, Some(file_id)) => {
+                let container = user.container(rng);
+                let req = Request {
+                    method: Method::POST,
+                    path: format!("{}/files", container.path()),
+                    json: Some(json!({ "file_id": file_id })),
+                };
+                (
+                    Op::Attach {
+                        user: u,
+                        container,
+                        file_id,
+                    },
+                    req,
+                )
+            }
+            (Kind::Detach, _) => {
+                let attached = user.attached.lock().unwrap().clone();
+                let Some((container, file_id)) = attached.choose(rng).cloned() else {
+                    return;
+                };
+                let req = Request {
+                    method: Method::DELETE,
+                    path: format!("{}/files/{file_id}", container.path()),
+                    json: None,
+                };
+                (
+                    Op::Detach {
+                        user: u,
+                        container,
+                        file_id,
+                    },
+                    req,
+                )
+            }
+            (Kind::SharedLink, _) => {
+                let agent = user.agents.choose(rng).unwrap().clone();
+                let (kind, link) = *SHARED_LINKS.choose(rng).unwrap();
+                self.link_op(u, agent, kind, link.to_owned(), rng.random_bool(0.5))
+            }
+            (Kind::OwnLink, _) => {
+                let agent = user.agents.choose(rng).unwrap().clone();
+                let kind = SHARED_LINKS.choose(rng).unwrap().0;
+                let link = format!("own{}", self.next_name());
+                self.link_op(u, agent, kind, link, true)
+            }
+            (Kind::OwnUnlink, _) => {
+                let mut own = user.own_links.lock().unwrap();
+                if own.is_empty() {
+                    return;
+                }
+                let i = rng.random_range(0..own.len());
+                let (agent, kind, link) = own.swap_remove(i);
+                drop(own);
+                self.link_op(u, agent, kind, link, false)
+            }
+        };
+        let base = self.base(rng);
+        let mut builder = self
+            .client
+            .request(req.method, format!("{base}{}", req.path));
+        if let Some(j) = req.json {
+            builder = builder.json(&j);
+        }
+        let invoked = Instant::now();
+        let (answer, _) = self.send(user, builder).await;
+        if answer == Answer::Ok {
+            match &op {
+                Op::Attach {
+                    container, file_id, ..
+                } => {
+                    user.attached
+                        .lock()
+                        .unwrap()
+                        .push((container.clone(), file_id.clone()));
+                }
+                Op::Link {
+                    agent,
+                    kind,
+                    link,
+                    connect: true,
+                    ..
+                } if link.starts_with("own") => {
+                    let own = (agent.clone(), *kind, link.clone());
+                    user.own_links.lock().unwrap().push(own);
+                }
+                _ => {}
+            }
+        }
+        self.record(op, invoked, answer, None);
+    }
+
+    fn link_op(
+        &self,
+        u: usize,
+        agent: String,
+        kind: LinkKind,
+        link: String,
+        connect: bool,
+    ) -> (Op, Request) {
+        let req = Request {
+            method: if connect { Method::PUT } else { Method::DELETE },
+            path: format!("/v1/agents/{agent}/{}/{link}", kind.segment()),
+            json: None,
+        };
+        (
+            Op::Link {
+                user: u,
+                agent,
+                kind,
+                link,
+                connect,
+            },
+            req,
+        )
+    }
+
+    /// One upload, of a size that may cross the S3 part size or the small
+    /// category, declared or streamed; with a key (half of them), sent
+    /// again while its outcome is unknown.
+    async fn upload(&self, u: usize, rng: &mut StdRng) {
+        let user = &self.users[u];
+        let n = self.next_name();
+        let size = match rng.random_range(0..100) {
+            0..4 => PART_SIZE + rng.random_range(1..PART_SIZE / 2), // multipart, small
+            4..7 => SMALL_MAX + rng.random_range(1..PART_SIZE / 2), // multipart, medium
+            _ => rng.random_range(0..16_384),
+        };
+        // Without a length the category is large (a stream may be any size).
+        let streamed = rng.random_bool(0.15);
+        let body = Bytes::from(pseudo_random_bytes(size, n as u64));
+        let name = format!("u{n}.bin");
+        let sha256 = sha256_hex(&body);
+        let key = rng.random_bool(0.5).then(|| format!("k{n}"));
+        for attempt in 0..=RESENDS {
+            let base = self.base(rng);
+            let mut req = self
+                .client
+                .post(format!("{base}/v1/files?filename={name}"))
+                .header("content-type", "application/octet-stream");
+            req = if streamed {
+                let chunks: Vec<Result<Bytes, std::io::Error>> = body
+                    .chunks(256 << 10)
+                    .map(|c| Ok(body.slice_ref(c)))
+                    .collect();
+                req.body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+            } else {
+                req.body(body.clone())
+            };
+            if let Some(k) = &key {
+                req = req.header("idempotency-key", k);
+            }
+            let invoked = Instant::now();
+            let (answer, res) = self.send(user, req).await;
+            let id = res["id"].as_str().map(str::to_owned);
+            if let (Answer::Ok, Some(id)) = (&answer, &id) {
+                let mut files = user.files.lock().unwrap();
+                if !files.contains(id) {
+                    files.push(id.clone());
+                }
+            }
+            let again = key.is_some()
+                && (matches!(&answer, Answer::Unknown(_))
+                    || matches!(&answer, Answer::Failed(c) if c == "idempotency_key_in_flight"));
+            let op = Op::Upload {
+                user: u,
+                name: name.clone(),
+                sha256: sha256.clone(),
+                size: size as u64,
+                key: key.clone(),
+                attempt,
+            };
+            self.record(op, invoked, answer, id);
+            if !again {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300 * u64::from(attempt + 1))).await;
+        }
+    }
+}
