@@ -99,8 +99,31 @@ impl Kit {
             committer,
             uploads,
             resumables,
+            memory_locks,
+            admission,
+            settings,
             _dir: TempDir(dir),
         }
+    }
+
+    /// The resumable-upload service with its state in `repo` (a wrapper of the kit's store).
+    pub fn resumables_on(&self, repo: Arc<dyn ResumableRepo>) -> ResumableService {
+        ResumableService::new(
+            self.committer.clone(),
+            self.admission.clone(),
+            repo,
+            self.meta.clone(),
+            self.meta.clone(),
+            self.blobs.clone(),
+            self.blobs.clone(),
+            self.locks.clone(),
+            &self.settings,
+        )
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self._dir.0
     }
 
     pub async fn user(&self, name: &str) -> UserRecord {
@@ -121,7 +144,7 @@ impl Kit {
     }
 
     pub async fn intents(&self) -> usize {
-        let later = crate::meta::now() + chrono::Duration::days(1);
+        let later = crate::meta::now() + chrono::Duration::days(3650);
         self.meta.intents(later, 100).await.unwrap().len()
     }
 

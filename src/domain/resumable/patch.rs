@@ -39,13 +39,16 @@ impl ResumableService {
                 return Err(ResumableError::OffsetMismatch(upload.offset as u64));
             }
             // An upload whose bytes are all stored may have committed (its
-            // intent gone with it): finishing it tells.
-            if !upload.all_stored() && !self.cleanup.touch_intent(id).await? {
+            // intent gone with it): finishing it tells. The intent waits
+            // as long as the upload this PATCH renews.
+            let until = Some(self.expires_at());
+            if !upload.all_stored() && !self.cleanup.touch_intent(id, until).await? {
                 return Err(DomainError::UploadExpired.into());
             }
             let slot = self.admission.reserve(user)?;
+            let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
-                r = self.append(user, upload, checksum, body) => r,
+                r = self.append(user, upload, checksum, body, lost) => r,
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
