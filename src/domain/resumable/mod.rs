@@ -12,6 +12,8 @@ mod hash;
 mod patch;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_answers;
 
 use std::sync::Arc;
 
