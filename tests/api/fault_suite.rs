@@ -1,14 +1,17 @@
 //! The fault suite: two filedock processes behind fault proxies to MongoDB,
 //! Redis and S3; a workload of several users' uploads (across the S3 part
 //! size and the size categories, some resent with their `Idempotency-Key`
-//! after an unknown outcome), renames, deletes, attaches, detaches, and MCP
+//! after an unknown outcome, some resumable: tus in several PATCHes, cut,
+//! raced and empty ones among them), renames, deletes, attaches, detaches, and MCP
 //! and toolset connects and disconnects; a nemesis that deals a shuffled
 //! deck of every fault kind of the mode (link cuts, also right after a
 //! commit or an enqueue was answered and past the settle window, a pause
 //! past the leases and the grace, SIGKILL and restart, Redis restarted and
 //! flushed), while `reconcile --delete` and `sweep` run in a loop. After
-//! healing and a final sweep, the checker holds everything read back
-//! against the history (`support/checker.rs`).
+//! healing, the resumable uploads' expiry and a final sweep, the checker
+//! holds everything read back against the history (`support/checker.rs`),
+//! and finds nothing of a resumable upload left (state, tail object,
+//! multipart upload on the S3 server's disk, intent).
 //!
 //! `FILEDOCK_FAULT_SEED` replays a run; `FILEDOCK_FAULT_SECS` deals more
 //! decks until that many seconds have passed (a soak); by default one deck.
@@ -29,7 +32,7 @@ use crate::{
     helpers::*,
     support::{
         checker::check,
-        cluster::{Cluster, GRACE},
+        cluster::{Cluster, GRACE, TUS_EXPIRY},
         nemesis::{Fault, nemesis},
         readback::read_final,
         workload::{UserWorld, World},
@@ -103,11 +106,12 @@ async fn new_user(cluster: &Cluster, i: usize) -> UserWorld {
     UserWorld::new(id.to_string(), key, sessions, agents)
 }
 
-/// The final sweeps: after the grace, until no intent is left (or the limit).
+/// The final sweeps: after the grace and the resumable uploads' expiry,
+/// until no intent is left (or the limit).
 async fn final_sweeps(state: &AppState) {
-    tokio::time::sleep(GRACE + Duration::from_secs(1)).await;
+    tokio::time::sleep(GRACE.max(TUS_EXPIRY) + Duration::from_secs(1)).await;
     let deadline = Instant::now() + SETTLE_LIMIT;
-    let far = || filedock::meta::now() + chrono::Duration::days(1);
+    let far = || filedock::meta::now() + chrono::Duration::days(3650);
     loop {
         let swept = state.sweeper.try_run_once().await;
         let left = state.ports.meta.intents(far(), 10).await.map(|i| i.len());
@@ -202,8 +206,10 @@ async fn run_suite(coordination: &str) {
         .iter()
         .map(|(kind, (_, fired))| format!("{kind}={fired}"))
         .collect();
+    let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
+    let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} unknown={} grouped={grouped} queue_grouped={queue_grouped} fired={}",
+        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -213,6 +219,8 @@ async fn run_suite(coordination: &str) {
         v.duplicated,
         v.internal_errors,
         v.unknown,
+        fin.resumables,
+        fin.staging,
         fired.join(","),
     );
     if v.violations() > 0 {

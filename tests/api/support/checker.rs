@@ -197,6 +197,14 @@ pub fn check(history: &[Event], fin: &FinalState) -> Verdict {
             fin.strays, fin.missing, fin.intents
         ));
     }
+    let multipart = fin.multipart.unwrap_or(0);
+    if fin.resumables + fin.staging + multipart > 0 {
+        v.half_done += fin.resumables + fin.staging + multipart;
+        v.notes.push(format!(
+            "after expiry and a sweep: {} resumable states, {} staging objects, {multipart} multipart uploads",
+            fin.resumables, fin.staging
+        ));
+    }
     v
 }
 
