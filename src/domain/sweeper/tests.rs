@@ -157,6 +157,9 @@ async fn one_expiry_that_fails_stops_no_other_step_of_the_pass() {
     // A plain upload that died.
     let dead = IntentRecord::new(user.id, FileId::new(), "local");
     kit.meta.put_intent(&dead).await.unwrap();
+    // The scan takes intents last seen strictly before the pass began (the
+    // grace is zero): let the clock pass the touches above.
+    tokio::time::sleep(Duration::from_millis(5)).await;
 
     let report = pass(&sweeper(&kit, kit.meta.clone())).await;
     assert_eq!(report.failures, 1, "{report:?}");
