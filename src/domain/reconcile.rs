@@ -6,10 +6,14 @@
 //! are listed first: an upload writes its intent before its first byte, so
 //! every listed object's upload either still has its intent or has already
 //! committed (the commit deletes the intent and inserts the record in one
-//! transaction) or been abandoned. Before each delete the intent and then the
-//! record are read again, in that order (an upload that commits between the
-//! two reads is seen by the second), and objects younger than the sweeper's
-//! grace period are never touched.
+//! transaction) or been abandoned. Before each delete the intent, the
+//! record and the pending orphans are read again, in that order: an object
+//! passes from intent to record (one transaction), from intent to orphan
+//! (the orphan is written first) and from record to orphan (a delete: one
+//! transaction), so each read sees what the one before it missed. An object
+//! a pending orphan names is the sweeper's (a clean-up that failed and is
+//! retried), not a stray. Objects younger than the sweeper's grace period
+//! are never touched.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -38,6 +42,9 @@ pub struct ReconcileReport {
     pub foreign: Vec<String>,
     /// Strays left alone because they are younger than the grace period.
     pub too_young: usize,
+    /// Objects with neither record nor intent that a pending orphan names:
+    /// the sweeper deletes them (a clean-up that failed is retried).
+    pub pending_orphans: usize,
     pub deleted: usize,
 }
 
@@ -73,8 +80,16 @@ impl Reconciler {
         let grace = chrono::Duration::from_std(self.intent_grace)?;
         let young_after = crate::meta::now() - grace;
         for object in &objects {
-            if files.contains_key(&object.key) || !self.is_still_stray(&object.key).await? {
+            if files.contains_key(&object.key) {
                 continue;
+            }
+            match self.owner(&object.key).await? {
+                Owner::Upload | Owner::File => continue,
+                Owner::Sweeper => {
+                    report.pending_orphans += 1;
+                    continue;
+                }
+                Owner::None => {}
             }
             report.strays.push(object.key.clone());
             if !delete_strays {
@@ -101,17 +116,34 @@ impl Reconciler {
         Ok(report)
     }
 
-    /// Whether the object at `key` has neither an upload in flight nor a file
-    /// record. The intent is read before the record: an upload that commits
-    /// between the two reads is seen by the second.
-    async fn is_still_stray(&self, key: &str) -> anyhow::Result<bool> {
+    /// Who answers for the object at `key` now, read in the order the
+    /// module's comment gives (intent, record, orphan).
+    async fn owner(&self, key: &str) -> anyhow::Result<Owner> {
         // Anything but `files/{user}/{file}` is not filedock's upload.
-        let Some(BlobKey::File { user, file }) = BlobKey::parse(key) else {
-            return Ok(true);
+        let Some(blob @ BlobKey::File { user, file }) = BlobKey::parse(key) else {
+            return Ok(Owner::None);
         };
         if self.cleanup.intent(&file).await?.is_some() {
-            return Ok(false);
+            return Ok(Owner::Upload);
         }
-        Ok(self.files.file(&user, &file).await?.is_none())
+        if self.files.file(&user, &file).await?.is_some() {
+            return Ok(Owner::File);
+        }
+        Ok(match self.cleanup.pending_orphan(&blob).await? {
+            true => Owner::Sweeper,
+            false => Owner::None,
+        })
     }
+}
+
+/// Who answers for a listed object.
+enum Owner {
+    /// An upload in flight (its intent).
+    Upload,
+    /// A committed file (its record).
+    File,
+    /// The sweeper (a pending orphan).
+    Sweeper,
+    /// Nobody: a stray.
+    None,
 }

@@ -18,7 +18,7 @@ pub use self::error::{MetaError, MetaResult};
 pub use self::records::*;
 pub use self::resumable::{ResumableRecord, ResumableRepo};
 use crate::vocab::{
-    AgentId, ApiKeyHash, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
+    AgentId, ApiKeyHash, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
     UserId,
 };
 
@@ -165,6 +165,10 @@ pub trait CleanupRepo: Send + Sync {
         status: Option<OrphanStatus>,
         limit: usize,
     ) -> MetaResult<Vec<OrphanRecord>>;
+
+    /// Whether a pending orphan names `key`: its blob is on the sweeper's
+    /// list (a delete's or a refused upload's clean-up that failed).
+    async fn pending_orphan(&self, key: &BlobKey) -> MetaResult<bool>;
 }
 
 /// Sessions and agents, and the writes to them (commands).

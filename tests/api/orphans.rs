@@ -305,6 +305,38 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
     );
 }
 
+/// A blob whose clean-up failed (a delete's, a refused upload's) is on the
+/// sweeper's list as a pending orphan: reconcile counts it as the
+/// sweeper's, not as a stray, and after the sweep it is gone.
+#[tokio::test]
+async fn reconcile_leaves_a_blob_a_pending_orphan_names_to_the_sweeper() {
+    let (app, failing) = app_with_failing_deletes().await;
+    let u = app.create_user("pending").await;
+    fill_quota(&app, &u).await;
+    let kept: Value = app.upload_json(&u, "kept.txt", b"kept".to_vec()).await;
+    let id = kept["id"].as_str().unwrap();
+    let res = app
+        .client
+        .delete(app.url(&format!("/v1/files/{id}")))
+        .bearer_auth(&u.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    failing_upload(&app, &u).await;
+    assert_eq!(app.blob_keys(&u).await.len(), 3, "both clean-ups failed");
+    assert_eq!(orphans(&app, "pending").await.len(), 2);
+
+    let report = app.state.reconciler.reconcile(false).await.unwrap();
+    assert_eq!(report.strays, Vec::<String>::new());
+    assert_eq!(report.pending_orphans, 2);
+
+    failing.fail.store(false, Ordering::SeqCst);
+    assert_eq!(sweep(&app).await["orphans_deleted"], 2);
+    let report = app.state.reconciler.reconcile(false).await.unwrap();
+    assert_eq!((report.objects, report.pending_orphans), (1, 0), "the fill is left");
+}
+
 #[tokio::test]
 async fn reconcile_keeps_strays_younger_than_the_grace_period() {
     let app = spawn_app().await; // default grace: hours

@@ -9,7 +9,7 @@ use crate::{
         CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus,
         now,
     },
-    vocab::{FileId, OrphanId},
+    vocab::{BlobKey, FileId, OrphanId},
 };
 
 #[async_trait]
@@ -185,5 +185,10 @@ impl CleanupRepo for EmbeddedStore {
             Ok(out)
         })
         .await
+    }
+
+    async fn pending_orphan(&self, key: &BlobKey) -> MetaResult<bool> {
+        let pending = self.orphans(Some(OrphanStatus::Pending), usize::MAX).await?;
+        Ok(pending.iter().any(|o| &o.key == key))
     }
 }

@@ -9,7 +9,7 @@ use crate::{
     meta::{
         CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus,
     },
-    vocab::{FileId, OrphanId},
+    vocab::{BlobKey, FileId, OrphanId},
 };
 
 /// Intents whose upload was last alive before `t` (see [`IntentRecord::alive_at`]).
@@ -191,5 +191,11 @@ impl CleanupRepo for MongoStore {
             None => doc! {},
         };
         find_sorted(self.orphans(), filter, doc! {"created_at": 1}, limit).await
+    }
+
+    async fn pending_orphan(&self, key: &BlobKey) -> MetaResult<bool> {
+        let filter = doc! {"key": key.to_string(), "status": "pending"};
+        let found = self.orphans().find_one(filter).await.map_err(classify)?;
+        Ok(found.is_some())
     }
 }

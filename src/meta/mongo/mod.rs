@@ -154,6 +154,10 @@ impl MongoStore {
         self.orphans()
             .create_index(index(doc! {"status": 1, "created_at": 1}, false))
             .await?;
+        // Reconcile asks whether a stray is on the sweeper's list.
+        self.orphans()
+            .create_index(index(doc! {"key": 1, "status": 1}, false))
+            .await?;
         self.idempotency()
             .create_index(index(doc! {"created_at": 1}, false))
             .await?;
