@@ -52,7 +52,8 @@ where
     R: std::fmt::Debug,
 {
     match &e {
-        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
+        // No answer, or one cut off before it could be read: the link.
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
             BlobError::Unavailable(DisplayErrorContext(&e).to_string())
         }
         SdkError::ServiceError(se) => match se.err().code() {

@@ -110,7 +110,8 @@ impl ResumableBlobs for S3BlobStore {
             .body
             .collect()
             .await
-            .map_err(|e| BlobError::Other(format!("reading a tail: {e}")))?
+            // The link broke mid-body (a truncated answer is one too).
+            .map_err(|e| BlobError::Unavailable(format!("reading a tail: {e}")))?
             .into_bytes();
         if bytes.len() as u64 != end - start {
             return Err(BlobError::Other(format!(

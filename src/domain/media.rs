@@ -139,7 +139,16 @@ pub async fn stored_type(
             blobs.get(key, Some(range)).await?
         }
     };
-    let (stored, _) = resolve(declared, head, allowed, idle).await?;
+    // The body is the store's here: a read that fails is the store's
+    // failure, not a client's bad request.
+    let (stored, _) = resolve(declared, head, allowed, idle)
+        .await
+        .map_err(|e| match e {
+            DomainError::InvalidRequest(_) | DomainError::RequestTimeout(_) => {
+                DomainError::DependencyUnavailable("blob store")
+            }
+            e => e,
+        })?;
     Ok(stored)
 }
 

@@ -12,8 +12,10 @@
 //! (the orphan is written first) and from record to orphan (a delete: one
 //! transaction), so each read sees what the one before it missed. An object
 //! a pending orphan names is the sweeper's (a clean-up that failed and is
-//! retried), not a stray. Objects younger than the sweeper's grace period
-//! are never touched.
+//! retried), not a stray; nor is one gone by the time these reads found
+//! nobody for it (a refused upload's undo deletes the blob, then the
+//! intent, between the listing and the reads). Objects younger than the
+//! sweeper's grace period are never touched.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -84,7 +86,7 @@ impl Reconciler {
                 continue;
             }
             match self.owner(&object.key).await? {
-                Owner::Upload | Owner::File => continue,
+                Owner::Upload | Owner::File | Owner::Gone => continue,
                 Owner::Sweeper => {
                     report.pending_orphans += 1;
                     continue;
@@ -117,7 +119,8 @@ impl Reconciler {
     }
 
     /// Who answers for the object at `key` now, read in the order the
-    /// module's comment gives (intent, record, orphan).
+    /// module's comment gives (intent, record, orphan), and whether it is
+    /// still there when none does.
     async fn owner(&self, key: &str) -> anyhow::Result<Owner> {
         // Anything but `files/{user}/{file}` is not filedock's upload.
         let Some(blob @ BlobKey::File { user, file }) = BlobKey::parse(key) else {
@@ -129,9 +132,14 @@ impl Reconciler {
         if self.files.file(&user, &file).await?.is_some() {
             return Ok(Owner::File);
         }
-        Ok(match self.cleanup.pending_orphan(&blob).await? {
-            true => Owner::Sweeper,
-            false => Owner::None,
+        if self.cleanup.pending_orphan(&blob).await? {
+            return Ok(Owner::Sweeper);
+        }
+        // Listed before the reads: a clean-up may have deleted it since
+        // (a refused upload's undo drops the blob, then the intent).
+        Ok(match self.blobs.head(&blob).await? {
+            Some(_) => Owner::None,
+            None => Owner::Gone,
         })
     }
 }
@@ -144,6 +152,8 @@ enum Owner {
     File,
     /// The sweeper (a pending orphan).
     Sweeper,
+    /// Nobody, and it is gone: deleted since the listing.
+    Gone,
     /// Nobody: a stray.
     None,
 }

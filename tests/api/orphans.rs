@@ -4,6 +4,7 @@
 use std::sync::{Arc, atomic::Ordering};
 
 use filedock::{
+    blob::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob},
     domain::sweeper::{Outcome, SweepReport},
     http::AppState,
     meta::{CommitUpload, IntentRecord, MetaError},
@@ -335,6 +336,60 @@ async fn reconcile_leaves_a_blob_a_pending_orphan_names_to_the_sweeper() {
     assert_eq!(sweep(&app).await["orphans_deleted"], 2);
     let report = app.state.reconciler.reconcile(false).await.unwrap();
     assert_eq!((report.objects, report.pending_orphans), (1, 0), "the fill is left");
+}
+
+/// A blob store whose listing is followed by the delete of what it listed,
+/// as a clean-up that finishes while reconcile reads (a refused upload's
+/// undo drops the blob, then its intent).
+struct DeletedAfterListing(Arc<dyn BlobStore>);
+
+#[async_trait::async_trait]
+impl BlobStore for DeletedAfterListing {
+    fn bucket(&self) -> &str {
+        self.0.bucket()
+    }
+    async fn put(&self, key: &BlobKey, body: ByteStream<'_>) -> Result<u64, BlobError> {
+        self.0.put(key, body).await
+    }
+    async fn get(
+        &self,
+        key: &BlobKey,
+        range: Option<ByteRange>,
+    ) -> Result<ByteStream<'static>, BlobError> {
+        self.0.get(key, range).await
+    }
+    async fn delete(&self, key: &BlobKey) -> Result<(), BlobError> {
+        self.0.delete(key).await
+    }
+    async fn head(&self, key: &BlobKey) -> Result<Option<u64>, BlobError> {
+        self.0.head(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ListedBlob>, BlobError> {
+        let listed = self.0.list(prefix).await?;
+        for blob in &listed {
+            self.0.delete(&BlobKey::parse(&blob.key).unwrap()).await?;
+        }
+        Ok(listed)
+    }
+    async fn ping(&self) -> Result<(), BlobError> {
+        self.0.ping().await
+    }
+}
+
+/// An object deleted between reconcile's listing and its reads is no stray:
+/// nothing is reported (or deleted) for it.
+#[tokio::test]
+async fn reconcile_reports_no_stray_for_an_object_deleted_since_its_listing() {
+    let settings = test_settings();
+    let mut ports = Ports::connect(&settings).await.unwrap();
+    ports.blobs = Arc::new(DeletedAfterListing(ports.blobs.clone()));
+    let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
+    let u = app.create_user("gone").await;
+    plant_stray(&app, &u).await;
+    let report = app.state.reconciler.reconcile(false).await.unwrap();
+    assert_eq!(report.objects, 1, "the listing saw it");
+    assert_eq!(report.strays, Vec::<String>::new());
+    assert!(app.blob_keys(&u).await.is_empty());
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ use std::{
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::StreamExt;
 use chrono::{DateTime, Utc};
 use filedock::{
     blob::{
@@ -365,4 +366,70 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
     assert_eq!(app.blob_keys(&user).await.len(), 1, "the object went too");
     assert_eq!(app.intents().await, 0);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
+}
+
+/// `/v1/me`'s `uploads_in_flight`.
+async fn in_flight(app: &TestApp, user: &TestUser) -> i64 {
+    let me: serde_json::Value = app
+        .client
+        .get(app.url("/v1/me"))
+        .bearer_auth(&user.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    me["usage"]["uploads_in_flight"].as_i64().unwrap()
+}
+
+/// With the lock backend down (development: no lock at all), two PATCHes
+/// from one offset race. The one still streaming when the other finished
+/// the upload writes to a blob write that is complete: it is answered as a
+/// PATCH from a stale offset (409, or 404 once the upload is gone), never
+/// 500, and the upload makes one file of the winner's bytes.
+#[tokio::test]
+async fn a_patch_that_loses_a_race_without_a_lock_is_answered_where_the_upload_is() {
+    let mut settings = test_settings();
+    settings.redis_url = Some(format!("redis://127.0.0.1:{}/", free_port()).into());
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("lockless-race").await;
+    let bytes = data(200);
+    let id = create(&app, &user, 200).await;
+    // The loser: its first byte, then the rest once the winner is done.
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let (first, rest) = (bytes[..1].to_vec(), bytes[1..].to_vec());
+    let slow = futures::stream::once(async move { Ok::<_, std::io::Error>(first) }).chain(
+        futures::stream::once(async move {
+            let _ = wait.await;
+            Ok(rest)
+        }),
+    );
+    let loser = {
+        let (app, user, id) = (&app, &user, id.clone());
+        async move {
+            let body = reqwest::Body::wrap_stream(slow);
+            patch_body(app, user, &id, 0, body, None).await.unwrap()
+        }
+    };
+    let winner = async {
+        // The loser passed the offset check and is reading its body.
+        let started = std::time::Instant::now();
+        while in_flight(&app, &user).await == 0 {
+            assert!(started.elapsed() < Duration::from_secs(10), "the slow PATCH never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let res = patch(&app, &user, &id, 0, &bytes).await;
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+        go.send(()).unwrap();
+    };
+    let (lost, ()) = tokio::join!(loser, winner);
+    let status = lost.status();
+    assert!(
+        matches!(status, StatusCode::CONFLICT | StatusCode::NOT_FOUND),
+        "{status}: {}",
+        lost.text().await.unwrap()
+    );
+    assert_eq!(app.list_ids(&user).await, vec![id.clone()]);
+    assert!(content(&app, &user, &id).await == bytes);
 }

@@ -54,11 +54,32 @@ impl ResumableService {
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
-            r
+            match r {
+                Err(ResumableError::Domain(DomainError::Internal(e))) => {
+                    Err(self.raced(id, offset, e).await)
+                }
+                r => r,
+            }
         }
         .await;
         release(guard).await;
         result
+    }
+
+    /// A PATCH whose write the stores refused: another PATCH from the same
+    /// offset may have won the race (with the lock backend down nothing
+    /// keeps two out, and the loser writes to a multipart upload the winner
+    /// completed). The state tells: moved, the client is answered where it
+    /// is now; gone, not found; else the error stands.
+    async fn raced(&self, id: &FileId, offset: u64, error: anyhow::Error) -> ResumableError {
+        match self.resumables.resumable(id).await {
+            Ok(Some(now)) if now.offset as u64 != offset => {
+                tracing::info!(upload = %id, error = %error, "a PATCH lost a race to another from its offset");
+                ResumableError::OffsetMismatch(now.offset as u64)
+            }
+            Ok(None) => DomainError::NotFound.into(),
+            _ => DomainError::Internal(error).into(),
+        }
     }
 
     async fn append(
