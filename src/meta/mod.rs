@@ -18,8 +18,8 @@ pub use self::error::{MetaError, MetaResult};
 pub use self::records::*;
 pub use self::resumable::{ResumableRecord, ResumableRepo};
 use crate::vocab::{
-    AgentId, ApiKeyHash, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
-    UserId,
+    AgentId, ApiKeyHash, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId,
+    SessionId, UserId,
 };
 
 /// Users and their keys.

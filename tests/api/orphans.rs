@@ -335,7 +335,11 @@ async fn reconcile_leaves_a_blob_a_pending_orphan_names_to_the_sweeper() {
     failing.fail.store(false, Ordering::SeqCst);
     assert_eq!(sweep(&app).await["orphans_deleted"], 2);
     let report = app.state.reconciler.reconcile(false).await.unwrap();
-    assert_eq!((report.objects, report.pending_orphans), (1, 0), "the fill is left");
+    assert_eq!(
+        (report.objects, report.pending_orphans),
+        (1, 0),
+        "the fill is left"
+    );
 }
 
 /// A blob store whose listing is followed by the delete of what it listed,

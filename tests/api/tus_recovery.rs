@@ -15,7 +15,6 @@ use std::{
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::StreamExt;
 use chrono::{DateTime, Utc};
 use filedock::{
     blob::{
@@ -29,6 +28,7 @@ use filedock::{
     ports::Ports,
     vocab::{BlobKey, WriteHandle},
 };
+use futures::StreamExt;
 use reqwest::StatusCode;
 
 use crate::{
@@ -416,7 +416,10 @@ async fn a_patch_that_loses_a_race_without_a_lock_is_answered_where_the_upload_i
         // The loser passed the offset check and is reading its body.
         let started = std::time::Instant::now();
         while in_flight(&app, &user).await == 0 {
-            assert!(started.elapsed() < Duration::from_secs(10), "the slow PATCH never started");
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the slow PATCH never started"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let res = patch(&app, &user, &id, 0, &bytes).await;

@@ -188,7 +188,9 @@ impl CleanupRepo for EmbeddedStore {
     }
 
     async fn pending_orphan(&self, key: &BlobKey) -> MetaResult<bool> {
-        let pending = self.orphans(Some(OrphanStatus::Pending), usize::MAX).await?;
+        let pending = self
+            .orphans(Some(OrphanStatus::Pending), usize::MAX)
+            .await?;
         Ok(pending.iter().any(|o| &o.key == key))
     }
 }
