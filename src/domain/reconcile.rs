@@ -48,6 +48,8 @@ pub struct ReconcileReport {
     /// the sweeper deletes them (a clean-up that failed is retried).
     pub pending_orphans: usize,
     pub deleted: usize,
+    /// The strays deleted (with `--delete`), by key.
+    pub deleted_keys: Vec<String>,
 }
 
 /// The audit and the ports it reads.
@@ -102,6 +104,7 @@ impl Reconciler {
                 Some(key) => {
                     blobs.delete(&key).await?;
                     report.deleted += 1;
+                    report.deleted_keys.push(object.key.clone());
                 }
                 None => report.foreign.push(object.key.clone()),
             }

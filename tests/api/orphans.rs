@@ -299,6 +299,7 @@ async fn reconcile_finds_strays_and_missing_objects_and_deletes_strays_only_when
 
     let report = app.state.reconciler.reconcile(true).await.unwrap();
     assert_eq!(report.deleted, 1);
+    assert_eq!(report.deleted_keys, vec![stray]);
     let left = app.blob_keys(&u).await;
     assert_eq!(
         left,

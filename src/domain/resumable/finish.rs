@@ -66,6 +66,11 @@ impl ResumableService {
             }
         }
         let Some(intent) = self.cleanup.intent(&upload.id).await? else {
+            // Its commit deletes the intent too: one that applied since the
+            // read above (another request's, the lock lost or degraded).
+            if let Some(file) = self.files.file(&user.id, &upload.id).await? {
+                return Ok(self.done(upload, file).await);
+            }
             // Swept (expired): the sweeper has its blob.
             self.forget(&upload).await;
             return Err(DomainError::UploadExpired.into());
