@@ -55,7 +55,8 @@ impl ResumableService {
             };
             drop(slot);
             match r {
-                Err(ResumableError::Domain(DomainError::Internal(e))) => {
+                // Only without the lock can another PATCH have raced this one.
+                Err(ResumableError::Domain(DomainError::Internal(e))) if guard.is_none() => {
                     Err(self.raced(id, offset, e).await)
                 }
                 r => r,
@@ -66,11 +67,12 @@ impl ResumableService {
         result
     }
 
-    /// A PATCH whose write the stores refused: another PATCH from the same
-    /// offset may have won the race (with the lock backend down nothing
-    /// keeps two out, and the loser writes to a multipart upload the winner
-    /// completed). The state tells: moved, the client is answered where it
-    /// is now; gone, not found; else the error stands.
+    /// A PATCH without the lock whose write the stores refused: another
+    /// PATCH from the same offset may have won the race (with the lock
+    /// backend down nothing keeps two out, and the loser writes to a
+    /// multipart upload the winner completed). The state tells: moved, the
+    /// client is answered where it is now; gone, not found; else the error
+    /// stands.
     async fn raced(&self, id: &FileId, offset: u64, error: anyhow::Error) -> ResumableError {
         match self.resumables.resumable(id).await {
             Ok(Some(now)) if now.offset as u64 != offset => {
