@@ -207,11 +207,18 @@ impl Sweeper {
             }
             report.resumables_expired += 1;
             let (key, handle) = (&upload.key, &upload.handle);
-            match upload.completed {
+            let cleared = match upload.completed {
                 // Every byte stored, the commit refused: the object goes
                 // with the intent's orphan, below.
-                true => self.resumable_blobs.clear_staging(key, handle).await?,
-                false => self.resumable_blobs.abort(key, handle).await?,
+                true => self.resumable_blobs.clear_staging(key, handle).await,
+                false => self.resumable_blobs.abort(key, handle).await,
+            };
+            if let Err(e) = cleared {
+                // The claimed record goes back, still expired (no PATCH or
+                // HEAD finds it), so that the next pass aborts again: the
+                // blob store's write is named nowhere else.
+                self.resumables.insert_resumable(&upload).await?;
+                return Err(e.into());
             }
             if let Some(orphan) = self.meta.abandon_intent(&upload.id, None).await? {
                 report.intents_abandoned += 1;

@@ -181,6 +181,12 @@ async fn a_final_patch_whose_lock_wait_runs_out_keeps_the_upload_and_head_finish
 struct LosesCompleteAnswer {
     inner: Arc<dyn ResumableBlobs>,
     lose: AtomicBool,
+    /// The next completion fails without being carried out.
+    refuse: AtomicBool,
+    /// The next abort fails without being carried out.
+    refuse_abort: AtomicBool,
+    /// Aborts carried out.
+    aborted: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
@@ -245,6 +251,9 @@ impl ResumableBlobs for LosesCompleteAnswer {
         tags: &[String],
         len: u64,
     ) -> Result<(), BlobError> {
+        if self.refuse.swap(false, Ordering::SeqCst) {
+            return Err(BlobError::Unavailable("refused".into()));
+        }
         self.inner.complete(key, handle, tags, len).await?;
         match self.lose.swap(false, Ordering::SeqCst) {
             true => Err(BlobError::Unavailable("the answer was lost".into())),
@@ -253,7 +262,12 @@ impl ResumableBlobs for LosesCompleteAnswer {
     }
 
     async fn abort(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
-        self.inner.abort(key, handle).await
+        if self.refuse_abort.swap(false, Ordering::SeqCst) {
+            return Err(BlobError::Unavailable("refused".into()));
+        }
+        self.inner.abort(key, handle).await?;
+        self.aborted.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     async fn clear_staging(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
@@ -276,6 +290,9 @@ async fn a_completion_whose_answer_was_lost_is_finished_by_the_next_patch() {
     let losing = Arc::new(LosesCompleteAnswer {
         inner: ports.resumable.clone(),
         lose: true.into(),
+        refuse: false.into(),
+        refuse_abort: false.into(),
+        aborted: 0.into(),
     });
     ports.resumable = losing.clone();
     let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
@@ -435,4 +452,117 @@ async fn a_patch_that_loses_a_race_without_a_lock_is_answered_where_the_upload_i
     );
     assert_eq!(app.list_ids(&user).await, vec![id.clone()]);
     assert!(content(&app, &user, &id).await == bytes);
+}
+
+/// An upload whose bytes are all stored but whose completion failed, and
+/// whose intent the sweeper took meanwhile (as its stale-intent scan does
+/// with an upload idle past its intent's life): its HEAD does not complete
+/// the blob write into an object nobody owns, and answers `upload_expired`.
+#[tokio::test]
+async fn an_upload_swept_before_its_completion_is_not_completed_into_a_stray() {
+    let settings = test_settings();
+    let mut ports = Ports::connect(&settings).await.unwrap();
+    let refusing = Arc::new(LosesCompleteAnswer {
+        inner: ports.resumable.clone(),
+        lose: false.into(),
+        refuse: true.into(),
+        refuse_abort: false.into(),
+        aborted: 0.into(),
+    });
+    ports.resumable = refusing.clone();
+    let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
+    let user = app.create_user("swept-first").await;
+    let id = create(&app, &user, 200).await;
+    let res = patch(&app, &user, &id, 0, &data(200)).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the refused completion"
+    );
+    assert!(
+        !refusing.refuse.load(Ordering::SeqCst),
+        "the completion was tried"
+    );
+    let file_id = id.parse().unwrap();
+    let meta = &app.state.ports.meta;
+    let orphan = meta.abandon_intent(&file_id, None).await.unwrap();
+    assert!(orphan.is_some(), "the sweeper took the intent");
+    assert!(matches!(
+        app.state.sweeper.try_run_once().await.unwrap(),
+        Outcome::Swept(_)
+    ));
+
+    let res = app
+        .client
+        .head(app.url(&format!("/v1/uploads/{id}")))
+        .bearer_auth(&user.key)
+        .header("tus-resumable", crate::tus::TUS)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT, "upload_expired");
+    assert!(
+        app.blob_keys(&user).await.is_empty(),
+        "an object nobody owns"
+    );
+    assert_eq!(head(&app, &user, &id).await.0, StatusCode::NOT_FOUND);
+}
+
+/// An expired upload whose abort fails (the blob store away) is aborted by
+/// the next pass: its record is not dropped while its write is named
+/// nowhere else (a multipart upload S3 keeps, and bills, until a lifecycle
+/// rule, if any, removes it).
+#[tokio::test]
+async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
+    let settings = test_settings();
+    let mut ports = Ports::connect(&settings).await.unwrap();
+    let blobs = Arc::new(LosesCompleteAnswer {
+        inner: ports.resumable.clone(),
+        lose: false.into(),
+        refuse: false.into(),
+        refuse_abort: true.into(),
+        aborted: 0.into(),
+    });
+    ports.resumable = blobs.clone();
+    let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
+    let user = app.create_user("abort-fails").await;
+    let id = create(&app, &user, 200).await;
+    assert_eq!(
+        patch(&app, &user, &id, 0, &data(100)).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    // Expire it, as if no PATCH had come for FILEDOCK_TUS_EXPIRY_SECS.
+    let meta = &app.state.ports.meta;
+    let file_id = id.parse().unwrap();
+    let mut upload = meta.resumable(&file_id).await.unwrap().unwrap();
+    upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
+    assert!(
+        meta.advance_resumable(&upload, upload.offset)
+            .await
+            .unwrap()
+    );
+
+    let Outcome::Swept(first) = app.state.sweeper.try_run_once().await.unwrap() else {
+        panic!("busy")
+    };
+    assert!(
+        !blobs.refuse_abort.load(Ordering::SeqCst),
+        "the abort was tried"
+    );
+    assert_eq!(
+        (first.failures, blobs.aborted.load(Ordering::SeqCst)),
+        (1, 0),
+        "{first:?}"
+    );
+    let Outcome::Swept(second) = app.state.sweeper.try_run_once().await.unwrap() else {
+        panic!("busy")
+    };
+    assert_eq!(
+        blobs.aborted.load(Ordering::SeqCst),
+        1,
+        "aborted again: {second:?}"
+    );
+    assert!(meta.resumable(&file_id).await.unwrap().is_none());
+    assert_eq!(app.intents().await, 0);
+    assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }

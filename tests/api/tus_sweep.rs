@@ -167,3 +167,20 @@ async fn the_sweeper_claims_an_upload_only_at_the_expiry_it_read() {
     );
     assert!(meta.resumable(&id).await.unwrap().is_none());
 }
+
+/// A PATCH renews the upload's intent to the very instant it renews the
+/// upload to: an intent that lapsed first would be swept (its blob taken)
+/// while the upload still lives and may be finished.
+#[tokio::test]
+async fn a_patch_renews_the_intent_as_long_as_the_upload() {
+    let app = spawn_app().await;
+    let user = app.create_user("renewed").await;
+    let id = create(&app, &user, 200).await;
+    let res = patch(&app, &user, &id, 0, &data(100)).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let file_id: FileId = id.parse().unwrap();
+    let meta = &app.state.ports.meta;
+    let intent = meta.intent(&file_id).await.unwrap().unwrap();
+    let upload = meta.resumable(&file_id).await.unwrap().unwrap();
+    assert_eq!(intent.alive_until, Some(upload.expires_at));
+}

@@ -51,6 +51,19 @@ impl ResumableService {
         if let Some(file) = self.files.file(&user.id, &upload.id).await? {
             return Ok(self.done(upload, file).await);
         }
+        // Before the blob is completed: an upload the sweeper took (its
+        // intent now an orphan, whose blob it deleted or will) must not be
+        // completed into an object nobody owns.
+        let Some(intent) = self.cleanup.intent(&upload.id).await? else {
+            // Its commit deletes the intent too: one that applied since the
+            // read above (another request's, the lock lost or degraded).
+            if let Some(file) = self.files.file(&user.id, &upload.id).await? {
+                return Ok(self.done(upload, file).await);
+            }
+            // Swept (expired): the sweeper has its blob.
+            self.forget(&upload).await;
+            return Err(DomainError::UploadExpired.into());
+        };
         let len = upload.length as u64;
         if !upload.completed {
             self.parts
@@ -65,16 +78,6 @@ impl ResumableService {
                 tracing::warn!(upload = %upload.id, error = %e, "could not record the completion; the next try completes again");
             }
         }
-        let Some(intent) = self.cleanup.intent(&upload.id).await? else {
-            // Its commit deletes the intent too: one that applied since the
-            // read above (another request's, the lock lost or degraded).
-            if let Some(file) = self.files.file(&user.id, &upload.id).await? {
-                return Ok(self.done(upload, file).await);
-            }
-            // Swept (expired): the sweeper has its blob.
-            self.forget(&upload).await;
-            return Err(DomainError::UploadExpired.into());
-        };
         // As a plain upload's: detected when the client named no real type,
         // and checked against the allow-list.
         let (allowed, idle) = (&self.limits.allowed_types, self.limits.body_idle_timeout);
@@ -118,6 +121,12 @@ impl ResumableService {
                     return Ok(self.done(upload, file).await);
                 }
                 if matches!(e, DomainError::UploadExpired) {
+                    // Swept while finishing: the sweeper may have deleted
+                    // the blob before it was completed, so the object goes
+                    // here too (nobody owns it: no intent, no file).
+                    if let Err(d) = self.blobs.delete(&upload.key).await {
+                        tracing::warn!(upload = %upload.id, error = %d, "a swept upload's completed object is left to reconcile");
+                    }
                     self.forget(&upload).await;
                 }
                 Err(e.into())

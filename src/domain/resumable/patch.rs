@@ -43,14 +43,16 @@ impl ResumableService {
             // An upload whose bytes are all stored may have committed (its
             // intent gone with it): finishing it tells. The intent waits
             // as long as the upload this PATCH renews.
-            let until = Some(self.expires_at());
-            if !upload.all_stored() && !self.cleanup.touch_intent(id, until).await? {
+            // The same instant for both, so that the intent never lapses
+            // (and is swept) while the state it stands for still lives.
+            let until = self.expires_at();
+            if !upload.all_stored() && !self.cleanup.touch_intent(id, Some(until)).await? {
                 return Err(DomainError::UploadExpired.into());
             }
             let slot = self.admission.reserve(user)?;
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
-                r = self.append(user, upload, checksum, body, lost) => r,
+                r = self.append(user, upload, until, checksum, body, lost) => r,
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
@@ -88,6 +90,7 @@ impl ResumableService {
         &self,
         user: &UserRecord,
         upload: ResumableRecord,
+        expires_at: chrono::DateTime<chrono::Utc>,
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
         lost: Option<CancellationToken>,
@@ -161,12 +164,12 @@ impl ResumableService {
         let old_tail = before.tail_start() as u64;
         let old_tail =
             (before.offset as u64 > old_tail).then_some((old_tail, before.offset as u64));
+        upload.expires_at = expires_at;
         if upload.all_stored() {
             return self
                 .store_last(user, upload, before.offset, tail, hasher, old_tail)
                 .await;
         }
-        upload.expires_at = self.expires_at();
         if upload.offset == before.offset {
             // Nothing arrived (an empty PATCH, or one cut before its first
             // byte): the stored tail is the one the state names. Writing it
@@ -231,7 +234,6 @@ impl ResumableService {
             upload.parts.push(tag);
         }
         upload.sha256_state = hash::save(&hasher);
-        upload.expires_at = self.expires_at();
         if !self.advance(&upload, before_offset).await? {
             return Err(ResumableError::OffsetMismatch(before_offset as u64));
         }

@@ -228,4 +228,7 @@ pub struct FinalState {
     pub resumables: usize,
     pub staging: usize,
     pub multipart: Option<usize>,
+    /// Of those, the ones without a part: a `CreateMultipartUpload` whose
+    /// answer was lost makes one nobody names (S3's lifecycle rule removes it).
+    pub multipart_empty: usize,
 }

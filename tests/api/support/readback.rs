@@ -79,15 +79,18 @@ pub async fn read_final(
         })
         .filter_map(|e| e.file_id.as_deref())
         .collect();
-    fin.multipart = multipart_uploads(&tus);
+    if let Some((with_parts, empty)) = multipart_uploads(&tus) {
+        (fin.multipart, fin.multipart_empty) = (Some(with_parts), empty);
+    }
     fin
 }
 
 /// The multipart uploads s3s-fs keeps on disk for the files `ids` (it has
 /// no ListMultipartUploads): a `.upload-{id}.json` per upload, and a
 /// metadata file naming the upload's key. `None` without its data
-/// directory (`FILEDOCK_TEST_S3_DIR`, which scripts/stack.sh sets).
-fn multipart_uploads(ids: &[&str]) -> Option<usize> {
+/// directory (`FILEDOCK_TEST_S3_DIR`, which scripts/stack.sh sets). Those
+/// holding a part (`.upload_id-{id}.part-{n}`) and the empty ones, apart.
+fn multipart_uploads(ids: &[&str]) -> Option<(usize, usize)> {
     use base64::Engine;
     let dir = std::env::var("FILEDOCK_TEST_S3_DIR").ok()?;
     let names: Vec<String> = std::fs::read_dir(dir)
@@ -103,9 +106,17 @@ fn multipart_uploads(ids: &[&str]) -> Option<usize> {
         let key = meta.split(".object-").nth(1)?.split(".upload-").next()?;
         let key = String::from_utf8(b64.decode(key).ok()?).ok()?;
         let file = key.rsplit('/').next()?;
-        ids.contains(&file).then_some(())
+        ids.contains(&file).then_some(id)
     });
-    Some(open.count())
+    let (mut with_parts, mut empty) = (0, 0);
+    for id in open {
+        let part = format!(".upload_id-{id}.part-");
+        match names.iter().any(|n| n.starts_with(&part)) {
+            true => with_parts += 1,
+            false => empty += 1,
+        }
+    }
+    Some((with_parts, empty))
 }
 
 async fn documents(db: &mongodb::Database, collection: &str) -> Vec<Document> {
