@@ -49,10 +49,13 @@ impl ResumableService {
             if !upload.all_stored() && !self.cleanup.touch_intent(id, Some(until)).await? {
                 return Err(DomainError::UploadExpired.into());
             }
+            // What the state records if this PATCH advances it.
+            let mut upload = upload;
+            upload.expires_at = until;
             let slot = self.admission.reserve(user)?;
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
-                r = self.append(user, upload, until, checksum, body, lost) => r,
+                r = self.append(user, upload, checksum, body, lost) => r,
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
@@ -90,7 +93,6 @@ impl ResumableService {
         &self,
         user: &UserRecord,
         upload: ResumableRecord,
-        expires_at: chrono::DateTime<chrono::Utc>,
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
         lost: Option<CancellationToken>,
@@ -164,7 +166,6 @@ impl ResumableService {
         let old_tail = before.tail_start() as u64;
         let old_tail =
             (before.offset as u64 > old_tail).then_some((old_tail, before.offset as u64));
-        upload.expires_at = expires_at;
         if upload.all_stored() {
             return self
                 .store_last(user, upload, before.offset, tail, hasher, old_tail)
