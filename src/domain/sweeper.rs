@@ -154,7 +154,8 @@ impl Sweeper {
     /// Aborts an expired resumable upload: its blob store write, its intent
     /// (as an orphan, deleted here) and its state, in that order, so that a
     /// pass that stops half-way leaves the state for the next one. A PATCH
-    /// in progress holds its lock: the upload is left to it.
+    /// in progress holds its lock: the upload is left to it. A committed
+    /// upload's state only goes (its blob is the file's).
     async fn expire(
         &self,
         upload: ResumableRecord,
@@ -172,6 +173,13 @@ impl Sweeper {
         };
         let result = async {
             let (key, handle) = (&upload.key, &upload.handle);
+            if upload.committed {
+                // Its blob is a file's: only what staging may have kept goes.
+                self.resumable_blobs.clear_staging(key, handle).await?;
+                self.resumables.delete_resumable(&upload.id).await?;
+                report.resumables_expired += 1;
+                return anyhow::Ok(());
+            }
             match upload.completed {
                 // Every byte stored, the commit refused: the object goes
                 // with the intent's orphan, below.

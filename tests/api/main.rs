@@ -28,4 +28,6 @@ mod rename;
 mod same_user;
 mod support;
 mod tus;
+mod tus_completed;
 mod tus_recovery;
+mod tus_release;

@@ -9,6 +9,7 @@
 use bytes::Bytes;
 use futures::StreamExt;
 use sha2_state::Digest;
+use tokio_util::sync::CancellationToken;
 
 use super::{Checksum, Patched, Result, ResumableError, ResumableService, hash, release};
 use crate::{
@@ -17,9 +18,33 @@ use crate::{
         resumable::{Appended, WriteAt, append},
     },
     domain::DomainError,
+    lock::{LockKey, ReleaseListener},
     meta::{ResumableRecord, UserRecord},
     vocab::FileId,
 };
+
+/// What a PATCH's body reads as once another request asked for the upload.
+const RELEASED: &str = "another request on this upload asked this PATCH to stop";
+
+/// A cut body's error: `Released` when another request's ask cut it.
+fn cut_error(cut: BodyError, released: bool) -> ResumableError {
+    match released {
+        true => ResumableError::Released,
+        false => cut.into(),
+    }
+}
+
+/// `body` until `stop` fires, then a cut: what arrived is stored as a cut
+/// PATCH's is, and the lock is let go.
+fn until_released(body: ByteStream<'static>, stop: CancellationToken) -> ByteStream<'static> {
+    let asked = stop.clone();
+    let cut = futures::stream::once(async move { asked.is_cancelled() }).filter_map(
+        |released| async move {
+            released.then(|| Err::<Bytes, _>(BodyError::Read(std::io::Error::other(RELEASED))))
+        },
+    );
+    body.take_until(stop.cancelled_owned()).chain(cut).boxed()
+}
 
 impl ResumableService {
     /// Appends `body` to upload `id` of `user`, which the client says is at `offset`.
@@ -33,6 +58,15 @@ impl ResumableService {
     ) -> Result<Patched> {
         self.find(user, id).await?;
         let guard = self.lock(id).await?;
+        // Another request's ask to let go (a client resuming after its link
+        // died silently) ends the body here as a cut would.
+        let listener = guard
+            .as_ref()
+            .map(|_| self.locks.listen_for_release(&LockKey::resumable(id)));
+        let stop = listener
+            .as_ref()
+            .map(ReleaseListener::requested)
+            .unwrap_or_default();
         let result = async {
             let upload = self.find(user, id).await?;
             if upload.offset as u64 != offset {
@@ -45,13 +79,14 @@ impl ResumableService {
             }
             let slot = self.admission.reserve(user)?;
             let r = tokio::select! {
-                r = self.append(user, upload, checksum, body) => r,
+                r = self.append(user, upload, checksum, body, &stop) => r,
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
             r
         }
         .await;
+        drop(listener);
         release(guard).await;
         result
     }
@@ -62,7 +97,9 @@ impl ResumableService {
         upload: ResumableRecord,
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
+        stop: &CancellationToken,
     ) -> Result<Patched> {
+        let body = until_released(body, stop.clone());
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
         let mut hasher = hash::restore(&upload.sha256_state)?;
@@ -92,6 +129,8 @@ impl ResumableService {
             read,
             cut,
         } = appended;
+        // Cut by another request's ask, not by the client.
+        let released = cut.is_some() && stop.is_cancelled();
         if let Some(BodyError::TooLarge(_)) = cut {
             // Nothing of it counts.
             return Err(
@@ -101,7 +140,7 @@ impl ResumableService {
         if let Some(c) = &checksum {
             if let Some(cut) = cut {
                 // Half a body cannot be checked: none of it counts.
-                return Err(cut.into());
+                return Err(cut_error(cut, released));
             }
             if !check.is_some_and(|h| c.matches(h)) {
                 return Err(ResumableError::ChecksumMismatch);
@@ -137,7 +176,7 @@ impl ResumableService {
                 return Err(ResumableError::OffsetMismatch(before.offset as u64));
             }
             return match cut {
-                Some(cut) => Err(cut.into()),
+                Some(cut) => Err(cut_error(cut, released)),
                 None => Ok(Patched::Partial(upload)),
             };
         }
@@ -164,7 +203,7 @@ impl ResumableService {
         }
         match cut {
             // The client is gone; what it sent is kept for its HEAD.
-            Some(cut) => Err(cut.into()),
+            Some(cut) => Err(cut_error(cut, released)),
             None => Ok(Patched::Partial(upload)),
         }
     }
