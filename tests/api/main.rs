@@ -31,3 +31,4 @@ mod tus;
 mod tus_completed;
 mod tus_recovery;
 mod tus_release;
+mod tus_sweep;
