@@ -224,7 +224,11 @@ async fn a_large_upload_whose_final_answer_was_lost_finishes_and_attaches() {
         String::from_utf8_lossy(&out.stderr)
     );
     let id = json_lines(&out)[0]["id"].as_str().unwrap().to_owned();
-    assert_eq!(app.list_ids(&u).await, [id.clone()], "one file, not two");
+    assert_eq!(
+        app.list_ids(&u).await,
+        vec![id.clone()],
+        "one file, not two"
+    );
     let (_, got) = app
         .json("GET", format!("/v1/sessions/{session}"), &u, None)
         .await;

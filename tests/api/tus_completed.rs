@@ -78,7 +78,7 @@ async fn a_completed_upload_answers_head_and_a_patch_at_its_end() {
     assert_eq!(early.status(), StatusCode::CONFLICT);
 
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
-    assert_eq!(app.list_ids(&user).await, [id.clone()], "one file");
+    assert_eq!(app.list_ids(&user).await, vec![id.clone()], "one file");
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
@@ -131,7 +131,11 @@ async fn a_final_patch_whose_answer_was_lost_is_found_complete_by_head() {
     );
     assert_eq!(header(&res, FILE_ID), Some(id.as_str()));
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
-    assert_eq!(app.list_ids(&user).await, [id.clone()], "one file, not two");
+    assert_eq!(
+        app.list_ids(&user).await,
+        vec![id.clone()],
+        "one file, not two"
+    );
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
 }
 
@@ -163,7 +167,7 @@ async fn a_final_patch_sent_by_a_client_that_left_completes_the_upload() {
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(header(&res, "upload-offset"), Some("200"));
     assert_eq!(header(&res, FILE_ID), Some(id.as_str()));
-    assert_eq!(app.list_ids(&user).await, [id.clone()]);
+    assert_eq!(app.list_ids(&user).await, vec![id.clone()]);
 }
 
 #[tokio::test]
