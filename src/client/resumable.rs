@@ -30,6 +30,9 @@ enum Sent {
     Upto(u64),
     /// The connection dropped, or the server is out of step (409): ask it.
     Resync(String),
+    /// The server does not know whether the last PATCH committed (504
+    /// `outcome_unknown`): ask the address it names.
+    Unknown(String),
 }
 
 impl Api {
@@ -58,27 +61,35 @@ impl Api {
             .get(header::LOCATION)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| unreachable("the server gave no upload location"))?;
-        let url = if location.starts_with("http") {
-            location.to_owned()
-        } else {
-            format!("{}{location}", self.base)
-        };
+        let url = self.absolute(location);
         let id = url.rsplit('/').next().unwrap_or_default().to_owned();
 
         let (mut offset, mut failures) = (0, 0);
         while offset < len {
-            match self.patch(&url, path, offset, bar).await? {
-                Sent::Upto(n) => offset = n,
-                Sent::Resync(why) => {
-                    failures += 1;
-                    if failures >= ATTEMPTS {
-                        return Err(unreachable(format!("{why}; gave up resuming")));
-                    }
-                    tokio::time::sleep((PAUSE * failures).min(MAX_PAUSE)).await;
-                    if let Ok(n) = self.offset(&url).await {
-                        offset = n;
-                    }
+            let (why, at) = match self.patch(&url, path, offset, bar).await? {
+                Sent::Upto(n) => {
+                    offset = n;
+                    bar.set_position(offset);
+                    continue;
                 }
+                Sent::Resync(why) => (why, url.clone()),
+                Sent::Unknown(location) => {
+                    let at = self.absolute(&location);
+                    (
+                        "the server could not tell whether the upload committed".into(),
+                        at,
+                    )
+                }
+            };
+            failures += 1;
+            if failures >= ATTEMPTS {
+                return Err(unreachable(format!("{why}; gave up resuming")));
+            }
+            tokio::time::sleep((PAUSE * failures).min(MAX_PAUSE)).await;
+            // A completed upload answers Upload-Offset = Upload-Length
+            // (its final PATCH's answer was lost): done.
+            if let Ok(n) = self.offset(&at).await {
+                offset = n;
             }
             bar.set_position(offset);
         }
@@ -127,8 +138,23 @@ impl Api {
             StatusCode::CONFLICT => Ok(Sent::Resync("the upload's offset moved".into())),
             // The server is still finishing the PATCH whose connection dropped.
             StatusCode::LOCKED => Ok(Sent::Resync("the upload is busy".into())),
+            StatusCode::GATEWAY_TIMEOUT => Ok(Sent::Unknown(
+                res.headers()
+                    .get(header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or(url)
+                    .to_owned(),
+            )),
             s if s.is_server_error() => Ok(Sent::Resync(format!("the server answered {s}"))),
             _ => Err(refused(res).await),
+        }
+    }
+
+    /// `location` (as a server's `Location` gives it) as a full URL.
+    fn absolute(&self, location: &str) -> String {
+        match location.starts_with("http") {
+            true => location.to_owned(),
+            false => format!("{}{location}", self.base),
         }
     }
 

@@ -175,7 +175,8 @@ impl Sweeper {
     /// its blob store write goes, and its intent as an orphan, deleted
     /// here. A pass that stops after the claim leaves an intent past its
     /// time, which the stale-intent scan takes, and staging no record
-    /// names, which [`Self::sweep_staging`] removes.
+    /// names, which [`Self::sweep_staging`] removes. A committed upload's
+    /// record only goes (its blob is the file's).
     async fn expire(
         &self,
         listed: ResumableRecord,
@@ -207,6 +208,12 @@ impl Sweeper {
             }
             report.resumables_expired += 1;
             let (key, handle) = (&upload.key, &upload.handle);
+            if upload.committed {
+                // Its blob is a file's (the record is claimed above): only
+                // what staging may have kept goes (else the staging sweep's).
+                self.resumable_blobs.clear_staging(key, handle).await?;
+                return anyhow::Ok(());
+            }
             let cleared = match upload.completed {
                 // Every byte stored, the commit refused: the object goes
                 // with the intent's orphan, below.

@@ -45,6 +45,8 @@ const UPLOAD_METADATA: HeaderName = HeaderName::from_static("upload-metadata");
 const UPLOAD_EXPIRES: HeaderName = HeaderName::from_static("upload-expires");
 const UPLOAD_CHECKSUM: HeaderName = HeaderName::from_static("upload-checksum");
 const UPLOAD_DEFER_LENGTH: HeaderName = HeaderName::from_static("upload-defer-length");
+/// A completed upload's file id (its `HEAD`, the final PATCH's answer).
+const FILE_ID: HeaderName = HeaderName::from_static("filedock-file-id");
 
 /// The headers a browser client sends and reads (CORS).
 pub const REQUEST_HEADERS: [HeaderName; 6] = [
@@ -55,7 +57,7 @@ pub const REQUEST_HEADERS: [HeaderName; 6] = [
     UPLOAD_CHECKSUM,
     UPLOAD_DEFER_LENGTH,
 ];
-pub const RESPONSE_HEADERS: [&str; 9] = [
+pub const RESPONSE_HEADERS: [&str; 10] = [
     "tus-resumable",
     "tus-version",
     "tus-extension",
@@ -65,6 +67,7 @@ pub const RESPONSE_HEADERS: [&str; 9] = [
     "upload-length",
     "upload-metadata",
     "upload-expires",
+    "filedock-file-id",
 ];
 
 /// A `/v1/uploads` failure: one only tus knows, or any other API error.
@@ -76,6 +79,8 @@ pub enum TusError {
     OffsetMismatch(u64),
     /// Another PATCH is writing to the upload: 423 `upload_locked`.
     Locked,
+    /// Another request stopped this PATCH (what arrived is kept): 423 `upload_locked`.
+    Released,
     /// The body does not match its `Upload-Checksum`: 460 (the checksum
     /// extension's Checksum Mismatch) `checksum_mismatch`.
     ChecksumMismatch,
@@ -107,6 +112,11 @@ impl IntoResponse for TusError {
                 "upload_locked",
                 ResumableError::Locked.to_string(),
             ),
+            Self::Released => (
+                StatusCode::LOCKED,
+                "upload_locked",
+                ResumableError::Released.to_string(),
+            ),
             Self::ChecksumMismatch => (
                 StatusCode::from_u16(CHECKSUM_MISMATCH).unwrap_or(StatusCode::BAD_REQUEST),
                 "checksum_mismatch",
@@ -131,6 +141,7 @@ impl From<ResumableError> for TusError {
         match e {
             ResumableError::OffsetMismatch(at) => Self::OffsetMismatch(at),
             ResumableError::Locked => Self::Locked,
+            ResumableError::Released => Self::Released,
             ResumableError::ChecksumMismatch => Self::ChecksumMismatch,
             ResumableError::Domain(e) => Self::Api(e.into()),
         }
@@ -328,6 +339,12 @@ async fn run_patch(
 
 fn progress_headers(h: &mut HeaderMap, upload: &ResumableRecord) {
     h.insert(UPLOAD_OFFSET, HeaderValue::from(upload.offset));
+    if upload.committed
+        && let Ok(v) = HeaderValue::from_str(&upload.id.to_string())
+    {
+        // Complete: the file is at /v1/files/{id}.
+        h.insert(FILE_ID, v);
+    }
     if upload.offset < upload.length
         && let Ok(v) = HeaderValue::from_str(&http_date(upload.expires_at))
     {

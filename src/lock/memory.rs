@@ -14,13 +14,15 @@ use std::{
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
-use super::{Lease, LockError, LockManager, next_fence, now_micros, owner_token};
+use super::{Lease, LockError, LockManager, ReleaseBoard, next_fence, now_micros, owner_token};
 
 #[derive(Default)]
 pub struct MemoryLocks {
     slots: Mutex<HashMap<String, Slot>>,
     fence: AtomicU64,
     tickets: AtomicU64,
+    /// Holders listening for release requests (one process: delivered directly).
+    release: ReleaseBoard,
 }
 
 #[derive(Default)]
@@ -191,6 +193,15 @@ impl LockManager for MemoryLocks {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn request_release(&self, key: &str) -> Result<(), LockError> {
+        self.release.signal(key);
+        Ok(())
+    }
+
+    fn release_board(&self) -> &ReleaseBoard {
+        &self.release
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -8,6 +8,7 @@
 mod backoff;
 pub mod memory;
 pub mod redis;
+pub mod release;
 pub mod waiters;
 
 use std::{
@@ -20,6 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use self::backoff::LockBackoff;
+pub use self::release::{ReleaseBoard, ReleaseListener};
 /// Lock keys are vocabulary (`crate::vocab`); named here too, where locks are.
 pub use crate::vocab::LockKey;
 
@@ -72,6 +74,13 @@ pub trait LockManager: Send + Sync {
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError>;
 
     async fn ping(&self) -> Result<(), LockError>;
+
+    /// Asks whoever holds `key`, in this process or another, to let go
+    /// soon (`release.rs`); a holder that does not listen ignores it.
+    async fn request_release(&self, key: &str) -> Result<(), LockError>;
+
+    /// This process's holders that listen for release requests.
+    fn release_board(&self) -> &ReleaseBoard;
 }
 
 /// A lock held by this process. The watchdog renews it every TTL/3; if the
@@ -233,6 +242,9 @@ fn breaker_error() -> LockError {
 /// How long a backend failure short-circuits further attempts.
 const BREAKER_WINDOW: Duration = Duration::from_secs(1);
 
+/// How often [`Locks::take_over`] asks the holder again while it waits.
+pub const RELEASE_ASKED_EVERY: Duration = Duration::from_millis(250);
+
 impl Locks {
     pub fn new(
         manager: Arc<dyn LockManager>,
@@ -318,6 +330,44 @@ impl Locks {
             Err(LockError::Unavailable(why)) => self.degrade(key, why).map(|()| TryLock::Degraded),
             Err(e) => Err(e),
         }
+    }
+
+    /// As [`Self::try_acquire`], but a lock held by someone else is asked
+    /// to let go ([`LockManager::request_release`]) and waited for, up to
+    /// `wait`: `Busy` only if its holder did not let go by then (it does
+    /// not listen, or its process is gone and its lease runs out later).
+    /// The request is sent again every [`RELEASE_ASKED_EVERY`], for a
+    /// holder that started listening after the first one.
+    pub async fn take_over(&self, key: &LockKey, wait: Duration) -> Result<TryLock, LockError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            match self.try_acquire(key).await? {
+                TryLock::Busy => {}
+                got => return Ok(got),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(TryLock::Busy);
+            }
+            if let Err(e) = self.manager.request_release(key.as_str()).await {
+                tracing::warn!(key = key.as_str(), error = %e, "could not ask the holder to let go");
+            }
+            let slice = deadline.min(now + RELEASE_ASKED_EVERY);
+            let ttl = self.settings.ttl;
+            match self.manager.acquire_fair(key.as_str(), ttl, slice).await {
+                Ok(lease) => return Ok(TryLock::Held(self.guard(lease, key.level()))),
+                Err(LockError::Timeout(_)) => {}
+                Err(LockError::Unavailable(why)) => {
+                    return self.degrade(key, why).map(|()| TryLock::Degraded);
+                }
+            }
+        }
+    }
+
+    /// Listens for other requests asking for `key` (see [`Self::take_over`]),
+    /// for a holder that can stop early and leave its work resumable.
+    pub fn listen_for_release(&self, key: &LockKey) -> ReleaseListener {
+        self.manager.release_board().listen(key.as_str())
     }
 
     /// One attempt at a lease with its own TTL, renewed while held. Never

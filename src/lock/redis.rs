@@ -34,7 +34,7 @@ use redis::{
 };
 use tokio::sync::Notify;
 
-use super::{Lease, LockError, LockManager, owner_token, waiters::RESUBSCRIBE_AFTER};
+use super::{Lease, LockError, LockManager, ReleaseBoard, owner_token, waiters::RESUBSCRIBE_AFTER};
 
 /// How long a waiter's ticket lives without a re-poll.
 const TICKET_TTL: Duration = Duration::from_secs(3);
@@ -159,6 +159,8 @@ pub struct RedisLocks {
     prefix: String,
     scripts: Scripts,
     waiters: Waiters,
+    /// This process's holders listening for release requests.
+    release: ReleaseBoard,
     subscriber: tokio::task::JoinHandle<()>,
 }
 
@@ -198,6 +200,10 @@ impl Keys {
     fn channel(&self) -> String {
         format!("{}:notify", self.lock)
     }
+    /// Where release requests for the lock are published.
+    fn release_channel(&self) -> String {
+        format!("{}{RELEASE_SUFFIX}", self.lock)
+    }
     /// `script` with every key of the lock, in the scripts' order.
     fn invoke<'a>(&self, script: &'a Script) -> redis::ScriptInvocation<'a> {
         let mut call = script.prepare_invoke();
@@ -228,10 +234,12 @@ impl RedisLocks {
         let client = Client::open(url)?;
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
         let waiters = Waiters::default();
+        let release = ReleaseBoard::default();
         let subscriber = tokio::spawn(subscribe(
             client,
-            format!("{prefix}*:notify"),
+            prefix.to_owned(),
             waiters.clone(),
+            release.clone(),
         ));
         let script = |body: &str| Script::new(&format!("{PRUNE}{TAKE}{body}"));
         Ok(Self {
@@ -245,6 +253,7 @@ impl RedisLocks {
                 leave: script(LEAVE),
             },
             waiters,
+            release,
             subscriber,
         })
     }
@@ -277,15 +286,31 @@ impl RedisLocks {
     }
 }
 
-/// Keeps one pattern subscription open (reconnecting as needed) and wakes
-/// the local waiter each notice names.
-async fn subscribe(client: Client, pattern: String, waiters: Waiters) {
+/// The suffix of a lock's release-request channel.
+const RELEASE_SUFFIX: &str = ":release";
+
+/// Keeps one connection's pattern subscriptions open (reconnecting as
+/// needed): it wakes the local waiter each hand-off notice names, and tells
+/// local holders of a lock that another request asked for it.
+async fn subscribe(client: Client, prefix: String, waiters: Waiters, release: ReleaseBoard) {
+    let patterns = [
+        format!("{prefix}*:notify"),
+        format!("{prefix}*{RELEASE_SUFFIX}"),
+    ];
     loop {
         match client.get_async_pubsub().await {
-            Ok(mut pubsub) => match pubsub.psubscribe(&pattern).await {
+            Ok(mut pubsub) => match pubsub.psubscribe(&patterns).await {
                 Ok(()) => {
                     let mut messages = pubsub.on_message();
                     while let Some(msg) = messages.next().await {
+                        let channel = msg.get_channel_name();
+                        if let Some(key) = channel
+                            .strip_prefix(prefix.as_str())
+                            .and_then(|c| c.strip_suffix(RELEASE_SUFFIX))
+                        {
+                            release.signal(key);
+                            continue;
+                        }
                         let Ok(notice) = msg.get_payload::<String>() else {
                             continue;
                         };
@@ -397,6 +422,21 @@ impl LockManager for RedisLocks {
             .await
             .map_err(unavailable)?;
         Ok(renewed == 1)
+    }
+
+    async fn request_release(&self, key: &str) -> Result<(), LockError> {
+        let channel = Keys::new(&self.prefix, key).release_channel();
+        let _: i64 = self
+            .conn
+            .clone()
+            .publish(channel, 1)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    fn release_board(&self) -> &ReleaseBoard {
+        &self.release
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -35,6 +35,11 @@ pub struct ResumableRecord {
     /// at `key`): every byte arrived, and only the file's commit is left.
     #[serde(default)]
     pub completed: bool,
+    /// Whether the file is committed (under the upload's id): the record
+    /// stays until it expires, so that `HEAD` and a retried final PATCH
+    /// are answered "complete" instead of 404.
+    #[serde(default)]
+    pub committed: bool,
     pub filename: String,
     pub content_type: String,
     /// The raw `Upload-Metadata`, returned by `HEAD`.

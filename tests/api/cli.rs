@@ -185,3 +185,55 @@ async fn a_large_upload_cut_mid_way_resumes_to_an_identical_file() {
     );
     assert_eq!(app.list_ids(&u).await, [id], "one file, no leftover");
 }
+
+/// A large upload whose final PATCH committed but whose answer was lost
+/// (the proxy cuts as the answer starts): the client asks `HEAD`, which
+/// says the upload is complete (issue 20, item 3), and it finishes with the
+/// one file and its `--session` attach, instead of failing "not found".
+#[tokio::test]
+async fn a_large_upload_whose_final_answer_was_lost_finishes_and_attaches() {
+    const LEN: usize = 17 << 20;
+    const MARKER: &[u8] = b"\xfe\xedLAST-PATCH\xfa\xce";
+    let app = spawn_app().await;
+    let u = app.create_user("lost-final").await;
+    let (_, session) = app.json("POST", "/v1/sessions", &u, None).await;
+    let session = session["id"].as_str().unwrap().to_owned();
+    let upstream = app.base.trim_start_matches("http://").parse().unwrap();
+    let proxy = crate::support::fault_proxy::FaultProxy::start(upstream).await;
+    let mut bytes = pseudo_random_bytes(LEN, 12);
+    bytes[LEN - 100..LEN - 100 + MARKER.len()].copy_from_slice(MARKER);
+    let dir = tempdir();
+    let path = dir.join("big.bin");
+    std::fs::write(&path, &bytes).unwrap();
+
+    // One PATCH carries the whole file: the cut comes after its commit.
+    proxy.cut_after(MARKER, std::time::Duration::from_millis(500));
+    let base = format!("http://{}", proxy.addr());
+    let args = [
+        "upload",
+        "--json",
+        "--session",
+        &session,
+        path.to_str().unwrap(),
+    ];
+    let out = client_at(&base, &u.key, &args).await;
+    assert!(proxy.triggered(), "the answer was never cut");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = json_lines(&out)[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        app.list_ids(&u).await,
+        vec![id.clone()],
+        "one file, not two"
+    );
+    let (_, got) = app
+        .json("GET", format!("/v1/sessions/{session}"), &u, None)
+        .await;
+    assert_eq!(got["file_ids"], serde_json::json!([id]), "attached");
+    let stored = app.download(&u, &id).await.bytes().await.unwrap();
+    assert!(stored[..] == bytes[..], "the stored file differs");
+    std::fs::remove_dir_all(dir).unwrap();
+}

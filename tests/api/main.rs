@@ -28,5 +28,7 @@ mod rename;
 mod same_user;
 mod support;
 mod tus;
+mod tus_completed;
 mod tus_recovery;
+mod tus_release;
 mod tus_sweep;

@@ -9,6 +9,9 @@
 // the page test:
 //   node cut_proxy.js <upstream-port> <total-bytes> <cuts>
 // prints "port N", then "cut at N" and "request METHOD PATH OFFSET" lines.
+// With `{ silent: true }` a cut closes only the client's side: the server's
+// connection stays open and is sent nothing more (no FIN, no RST), as when
+// a phone changes networks mid-PATCH.
 "use strict";
 const net = require("net");
 
@@ -17,19 +20,29 @@ const HEAD = /(GET|HEAD|POST|PATCH|PUT|DELETE|OPTIONS) (\S+) HTTP\/1\.1\r\n([\s\
 /** The longest head kept while waiting for its end. */
 const HEAD_MAX = 16 * 1024;
 
-function startCutProxy(upstreamPort, total, cuts, onCut, onRequest = () => {}) {
+function startCutProxy(upstreamPort, total, cuts, onCut, onRequest = () => {}, { silent = false } = {}) {
   const points = Array.from({ length: cuts }, () =>
     Math.floor(total * (0.05 + 0.9 * Math.random())),
   ).sort((a, b) => a - b);
   const requests = [];
   let sent = 0;
+  /** Server connections left open and silent, ended when the proxy closes. */
+  const stalled = [];
   const server = net.createServer((client) => {
     const upstream = net.connect(upstreamPort, "127.0.0.1");
     let pending = "";
     let inPatch = false;
+    let silenced = false;
     const cut = () => {
       client.destroy();
       upstream.destroy();
+    };
+    const silence = () => {
+      silenced = true;
+      upstream.unpipe(client);
+      upstream.pause();
+      stalled.push(upstream);
+      client.destroy();
     };
     client.on("data", (chunk) => {
       // Heads are found in the bytes as they pass (latin1 keeps one char a byte).
@@ -49,7 +62,8 @@ function startCutProxy(upstreamPort, total, cuts, onCut, onRequest = () => {}) {
       if (inPatch && points.length > 0 && sent >= points[0]) {
         const at = points.shift();
         onCut(at);
-        cut();
+        if (silent) silence();
+        else cut();
         return;
       }
       if (!upstream.write(chunk)) {
@@ -58,9 +72,9 @@ function startCutProxy(upstreamPort, total, cuts, onCut, onRequest = () => {}) {
       }
     });
     upstream.pipe(client);
-    client.on("error", cut);
+    client.on("error", () => (silenced ? client.destroy() : cut()));
     upstream.on("error", cut);
-    client.on("close", () => upstream.destroy());
+    client.on("close", () => silenced || upstream.destroy());
     upstream.on("close", () => client.destroy());
   });
   return new Promise((resolve) =>
@@ -69,7 +83,10 @@ function startCutProxy(upstreamPort, total, cuts, onCut, onRequest = () => {}) {
         port: server.address().port,
         left: () => points.length,
         requests: () => requests,
-        close: () => server.close(),
+        close: () => {
+          server.close();
+          stalled.forEach((s) => s.destroy());
+        },
       }),
     ),
   );

@@ -3,9 +3,11 @@
 //! refused (a quota, a lock wait that ran out, an outage) or its outcome is
 //! unknown: the state stays, at the end offset, and the next PATCH or HEAD
 //! at that offset finishes it. Only a refusal that no retry can change (a
-//! type outside the allow-list, an upload the sweeper took) ends it.
+//! type outside the allow-list, an upload the sweeper took) ends it. A
+//! committed upload's state stays, marked so, until it expires: its `HEAD`
+//! and a PATCH at the end answer "complete" with the file's id.
 
-use super::{Patched, Result, ResumableService, hash, release};
+use super::{Patched, Result, ResumableError, ResumableService, hash, release};
 use crate::{
     domain::{
         DomainError, Filename, SizeCategory, media,
@@ -19,14 +21,28 @@ impl ResumableService {
     /// The upload for `HEAD`: one whose bytes are all stored but whose file
     /// is not committed yet (its final PATCH failed) is finished first, so
     /// that `Upload-Offset` reaches `Upload-Length` only for a committed file.
+    /// A PATCH in flight is asked to let go first ([`Self::lock`]).
     pub async fn head(&self, user: &UserRecord, id: &FileId) -> Result<ResumableRecord> {
         let upload = self.find(user, id).await?;
-        if !upload.all_stored() {
-            return Ok(upload);
+        if upload.committed {
+            return self.committed(user, upload).await.map(Patched::into_upload);
         }
-        let guard = self.lock(id).await?;
+        // Under the lock: a PATCH in flight is asked to store what it has
+        // and let go, so that the offset is the one to resume from.
+        let guard = match self.lock(id).await {
+            Ok(guard) => guard,
+            // Still held: the stored offset is the answer (a PATCH from it
+            // learns whether the holder moved it).
+            Err(ResumableError::Locked) if !upload.all_stored() => {
+                return self.find(user, id).await;
+            }
+            Err(e) => return Err(e),
+        };
         let result = async {
             let upload = self.find(user, id).await?;
+            if upload.committed {
+                return self.committed(user, upload).await.map(Patched::into_upload);
+            }
             if !upload.all_stored() {
                 return Ok(upload);
             }
@@ -47,7 +63,10 @@ impl ResumableService {
         user: &UserRecord,
         mut upload: ResumableRecord,
     ) -> Result<Patched> {
-        // Committed before: that commit's answer was lost, or its state's delete failed.
+        if upload.committed {
+            return self.committed(user, upload).await;
+        }
+        // Committed before: that commit's answer was lost, or its record's update failed.
         if let Some(file) = self.files.file(&user.id, &upload.id).await? {
             return Ok(self.done(upload, file).await);
         }
@@ -140,21 +159,51 @@ impl ResumableService {
         }
     }
 
+    /// An upload whose file is committed: done, while the file is there (a
+    /// retried final PATCH, or the `HEAD` of a client whose final PATCH
+    /// lost its answer); gone once the user deleted the file.
+    async fn committed(&self, user: &UserRecord, upload: ResumableRecord) -> Result<Patched> {
+        match self.files.file(&user.id, &upload.id).await? {
+            Some(file) => Ok(Patched::Done {
+                upload,
+                file: Box::new(file),
+            }),
+            None => {
+                self.forget(&upload).await;
+                Err(DomainError::NotFound.into())
+            }
+        }
+    }
+
     /// The upload is over: its blob is the file's; what is left in staging
-    /// (a tail whose delete failed) and its state go.
-    async fn done(&self, upload: ResumableRecord, file: FileRecord) -> Patched {
+    /// (a tail whose delete failed) goes, and the state is marked committed
+    /// and kept until it expires, so that a client that missed this answer
+    /// learns from `HEAD` (or a PATCH at the end) that it is complete.
+    async fn done(&self, mut upload: ResumableRecord, file: FileRecord) -> Patched {
         if let Err(e) = self.parts.clear_staging(&upload.key, &upload.handle).await {
             tracing::warn!(upload = %upload.id, error = %e, "could not clear a finished upload's staging");
         }
-        self.forget(&upload).await;
+        upload.committed = true;
+        match self
+            .resumables
+            .advance_resumable(&upload, upload.offset)
+            .await
+        {
+            Ok(true) => {}
+            // Gone (expired meanwhile): nothing to mark.
+            Ok(false) => {}
+            // Its HEAD and PATCH still find the file committed.
+            Err(e) => {
+                tracing::warn!(upload = %upload.id, error = %e, "could not mark a finished upload committed")
+            }
+        }
         Patched::Done {
             upload,
             file: Box::new(file),
         }
     }
 
-    /// Drops the state (a failure leaves it to expire: its HEAD and PATCH
-    /// find the file committed).
+    /// Drops the state (a failure leaves it to expire).
     async fn forget(&self, upload: &ResumableRecord) {
         if let Err(e) = self.resumables.delete_resumable(&upload.id).await {
             tracing::warn!(upload = %upload.id, error = %e, "could not drop a finished upload's state");

@@ -50,6 +50,11 @@ pub struct ResumableService {
     limits: Limits,
 }
 
+/// How long a request waits for a PATCH in flight to store what it has
+/// and let go of the upload (it stops reading at once; its parts in flight
+/// and its tail are stored first).
+const TAKE_OVER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a resumable upload is held to.
 struct Limits {
     max_upload_bytes: u64,
@@ -98,6 +103,12 @@ pub enum ResumableError {
     /// Another request is writing to this upload right now.
     #[error("another request is writing to this upload; try again")]
     Locked,
+    /// This PATCH was asked to stop by another request on the upload (a
+    /// client resuming after its link died): what arrived is stored.
+    #[error(
+        "another request on this upload stopped this PATCH; what arrived is stored (HEAD gives the offset)"
+    )]
+    Released,
     /// The body does not match the checksum the client sent; nothing of it was kept.
     #[error("the body does not match its Upload-Checksum; nothing of it was kept")]
     ChecksumMismatch,
@@ -187,6 +198,7 @@ impl ResumableService {
             parts: Vec::new(),
             sha256_state: hash::fresh_state(),
             completed: false,
+            committed: false,
             filename: new.filename.as_str().to_owned(),
             content_type: new.content_type,
             metadata: new.metadata,
@@ -241,9 +253,14 @@ impl ResumableService {
         result
     }
 
-    /// The upload's lock, without waiting: a second writer gets `Locked`.
+    /// The upload's lock. A PATCH in flight (here or on another instance)
+    /// is asked to store what it has and let go, as tusd does: a client
+    /// whose link died silently would otherwise hold it until its body's
+    /// idle timeout, longer than tus clients retry. `Locked` if the holder
+    /// did not let go within [`TAKE_OVER_WAIT`].
     async fn lock(&self, id: &FileId) -> Result<Option<LockGuard>> {
-        match self.locks.try_acquire(&LockKey::resumable(id)).await? {
+        let key = LockKey::resumable(id);
+        match self.locks.take_over(&key, TAKE_OVER_WAIT).await? {
             TryLock::Held(g) => Ok(Some(g)),
             // Development without the lock backend: the conditional update
             // on the offset still lets only one of two PATCHes count.

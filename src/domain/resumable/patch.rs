@@ -18,10 +18,33 @@ use crate::{
         resumable::{Appended, WriteAt, append},
     },
     domain::DomainError,
-    lock::LockGuard,
+    lock::{LockGuard, LockKey, ReleaseListener},
     meta::{ResumableRecord, UserRecord},
     vocab::FileId,
 };
+
+/// What a PATCH's body reads as once another request asked for the upload.
+const RELEASED: &str = "another request on this upload asked this PATCH to stop";
+
+/// A cut body's error: `Released` when another request's ask cut it.
+fn cut_error(cut: BodyError, released: bool) -> ResumableError {
+    match released {
+        true => ResumableError::Released,
+        false => cut.into(),
+    }
+}
+
+/// `body` until `stop` fires, then a cut: what arrived is stored as a cut
+/// PATCH's is, and the lock is let go.
+fn until_released(body: ByteStream<'static>, stop: CancellationToken) -> ByteStream<'static> {
+    let asked = stop.clone();
+    let cut = futures::stream::once(async move { asked.is_cancelled() }).filter_map(
+        |released| async move {
+            released.then(|| Err::<Bytes, _>(BodyError::Read(std::io::Error::other(RELEASED))))
+        },
+    );
+    body.take_until(stop.cancelled_owned()).chain(cut).boxed()
+}
 
 impl ResumableService {
     /// Appends `body` to upload `id` of `user`, which the client says is at `offset`.
@@ -35,6 +58,15 @@ impl ResumableService {
     ) -> Result<Patched> {
         self.find(user, id).await?;
         let guard = self.lock(id).await?;
+        // Another request's ask to let go (a client resuming after its link
+        // died silently) ends the body here as a cut would.
+        let listener = guard
+            .as_ref()
+            .map(|_| self.locks.listen_for_release(&LockKey::resumable(id)));
+        let stop = listener
+            .as_ref()
+            .map(ReleaseListener::requested)
+            .unwrap_or_default();
         let result = async {
             let upload = self.find(user, id).await?;
             if upload.offset as u64 != offset {
@@ -55,7 +87,7 @@ impl ResumableService {
             let slot = self.admission.reserve(user)?;
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
-                r = self.append(user, upload, checksum, body, lost) => r,
+                r = self.append(user, upload, checksum, body, lost, &stop) => r,
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
@@ -68,6 +100,7 @@ impl ResumableService {
             }
         }
         .await;
+        drop(listener);
         release(guard).await;
         result
     }
@@ -96,7 +129,9 @@ impl ResumableService {
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
         lost: Option<CancellationToken>,
+        stop: &CancellationToken,
     ) -> Result<Patched> {
+        let body = until_released(body, stop.clone());
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
         let mut hasher = hash::restore(&upload.sha256_state)?;
@@ -140,6 +175,8 @@ impl ResumableService {
             read,
             cut,
         } = appended;
+        // Cut by another request's ask, not by the client.
+        let released = cut.is_some() && stop.is_cancelled();
         if let Some(BodyError::TooLarge(_)) = cut {
             // Nothing of it counts.
             return Err(
@@ -149,7 +186,7 @@ impl ResumableService {
         if let Some(c) = &checksum {
             if let Some(cut) = cut {
                 // Half a body cannot be checked: none of it counts.
-                return Err(cut.into());
+                return Err(cut_error(cut, released));
             }
             if !check.is_some_and(|h| c.matches(h)) {
                 return Err(ResumableError::ChecksumMismatch);
@@ -184,7 +221,7 @@ impl ResumableService {
                 return Err(ResumableError::OffsetMismatch(before.offset as u64));
             }
             return match cut {
-                Some(cut) => Err(cut.into()),
+                Some(cut) => Err(cut_error(cut, released)),
                 None => Ok(Patched::Partial(upload)),
             };
         }
@@ -208,7 +245,7 @@ impl ResumableService {
         }
         match cut {
             // The client is gone; what it sent is kept for its HEAD.
-            Some(cut) => Err(cut.into()),
+            Some(cut) => Err(cut_error(cut, released)),
             None => Ok(Patched::Partial(upload)),
         }
     }

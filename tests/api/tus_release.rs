@@ -1,0 +1,157 @@
+//! Lock-release requests (issue 20, item 4): a PATCH whose client went
+//! silent mid-body (no FIN, no RST: a phone that changed networks) holds
+//! the upload's lock; a `HEAD` or PATCH on the upload asks it, on whichever
+//! instance it runs, to store what arrived and let go, and proceeds at
+//! once instead of answering 423 until the body's idle timeout. On the
+//! embedded adapters and (`FILEDOCK_TEST_BACKEND=real`) on MongoDB, S3 and
+//! Redis, with a second instance for the cross-instance case.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::channel::mpsc;
+use reqwest::StatusCode;
+
+use crate::{
+    helpers::*,
+    tus::{OCTETS, TUS, content, create, data, head, patch, staging_left},
+};
+
+/// What the silent client sends before it goes quiet: whole parts of
+/// either blob store and a tail.
+const SENT: usize = (5 << 20) + 12_345;
+const LEN: usize = 12 << 20;
+/// Long enough for the server to have read what was sent.
+const SETTLE: Duration = Duration::from_secs(1);
+/// A take-over is a release request and the holder storing its tail: well
+/// under tus-js-client's 9 s of default retries.
+const TAKE_OVER_WITHIN: Duration = Duration::from_secs(5);
+
+/// A PATCH from offset 0 that sends `bytes[..SENT]` and then nothing, its
+/// connection left open: the sender keeps it silent until dropped.
+fn silent_patch(
+    app: &TestApp,
+    user: &TestUser,
+    id: &str,
+    bytes: &[u8],
+) -> (
+    mpsc::UnboundedSender<Result<Bytes, std::io::Error>>,
+    tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    let (tx, rx) = mpsc::unbounded();
+    tx.unbounded_send(Ok(Bytes::copy_from_slice(&bytes[..SENT])))
+        .unwrap();
+    let req = app
+        .client
+        .patch(app.url(&format!("/v1/uploads/{id}")))
+        .bearer_auth(&user.key)
+        .header("tus-resumable", TUS)
+        .header("content-type", OCTETS)
+        .header("upload-offset", "0")
+        .header("content-length", LEN.to_string())
+        .body(reqwest::Body::wrap_stream(rx));
+    (tx, tokio::spawn(req.send()))
+}
+
+/// The stopped PATCH's answer, if its client still reads: 423.
+async fn stopped_answer(
+    stuck: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) -> Option<StatusCode> {
+    let answer = tokio::time::timeout(Duration::from_secs(5), stuck).await;
+    answer.ok()?.unwrap().ok().map(|r| r.status())
+}
+
+#[tokio::test]
+async fn a_head_stops_a_silent_patch_which_stores_what_arrived() {
+    let app = spawn_app().await;
+    let user = app.create_user("silent-head").await;
+    let bytes = data(LEN);
+    let id = create(&app, &user, LEN).await;
+    let (tx, stuck) = silent_patch(&app, &user, &id, &bytes);
+    tokio::time::sleep(SETTLE).await;
+
+    let started = Instant::now();
+    let (status, offset) = head(&app, &user, &id).await;
+    let took = started.elapsed();
+    eprintln!("take-over by HEAD: {took:?}");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        offset,
+        Some(SENT),
+        "HEAD gives what the silent PATCH stored"
+    );
+    assert!(took < TAKE_OVER_WITHIN, "the take-over took {took:?}");
+    let res = patch(&app, &user, &id, SENT, &bytes[SENT..]).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT, "the resumed PATCH");
+
+    drop(tx);
+    if let Some(s) = stopped_answer(stuck).await {
+        assert_eq!(s, StatusCode::LOCKED, "the stopped PATCH's answer");
+    }
+    assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
+    assert_eq!(app.list_ids(&user).await, [id], "one file");
+    assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
+    assert_eq!(staging_left(&app).await, 0, "staging left behind");
+}
+
+#[tokio::test]
+async fn a_patch_stops_a_silent_patch_and_learns_the_offset_it_stored() {
+    let app = spawn_app().await;
+    let user = app.create_user("silent-patch").await;
+    let bytes = data(LEN);
+    let id = create(&app, &user, LEN).await;
+    let (tx, stuck) = silent_patch(&app, &user, &id, &bytes);
+    tokio::time::sleep(SETTLE).await;
+
+    // A client that retries without asking first: its PATCH from 0 takes
+    // the upload over and is told where it stands.
+    let started = Instant::now();
+    let res = patch(&app, &user, &id, 0, &bytes).await;
+    let took = started.elapsed();
+    eprintln!("take-over by PATCH: {took:?}");
+    assert_eq!(res.status(), StatusCode::CONFLICT, "not 423");
+    assert!(took < TAKE_OVER_WITHIN, "the take-over took {took:?}");
+    assert_eq!(head(&app, &user, &id).await, (StatusCode::OK, Some(SENT)));
+    let res = patch(&app, &user, &id, SENT, &bytes[SENT..]).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+
+    drop(tx);
+    let _ = stopped_answer(stuck).await;
+    assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
+    assert_eq!(app.list_ids(&user).await, [id], "one file");
+    assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
+}
+
+/// Two instances on one Redis, MongoDB and S3: the silent PATCH runs on
+/// one, the client resumes on the other, whose request reaches the holder
+/// through Redis.
+#[tokio::test]
+async fn a_head_on_another_instance_stops_a_silent_patch() {
+    if !real_backends() {
+        // One process: the embedded adapters cannot be shared.
+        return;
+    }
+    let settings = test_settings();
+    let a = spawn_app_with(settings.clone()).await;
+    let b = spawn_app_with(settings).await;
+    let user = a.create_user("silent-two").await;
+    let bytes = data(LEN);
+    let id = create(&a, &user, LEN).await;
+    let (tx, stuck) = silent_patch(&a, &user, &id, &bytes);
+    tokio::time::sleep(SETTLE).await;
+
+    let started = Instant::now();
+    let (status, offset) = head(&b, &user, &id).await;
+    let took = started.elapsed();
+    eprintln!("take-over across instances: {took:?}");
+    assert_eq!((status, offset), (StatusCode::OK, Some(SENT)));
+    assert!(took < TAKE_OVER_WITHIN, "the take-over took {took:?}");
+    let res = patch(&b, &user, &id, SENT, &bytes[SENT..]).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT, "the resumed PATCH");
+
+    drop(tx);
+    let _ = stopped_answer(stuck).await;
+    assert!(content(&a, &user, &id).await == bytes, "the bytes differ");
+    assert_eq!(a.list_ids(&user).await, [id], "one file");
+    assert_eq!(assert_bucket_matches_metadata(&a.state).await, 1);
+}
