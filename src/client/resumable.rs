@@ -68,6 +68,8 @@ impl Api {
         while offset < len {
             let (why, at) = match self.patch(&url, path, offset, bar).await? {
                 Sent::Upto(n) => {
+                    // Progress: the attempts count again from here.
+                    failures = 0;
                     offset = n;
                     bar.set_position(offset);
                     continue;
@@ -150,12 +152,18 @@ impl Api {
         }
     }
 
-    /// `location` (as a server's `Location` gives it) as a full URL.
+    /// `location` (as a server's `Location` gives it) as a full URL on the
+    /// server the CLI talks to: the key is never sent to another origin
+    /// (a proxy's or a hostile answer's), only the path is followed.
     fn absolute(&self, location: &str) -> String {
-        match location.starts_with("http") {
-            true => location.to_owned(),
-            false => format!("{}{location}", self.base),
+        if location.starts_with(&format!("{}/", self.base)) {
+            return location.to_owned();
         }
+        let path = match location.split_once("://") {
+            Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
+            None => location,
+        };
+        format!("{}{path}", self.base)
     }
 
     /// How much of the upload the server has.
@@ -173,4 +181,22 @@ fn stored_offset(res: &reqwest::Response) -> Option<u64> {
         .ok()?
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Api;
+
+    #[test]
+    fn a_location_is_followed_on_the_server_the_cli_talks_to_only() {
+        let api = Api::new("http://127.0.0.1:8080", "key");
+        let ours = "http://127.0.0.1:8080/v1/uploads/1";
+        assert_eq!(api.absolute(ours), ours);
+        assert_eq!(api.absolute("/v1/uploads/1"), ours);
+        assert_eq!(api.absolute("https://elsewhere.example/v1/uploads/1"), ours);
+        assert_eq!(
+            api.absolute("http://127.0.0.1:8080.elsewhere.example/v1/uploads/1"),
+            ours
+        );
+    }
 }

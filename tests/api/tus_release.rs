@@ -155,3 +155,46 @@ async fn a_head_on_another_instance_stops_a_silent_patch() {
     assert_eq!(a.list_ids(&user).await, [id], "one file");
     assert_eq!(assert_bucket_matches_metadata(&a.state).await, 1);
 }
+
+/// A PATCH whose client is still sending is not stopped by another
+/// request: a HEAD polling its progress is answered the stored offset
+/// after a short wait, and the PATCH goes on to the end.
+#[tokio::test]
+async fn a_head_does_not_stop_a_patch_that_is_still_sending() {
+    let app = spawn_app().await;
+    let user = app.create_user("live-head").await;
+    let bytes = data(LEN);
+    let id = create(&app, &user, LEN).await;
+    let (tx, rx) = mpsc::unbounded::<Result<Bytes, std::io::Error>>();
+    let req = app
+        .client
+        .patch(app.url(&format!("/v1/uploads/{id}")))
+        .bearer_auth(&user.key)
+        .header("tus-resumable", TUS)
+        .header("content-type", OCTETS)
+        .header("upload-offset", "0")
+        .header("content-length", LEN.to_string())
+        .body(reqwest::Body::wrap_stream(rx));
+    let live = tokio::spawn(req.send());
+    // A piece every 250 ms, quicker than the holder's release idle time.
+    const PIECES: usize = 24;
+    let piece = LEN.div_ceil(PIECES);
+    let sending = {
+        let bytes = bytes.clone();
+        tokio::spawn(async move {
+            for chunk in bytes.chunks(piece) {
+                tx.unbounded_send(Ok(Bytes::copy_from_slice(chunk))).unwrap();
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    tokio::time::sleep(SETTLE).await;
+    let (status, offset) = head(&app, &user, &id).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(offset.unwrap() < LEN, "the PATCH was still sending");
+    sending.await.unwrap();
+    let res = live.await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT, "the live PATCH was not stopped");
+    assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
+    assert_eq!(app.list_ids(&user).await, vec![id], "one file");
+}

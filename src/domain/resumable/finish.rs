@@ -29,7 +29,7 @@ impl ResumableService {
         }
         // Under the lock: a PATCH in flight is asked to store what it has
         // and let go, so that the offset is the one to resume from.
-        let guard = match self.lock(id).await {
+        let guard = match self.lock(id, super::HEAD_TAKE_OVER_WAIT).await {
             Ok(guard) => guard,
             // Still held: the stored offset is the answer (a PATCH from it
             // learns whether the holder moved it).
@@ -184,6 +184,9 @@ impl ResumableService {
             tracing::warn!(upload = %upload.id, error = %e, "could not clear a finished upload's staging");
         }
         upload.committed = true;
+        // Answerable for a whole expiry from now: a client that missed this
+        // answer asks HEAD, and must not find it expired (and upload again).
+        upload.expires_at = upload.expires_at.max(self.expires_at());
         match self
             .resumables
             .advance_resumable(&upload, upload.offset)

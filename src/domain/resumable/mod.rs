@@ -50,10 +50,19 @@ pub struct ResumableService {
     limits: Limits,
 }
 
-/// How long a request waits for a PATCH in flight to store what it has
-/// and let go of the upload (it stops reading at once; its parts in flight
-/// and its tail are stored first).
+/// How long a PATCH waits for a PATCH in flight to store what it has and
+/// let go of the upload (the holder lets go once its body has been silent
+/// for [`RELEASE_IDLE`]; its parts in flight and its tail are stored first).
 const TAKE_OVER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a HEAD waits for the same: long enough for a silent holder to
+/// let go, short enough for a progress poll of a live PATCH, which is
+/// answered the stored offset.
+const HEAD_TAKE_OVER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a PATCH's body must have been silent for a release request to
+/// stop it: a client still sending keeps its upload (a HEAD polling its
+/// progress, a second tab, a request that came late cannot cut it); one
+/// whose link died silently sends nothing.
+pub(super) const RELEASE_IDLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What a resumable upload is held to.
 struct Limits {
@@ -225,7 +234,7 @@ impl ResumableService {
     /// (and the completed object of one whose commit failed).
     pub async fn terminate(&self, user: &UserRecord, id: &FileId) -> Result<()> {
         self.find(user, id).await?;
-        let guard = self.lock(id).await?;
+        let guard = self.lock(id, TAKE_OVER_WAIT).await?;
         let result = async {
             // Read again under the lock: a last PATCH may have finished it.
             let record = self.find(user, id).await?;
@@ -257,10 +266,10 @@ impl ResumableService {
     /// is asked to store what it has and let go, as tusd does: a client
     /// whose link died silently would otherwise hold it until its body's
     /// idle timeout, longer than tus clients retry. `Locked` if the holder
-    /// did not let go within [`TAKE_OVER_WAIT`].
-    async fn lock(&self, id: &FileId) -> Result<Option<LockGuard>> {
+    /// did not let go within `wait` ([`TAKE_OVER_WAIT`], [`HEAD_TAKE_OVER_WAIT`]).
+    async fn lock(&self, id: &FileId, wait: std::time::Duration) -> Result<Option<LockGuard>> {
         let key = LockKey::resumable(id);
-        match self.locks.take_over(&key, TAKE_OVER_WAIT).await? {
+        match self.locks.take_over(&key, wait).await? {
             TryLock::Held(g) => Ok(Some(g)),
             // Development without the lock backend: the conditional update
             // on the offset still lets only one of two PATCHes count.

@@ -11,7 +11,9 @@ use futures::StreamExt;
 use sha2_state::Digest;
 use tokio_util::sync::CancellationToken;
 
-use super::{Checksum, Patched, Result, ResumableError, ResumableService, hash, release};
+use super::{
+    Checksum, Patched, RELEASE_IDLE, Result, ResumableError, ResumableService, hash, release,
+};
 use crate::{
     blob::{
         BodyError, ByteStream, bounded,
@@ -34,16 +36,34 @@ fn cut_error(cut: BodyError, released: bool) -> ResumableError {
     }
 }
 
-/// `body` until `stop` fires, then a cut: what arrived is stored as a cut
-/// PATCH's is, and the lock is let go.
+/// `body` until `stop` fires while the body has been silent for
+/// [`RELEASE_IDLE`], then a cut: what arrived is stored as a cut PATCH's
+/// is, and the lock is let go. A body still flowing is read on.
 fn until_released(body: ByteStream<'static>, stop: CancellationToken) -> ByteStream<'static> {
-    let asked = stop.clone();
-    let cut = futures::stream::once(async move { asked.is_cancelled() }).filter_map(
-        |released| async move {
-            released.then(|| Err::<Bytes, _>(BodyError::Read(std::io::Error::other(RELEASED))))
-        },
-    );
-    body.take_until(stop.cancelled_owned()).chain(cut).boxed()
+    let start = (body, stop, tokio::time::Instant::now(), false);
+    futures::stream::unfold(start, |(mut body, stop, last, cut)| async move {
+        if cut {
+            return None;
+        }
+        tokio::select! {
+            biased;
+            chunk = body.next() => {
+                chunk.map(|c| (c, (body, stop, tokio::time::Instant::now(), false)))
+            }
+            () = released(&stop, last) => {
+                let cut = Err(BodyError::Read(std::io::Error::other(RELEASED)));
+                Some((cut, (body, stop, last, true)))
+            }
+        }
+    })
+    .boxed()
+}
+
+/// Once a release was asked for and the body has been silent since `last`
+/// for [`RELEASE_IDLE`].
+async fn released(stop: &CancellationToken, last: tokio::time::Instant) {
+    stop.cancelled().await;
+    tokio::time::sleep_until(last + RELEASE_IDLE).await;
 }
 
 impl ResumableService {
@@ -57,7 +77,7 @@ impl ResumableService {
         body: ByteStream<'static>,
     ) -> Result<Patched> {
         self.find(user, id).await?;
-        let guard = self.lock(id).await?;
+        let guard = self.lock(id, super::TAKE_OVER_WAIT).await?;
         // Another request's ask to let go (a client resuming after its link
         // died silently) ends the body here as a cut would.
         let listener = guard
