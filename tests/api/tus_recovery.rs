@@ -192,8 +192,11 @@ struct LosesCompleteAnswer {
     /// After the next completion, the sweeper takes the upload (its intent
     /// turned into an orphan, the object deleted), as a stale-intent scan
     /// would while the upload is being finished.
-    swept_after_complete: std::sync::Mutex<Option<(Arc<dyn MetadataStore>, Arc<dyn BlobStore>)>>,
+    swept_after_complete: std::sync::Mutex<Option<Sweeps>>,
 }
+
+/// What takes an upload as the sweeper does: its intent and its object.
+type Sweeps = (Arc<dyn MetadataStore>, Arc<dyn BlobStore>);
 
 #[async_trait]
 impl ResumableBlobs for LosesCompleteAnswer {
