@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use filedock::{
+    blob::BlobStore,
     blob::{
         BlobError,
         resumable::{ResumableBlobs, Staged},
@@ -25,6 +26,7 @@ use filedock::{
     domain::sweeper::Outcome,
     http::AppState,
     lock::LockKey,
+    meta::MetadataStore,
     ports::Ports,
     vocab::{BlobKey, WriteHandle},
 };
@@ -187,7 +189,14 @@ struct LosesCompleteAnswer {
     refuse_abort: AtomicBool,
     /// Aborts carried out.
     aborted: std::sync::atomic::AtomicUsize,
+    /// After the next completion, the sweeper takes the upload (its intent
+    /// turned into an orphan, the object deleted), as a stale-intent scan
+    /// would while the upload is being finished.
+    swept_after_complete: std::sync::Mutex<Option<Sweeps>>,
 }
+
+/// What takes an upload as the sweeper does: its intent and its object.
+type Sweeps = (Arc<dyn MetadataStore>, Arc<dyn BlobStore>);
 
 #[async_trait]
 impl ResumableBlobs for LosesCompleteAnswer {
@@ -255,6 +264,14 @@ impl ResumableBlobs for LosesCompleteAnswer {
             return Err(BlobError::Unavailable("refused".into()));
         }
         self.inner.complete(key, handle, tags, len).await?;
+        let sweeper = self.swept_after_complete.lock().unwrap().take();
+        if let Some((meta, blobs)) = sweeper {
+            meta.abandon_intent(&key.file_id(), None)
+                .await
+                .unwrap()
+                .unwrap();
+            blobs.delete(key).await.unwrap();
+        }
         match self.lose.swap(false, Ordering::SeqCst) {
             true => Err(BlobError::Unavailable("the answer was lost".into())),
             false => Ok(()),
@@ -293,6 +310,7 @@ async fn a_completion_whose_answer_was_lost_is_finished_by_the_next_patch() {
         refuse: false.into(),
         refuse_abort: false.into(),
         aborted: 0.into(),
+        swept_after_complete: Default::default(),
     });
     ports.resumable = losing.clone();
     let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
@@ -468,6 +486,7 @@ async fn an_upload_swept_before_its_completion_is_not_completed_into_a_stray() {
         refuse: true.into(),
         refuse_abort: false.into(),
         aborted: 0.into(),
+        swept_after_complete: Default::default(),
     });
     ports.resumable = refusing.clone();
     let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
@@ -522,6 +541,7 @@ async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
         refuse: false.into(),
         refuse_abort: true.into(),
         aborted: 0.into(),
+        swept_after_complete: Default::default(),
     });
     ports.resumable = blobs.clone();
     let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
@@ -565,4 +585,37 @@ async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
     assert!(meta.resumable(&file_id).await.unwrap().is_none());
     assert_eq!(app.intents().await, 0);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
+}
+
+/// An upload the sweeper takes while it is being finished (between the
+/// blob's completion and the reading of its first bytes for its type) is
+/// answered `upload_expired`, not 500, and leaves nothing.
+#[tokio::test]
+async fn an_upload_swept_while_it_is_finished_is_answered_expired() {
+    let settings = test_settings();
+    let mut ports = Ports::connect(&settings).await.unwrap();
+    let blobs = Arc::new(LosesCompleteAnswer {
+        inner: ports.resumable.clone(),
+        lose: false.into(),
+        refuse: false.into(),
+        refuse_abort: false.into(),
+        aborted: 0.into(),
+        swept_after_complete: Some((ports.meta.clone(), ports.blobs.clone())).into(),
+    });
+    ports.resumable = blobs.clone();
+    let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
+    let user = app.create_user("swept-while-finished").await;
+    let id = create(&app, &user, 200).await;
+    let res = patch(&app, &user, &id, 0, &data(200)).await;
+    assert!(
+        blobs.swept_after_complete.lock().unwrap().is_none(),
+        "swept"
+    );
+    assert_eq!(
+        error_code(res).await,
+        (StatusCode::CONFLICT, "upload_expired".into())
+    );
+    assert!(app.blob_keys(&user).await.is_empty());
+    assert!(app.list_ids(&user).await.is_empty());
+    assert_eq!(head(&app, &user, &id).await.0, StatusCode::NOT_FOUND);
 }

@@ -74,14 +74,7 @@ impl ResumableService {
         // intent now an orphan, whose blob it deleted or will) must not be
         // completed into an object nobody owns.
         let Some(intent) = self.cleanup.intent(&upload.id).await? else {
-            // Its commit deletes the intent too: one that applied since the
-            // read above (another request's, the lock lost or degraded).
-            if let Some(file) = self.files.file(&user.id, &upload.id).await? {
-                return Ok(self.done(upload, file).await);
-            }
-            // Swept (expired): the sweeper has its blob.
-            self.forget(&upload).await;
-            return Err(DomainError::UploadExpired.into());
+            return self.taken(user, upload).await;
         };
         let len = upload.length as u64;
         if !upload.completed {
@@ -111,7 +104,11 @@ impl ResumableService {
                 }
                 return Err(e.into());
             }
-            Err(e) => return Err(e.into()),
+            // The sweeper may have taken it meanwhile (and its blob).
+            Err(e) => match self.cleanup.intent(&upload.id).await? {
+                None => return self.taken(user, upload).await,
+                Some(_) => return Err(e.into()),
+            },
         };
         let category = SizeCategory::from_declared_len(Some(len));
         let hasher = hash::restore(&upload.sha256_state)?;
@@ -173,6 +170,17 @@ impl ResumableService {
                 Err(DomainError::NotFound.into())
             }
         }
+    }
+
+    /// An upload whose intent is gone: its commit (which deletes the intent
+    /// too) applied since the file was read (another request's, the lock
+    /// lost or degraded), or the sweeper took it (expired: it has the blob).
+    async fn taken(&self, user: &UserRecord, upload: ResumableRecord) -> Result<Patched> {
+        if let Some(file) = self.files.file(&user.id, &upload.id).await? {
+            return Ok(self.done(upload, file).await);
+        }
+        self.forget(&upload).await;
+        Err(DomainError::UploadExpired.into())
     }
 
     /// The upload is over: its blob is the file's; what is left in staging
