@@ -161,18 +161,15 @@ impl ResumableBlobs for S3BlobStore {
     async fn abort(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         // The tails first, so that an abort that fails leaves none.
         self.clear_staging(key, handle).await?;
+        // Gone already (aborted before, its answer lost; or completed, its
+        // object is there): nothing is left to abort.
         match self
             .abort_multipart(&self.full_key(key), handle.as_str())
             .await
         {
-            Ok(()) => {}
-            Err(BlobError::NotFound) => {}
-            // A completed upload's id is gone (s3s-fs says AccessDenied,
-            // not NoSuchUpload): its object is there.
-            Err(e) if self.head(key).await?.is_none() => return Err(e),
-            Err(_) => {}
+            Ok(()) | Err(BlobError::NotFound) => Ok(()),
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
     async fn clear_staging(&self, key: &BlobKey, _: &WriteHandle) -> Result<(), BlobError> {

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     blob::{
-        BodyError, ByteStream, bounded,
+        BlobError, BodyError, ByteStream, bounded,
         resumable::{Appended, WriteAt, append},
     },
     domain::DomainError,
@@ -111,13 +111,7 @@ impl ResumableService {
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
-            match r {
-                // Only without the lock can another PATCH have raced this one.
-                Err(ResumableError::Domain(DomainError::Internal(e))) if guard.is_none() => {
-                    Err(self.raced(id, offset, e).await)
-                }
-                r => r,
-            }
+            r
         }
         .await;
         drop(listener);
@@ -125,15 +119,21 @@ impl ResumableService {
         result
     }
 
-    /// A PATCH without the lock whose write the stores refused: another
-    /// PATCH from the same offset may have won the race (with the lock
-    /// backend down nothing keeps two out, and the loser writes to a
-    /// multipart upload the winner completed). The state tells: moved, the
+    /// A blob write of this PATCH (before it advanced the state) that the
+    /// store refused, not for being away: the upload may have moved on
+    /// without it. Another PATCH from the same offset may have won the race
+    /// (with the lock backend down nothing keeps two out; with the lease
+    /// lost, another request held the upload), or the sweeper expired it,
+    /// and the store no longer knows the write. The state tells: moved, the
     /// client is answered where it is now; gone, not found; else the error
     /// stands.
-    async fn raced(&self, id: &FileId, offset: u64, error: anyhow::Error) -> ResumableError {
+    async fn write_failed(&self, id: &FileId, offset: i64, error: BlobError) -> ResumableError {
+        let error = match DomainError::from(error) {
+            DomainError::Internal(e) => e,
+            e => return e.into(),
+        };
         match self.resumables.resumable(id).await {
-            Ok(Some(now)) if now.offset as u64 != offset => {
+            Ok(Some(now)) if now.offset != offset => {
                 tracing::info!(upload = %id, error = %error, "a PATCH lost a race to another from its offset");
                 ResumableError::OffsetMismatch(now.offset as u64)
             }
@@ -178,12 +178,16 @@ impl ResumableService {
             // the upload now, so this one stops, as a plain upload does,
             // and nothing of it is recorded.
             let appended = append(self.parts.clone(), at, hashed.boxed());
-            match &lost {
+            let appended = match &lost {
                 Some(lost) => tokio::select! {
-                    r = appended => r?,
+                    r = appended => r,
                     _ = lost.cancelled() => return Err(DomainError::LockLost.into()),
                 },
-                None => appended.await?,
+                None => appended.await,
+            };
+            match appended {
+                Ok(appended) => appended,
+                Err(e) => return Err(self.write_failed(&upload.id, upload.offset, e).await),
             }
         };
         if lost.as_ref().is_some_and(CancellationToken::is_cancelled) {
@@ -247,9 +251,12 @@ impl ResumableService {
         }
         let tail_start = upload.tail_start() as u64;
         if !tail.is_empty() {
-            self.parts
-                .put_tail(&upload.key, &upload.handle, tail_start, tail)
-                .await?;
+            let put = self
+                .parts
+                .put_tail(&upload.key, &upload.handle, tail_start, tail);
+            if let Err(e) = put.await {
+                return Err(self.write_failed(&before.id, before.offset, e).await);
+            }
         }
         upload.sha256_state = hash::save(&hasher);
         if !self.advance(&upload, before.offset).await? {
@@ -285,10 +292,13 @@ impl ResumableService {
         if !last.is_empty() {
             let number = upload.parts.len() as i32 + 1;
             let start = upload.tail_start() as u64;
-            let tag = self
+            let put = self
                 .parts
-                .put_part(&upload.key, &upload.handle, number, start, last)
-                .await?;
+                .put_part(&upload.key, &upload.handle, number, start, last);
+            let tag = match put.await {
+                Ok(tag) => tag,
+                Err(e) => return Err(self.write_failed(&upload.id, before_offset, e).await),
+            };
             upload.parts.push(tag);
         }
         upload.sha256_state = hash::save(&hasher);
