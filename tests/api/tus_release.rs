@@ -183,7 +183,8 @@ async fn a_head_does_not_stop_a_patch_that_is_still_sending() {
         let bytes = bytes.clone();
         tokio::spawn(async move {
             for chunk in bytes.chunks(piece) {
-                tx.unbounded_send(Ok(Bytes::copy_from_slice(chunk))).unwrap();
+                tx.unbounded_send(Ok(Bytes::copy_from_slice(chunk)))
+                    .unwrap();
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         })
@@ -194,7 +195,11 @@ async fn a_head_does_not_stop_a_patch_that_is_still_sending() {
     assert!(offset.unwrap() < LEN, "the PATCH was still sending");
     sending.await.unwrap();
     let res = live.await.unwrap().unwrap();
-    assert_eq!(res.status(), StatusCode::NO_CONTENT, "the live PATCH was not stopped");
+    assert_eq!(
+        res.status(),
+        StatusCode::NO_CONTENT,
+        "the live PATCH was not stopped"
+    );
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
     assert_eq!(app.list_ids(&user).await, vec![id], "one file");
 }
