@@ -35,10 +35,14 @@ if [ -n "${FILEDOCK_TEST_S3_ENDPOINT:-}" ]; then
 fi
 serve_embedded tus
 port=${SERVE_BASE##*:}
-key=$(curl -fsS -X POST -H "Authorization: Bearer $SERVE_ADMIN" -H 'Content-Type: application/json' \
-  -d '{"name":"tus-interop"}' "$SERVE_BASE/v1/admin/users" | sed -E 's/.*"api_key":"([^"]+)".*/\1/')
+# new_key NAME: a new user's API key (each client counts the files it made).
+new_key() {
+  curl -fsS -X POST -H "Authorization: Bearer $SERVE_ADMIN" -H 'Content-Type: application/json' \
+    -d "{\"name\":\"$1\"}" "$SERVE_BASE/v1/admin/users" | sed -E 's/.*"api_key":"([^"]+)".*/\1/'
+}
+key=$(new_key tus-interop)
 
 echo "[tus] $backend adapters" >&2
 NODE_PATH="$CACHE/tus-js/node_modules" node tests/interop/tus_js.js "$port" "$key"
-NODE_PATH="$CACHE/tus-js/node_modules" node tests/interop/tus_js_silent.js "$port" "$key"
+NODE_PATH="$CACHE/tus-js/node_modules" node tests/interop/tus_js_silent.js "$port" "$(new_key tus-silent)"
 "$CACHE/tuspy/bin/python" tests/interop/tuspy_test.py "$port" "$key"
