@@ -2,7 +2,7 @@
 //! temp dir, each part (and the tail) written at its offset and synced, the
 //! file renamed into place when complete.
 
-use std::{io::SeekFrom, path::PathBuf};
+use std::{io::SeekFrom, path::PathBuf, sync::Arc};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use super::{FsBlobStore, io_err};
 use crate::{
-    blob::{BlobError, BlobStore, resumable::ResumableBlobs},
+    blob::{BlobError, BlobStore, budget::MemoryBudget, resumable::ResumableBlobs},
     vocab::{BlobKey, WriteHandle},
 };
 
@@ -61,6 +61,10 @@ impl ResumableBlobs for FsBlobStore {
 
     fn part_concurrency(&self) -> usize {
         PART_CONCURRENCY
+    }
+
+    fn budget(&self) -> Arc<MemoryBudget> {
+        self.budget.clone()
     }
 
     async fn start(&self, _key: &BlobKey) -> Result<WriteHandle, BlobError> {

@@ -83,12 +83,15 @@ impl ResumableService {
                 part_size: upload.part_size as usize,
                 parts: upload.parts.len(),
                 offset: upload.offset as u64,
+                left: Some(left),
             };
             append(self.parts.clone(), at, hashed.boxed()).await?
         };
+        // `_held`: the tail's memory stays reserved until it is stored.
         let Appended {
             tags,
             tail,
+            held: _held,
             read,
             cut,
         } = appended;
