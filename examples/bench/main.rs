@@ -25,7 +25,9 @@ use filedock::{
     testing::{Server, script_calls},
 };
 
-use self::{group::group_commit, memory::memory_under_concurrency, support::*, throughput::*, tus::*};
+use self::{
+    group::group_commit, memory::memory_under_concurrency, support::*, throughput::*, tus::*,
+};
 
 #[tokio::main]
 async fn main() {

@@ -144,20 +144,22 @@ impl Reservation {
         if bytes >= self.bytes {
             return;
         }
+        // Counted out before the units go back, so that the count never
+        // passes the budget while another reservation takes them.
+        if let Some(b) = &self.budget {
+            b.used.dec_by((self.bytes - bytes) as i64);
+        }
+        self.bytes = bytes;
         if let Some(permit) = self.permit.as_mut() {
             let keep = units_of(bytes) as usize;
             let give = permit.num_permits().saturating_sub(keep);
             drop(permit.split(give));
         }
-        if let Some(b) = &self.budget {
-            b.used.dec_by((self.bytes - bytes) as i64);
-        }
-        self.bytes = bytes;
     }
-
 }
 
 impl Drop for Reservation {
+    /// Counted out first; the units go back after, with `permit`.
     fn drop(&mut self) {
         if let Some(b) = &self.budget {
             b.used.dec_by(self.bytes as i64);

@@ -69,7 +69,12 @@ pub struct Parts<'a> {
 }
 
 impl<'a> Parts<'a> {
-    pub fn new(carried: Bytes, body: ByteStream<'a>, size: usize, budget: Arc<MemoryBudget>) -> Self {
+    pub fn new(
+        carried: Bytes,
+        body: ByteStream<'a>,
+        size: usize,
+        budget: Arc<MemoryBudget>,
+    ) -> Self {
         Self {
             body,
             carry: (!carried.is_empty()).then_some(carried),

@@ -401,7 +401,10 @@ impl BlobStore for S3BlobStore {
         }
         if parts.done() {
             // The part's reservation is held until the PUT is done.
-            let Part { bytes: first, held: _held } = first;
+            let Part {
+                bytes: first,
+                held: _held,
+            } = first;
             let len = first.len() as u64;
             self.client
                 .put_object()

@@ -365,7 +365,9 @@ impl Settings {
         if s.header_timeout.is_zero() {
             bail!("FILEDOCK_HEADER_TIMEOUT_SECS must be more than 0");
         }
-        let one_part = s.s3.as_ref().map_or(MIN_PART_BYTES, |s3| s3.part_size as u64);
+        let one_part =
+            s.s3.as_ref()
+                .map_or(MIN_PART_BYTES, |s3| s3.part_size as u64);
         if s.upload_memory_bytes != 0 && s.upload_memory_bytes < one_part.max(MIN_PART_BYTES) {
             bail!(
                 "FILEDOCK_UPLOAD_MEMORY_BYTES must be 0 (no limit) or at least one part ({} bytes)",

@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     blob::{
-        BlobStore, budget::MemoryBudget, fs::FsBlobStore, resumable::ResumableBlobs, s3::S3BlobStore,
+        BlobStore, budget::MemoryBudget, fs::FsBlobStore, resumable::ResumableBlobs,
+        s3::S3BlobStore,
     },
     config::{Coordination, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},

@@ -29,7 +29,12 @@ const LEN: usize = 32 << 20;
 const SPLIT: usize = 13 * 1024 * 1024 + 77;
 /// What the server holds beyond the budget at this load (the body chunks
 /// read before a part is reserved, hyper's and the S3 client's buffers, the
-/// allocator's slack). Measured: see the assertion.
+/// allocator's slack), the target: measured 29 MiB on the embedded
+/// store (debug build; 22 MiB idle, 115 MiB peak) and 55 MiB on S3 (29 idle,
+/// 148 peak). Without the budget the embedded run peaked at 139 MiB (only
+/// the tus PATCHes buffer parts on local files) with 145 MiB in its budget
+/// accounting, which the peak assertion catches; on S3 every upload buffers
+/// up to 40 MiB (24 × 40 = 960 MiB).
 const OVERHEAD: u64 = 64 << 20;
 /// The client sends chunks of this size.
 const CHUNK: usize = 256 * 1024;
@@ -49,7 +54,9 @@ impl Content {
     /// `range` of the content, as a body sent a chunk at a time.
     fn body(&self, range: Range<usize>) -> reqwest::Body {
         let block = self.block.clone();
-        let chunks = (range.start..range.end).step_by(CHUNK).map(move |at| {
+        // Chunks end where the block repeats: the first may be shorter.
+        let starts = std::iter::successors(Some(range.start), |at| Some((at / CHUNK + 1) * CHUNK));
+        let chunks = starts.take_while(move |&at| at < range.end).map(move |at| {
             let from = at % CHUNK;
             let n = (CHUNK - from).min(range.end - at);
             Ok::<_, std::io::Error>(block.slice(from..from + n))
@@ -188,7 +195,11 @@ async fn many_large_uploads_at_once_stay_within_the_memory_budget() {
         metric("filedock_upload_memory_waits_total") > 0.0,
         "the budget was contended, so uploads waited"
     );
-    assert_eq!(metric("filedock_upload_memory_used_bytes"), 0.0, "all given back");
+    assert_eq!(
+        metric("filedock_upload_memory_used_bytes"),
+        0.0,
+        "all given back"
+    );
     assert_eq!(metric("filedock_upload_memory_waiters"), 0.0);
     assert!(
         peak <= idle + BUDGET + OVERHEAD,
