@@ -30,3 +30,4 @@ mod same_user;
 mod support;
 mod tus;
 mod tus_recovery;
+mod tus_sweep;
