@@ -3,7 +3,8 @@
 # its load generator (examples/bench/) in release mode, runs every scenario
 # against filedock servers on loopback, and prints one markdown table.
 # `scripts/bench.sh 1 6` runs scenarios 1 and 6 only; `scripts/bench.sh 7` is
-# the group commit A/B (on vs off), `scripts/bench.sh 8` the tus one.
+# the group commit A/B (on vs off), `scripts/bench.sh 8` the tus one,
+# `scripts/bench.sh 9` the upload memory budget off vs on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"

@@ -83,6 +83,14 @@ pub struct Metrics {
     pub uploads_grouped: Counter,
     pub upload_commits_waiting: Gauge,
     pub mongo_commands: Counter,
+    /// The upload memory budget in bytes (0: no limit).
+    pub upload_memory_limit: Gauge,
+    /// Upload buffer bytes reserved now, and the most ever reserved at once.
+    pub upload_memory_used: Gauge,
+    pub upload_memory_peak: Gauge,
+    /// Uploads waiting for buffer memory now, and reservations that waited.
+    pub upload_memory_waiters: Gauge,
+    pub upload_memory_waits: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -122,6 +130,11 @@ impl Default for Metrics {
             uploads_grouped: Counter::default(),
             upload_commits_waiting: Gauge::default(),
             mongo_commands: Counter::default(),
+            upload_memory_limit: Gauge::default(),
+            upload_memory_used: Gauge::default(),
+            upload_memory_peak: Gauge::default(),
+            upload_memory_waiters: Gauge::default(),
+            upload_memory_waits: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -256,6 +269,31 @@ impl Default for Metrics {
             "filedock_mongo_commands",
             "Commands sent to MongoDB (round trips)",
             m.mongo_commands.clone(),
+        );
+        r.register(
+            "filedock_upload_memory_limit_bytes",
+            "The budget for upload buffer memory (FILEDOCK_UPLOAD_MEMORY_BYTES; 0: no limit)",
+            m.upload_memory_limit.clone(),
+        );
+        r.register(
+            "filedock_upload_memory_used_bytes",
+            "Upload buffer memory reserved now (parts being filled or sent, tus tails)",
+            m.upload_memory_used.clone(),
+        );
+        r.register(
+            "filedock_upload_memory_peak_bytes",
+            "The most upload buffer memory reserved at once since start",
+            m.upload_memory_peak.clone(),
+        );
+        r.register(
+            "filedock_upload_memory_waiters",
+            "Uploads waiting for buffer memory now (reading nothing from their clients)",
+            m.upload_memory_waiters.clone(),
+        );
+        r.register(
+            "filedock_upload_memory_waits",
+            "Buffer reservations that had to wait for memory",
+            m.upload_memory_waits.clone(),
         );
         Self { registry, ..m }
     }

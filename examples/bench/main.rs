@@ -7,6 +7,7 @@
 //! Run it with `scripts/bench.sh` (which starts the stack and builds this).
 
 mod group;
+mod memory;
 mod support;
 mod throughput;
 mod tus;
@@ -24,7 +25,9 @@ use filedock::{
     testing::{Server, script_calls},
 };
 
-use self::{group::group_commit, support::*, throughput::*, tus::*};
+use self::{
+    group::group_commit, memory::memory_under_concurrency, support::*, throughput::*, tus::*,
+};
 
 #[tokio::main]
 async fn main() {
@@ -58,6 +61,9 @@ async fn main() {
     }
     if run("8") {
         tus_vs_plain(&client, &mut r).await;
+    }
+    if run("9") {
+        memory_under_concurrency(&client, &mut r).await;
     }
 
     println!("{}", r.lines.join("\n"));

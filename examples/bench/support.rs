@@ -70,7 +70,7 @@ impl BenchServer for Server {
 }
 
 pub(crate) struct Client {
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
 }
 
 impl Client {

@@ -4,6 +4,7 @@
 use std::{
     io::{self, SeekFrom},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use async_trait::async_trait;
@@ -11,7 +12,9 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio_util::io::ReaderStream;
 
-use super::{BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob};
+use super::{
+    BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob, budget::MemoryBudget,
+};
 use crate::vocab::BlobKey;
 
 #[path = "fs_resumable.rs"]
@@ -20,6 +23,9 @@ mod resumable;
 pub struct FsBlobStore {
     root: PathBuf,
     tmp: PathBuf,
+    /// What a tus PATCH's parts are reserved from (a plain upload streams
+    /// straight to its file, a chunk at a time).
+    budget: Arc<MemoryBudget>,
 }
 
 impl FsBlobStore {
@@ -28,7 +34,17 @@ impl FsBlobStore {
         let tmp = dir.join("blobs.tmp");
         std::fs::create_dir_all(&root)?;
         std::fs::create_dir_all(&tmp)?;
-        Ok(Self { root, tmp })
+        Ok(Self {
+            root,
+            tmp,
+            budget: MemoryBudget::unbounded(),
+        })
+    }
+
+    /// Reserves every part buffer from `budget`.
+    pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// Where `key`'s object lives: its key (made of ids, so no `..`) under the root.

@@ -4,7 +4,7 @@
 //! upload (`tus-{file id}{random}`), so that the sweeper can tell whether a
 //! live upload still owns it.
 
-use std::{io::SeekFrom, path::PathBuf};
+use std::{io::SeekFrom, path::PathBuf, sync::Arc};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -15,6 +15,7 @@ use super::{FsBlobStore, io_err, sync_dir};
 use crate::{
     blob::{
         BlobError, BlobStore,
+        budget::MemoryBudget,
         resumable::{ResumableBlobs, Staged},
     },
     vocab::{BlobKey, FileId, WriteHandle},
@@ -81,6 +82,10 @@ impl ResumableBlobs for FsBlobStore {
 
     fn part_concurrency(&self) -> usize {
         PART_CONCURRENCY
+    }
+
+    fn budget(&self) -> Arc<MemoryBudget> {
+        self.budget.clone()
     }
 
     async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {

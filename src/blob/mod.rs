@@ -1,8 +1,9 @@
 //! The `BlobStore` port: streamed writes and ranged, streamed reads; the
 //! one part writer (`parts.rs`) that cuts bodies into parts for the stores
-//! that take them so, and the limits every upload body is read under
+//! that take them so, under the one budget for upload memory (`budget.rs`), and the limits every upload body is read under
 //! ([`bounded`]).
 
+pub mod budget;
 pub mod fs;
 pub mod parts;
 pub mod resumable;

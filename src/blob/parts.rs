@@ -3,7 +3,9 @@
 //! and every part buffer is allocated here, so that what an upload holds in
 //! memory is `part size × (parts in flight + 1)` whatever the file size or
 //! the chunks the client sends (garage's `read_and_put_blocks`, which its
-//! multipart upload reuses).
+//! multipart upload reuses), and what all uploads hold together stays
+//! within the one budget (`super::budget`), each part reserved before it
+//! is read.
 
 use std::sync::Arc;
 
@@ -12,7 +14,10 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use tokio::task::JoinSet;
 
-use super::{BlobError, BodyError, ByteStream};
+use super::{
+    BlobError, BodyError, ByteStream,
+    budget::{MemoryBudget, Reservation},
+};
 
 /// Where whole parts go: an S3 multipart upload, a resumable write.
 #[async_trait]
@@ -22,9 +27,28 @@ pub trait PartSink: Send + Sync {
     async fn put_part(&self, number: i32, offset: u64, part: Bytes) -> Result<String, BlobError>;
 }
 
+/// One part's bytes and the budget they hold until dropped.
+pub struct Part {
+    pub bytes: Bytes,
+    pub held: Reservation,
+}
+
+impl Part {
+    /// No bytes, holding nothing.
+    pub fn empty() -> Self {
+        Self {
+            bytes: Bytes::new(),
+            held: Reservation::none(),
+        }
+    }
+}
+
 /// Cuts a body (after `carried`, bytes kept from before) into parts of
 /// exactly `size` bytes; the last may be shorter. A part is one allocation
 /// of its own size, or a slice of one chunk when a chunk holds it whole.
+/// Each part's memory is reserved from the budget once its first bytes
+/// have arrived (a client that sends nothing holds none) and before any
+/// more is read: while it waits, nothing is read from the client.
 pub struct Parts<'a> {
     body: ByteStream<'a>,
     /// The tail of a chunk that crossed the previous part's end (or the
@@ -36,10 +60,21 @@ pub struct Parts<'a> {
     cut: Option<BodyError>,
     /// Bytes read from the body (the carried ones not counted).
     read: u64,
+    budget: Arc<MemoryBudget>,
+    /// At most this many bytes are still to come (carried ones included),
+    /// when known: a part never reserves more.
+    left: Option<u64>,
+    /// Reserved by the caller for the first part.
+    ahead: Option<Reservation>,
 }
 
 impl<'a> Parts<'a> {
-    pub fn new(carried: Bytes, body: ByteStream<'a>, size: usize) -> Self {
+    pub fn new(
+        carried: Bytes,
+        body: ByteStream<'a>,
+        size: usize,
+        budget: Arc<MemoryBudget>,
+    ) -> Self {
         Self {
             body,
             carry: (!carried.is_empty()).then_some(carried),
@@ -47,56 +82,103 @@ impl<'a> Parts<'a> {
             ended: false,
             cut: None,
             read: 0,
+            budget,
+            left: None,
+            ahead: None,
         }
+    }
+
+    /// At most `left` bytes are to come, carried ones included.
+    pub fn at_most(mut self, left: Option<u64>) -> Self {
+        self.left = left;
+        self
+    }
+
+    /// The first part takes `held` (reserved before the carried bytes
+    /// were loaded) instead of reserving.
+    pub fn reserved(mut self, held: Reservation) -> Self {
+        self.ahead = Some(held);
+        self
+    }
+
+    /// The next chunk (the carried bytes first), or `None` when the body
+    /// is done or failed.
+    async fn pull(&mut self) -> Option<Bytes> {
+        if let Some(c) = self.carry.take() {
+            return Some(c);
+        }
+        while !self.ended {
+            match self.body.next().await {
+                Some(Ok(c)) if c.is_empty() => {}
+                Some(Ok(c)) => {
+                    self.read += c.len() as u64;
+                    return Some(c);
+                }
+                Some(Err(e)) => {
+                    self.cut = Some(e);
+                    self.ended = true;
+                }
+                None => self.ended = true,
+            }
+        }
+        None
     }
 
     /// The next part, or `None` when the body is done. A body that fails
     /// ends it: what arrived before is still handed out (the last part,
     /// short), and [`Self::cut`] says why.
-    pub async fn next(&mut self) -> Option<Bytes> {
-        let mut chunks: Vec<Bytes> = Vec::new();
+    pub async fn next(&mut self) -> Option<Part> {
+        let first = self.pull().await?;
+        let want = self
+            .left
+            .map_or(self.size as u64, |l| l.min(self.size as u64));
+        let mut held = match self.ahead.take() {
+            Some(held) => held,
+            None => self.budget.reserve(want).await,
+        };
+        let mut buf: Option<BytesMut> = None;
+        let mut whole: Option<Bytes> = None;
         let mut len = 0;
+        let mut chunk = Some(first);
         while len < self.size {
-            let chunk = match self.carry.take() {
-                Some(c) => c,
-                None if self.ended => break,
-                None => match self.body.next().await {
-                    Some(Ok(c)) => {
-                        self.read += c.len() as u64;
-                        c
-                    }
-                    Some(Err(e)) => {
-                        self.cut = Some(e);
-                        self.ended = true;
-                        break;
-                    }
-                    None => {
-                        self.ended = true;
-                        break;
-                    }
-                },
+            let Some(c) = chunk.take() else {
+                match self.pull().await {
+                    Some(c) => chunk = Some(c),
+                    None => break,
+                }
+                continue;
             };
             let room = self.size - len;
-            if chunk.len() > room {
-                self.carry = Some(chunk.slice(room..));
-                chunks.push(chunk.slice(..room));
-                len += room;
-            } else {
-                len += chunk.len();
-                chunks.push(chunk);
-            }
-        }
-        match chunks.len() {
-            0 => None,
-            1 => chunks.pop().filter(|c| !c.is_empty()),
-            _ => {
-                let mut part = BytesMut::with_capacity(len);
-                for c in &chunks {
-                    part.extend_from_slice(c);
+            let c = match c.len() > room {
+                true => {
+                    self.carry = Some(c.slice(room..));
+                    c.slice(..room)
                 }
-                Some(part.freeze())
+                false => c,
+            };
+            len += c.len();
+            match (buf.as_mut(), whole.take()) {
+                (Some(b), _) => b.extend_from_slice(&c),
+                (None, None) => whole = Some(c),
+                (None, Some(w)) => {
+                    // One allocation of the part's size: the chunks are
+                    // copied in as they come and dropped.
+                    let mut b = BytesMut::with_capacity(want.max(len as u64) as usize);
+                    b.extend_from_slice(&w);
+                    b.extend_from_slice(&c);
+                    buf = Some(b);
+                }
             }
         }
+        let bytes = match buf {
+            Some(b) => b.freeze(),
+            None => whole.unwrap_or_default(),
+        };
+        held.shrink_to(len as u64);
+        if let Some(l) = self.left.as_mut() {
+            *l = l.saturating_sub(len as u64);
+        }
+        Some(Part { bytes, held })
     }
 
     /// Whether the whole body has been read.
@@ -128,8 +210,9 @@ pub struct Sent {
     /// The tags of the parts sent, in order.
     pub tags: Vec<String>,
     /// A last part shorter than the part size, kept back (not sent) when
-    /// the caller asked for that: a resumable upload's new tail.
-    pub rest: Bytes,
+    /// the caller asked for that: a resumable upload's new tail, holding
+    /// its budget until dropped.
+    pub rest: Part,
 }
 
 /// Whether a part shorter than the part size (the last one) is sent.
@@ -144,12 +227,12 @@ pub enum Short {
 /// Sends the parts `parts` yields, `first` (already read) first, to `sink`
 /// as tasks, so that reading the next part from the client overlaps with
 /// sending the previous ones; at most `concurrency` are in flight (and in
-/// memory). Waits for every part sent before it answers, so none lands
+/// memory, each holding its reservation until stored). Waits for every part sent before it answers, so none lands
 /// later. A failed part stops the reading and fails the write (the parts
 /// already stored stay: the caller aborts the write or overwrites them).
 pub async fn send(
     parts: &mut Parts<'_>,
-    first: Option<Bytes>,
+    first: Option<Part>,
     sink: Arc<dyn PartSink>,
     from: PartsFrom,
     concurrency: usize,
@@ -159,24 +242,30 @@ pub async fn send(
     let mut in_flight: JoinSet<PartDone> = JoinSet::new();
     let mut tags: Vec<String> = Vec::new();
     let mut failed: Option<BlobError> = None;
-    let mut rest = Bytes::new();
+    let mut rest = Part::empty();
     let mut offset = from.offset;
     let mut next = first;
     if next.is_none() {
         next = parts.next().await;
     }
     while let Some(part) = next.take() {
-        if part.len() < size && short == Short::Keep {
+        if part.bytes.len() < size && short == Short::Keep {
             rest = part;
             break;
         }
         let index = tags.len();
         let number = from.number + index as i32;
         let start = offset;
-        offset += part.len() as u64;
+        offset += part.bytes.len() as u64;
         tags.push(String::new());
         let sink = sink.clone();
-        in_flight.spawn(async move { (index, sink.put_part(number, start, part).await) });
+        in_flight.spawn(async move {
+            let Part { bytes, held } = part;
+            let tag = sink.put_part(number, start, bytes).await;
+            // The part's memory is free once it is stored.
+            drop(held);
+            (index, tag)
+        });
         while in_flight.len() >= concurrency.max(1) {
             joined(in_flight.join_next().await, &mut tags, &mut failed);
         }
@@ -248,10 +337,10 @@ mod tests {
         ];
         for chunks in cases {
             let (all, body) = body_of(chunks);
-            let mut reader = Parts::new(Bytes::new(), body, size);
+            let mut reader = Parts::new(Bytes::new(), body, size, MemoryBudget::unbounded());
             let mut parts = Vec::new();
             while let Some(p) = reader.next().await {
-                parts.push(p);
+                parts.push(p.bytes);
             }
             assert!(reader.done());
             let (last, full) = parts
@@ -289,7 +378,7 @@ mod tests {
         let size = 10;
         let (all, body) = body_of(&[7, 9, 8]); // 24 bytes after 4 carried
         let carried = Bytes::from_static(b"abcd");
-        let mut parts = Parts::new(carried.clone(), body, size);
+        let mut parts = Parts::new(carried.clone(), body, size, MemoryBudget::unbounded());
         let sink = Arc::new(Kept::default());
         let from = PartsFrom {
             number: 3,
@@ -309,8 +398,54 @@ mod tests {
         whole.extend_from_slice(&all);
         let stored: Vec<u8> = kept.iter().flat_map(|k| k.2.to_vec()).collect();
         assert_eq!(stored, whole[..20], "whole parts, in order");
-        assert_eq!(sent.rest, whole[20..], "the rest kept back");
+        assert_eq!(sent.rest.bytes, whole[20..], "the rest kept back");
         assert_eq!(parts.read(), 24);
+    }
+
+    /// Stores nothing, slowly (a store that takes its time).
+    struct Slow;
+
+    #[async_trait]
+    impl PartSink for Slow {
+        async fn put_part(&self, n: i32, _: u64, _: Bytes) -> Result<String, BlobError> {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            Ok(format!("tag{n}"))
+        }
+    }
+
+    #[tokio::test]
+    async fn many_writers_on_a_budget_of_two_parts_all_finish_within_it() {
+        let size = 1000;
+        let metrics = crate::metrics::Metrics::default();
+        let budget = MemoryBudget::new(2 * size as u64, &metrics);
+        let writers = (0..16).map(|w| {
+            let budget = budget.clone();
+            tokio::spawn(async move {
+                let (all, body) = body_of(&[700, 900, 2500, 1, 3000]);
+                let mut parts = Parts::new(Bytes::new(), body, size, budget);
+                let from = PartsFrom {
+                    number: 1,
+                    offset: 0,
+                };
+                // Every other writer keeps its short last part back, holding it.
+                let short = if w % 2 == 0 { Short::Send } else { Short::Keep };
+                let sent = send(&mut parts, None, Arc::new(Slow), from, 4, short).await;
+                (sent.unwrap().tags.len(), all.len())
+            })
+        });
+        let done = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            futures::future::join_all(writers),
+        )
+        .await
+        .expect("no writer waits forever");
+        for (w, r) in done.into_iter().enumerate() {
+            let (tags, len) = r.unwrap();
+            assert_eq!(tags, len.div_ceil(size) - w % 2, "writer {w}");
+        }
+        assert!(budget.peak() <= 2 * size as u64, "peak {}", budget.peak());
+        assert!(metrics.upload_memory_waits.get() > 0, "the writers waited");
+        assert_eq!(budget.used(), 0, "all given back");
     }
 
     #[tokio::test]
@@ -319,8 +454,10 @@ mod tests {
             Ok(Bytes::from_static(b"12345")),
             Err(BodyError::Invalid("gone".into())),
         ];
-        let mut parts = Parts::new(Bytes::new(), futures::stream::iter(chunks).boxed(), 10);
-        assert_eq!(parts.next().await.as_deref(), Some(&b"12345"[..]));
+        let body = futures::stream::iter(chunks).boxed();
+        let mut parts = Parts::new(Bytes::new(), body, 10, MemoryBudget::unbounded());
+        let first = parts.next().await.map(|p| p.bytes);
+        assert_eq!(first.as_deref(), Some(&b"12345"[..]));
         assert!(parts.next().await.is_none());
         assert!(matches!(parts.cut(), Some(BodyError::Invalid(_))));
     }

@@ -14,10 +14,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 
 use super::{
     BlobError, BodyError, ByteStream,
-    parts::{self, PartSink, Parts, PartsFrom, Short},
+    budget::{MemoryBudget, Reservation},
+    parts::{self, Part, PartSink, Parts, PartsFrom, Short},
 };
 use crate::vocab::{BlobKey, FileId, WriteHandle};
 
@@ -28,6 +30,9 @@ pub trait ResumableBlobs: Send + Sync {
 
     /// How many parts one append stores at once.
     fn part_concurrency(&self) -> usize;
+
+    /// The budget every part buffer and loaded tail is reserved from.
+    fn budget(&self) -> Arc<MemoryBudget>;
 
     /// Starts a resumable write to `key`; returns its handle (the S3 upload id).
     async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError>;
@@ -125,6 +130,8 @@ pub struct WriteAt<'a> {
     pub part_size: usize,
     pub parts: usize,
     pub offset: u64,
+    /// The most bytes the body may bring (`Upload-Length` − offset), when known.
+    pub left: Option<u64>,
 }
 
 impl WriteAt<'_> {
@@ -139,8 +146,11 @@ pub struct Appended {
     /// The tags of the whole parts it stored, in order, after those before.
     pub tags: Vec<String>,
     /// What is left after the last whole part (the old tail's bytes
-    /// included), shorter than a part: the new tail, not stored yet.
+    /// included), shorter than a part: the new tail, not stored yet. Empty
+    /// when nothing was read (the stored tail was not loaded then).
     pub tail: Bytes,
+    /// The budget `tail` holds: keep it until the tail is stored.
+    pub held: Reservation,
     /// Bytes read from the body.
     pub read: u64,
     /// Why the body stopped early, if it did: what arrived before it
@@ -148,17 +158,33 @@ pub struct Appended {
     pub cut: Option<BodyError>,
 }
 
-/// Continues the write `at` with `body`: the stored tail is read back and
-/// continued, each part that fills is stored as it fills (by the part
-/// writer, a few in flight), and what is left is handed back. Memory: the
-/// part being filled plus the parts in flight, whatever the upload's size.
+/// Continues the write `at` with `body`: once its first bytes arrive, the
+/// stored tail is read back (into memory reserved from the budget, waiting
+/// for it if need be) and continued, each part that fills is stored as it
+/// fills (by the part writer, a few in flight), and what is left is handed
+/// back. A body that brings nothing loads nothing. Memory: the part being
+/// filled plus the parts in flight, whatever the upload's size.
 pub async fn append(
     blobs: Arc<dyn ResumableBlobs>,
     at: WriteAt<'_>,
-    body: ByteStream<'_>,
+    mut body: ByteStream<'_>,
 ) -> Result<Appended, BlobError> {
+    let first = loop {
+        match body.next().await {
+            Some(Ok(c)) if c.is_empty() => {}
+            Some(Ok(c)) => break c,
+            None => return Ok(Appended::nothing(None)),
+            Some(Err(e)) => return Ok(Appended::nothing(Some(e))),
+        }
+    };
     let tail_start = at.tail_start();
-    let carried = match at.offset > tail_start {
+    let tail_len = at.offset.saturating_sub(tail_start);
+    let left = at.left.map(|l| l + tail_len);
+    // The first part, and the tail's own copy until it is copied into it.
+    let first_part = left.map_or(at.part_size as u64, |l| l.min(at.part_size as u64));
+    let budget = blobs.budget();
+    let held = budget.reserve(first_part + tail_len).await;
+    let carried = match tail_len > 0 {
         true => {
             blobs
                 .get_tail(at.key, at.handle, tail_start, at.offset)
@@ -166,7 +192,12 @@ pub async fn append(
         }
         false => Bytes::new(),
     };
-    let mut parts = Parts::new(carried, body, at.part_size);
+    let body = futures::stream::once(async move { Ok(first) })
+        .chain(body)
+        .boxed();
+    let mut parts = Parts::new(carried, body, at.part_size, budget)
+        .at_most(left)
+        .reserved(held);
     let sink = Arc::new(WriteSink {
         blobs: blobs.clone(),
         key: *at.key,
@@ -178,12 +209,27 @@ pub async fn append(
     };
     let concurrency = blobs.part_concurrency();
     let sent = parts::send(&mut parts, None, sink, from, concurrency, Short::Keep).await?;
+    let Part { bytes: tail, held } = sent.rest;
     Ok(Appended {
         tags: sent.tags,
-        tail: sent.rest,
+        tail,
+        held,
         read: parts.read(),
         cut: parts.cut(),
     })
+}
+
+impl Appended {
+    /// A body that brought nothing (`cut`: why it stopped).
+    fn nothing(cut: Option<BodyError>) -> Self {
+        Self {
+            tags: Vec::new(),
+            tail: Bytes::new(),
+            held: Reservation::none(),
+            read: 0,
+            cut,
+        }
+    }
 }
 
 /// The parts of one resumable write, as the part writer sends them.

@@ -26,7 +26,8 @@ use tokio_util::io::ReaderStream;
 
 use super::{
     BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob, PresignedHeaders,
-    parts::{self, PartSink, Parts, PartsFrom, Short},
+    budget::MemoryBudget,
+    parts::{self, Part, PartSink, Parts, PartsFrom, Short},
 };
 use crate::{
     config::S3Settings,
@@ -44,6 +45,8 @@ pub struct S3BlobStore {
     part_size: usize,
     part_concurrency: usize,
     metrics: Arc<Metrics>,
+    /// Every part buffer is reserved here first.
+    budget: Arc<MemoryBudget>,
 }
 
 fn sdk_err<E, R>(e: SdkError<E, R>) -> BlobError
@@ -100,12 +103,19 @@ impl S3BlobStore {
             part_size: s.part_size,
             part_concurrency: s.part_concurrency.max(1),
             metrics,
+            budget: MemoryBudget::unbounded(),
         };
         if s.create_bucket {
             store.create_bucket().await?;
         }
         store.ping().await?;
         Ok(store)
+    }
+
+    /// Reserves every part buffer from `budget`.
+    pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
+        self.budget = budget;
+        self
     }
 
     async fn create_bucket(&self) -> anyhow::Result<()> {
@@ -290,7 +300,7 @@ impl S3BlobStore {
     async fn multipart(
         &self,
         full_key: &str,
-        first: Bytes,
+        first: Part,
         parts: &mut Parts<'_>,
     ) -> Result<(), BlobError> {
         let upload_id = self.create_multipart(full_key).await?;
@@ -398,12 +408,17 @@ impl BlobStore for S3BlobStore {
 
     async fn put(&self, key: &BlobKey, body: ByteStream<'_>) -> Result<u64, BlobError> {
         let key = self.full_key(key);
-        let mut parts = Parts::new(Bytes::new(), body, self.part_size);
-        let first = parts.next().await.unwrap_or_default();
+        let mut parts = Parts::new(Bytes::new(), body, self.part_size, self.budget.clone());
+        let first = parts.next().await.unwrap_or_else(Part::empty);
         if let Some(cut) = parts.cut() {
             return Err(BlobError::Body(cut));
         }
         if parts.done() {
+            // The part's reservation is held until the PUT is done.
+            let Part {
+                bytes: first,
+                held: _held,
+            } = first;
             let len = first.len() as u64;
             self.client
                 .put_object()

@@ -1,6 +1,8 @@
 //! `ResumableBlobs` on S3: one multipart upload per resumable upload, its
 //! tail a small staging object beside it (see `super::super::resumable`).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use aws_sdk_s3::primitives::ByteStream as S3Body;
 use bytes::Bytes;
@@ -10,6 +12,7 @@ use super::{S3BlobStore, sdk_err};
 use crate::{
     blob::{
         BlobError, BlobStore,
+        budget::MemoryBudget,
         resumable::{ResumableBlobs, Staged},
     },
     vocab::{BlobKey, WriteHandle},
@@ -51,6 +54,10 @@ impl ResumableBlobs for S3BlobStore {
 
     fn part_concurrency(&self) -> usize {
         self.part_concurrency
+    }
+
+    fn budget(&self) -> Arc<MemoryBudget> {
+        self.budget.clone()
     }
 
     async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {

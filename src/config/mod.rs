@@ -12,6 +12,10 @@ use std::{path::PathBuf, str::FromStr, time::Duration};
 use anyhow::{Context, bail};
 use secrecy::SecretString;
 
+/// The smallest upload memory budget: one part of the local store's tus
+/// PATCHes (8 MiB), which any budget must hold for an upload to proceed.
+const MIN_PART_BYTES: u64 = 8 << 20;
+
 /// Everything the service can be told. Built by [`Settings::from_env`] or, in
 /// tests, by [`Settings::embedded`] plus field updates; every default is
 /// written once, in [`SETTINGS`].
@@ -55,6 +59,8 @@ pub struct Settings {
     pub upload_group_commit: bool,
     /// The most uploads one group commit takes.
     pub upload_group_max: usize,
+    /// The budget for upload buffer memory, in bytes (0: no limit).
+    pub upload_memory_bytes: u64,
     /// An upload whose client sends nothing for this long is abandoned.
     pub body_idle_timeout: Duration,
     /// A resumable (tus) upload that gets no PATCH for this long expires
@@ -318,6 +324,7 @@ impl Settings {
             max_uploads_per_user: vars.value("MAX_UPLOADS_PER_USER")?,
             upload_group_commit: vars.value("UPLOAD_GROUP_COMMIT")?,
             upload_group_max: vars.value("UPLOAD_GROUP_MAX")?,
+            upload_memory_bytes: vars.value("UPLOAD_MEMORY_BYTES")?,
             body_idle_timeout: vars.secs("BODY_IDLE_TIMEOUT_SECS")?,
             tus_expiry: vars.secs("TUS_EXPIRY_SECS")?,
             header_timeout: vars.secs("HEADER_TIMEOUT_SECS")?,
@@ -357,6 +364,15 @@ impl Settings {
         }
         if s.header_timeout.is_zero() {
             bail!("FILEDOCK_HEADER_TIMEOUT_SECS must be more than 0");
+        }
+        let one_part =
+            s.s3.as_ref()
+                .map_or(MIN_PART_BYTES, |s3| s3.part_size as u64);
+        if s.upload_memory_bytes != 0 && s.upload_memory_bytes < one_part.max(MIN_PART_BYTES) {
+            bail!(
+                "FILEDOCK_UPLOAD_MEMORY_BYTES must be 0 (no limit) or at least one part ({} bytes)",
+                one_part.max(MIN_PART_BYTES)
+            );
         }
         if s.upload_group_max == 0 {
             bail!("FILEDOCK_UPLOAD_GROUP_MAX must be at least 1");

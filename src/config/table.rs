@@ -157,6 +157,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_UPLOAD_MEMORY_BYTES",
+        meaning: "one budget for upload buffer memory (parts being filled and sent, tus tails), shared by all uploads; an upload that finds it spent waits, reading nothing more from its client; 0: no limit; else at least one part",
+        value: Some("536870912"),
+        shown: Some("512 MiB"),
+    },
+    Setting {
         var: "FILEDOCK_LOCK_STRATEGY",
         meaning: "notify (FIFO, handed over on release) or backoff (the original 100 ms × 1.5 loop)",
         value: Some("notify"),

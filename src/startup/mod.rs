@@ -14,7 +14,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    blob::{BlobStore, fs::FsBlobStore, resumable::ResumableBlobs, s3::S3BlobStore},
+    blob::{
+        BlobStore, budget::MemoryBudget, fs::FsBlobStore, resumable::ResumableBlobs,
+        s3::S3BlobStore,
+    },
     config::{Coordination, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
@@ -67,17 +70,20 @@ impl Ports {
         }
         let metrics = Arc::new(Metrics::default());
         let meta = open_metadata_counted(settings, metrics.mongo_commands.clone()).await?;
+        // One budget for every upload's buffers, plain and resumable.
+        let budget = MemoryBudget::new(settings.upload_memory_bytes, &metrics);
         let (blobs, resumable): (Arc<dyn BlobStore>, Arc<dyn ResumableBlobs>) = match &settings.s3 {
             Some(s3) => {
                 let store = Arc::new(
                     S3BlobStore::connect(s3, metrics.clone())
                         .await
-                        .context("connecting to S3")?,
+                        .context("connecting to S3")?
+                        .with_budget(budget),
                 );
                 (store.clone(), store)
             }
             None => {
-                let store = Arc::new(FsBlobStore::open(&settings.data_dir)?);
+                let store = Arc::new(FsBlobStore::open(&settings.data_dir)?.with_budget(budget));
                 (store.clone(), store)
             }
         };

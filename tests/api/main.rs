@@ -18,6 +18,7 @@ mod links;
 mod lock_faults;
 mod lock_waiters;
 mod locks;
+mod memory;
 mod openapi;
 mod orphans;
 mod platform;

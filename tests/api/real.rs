@@ -50,7 +50,7 @@ pub fn generated_body(len: usize, fail_after: Option<usize>) -> (reqwest::Body, 
 const PEAK_RSS_BOUND: u64 = 92 << 20;
 
 /// Peak resident memory of a process, in bytes.
-fn peak_rss(pid: u32) -> u64 {
+pub(crate) fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
     line.split_whitespace()

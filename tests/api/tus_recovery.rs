@@ -208,6 +208,10 @@ impl ResumableBlobs for LosesCompleteAnswer {
         self.inner.part_concurrency()
     }
 
+    fn budget(&self) -> std::sync::Arc<filedock::blob::budget::MemoryBudget> {
+        self.inner.budget()
+    }
+
     async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {
         self.inner.start(key).await
     }

@@ -172,6 +172,7 @@ impl ResumableService {
                 part_size: upload.part_size as usize,
                 parts: upload.parts.len(),
                 offset: upload.offset as u64,
+                left: Some(left),
             };
             // The lease lost while the body streams (this process stalled
             // past it, the lock backend lost it): another request may hold
@@ -193,9 +194,11 @@ impl ResumableService {
         if lost.as_ref().is_some_and(CancellationToken::is_cancelled) {
             return Err(DomainError::LockLost.into());
         }
+        // `_held`: the tail's memory stays reserved until it is stored.
         let Appended {
             tags,
             tail,
+            held: _held,
             read,
             cut,
         } = appended;
