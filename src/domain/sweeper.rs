@@ -221,10 +221,15 @@ impl Sweeper {
                 false => self.resumable_blobs.abort(key, handle).await,
             };
             if let Err(e) = cleared {
-                // The claimed record goes back, still expired (no PATCH or
-                // HEAD finds it), so that the next pass aborts again: the
-                // blob store's write is named nowhere else.
-                self.resumables.insert_resumable(&upload).await?;
+                // The store away: the claimed record goes back, still
+                // expired (no PATCH or HEAD finds it), so that the next pass
+                // aborts again, the blob store's write being named nowhere
+                // else. A write the store refuses otherwise is left to its
+                // backstops (the staging sweep; S3's lifecycle rule), not
+                // tried for ever.
+                if matches!(e, BlobError::Unavailable(_)) {
+                    self.resumables.insert_resumable(&upload).await?;
+                }
                 return Err(e.into());
             }
             if let Some(orphan) = self.meta.abandon_intent(&upload.id, None).await? {
