@@ -259,28 +259,15 @@ impl S3BlobStore {
     }
 
     /// Drops a multipart upload's parts.
-    /// `NotFound` if the server no longer knows the upload (aborted or
-    /// completed before: an abort whose answer was lost is sent again by
-    /// the SDK; S3 says NoSuchUpload, s3s-fs AccessDenied).
     async fn abort_multipart(&self, full_key: &str, upload_id: &str) -> Result<(), BlobError> {
-        let aborted = self
-            .client
+        self.client
             .abort_multipart_upload()
             .bucket(&self.bucket)
             .key(full_key)
             .upload_id(upload_id)
             .send()
-            .await;
-        if let Err(e) = aborted {
-            let gone = e
-                .as_service_error()
-                .and_then(ProvideErrorMetadata::code)
-                .is_some_and(|c| matches!(c, "NoSuchUpload" | "AccessDenied"));
-            return Err(match gone {
-                true => BlobError::NotFound,
-                false => sdk_err(e),
-            });
-        }
+            .await
+            .map_err(sdk_err)?;
         self.count_multipart("aborted");
         Ok(())
     }

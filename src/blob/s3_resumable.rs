@@ -168,14 +168,17 @@ impl ResumableBlobs for S3BlobStore {
     async fn abort(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         // The tails first, so that an abort that fails leaves none.
         self.clear_staging(key, handle).await?;
-        // Gone already (aborted before, its answer lost; or completed, its
-        // object is there): nothing is left to abort.
+        // NoSuchUpload: gone already (aborted before, its answer lost).
         match self
             .abort_multipart(&self.full_key(key), handle.as_str())
             .await
         {
             Ok(()) | Err(BlobError::NotFound) => Ok(()),
-            Err(e) => Err(e),
+            // A completed upload's id is gone (s3s-fs says AccessDenied,
+            // not NoSuchUpload): its object is there. An AccessDenied
+            // otherwise stands (on S3 it is a missing permission).
+            Err(e) if self.head(key).await?.is_none() => Err(e),
+            Err(_) => Ok(()),
         }
     }
 

@@ -163,7 +163,11 @@ impl Api {
             Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
             None => location,
         };
-        format!("{}{path}", self.base)
+        // Never glued onto the host (`@elsewhere/…`, `.elsewhere/…`).
+        match path.starts_with('/') {
+            true => format!("{}{path}", self.base),
+            false => format!("{}/{path}", self.base),
+        }
     }
 
     /// How much of the upload the server has.
@@ -198,5 +202,14 @@ mod tests {
             api.absolute("http://127.0.0.1:8080.elsewhere.example/v1/uploads/1"),
             ours
         );
+        for glued in [
+            "@elsewhere.example/v1/uploads/1",
+            ".elsewhere.example/v1/uploads/1",
+        ] {
+            assert!(
+                api.absolute(glued).starts_with("http://127.0.0.1:8080/"),
+                "{glued}"
+            );
+        }
     }
 }

@@ -206,12 +206,12 @@ impl Sweeper {
             {
                 return Ok(());
             }
-            report.resumables_expired += 1;
             let (key, handle) = (&upload.key, &upload.handle);
             if upload.committed {
                 // Its blob is a file's (the record is claimed above): only
                 // what staging may have kept goes (else the staging sweep's).
                 self.resumable_blobs.clear_staging(key, handle).await?;
+                report.resumables_expired += 1;
                 return anyhow::Ok(());
             }
             let cleared = match upload.completed {
@@ -232,6 +232,7 @@ impl Sweeper {
                 }
                 return Err(e.into());
             }
+            report.resumables_expired += 1;
             if let Some(orphan) = self.meta.abandon_intent(&upload.id, None).await? {
                 report.intents_abandoned += 1;
                 tried.insert(orphan.id);

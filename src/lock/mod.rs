@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use self::backoff::LockBackoff;
-pub use self::release::{ReleaseBoard, ReleaseListener};
+pub use self::release::{Asked, ReleaseBoard, ReleaseListener};
 /// Lock keys are vocabulary (`crate::vocab`); named here too, where locks are.
 pub use crate::vocab::LockKey;
 

@@ -13,7 +13,12 @@ use std::{
     },
 };
 
-use tokio_util::sync::CancellationToken;
+use tokio::{sync::watch, time::Instant};
+
+/// When the newest release request for a holder came (`None`: none yet).
+pub type Asked = watch::Receiver<Option<Instant>>;
+/// The board's end of a holder's [`Asked`].
+type Ask = watch::Sender<Option<Instant>>;
 
 /// This process's holders that listen for release requests, by lock key.
 #[derive(Clone, Default)]
@@ -23,7 +28,7 @@ pub struct ReleaseBoard {
 
 #[derive(Default)]
 struct Board {
-    by_key: Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
+    by_key: Mutex<HashMap<String, Vec<(u64, Ask)>>>,
     next: AtomicU64,
 }
 
@@ -31,27 +36,28 @@ impl ReleaseBoard {
     /// Listens for release requests on `key` until the listener is dropped.
     pub fn listen(&self, key: &str) -> ReleaseListener {
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
-        let token = CancellationToken::new();
+        let (asked, requests) = watch::channel(None);
         self.inner
             .by_key
             .lock()
             .unwrap()
             .entry(key.to_owned())
             .or_default()
-            .push((id, token.clone()));
+            .push((id, asked));
         ReleaseListener {
             board: self.clone(),
             key: key.to_owned(),
             id,
-            token,
+            requests,
         }
     }
 
     /// Tells every local listener on `key` that another request wants it.
     pub fn signal(&self, key: &str) {
         if let Some(listeners) = self.inner.by_key.lock().unwrap().get(key) {
-            for (_, token) in listeners {
-                token.cancel();
+            let now = Instant::now();
+            for (_, asked) in listeners {
+                asked.send_replace(Some(now));
             }
         }
     }
@@ -62,13 +68,14 @@ pub struct ReleaseListener {
     board: ReleaseBoard,
     key: String,
     id: u64,
-    token: CancellationToken,
+    requests: Asked,
 }
 
 impl ReleaseListener {
-    /// Fires once another request asked for the lock.
-    pub fn requested(&self) -> CancellationToken {
-        self.token.clone()
+    /// When another request last asked for the lock (a requester that
+    /// waits asks again every [`super::RELEASE_ASKED_EVERY`]).
+    pub fn requests(&self) -> Asked {
+        self.requests.clone()
     }
 }
 
@@ -88,17 +95,17 @@ impl Drop for ReleaseListener {
 mod tests {
     use super::ReleaseBoard;
 
-    #[test]
-    fn a_signal_reaches_the_listeners_of_its_key_only() {
+    #[tokio::test]
+    async fn a_signal_reaches_the_listeners_of_its_key_only() {
         let board = ReleaseBoard::default();
         let (a, b) = (board.listen("k1"), board.listen("k2"));
         board.signal("k1");
-        assert!(a.requested().is_cancelled());
-        assert!(!b.requested().is_cancelled());
+        assert!(a.requests().borrow().is_some());
+        assert!(b.requests().borrow().is_none());
         drop(a);
         assert!(!board.inner.by_key.lock().unwrap().contains_key("k1"));
         // A listener that starts after a signal does not see it.
         let c = board.listen("k1");
-        assert!(!c.requested().is_cancelled());
+        assert!(c.requests().borrow().is_none());
     }
 }

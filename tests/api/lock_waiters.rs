@@ -253,11 +253,6 @@ async fn a_handed_over_lock_costs_the_waiter_no_second_try() {
     }
 }
 
-/// Milliseconds since the epoch, the clock both processes share.
-fn epoch_ms() -> u64 {
-    filedock::lock::now_micros() / 1000
-}
-
 #[tokio::test]
 async fn waiters_in_two_os_processes_are_served_in_arrival_order() {
     if !real_backends() {
@@ -269,8 +264,8 @@ async fn waiters_in_two_os_processes_are_served_in_arrival_order() {
     let list = format!("{prefix}fifo-order");
     let m = redis_locks(&prefix);
     let first = m.try_acquire(&key, TTL).await.unwrap().unwrap();
-    // Ten waiters arrive 40 ms apart, alternating between two processes.
-    let start = epoch_ms() + 2000;
+    // Ten waiters arrive one after another, alternating between two
+    // processes (each waits until those before it are queued).
     let children: Vec<_> = [("0,2,4,6,8"), ("1,3,5,7,9")]
         .into_iter()
         .map(|slots| {
@@ -284,15 +279,13 @@ async fn waiters_in_two_os_processes_are_served_in_arrival_order() {
                 .env("FIFO_PREFIX", &prefix)
                 .env("FIFO_KEY", &key)
                 .env("FIFO_LIST", &list)
-                .env("FIFO_START", start.to_string())
                 .env("FIFO_SLOTS", slots)
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .unwrap()
         })
         .collect();
-    let release_at = start + 10 * 40 + 500;
-    tokio::time::sleep(Duration::from_millis(release_at.saturating_sub(epoch_ms()))).await;
+    Waiting::Redis(prefix.clone()).until(&key, 10).await;
     m.release(&first).await.unwrap();
     for mut child in children {
         let status = tokio::task::spawn_blocking(move || child.wait())
@@ -319,8 +312,8 @@ async fn waiters_in_two_os_processes_are_served_in_arrival_order() {
 async fn fifo_child() {
     let var = |n: &str| std::env::var(n).unwrap();
     let (key, list) = (var("FIFO_KEY"), var("FIFO_LIST"));
-    let start: u64 = var("FIFO_START").parse().unwrap();
-    let m: Arc<dyn LockManager> = Arc::new(redis_locks(&var("FIFO_PREFIX")));
+    let prefix = var("FIFO_PREFIX");
+    let m: Arc<dyn LockManager> = Arc::new(redis_locks(&prefix));
     let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
     let mut tasks = Vec::new();
     for slot in var("FIFO_SLOTS")
@@ -328,11 +321,24 @@ async fn fifo_child() {
         .map(|s| s.parse::<u64>().unwrap())
     {
         let (m, key, list, client) = (m.clone(), key.clone(), list.clone(), client.clone());
+        let prefix = prefix.clone();
         tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(
-                (start + slot * 40).saturating_sub(epoch_ms()),
-            ))
-            .await;
+            // Arrives once the waiters before it are queued (whichever
+            // process they are in): the order is the slots', however
+            // slowly these processes started.
+            let queue = format!("{prefix}{key}:queue");
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let queued: u64 = redis::AsyncCommands::zcard(&mut conn, &queue)
+                    .await
+                    .unwrap();
+                if queued == slot {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "waiter {slot}: {queued} queued");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             let lease = m
                 .acquire_fair(&key, TTL, Instant::now() + Duration::from_secs(30))
                 .await

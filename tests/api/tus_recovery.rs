@@ -623,17 +623,3 @@ async fn an_upload_swept_while_it_is_finished_is_answered_expired() {
     assert!(app.list_ids(&user).await.is_empty());
     assert_eq!(head(&app, &user, &id).await.0, StatusCode::NOT_FOUND);
 }
-
-/// Aborting a resumable write twice (an abort whose answer was lost, sent
-/// again) succeeds: the store no longer knowing the write is what an
-/// abort wants, and the sweeper's expiry does not stall on it.
-#[tokio::test]
-async fn a_resumable_write_aborted_twice_is_aborted() {
-    let app = spawn_app().await;
-    let user = app.create_user("abort-twice").await;
-    let key = BlobKey::file(user.user_id(), filedock::vocab::FileId::new());
-    let blobs = &app.state.ports.resumable;
-    let handle = blobs.start(&key).await.unwrap();
-    blobs.abort(&key, &handle).await.unwrap();
-    blobs.abort(&key, &handle).await.unwrap();
-}

@@ -203,3 +203,55 @@ async fn a_head_does_not_stop_a_patch_that_is_still_sending() {
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
     assert_eq!(app.list_ids(&user).await, vec![id], "one file");
 }
+
+/// A release request that gave up (a HEAD answered after its wait) does not
+/// stop the PATCH later: a pause of the body after it is no cut.
+#[tokio::test]
+async fn a_release_request_that_gave_up_does_not_stop_the_patch_later() {
+    let app = spawn_app().await;
+    let user = app.create_user("late-pause").await;
+    let bytes = data(LEN);
+    let id = create(&app, &user, LEN).await;
+    let (tx, rx) = mpsc::unbounded::<Result<Bytes, std::io::Error>>();
+    let req = app
+        .client
+        .patch(app.url(&format!("/v1/uploads/{id}")))
+        .bearer_auth(&user.key)
+        .header("tus-resumable", TUS)
+        .header("content-type", OCTETS)
+        .header("upload-offset", "0")
+        .header("content-length", LEN.to_string())
+        .body(reqwest::Body::wrap_stream(rx));
+    let live = tokio::spawn(req.send());
+    const PIECES: usize = 32;
+    let piece = LEN.div_ceil(PIECES);
+    let chunks: Vec<Bytes> = bytes.chunks(piece).map(Bytes::copy_from_slice).collect();
+    let (first, rest) = chunks.split_at(PIECES / 2);
+    // Flowing while a HEAD asks for the upload and gives up.
+    let flowing = async {
+        for c in first {
+            tx.unbounded_send(Ok(c.clone())).unwrap();
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let asking = async {
+        tokio::time::sleep(SETTLE).await;
+        let (status, offset) = head(&app, &user, &id).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(offset.unwrap() < LEN);
+    };
+    tokio::join!(flowing, asking);
+    // Then a pause longer than the release idle time, and the rest.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for c in rest {
+        tx.unbounded_send(Ok(c.clone())).unwrap();
+    }
+    drop(tx);
+    let res = live.await.unwrap().unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::NO_CONTENT,
+        "cut by a request that gave up"
+    );
+    assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
+}

@@ -6,9 +6,18 @@
 //! parts are overwritten by the next PATCH or dropped by the abort). Memory:
 //! one part being filled plus the parts in flight, whatever the file size.
 
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
 use bytes::Bytes;
 use futures::StreamExt;
 use sha2_state::Digest;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -20,7 +29,7 @@ use crate::{
         resumable::{Appended, WriteAt, append},
     },
     domain::DomainError,
-    lock::{LockGuard, LockKey, ReleaseListener},
+    lock::{Asked, LockGuard, LockKey, ReleaseListener},
     meta::{ResumableRecord, UserRecord},
     vocab::FileId,
 };
@@ -36,34 +45,66 @@ fn cut_error(cut: BodyError, released: bool) -> ResumableError {
     }
 }
 
-/// `body` until `stop` fires while the body has been silent for
-/// [`RELEASE_IDLE`], then a cut: what arrived is stored as a cut PATCH's
-/// is, and the lock is let go. A body still flowing is read on.
-fn until_released(body: ByteStream<'static>, stop: CancellationToken) -> ByteStream<'static> {
-    let start = (body, stop, tokio::time::Instant::now(), false);
-    futures::stream::unfold(start, |(mut body, stop, last, cut)| async move {
+/// How recent the newest release request must be for a PATCH to honour
+/// it: a requester that still waits asks again every
+/// [`crate::lock::RELEASE_ASKED_EVERY`]; one that gave up (a HEAD after its wait) no
+/// longer counts, so it cannot cut the PATCH later.
+const RELEASE_FRESH: Duration = Duration::from_secs(1);
+
+/// `body` until a release request is fresh while the body has been silent
+/// for [`RELEASE_IDLE`] (measured from when this PATCH last waited for it,
+/// not from a stall of its own), then a cut, and `released` set: what
+/// arrived is stored as a cut PATCH's is, and the lock is let go. A body
+/// still flowing is read on.
+fn until_released(
+    body: ByteStream<'static>,
+    asked: Option<Asked>,
+    released: Arc<AtomicBool>,
+) -> ByteStream<'static> {
+    let Some(asked) = asked else { return body };
+    let start = (body, asked, released, false);
+    futures::stream::unfold(start, |(mut body, mut asked, released, cut)| async move {
         if cut {
             return None;
         }
+        let waiting_since = Instant::now();
         tokio::select! {
             biased;
-            chunk = body.next() => {
-                chunk.map(|c| (c, (body, stop, tokio::time::Instant::now(), false)))
-            }
-            () = released(&stop, last) => {
+            chunk = body.next() => chunk.map(|c| (c, (body, asked, released, false))),
+            () = asked_while_silent(&mut asked, waiting_since) => {
+                released.store(true, Ordering::SeqCst);
                 let cut = Err(BodyError::Read(std::io::Error::other(RELEASED)));
-                Some((cut, (body, stop, last, true)))
+                Some((cut, (body, asked, released, true)))
             }
         }
     })
     .boxed()
 }
 
-/// Once a release was asked for and the body has been silent since `last`
-/// for [`RELEASE_IDLE`].
-async fn released(stop: &CancellationToken, last: tokio::time::Instant) {
-    stop.cancelled().await;
-    tokio::time::sleep_until(last + RELEASE_IDLE).await;
+/// Once a fresh release request stands and the body has been silent since
+/// `waiting_since` for [`RELEASE_IDLE`].
+async fn asked_while_silent(asked: &mut Asked, waiting_since: Instant) {
+    let silent_at = waiting_since + RELEASE_IDLE;
+    loop {
+        let last = *asked.borrow_and_update();
+        let now = Instant::now();
+        match last {
+            Some(at) if now.duration_since(at) <= RELEASE_FRESH => {
+                if now >= silent_at {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(silent_at) => {}
+                    _ = asked.changed() => {}
+                }
+            }
+            _ => {
+                if asked.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
 }
 
 impl ResumableService {
@@ -83,10 +124,7 @@ impl ResumableService {
         let listener = guard
             .as_ref()
             .map(|_| self.locks.listen_for_release(&LockKey::resumable(id)));
-        let stop = listener
-            .as_ref()
-            .map(ReleaseListener::requested)
-            .unwrap_or_default();
+        let asked = listener.as_ref().map(ReleaseListener::requests);
         let result = async {
             let upload = self.find(user, id).await?;
             if upload.offset as u64 != offset {
@@ -107,7 +145,7 @@ impl ResumableService {
             let slot = self.admission.reserve(user)?;
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
-                r = self.append(user, upload, checksum, body, lost, &stop) => r,
+                r = self.append(user, upload, checksum, body, lost, asked) => r,
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
@@ -149,9 +187,10 @@ impl ResumableService {
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
         lost: Option<CancellationToken>,
-        stop: &CancellationToken,
+        asked: Option<Asked>,
     ) -> Result<Patched> {
-        let body = until_released(body, stop.clone());
+        let stopped = Arc::new(AtomicBool::new(false));
+        let body = until_released(body, asked, stopped.clone());
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
         let mut hasher = hash::restore(&upload.sha256_state)?;
@@ -203,7 +242,7 @@ impl ResumableService {
             cut,
         } = appended;
         // Cut by another request's ask, not by the client.
-        let released = cut.is_some() && stop.is_cancelled();
+        let released = cut.is_some() && stopped.load(Ordering::SeqCst);
         if let Some(BodyError::TooLarge(_)) = cut {
             // Nothing of it counts.
             return Err(
