@@ -38,19 +38,10 @@ use crate::{
     tus::{content, create, data, head, patch, patch_body, staging_left},
 };
 
-/// `/v1/me`'s `used_bytes`.
-async fn used_bytes(app: &TestApp, user: &TestUser) -> i64 {
-    let me: serde_json::Value = app
-        .client
-        .get(app.url("/v1/me"))
-        .bearer_auth(&user.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    me["usage"]["used_bytes"].as_i64().unwrap()
+/// A figure of `/v1/me`'s `usage` (`used_bytes`, `uploads_in_flight`).
+async fn usage(app: &TestApp, user: &TestUser, figure: &str) -> i64 {
+    let (_, me) = app.json("GET", "/v1/me", user, None).await;
+    me["usage"][figure].as_i64().unwrap()
 }
 
 #[tokio::test]
@@ -119,7 +110,7 @@ async fn a_final_patch_past_the_quota_keeps_the_upload_and_a_later_one_finishes_
         StatusCode::INSUFFICIENT_STORAGE
     );
     assert_eq!(
-        used_bytes(&app, &user).await,
+        usage(&app, &user, "used_bytes").await,
         150,
         "nothing of it committed"
     );
@@ -140,7 +131,7 @@ async fn a_final_patch_past_the_quota_keeps_the_upload_and_a_later_one_finishes_
     );
     assert_eq!(res.headers()["upload-offset"], "200");
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
-    assert_eq!(used_bytes(&app, &user).await, 200);
+    assert_eq!(usage(&app, &user, "used_bytes").await, 200);
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
@@ -407,21 +398,6 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
 
-/// `/v1/me`'s `uploads_in_flight`.
-async fn in_flight(app: &TestApp, user: &TestUser) -> i64 {
-    let me: serde_json::Value = app
-        .client
-        .get(app.url("/v1/me"))
-        .bearer_auth(&user.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    me["usage"]["uploads_in_flight"].as_i64().unwrap()
-}
-
 /// With the lock backend down (development: no lock at all), two PATCHes
 /// from one offset race. The one still streaming when the other finished
 /// the upload writes to a blob write that is complete: it is answered as a
@@ -454,7 +430,7 @@ async fn a_patch_that_loses_a_race_without_a_lock_is_answered_where_the_upload_i
     let winner = async {
         // The loser passed the offset check and is reading its body.
         let started = std::time::Instant::now();
-        while in_flight(&app, &user).await == 0 {
+        while usage(&app, &user, "uploads_in_flight").await == 0 {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "the slow PATCH never started"

@@ -27,20 +27,20 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// under tus-js-client's 9 s of default retries.
 const TAKE_OVER_WITHIN: Duration = Duration::from_secs(5);
 
-/// A PATCH from offset 0 that sends `bytes[..SENT]` and then nothing, its
-/// connection left open: the sender keeps it silent until dropped.
-fn silent_patch(
+/// The client's end of a PATCH body it sends piece by piece.
+type Pieces = mpsc::UnboundedSender<Result<Bytes, std::io::Error>>;
+
+/// A PATCH of the whole upload from offset 0 whose body is what the
+/// sender is given, when it is given; it ends when the sender is dropped.
+fn streamed_patch(
     app: &TestApp,
     user: &TestUser,
     id: &str,
-    bytes: &[u8],
 ) -> (
-    mpsc::UnboundedSender<Result<Bytes, std::io::Error>>,
+    Pieces,
     tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
 ) {
     let (tx, rx) = mpsc::unbounded();
-    tx.unbounded_send(Ok(Bytes::copy_from_slice(&bytes[..SENT])))
-        .unwrap();
     let req = app
         .client
         .patch(app.url(&format!("/v1/uploads/{id}")))
@@ -51,6 +51,23 @@ fn silent_patch(
         .header("content-length", LEN.to_string())
         .body(reqwest::Body::wrap_stream(rx));
     (tx, tokio::spawn(req.send()))
+}
+
+/// A PATCH from offset 0 that sends `bytes[..SENT]` and then nothing, its
+/// connection left open: the sender keeps it silent until dropped.
+fn silent_patch(
+    app: &TestApp,
+    user: &TestUser,
+    id: &str,
+    bytes: &[u8],
+) -> (
+    Pieces,
+    tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    let (tx, sent) = streamed_patch(app, user, id);
+    tx.unbounded_send(Ok(Bytes::copy_from_slice(&bytes[..SENT])))
+        .unwrap();
+    (tx, sent)
 }
 
 /// The stopped PATCH's answer, if its client still reads: 423.
@@ -165,17 +182,7 @@ async fn a_head_does_not_stop_a_patch_that_is_still_sending() {
     let user = app.create_user("live-head").await;
     let bytes = data(LEN);
     let id = create(&app, &user, LEN).await;
-    let (tx, rx) = mpsc::unbounded::<Result<Bytes, std::io::Error>>();
-    let req = app
-        .client
-        .patch(app.url(&format!("/v1/uploads/{id}")))
-        .bearer_auth(&user.key)
-        .header("tus-resumable", TUS)
-        .header("content-type", OCTETS)
-        .header("upload-offset", "0")
-        .header("content-length", LEN.to_string())
-        .body(reqwest::Body::wrap_stream(rx));
-    let live = tokio::spawn(req.send());
+    let (tx, live) = streamed_patch(&app, &user, &id);
     // A piece every 250 ms, quicker than the holder's release idle time.
     const PIECES: usize = 24;
     let piece = LEN.div_ceil(PIECES);
@@ -212,17 +219,7 @@ async fn a_release_request_that_gave_up_does_not_stop_the_patch_later() {
     let user = app.create_user("late-pause").await;
     let bytes = data(LEN);
     let id = create(&app, &user, LEN).await;
-    let (tx, rx) = mpsc::unbounded::<Result<Bytes, std::io::Error>>();
-    let req = app
-        .client
-        .patch(app.url(&format!("/v1/uploads/{id}")))
-        .bearer_auth(&user.key)
-        .header("tus-resumable", TUS)
-        .header("content-type", OCTETS)
-        .header("upload-offset", "0")
-        .header("content-length", LEN.to_string())
-        .body(reqwest::Body::wrap_stream(rx));
-    let live = tokio::spawn(req.send());
+    let (tx, live) = streamed_patch(&app, &user, &id);
     const PIECES: usize = 32;
     let piece = LEN.div_ceil(PIECES);
     let chunks: Vec<Bytes> = bytes.chunks(piece).map(Bytes::copy_from_slice).collect();
