@@ -54,6 +54,9 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Uploads one user may have in flight on one instance.
     pub max_uploads_per_user: usize,
+    /// The most members one list of a session or agent may hold (its files,
+    /// MCP or toolset connections).
+    pub max_container_items: usize,
     /// Commit a user's uploads that are ready together, in one transaction
     /// (group commit); off, each upload commits in a transaction of its own.
     pub upload_group_commit: bool,
@@ -322,6 +325,7 @@ impl Settings {
             auth_cache_ttl: vars.secs("AUTH_CACHE_SECS")?,
             shutdown_grace: vars.secs("SHUTDOWN_GRACE_SECS")?,
             max_uploads_per_user: vars.value("MAX_UPLOADS_PER_USER")?,
+            max_container_items: vars.value("MAX_CONTAINER_ITEMS")?,
             upload_group_commit: vars.value("UPLOAD_GROUP_COMMIT")?,
             upload_group_max: vars.value("UPLOAD_GROUP_MAX")?,
             upload_memory_bytes: vars.value("UPLOAD_MEMORY_BYTES")?,
@@ -376,6 +380,9 @@ impl Settings {
         }
         if s.upload_group_max == 0 {
             bail!("FILEDOCK_UPLOAD_GROUP_MAX must be at least 1");
+        }
+        if s.max_container_items == 0 {
+            bail!("FILEDOCK_MAX_CONTAINER_ITEMS must be at least 1");
         }
         if s.txn_retry.max_attempts == 0 {
             bail!("FILEDOCK_TXN_MAX_ATTEMPTS must be at least 1");

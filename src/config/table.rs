@@ -247,6 +247,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_MAX_CONTAINER_ITEMS",
+        meaning: "files one session or agent may hold, and MCP or toolset connections one agent may hold, each (more get 409 container_full)",
+        value: Some("10000"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_UPLOAD_GROUP_COMMIT",
         meaning: "group commit: one user's uploads whose bytes are stored commit together, in one metadata transaction (false: one transaction each)",
         value: Some("true"),

@@ -28,11 +28,18 @@ use crate::{
 pub struct Applier {
     meta: Arc<dyn ContainerRepo>,
     txns: Transactions,
+    /// The most members one list of a container may hold
+    /// (`FILEDOCK_MAX_CONTAINER_ITEMS`).
+    max_items: usize,
 }
 
 impl Applier {
-    pub fn new(meta: Arc<dyn ContainerRepo>, txns: Transactions) -> Self {
-        Self { meta, txns }
+    pub fn new(meta: Arc<dyn ContainerRepo>, txns: Transactions, max_items: usize) -> Self {
+        Self {
+            meta,
+            txns,
+            max_items,
+        }
     }
 
     /// Applies `op` in a retried transaction. With an `op_id`, a redelivered
@@ -46,7 +53,8 @@ impl Applier {
         let result = self
             .txns
             .run(op.metric_op(), || {
-                self.meta.apply_op(op, fence.as_ref(), op_id)
+                self.meta
+                    .apply_op(op, fence.as_ref(), op_id, self.max_items)
             })
             .await;
         match result {
@@ -68,7 +76,7 @@ impl Applier {
 
     /// Applies queued operations in one transaction (see [`ContainerRepo::apply_group`]).
     pub async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {
-        self.meta.apply_group(ops, fence).await
+        self.meta.apply_group(ops, fence, self.max_items).await
     }
 }
 
@@ -208,6 +216,9 @@ pub enum OpOutcome {
     Applied,
     /// Either side of the operation is not the owner's; nothing changed.
     NotFound,
+    /// The list is at its limit (the limit); nothing changed, and the
+    /// operation's id is settled so that it never applies later.
+    ContainerFull(usize),
     /// It kept failing and was moved to the dead-letter queue; the message
     /// says why.
     DeadLettered(String),
@@ -219,6 +230,7 @@ impl OpOutcome {
         match self {
             Self::Applied => "applied",
             Self::NotFound => "not_found",
+            Self::ContainerFull(_) => "container_full",
             Self::DeadLettered(_) => "dead_lettered",
         }
     }
@@ -227,6 +239,7 @@ impl OpOutcome {
         match self {
             Self::Applied => Ok(()),
             Self::NotFound => Err(MetaError::NotFound.into()),
+            Self::ContainerFull(max) => Err(MetaError::ContainerFull(max).into()),
             Self::DeadLettered(message) => Err(CoordError::DeadLettered(message)),
         }
     }
@@ -251,6 +264,7 @@ impl From<OpOutcome> for OutcomeWire {
         let message = match o {
             OpOutcome::Applied => None,
             OpOutcome::NotFound => Some("not found".into()),
+            OpOutcome::ContainerFull(max) => Some(max.to_string()),
             OpOutcome::DeadLettered(m) => Some(m),
         };
         Self { code, message }
@@ -264,6 +278,11 @@ impl TryFrom<OutcomeWire> for OpOutcome {
         match w.code.as_deref() {
             None => Ok(Self::Applied),
             Some("not_found") => Ok(Self::NotFound),
+            Some("container_full") => w
+                .message
+                .and_then(|m| m.parse().ok())
+                .map(Self::ContainerFull)
+                .ok_or_else(|| "container_full without its limit".to_owned()),
             Some("dead_lettered") => Ok(Self::DeadLettered(w.message.unwrap_or_default())),
             Some(other) => Err(format!("unknown operation outcome {other:?}")),
         }
@@ -318,6 +337,10 @@ mod tests {
     fn outcomes_keep_their_wire_shape_and_an_unknown_code_does_not_decode() {
         let cases = [
             (OpOutcome::Applied, r#"{"code":null,"message":null}"#),
+            (
+                OpOutcome::ContainerFull(3),
+                r#"{"code":"container_full","message":"3"}"#,
+            ),
             (
                 OpOutcome::NotFound,
                 r#"{"code":"not_found","message":"not found"}"#,

@@ -43,6 +43,9 @@ pub enum DomainError {
     OutcomeUnknown(Option<String>),
     #[error("storage quota exceeded")]
     QuotaExceeded,
+    /// A session's or agent's list is at `FILEDOCK_MAX_CONTAINER_ITEMS`.
+    #[error("this list already holds its limit of {0} items; remove one first")]
+    ContainerFull(usize),
     /// The bytes received do not have the digest the client declared.
     #[error("the body does not match its Content-Digest ({0}); nothing was stored")]
     DigestMismatch(&'static str),
@@ -88,6 +91,7 @@ impl DomainError {
             Self::DependencyUnavailable(_) => "dependency_unavailable",
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::ContainerFull(_) => "container_full",
             Self::DigestMismatch(_) => "digest_mismatch",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::LinkInvalid => "link_invalid",
@@ -123,6 +127,7 @@ impl From<MetaError> for DomainError {
             }
             MetaError::QuotaExceeded => Self::QuotaExceeded,
             MetaError::NotFound => Self::NotFound,
+            MetaError::ContainerFull(max) => Self::ContainerFull(max),
             MetaError::Unavailable(_) | MetaError::Transient(_) => {
                 Self::DependencyUnavailable("metadata store")
             }

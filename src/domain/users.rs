@@ -76,7 +76,7 @@ pub async fn create_user(
         id: UserId::new(),
         name: parse_name(name)?,
         api_key_hash: hash_key(&key),
-        file_ids: Vec::new(),
+        file_count: 0,
         used_bytes: 0,
         upload_fence: Default::default(),
         created_at: crate::meta::now(),

@@ -20,7 +20,7 @@ pub async fn me(AuthUser(user): AuthUser, State(state): State<AppState>) -> ApiR
         "usage": {
             "used_bytes": me.used_bytes,
             "quota_bytes": usage.quota_bytes,
-            "file_count": me.file_ids.len(),
+            "file_count": me.file_count,
             "uploads_in_flight": usage.uploads_in_flight,
         },
     })))

@@ -12,6 +12,10 @@ pub enum MetaError {
     QuotaExceeded,
     #[error("not found")]
     NotFound,
+    /// The session's or agent's list already holds its limit of members
+    /// (`FILEDOCK_MAX_CONTAINER_ITEMS`); nothing was changed.
+    #[error("the list already holds its limit of {0} items")]
+    ContainerFull(usize),
     #[error("duplicate key")]
     Duplicate,
     /// The upload's intent was swept before it committed (it ran past the grace period).

@@ -206,7 +206,9 @@ pub trait ContainerRepo: Send + Sync {
     /// owner may use in (from) a container the owner owns and records the
     /// back-reference on the file; a link connects (disconnects) an MCP or
     /// toolset. Both are idempotent; `NotFound` if either side is not the
-    /// owner's. With an operation id, the id is recorded in `processed_ops`
+    /// owner's. A write that would grow a list past `max_items` members is
+    /// `ContainerFull`, checked in the transaction (so concurrent writes cannot
+    /// pass it together). With an operation id, the id is recorded in `processed_ops`
     /// in the same transaction, and an id seen before makes the call
     /// `AlreadyApplied` without changing anything.
     async fn apply_op(
@@ -214,6 +216,7 @@ pub trait ContainerRepo: Send + Sync {
         op: &Operation,
         fence: Option<&Fence>,
         op_id: Option<&OpId>,
+        max_items: usize,
     ) -> MetaResult<()>;
 
     /// Settles a queued operation whose waiter gave up: records its id in
@@ -225,7 +228,12 @@ pub trait ContainerRepo: Send + Sync {
     /// one's id (the second of the pair) as `apply_op` does,
     /// under one fence: all or none. Any refusal, or an id seen before, fails
     /// the whole group; the caller then applies them one at a time.
-    async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()>;
+    async fn apply_group(
+        &self,
+        ops: &[(Operation, OpId)],
+        fence: &Fence,
+        max_items: usize,
+    ) -> MetaResult<()>;
 }
 
 /// One method per unit of work; each mutating method is a single transaction

@@ -25,9 +25,11 @@ pub struct UserRecord {
     pub name: String,
     /// SHA-256 (hex) of the API key; the key itself is never stored.
     pub api_key_hash: ApiKeyHash,
-    /// Not loaded by `user_by_key_hash` (empty there).
+    /// How many files the user holds. The list itself is the `files`
+    /// collection (its `(owner_id, _id)` index): an array of ids here grew
+    /// with every file, and every commit rewrote it (issue 22).
     #[serde(default)]
-    pub file_ids: Vec<FileId>,
+    pub file_count: i64,
     pub used_bytes: i64,
     /// Highest fencing token committed, per upload-lock category.
     #[serde(default)]

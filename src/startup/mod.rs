@@ -128,7 +128,7 @@ impl AppState {
         } = ports.clone();
         let admin_key = admin_key(&settings)?;
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
-        let applier = Applier::new(meta.clone(), txns.clone());
+        let applier = Applier::new(meta.clone(), txns.clone(), settings.max_container_items);
         let queue = match (settings.coordination, &settings.redis_url) {
             (Coordination::Queue, Some(url)) => Some(Arc::new(RedisQueue::connect(
                 url.expose_secret(),

@@ -94,6 +94,25 @@ impl Operation {
         }
     }
 
+    /// The array this write adds a member to, and the member as stored;
+    /// `None` for a detach or a disconnect, which never grow a container.
+    pub fn added_member(&self) -> Option<(&'static str, String)> {
+        match self {
+            Self::Attach {
+                file_id,
+                attached: true,
+                ..
+            } => Some(("file_ids", file_id.to_string())),
+            Self::Link {
+                kind,
+                link_id,
+                connected: true,
+                ..
+            } => Some((kind.field(), link_id.as_str().to_owned())),
+            _ => None,
+        }
+    }
+
     /// The name its transactions are counted under.
     pub fn metric_op(&self) -> &'static str {
         match self {

@@ -379,7 +379,7 @@ async fn delete_removes_metadata_and_blob() {
         .await
         .unwrap()
         .unwrap();
-    assert!(user.file_ids.is_empty());
+    assert_eq!(user.file_count, 0);
     assert_eq!(user.used_bytes, 0);
     let res = app
         .client

@@ -3,6 +3,7 @@
 //! otherwise against the embedded adapters.
 
 mod account;
+mod bounded;
 mod cli;
 mod clients;
 mod content;

@@ -148,7 +148,11 @@ async fn concurrent_renames_and_uploads_by_one_user_all_land_with_exact_usage() 
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(user.file_ids.len(), 2 * n, "the user lists each file once");
+    assert_eq!(
+        user.file_count,
+        2 * n as i64,
+        "the user counts each file once"
+    );
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 2 * n);
 }
 

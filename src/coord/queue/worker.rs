@@ -413,6 +413,14 @@ impl Consumer<'_> {
                     match applied.await {
                         Ok(()) => break OpOutcome::Applied,
                         Err(MetaError::NotFound) => break OpOutcome::NotFound,
+                        // Refused now, but room may be made later: settled so
+                        // that a redelivery never applies what was answered
+                        // refused (or answered applied if one already did).
+                        Err(MetaError::ContainerFull(max)) => match self.settle(op_id).await {
+                            Some(true) => break OpOutcome::ContainerFull(max),
+                            Some(false) => break OpOutcome::Applied,
+                            None => continue,
+                        },
                         Err(MetaError::StaleFence) => return Step::Stop,
                         // Transient: a conflicting transaction (perhaps left open by a
                         // process that died mid-commit, until it is ended), the
@@ -464,6 +472,23 @@ impl Consumer<'_> {
         };
         self.deliver(conn, &[(entry, &outcome)]).await;
         Step::Next
+    }
+
+    /// Settles `op_id` (see [`crate::coord::Applier::cancel`]): `Some(true)` if it can no
+    /// longer apply, `Some(false)` if it already did, `None` (after a pause)
+    /// while the store cannot say.
+    async fn settle(&self, op_id: Option<&OpId>) -> Option<bool> {
+        let Some(id) = op_id else {
+            return Some(true);
+        };
+        match self.queue.applier.cancel(id).await {
+            Ok(settled) => Some(settled),
+            Err(e) => {
+                tracing::warn!(?op_id, error = %e, "cannot settle a refused operation yet");
+                tokio::time::sleep(RETRY_STEP).await;
+                None
+            }
+        }
     }
 
     /// Stores each result, tells its waiter's instance, acknowledges the

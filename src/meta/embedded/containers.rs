@@ -38,9 +38,27 @@ pub(super) fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) 
     }
 }
 
+/// `ContainerFull` if `op` would add a member to a list of `doc` that
+/// already holds `max_items` (adding one it holds changes nothing).
+fn check_room(doc: &Value, op: &Operation, max_items: usize) -> MetaResult<()> {
+    let Some((field, member)) = op.added_member() else {
+        return Ok(());
+    };
+    let list = doc[field].as_array().map(Vec::as_slice).unwrap_or_default();
+    if list.len() >= max_items && !list.iter().any(|v| *v == member.as_str()) {
+        return Err(MetaError::ContainerFull(max_items));
+    }
+    Ok(())
+}
+
 /// Applies a container write inside `tx`, checking and storing `fence` on
 /// the container.
-pub(super) fn write_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> MetaResult<()> {
+pub(super) fn write_op(
+    tx: &mut Txn,
+    op: &Operation,
+    fence: Option<&Fence>,
+    max_items: usize,
+) -> MetaResult<()> {
     match op {
         Operation::Attach {
             owner_id,
@@ -52,6 +70,7 @@ pub(super) fn write_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> M
             let ckey = format!("{collection}/{cid}");
             let mut doc = owned(tx.get::<Value>(&ckey)?, owner_id)?;
             apply_fence_value(&mut doc, fence)?;
+            check_room(&doc, op, max_items)?;
             let fkey = file_key(file_id);
             match tx.get::<Value>(&fkey)? {
                 // The file's document is written too, so that a concurrent
@@ -80,6 +99,7 @@ pub(super) fn write_op(tx: &mut Txn, op: &Operation, fence: Option<&Fence>) -> M
             let key = format!("agents/{agent_id}");
             let mut doc = owned(tx.get::<Value>(&key)?, owner_id)?;
             apply_fence_value(&mut doc, fence)?;
+            check_room(&doc, op, max_items)?;
             set_member(&mut doc, kind.field(), link_id.as_str(), *connected);
             tx.put(&key, &doc)
         }
@@ -163,11 +183,12 @@ impl ContainerRepo for EmbeddedStore {
         op: &Operation,
         fence: Option<&Fence>,
         op_id: Option<&OpId>,
+        max_items: usize,
     ) -> MetaResult<()> {
         let (op, fence, op_id) = (op.clone(), fence.cloned(), op_id.copied());
         self.transaction(move |tx| {
             record_op(tx, op_id.as_ref())?;
-            write_op(tx, &op, fence.as_ref())
+            write_op(tx, &op, fence.as_ref(), max_items)
         })
         .await
     }
@@ -182,12 +203,17 @@ impl ContainerRepo for EmbeddedStore {
         .await
     }
 
-    async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {
+    async fn apply_group(
+        &self,
+        ops: &[(Operation, OpId)],
+        fence: &Fence,
+        max_items: usize,
+    ) -> MetaResult<()> {
         let (ops, fence) = (ops.to_vec(), fence.clone());
         self.transaction(move |tx| {
             for (op, id) in &ops {
                 record_op(tx, Some(id))?;
-                write_op(tx, op, Some(&fence))?;
+                write_op(tx, op, Some(&fence), max_items)?;
             }
             Ok(())
         })

@@ -52,7 +52,7 @@ impl FileRepo for EmbeddedStore {
                 return Err(MetaError::QuotaExceeded);
             }
             user.used_bytes += file.size;
-            user.file_ids.push(file.id);
+            user.file_count += 1;
             tx.put(&ukey, &user)?;
             insert_file(tx, file)?;
             Ok(CommitOutcome::Committed)
@@ -82,8 +82,7 @@ impl FileRepo for EmbeddedStore {
             }
             let plan = group::plan(&group, user.used_bytes, recorded);
             user.used_bytes += plan.bytes;
-            user.file_ids
-                .extend(plan.committing.iter().map(|c| c.file.id));
+            user.file_count += plan.committing.len() as i64;
             tx.put(&ukey, &user)?;
             for record in &plan.keys {
                 tx.put(&format!("idempotency/{}", record.id), record)?;
@@ -144,7 +143,7 @@ impl FileRepo for EmbeddedStore {
             let ukey = user_key(&owner);
             let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
             apply_fence(&mut user, fence.as_ref())?;
-            user.file_ids.retain(|f| *f != id);
+            user.file_count -= 1;
             user.used_bytes -= file.size;
             tx.put(&ukey, &user)?;
             let sessions = file.sessions.iter().map(ToString::to_string);

@@ -15,6 +15,7 @@
 mod cleanup;
 mod containers;
 mod files;
+mod migrate;
 mod resumable;
 mod txn;
 mod users;
@@ -50,7 +51,7 @@ impl EmbeddedStore {
         let store = Self {
             db: Db::open(&dir.join("metadata.redb"))?,
         };
-        store.index_owned_containers()?;
+        store.migrate()?;
         Ok(store)
     }
 
@@ -66,28 +67,6 @@ impl EmbeddedStore {
         F: FnOnce(&mut Txn) -> MetaResult<T> + Send + 'static,
     {
         self.db.transaction(f).await
-    }
-
-    /// Indexes the sessions and agents of a store written before they had
-    /// an owner index (see [`owner_index`]); a no-op once they have.
-    fn index_owned_containers(&self) -> MetaResult<()> {
-        let mut tx = self.begin()?;
-        for collection in ["sessions", "agents"] {
-            for key in tx.keys(&format!("{collection}/"), None, usize::MAX)? {
-                let Some(doc) = tx.get::<Value>(&key)? else {
-                    continue;
-                };
-                let (Some(owner), Some(id)) = (doc["owner_id"].as_str(), doc["_id"].as_str())
-                else {
-                    continue;
-                };
-                let index_key = format!("{}{id}", owner_index(collection, owner));
-                if tx.get::<Value>(&index_key)?.is_none() {
-                    tx.put(&index_key, &())?;
-                }
-            }
-        }
-        tx.commit(&self.db)
     }
 }
 

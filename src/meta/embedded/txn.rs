@@ -228,7 +228,7 @@ mod tests {
             embedded::EmbeddedStore,
             retry::{TxnRetryPolicy, with_txn_retry},
         },
-        vocab::{ApiKeyHash, FileId, UserId},
+        vocab::{ApiKeyHash, UserId},
     };
 
     fn user(id: UserId) -> UserRecord {
@@ -236,7 +236,7 @@ mod tests {
             id,
             name: "u".into(),
             api_key_hash: ApiKeyHash::from_hex(format!("hash-{id}")),
-            file_ids: vec![],
+            file_count: 0,
             used_bytes: 0,
             upload_fence: Default::default(),
             created_at: crate::meta::now(),
@@ -250,8 +250,6 @@ mod tests {
         let u1 = UserId::new();
         let key = format!("users/{u1}");
         store.insert_user(&user(u1)).await.unwrap();
-        let (f1, f2) = (FileId::new(), FileId::new());
-
         // Both transactions read the user document before either commits.
         let barrier = Arc::new(Barrier::new(2));
         let attempts = Arc::new(AtomicU32::new(0));
@@ -259,7 +257,7 @@ mod tests {
             max_attempts: 3,
             base_delay: std::time::Duration::from_millis(5),
         };
-        let push = |file: FileId| {
+        let push = |size: i64| {
             let (store, barrier, attempts) = (store.clone(), barrier.clone(), attempts.clone());
             let key = key.clone();
             async move {
@@ -272,14 +270,15 @@ mod tests {
                         if first {
                             barrier.wait();
                         }
-                        u.file_ids.push(file);
+                        u.file_count += 1;
+                        u.used_bytes += size;
                         tx.put(&key, &u)
                     })
                 })
                 .await
             }
         };
-        let (a, b) = tokio::join!(push(f1), push(f2));
+        let (a, b) = tokio::join!(push(1), push(2));
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(
             a.retries + b.retries,
@@ -287,11 +286,8 @@ mod tests {
             "exactly one side conflicted and retried"
         );
         assert_eq!(attempts.load(Ordering::SeqCst), 3);
-        let mut ids = store.user(&u1).await.unwrap().unwrap().file_ids;
-        ids.sort();
-        let mut both = vec![f1, f2];
-        both.sort();
-        assert_eq!(ids, both, "no update lost");
+        let u = store.user(&u1).await.unwrap().unwrap();
+        assert_eq!((u.file_count, u.used_bytes), (2, 3), "no update lost");
     }
 
     #[tokio::test]

@@ -73,6 +73,30 @@ fn plan_group(ops: &[(Operation, OpId)]) -> Vec<GroupStep<'_>> {
     steps
 }
 
+/// Adds to `filter` that the list `field` has room for `added` more
+/// members of at most `max` (its member at index `max - added` does not
+/// exist), or, for one member, that it holds that member already (adding it
+/// changes nothing). `ContainerFull` if `added` alone passes `max`.
+fn require_room(
+    filter: &mut Document,
+    field: &str,
+    max: usize,
+    added: usize,
+    member: Option<Bson>,
+) -> MetaResult<()> {
+    let Some(last_free) = max.checked_sub(added) else {
+        return Err(MetaError::ContainerFull(max));
+    };
+    let room = doc! {format!("{field}.{last_free}"): {"$exists": false}};
+    let check = match member {
+        Some(m) => doc! {"$or": [room, {field: m}]},
+        None => room,
+    };
+    // (`$or` may hold the fence's check already.)
+    filter.insert("$and", vec![check]);
+    Ok(())
+}
+
 impl MongoStore {
     /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
     async fn record_op(&self, s: &mut ClientSession, op_id: Option<&OpId>) -> MetaResult<()> {
@@ -103,7 +127,16 @@ impl MongoStore {
         s: &mut ClientSession,
         op: &Operation,
         fence: Option<&Fence>,
+        max_items: usize,
     ) -> MetaResult<()> {
+        let mut filter = doc! {};
+        let bound = match op.added_member() {
+            Some((field, member)) => {
+                require_room(&mut filter, field, max_items, 1, Some(member.into()))?;
+                Some(max_items)
+            }
+            None => None,
+        };
         match op {
             Operation::Attach {
                 owner_id,
@@ -141,10 +174,10 @@ impl MongoStore {
                         .map_err(classify)?;
                 }
                 let verb = if *attached { "$addToSet" } else { "$pull" };
-                let mut filter = doc! {"_id": &cid, "owner_id": owner_id};
+                filter.extend(doc! {"_id": &cid, "owner_id": owner_id});
                 let mut update = doc! {verb: {"file_ids": file_id}};
                 add_fence(&mut filter, &mut update, "fence", fence);
-                self.update_owned(s, collection, filter, update, owner_id, cid)
+                self.update_owned(s, collection, filter, update, (owner_id, cid), fence, bound)
                     .await
             }
             Operation::Link {
@@ -155,26 +188,32 @@ impl MongoStore {
                 connected,
             } => {
                 let verb = if *connected { "$addToSet" } else { "$pull" };
-                let mut filter = doc! {"_id": agent_id, "owner_id": owner_id};
+                filter.extend(doc! {"_id": agent_id, "owner_id": owner_id});
                 let mut update = doc! {verb: {kind.field(): link_id}};
                 add_fence(&mut filter, &mut update, "fence", fence);
-                self.update_owned(s, "agents", filter, update, owner_id, agent_id)
+                let owned = (owner_id, agent_id.to_string());
+                self.update_owned(s, "agents", filter, update, owned, fence, bound)
                     .await
             }
         }
     }
 
-    /// Applies a fenced update to an owned document; tells `NotFound` (not
-    /// the owner's, or absent) from `StaleFence` when nothing matched.
+    /// Applies a fenced update to an owned document (`owned`: its owner and
+    /// id); when nothing matched, tells `NotFound` (not the owner's, or
+    /// absent) from `StaleFence` and, when the filter bounds a list at
+    /// `bound` members, from `ContainerFull`.
+    #[allow(clippy::too_many_arguments)]
     async fn update_owned(
         &self,
         s: &mut ClientSession,
         collection: &str,
         filter: Document,
         update: Document,
-        owner_id: &UserId,
-        id: impl Into<Bson>,
+        owned: (&UserId, impl Into<Bson>),
+        fence: Option<&Fence>,
+        bound: Option<usize>,
     ) -> MetaResult<()> {
+        let (owner_id, id) = owned;
         let coll = self.db.collection::<Document>(collection);
         let updated = coll
             .update_one(filter, update)
@@ -189,7 +228,15 @@ impl MongoStore {
             .session(&mut *s)
             .await
         {
-            Ok(Some(_)) => Err(MetaError::StaleFence),
+            Ok(Some(doc)) => {
+                let stored = |f: &Fence| doc.get_document("fence").ok()?.get_i64(&f.slot).ok();
+                let fenced_out = fence.is_some_and(|f| stored(f).is_some_and(|t| t > f.token));
+                match bound {
+                    // The fence passed: the list's bound is what refused it.
+                    Some(max) if !fenced_out => Err(MetaError::ContainerFull(max)),
+                    _ => Err(MetaError::StaleFence),
+                }
+            }
             Ok(None) => Err(MetaError::NotFound),
             Err(e) => Err(classify(e)),
         }
@@ -267,11 +314,12 @@ impl ContainerRepo for MongoStore {
         op: &Operation,
         fence: Option<&Fence>,
         op_id: Option<&OpId>,
+        max_items: usize,
     ) -> MetaResult<()> {
         let mut s = self.txns.begin(fence).await?;
         let result = async {
             self.record_op(&mut s, op_id).await?;
-            self.write_op(&mut s, op, fence).await
+            self.write_op(&mut s, op, fence, max_items).await
         }
         .await;
         self.txns.finish(s, fence, result).await
@@ -294,7 +342,12 @@ impl ContainerRepo for MongoStore {
         }
     }
 
-    async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {
+    async fn apply_group(
+        &self,
+        ops: &[(Operation, OpId)],
+        fence: &Fence,
+        max_items: usize,
+    ) -> MetaResult<()> {
         let mut s = self.txns.begin(Some(fence)).await?;
         let result = async {
             let records: Vec<ProcessedOp> = ops
@@ -312,7 +365,7 @@ impl ContainerRepo for MongoStore {
                 .map_err(classify)?;
             for step in plan_group(ops) {
                 match step {
-                    GroupStep::One(op) => self.write_op(&mut s, op, Some(fence)).await?,
+                    GroupStep::One(op) => self.write_op(&mut s, op, Some(fence), max_items).await?,
                     GroupStep::Links(run) => {
                         let field = run.kind.field();
                         let changes = [
@@ -325,15 +378,23 @@ impl ContainerRepo for MongoStore {
                                 continue;
                             }
                             let mut filter = doc! {"_id": run.agent_id, "owner_id": run.owner_id};
+                            // Room for every added link, as if none were there
+                            // yet: a refusal applies the group one at a time.
+                            let bound = (verb == "$addToSet").then_some(max_items);
+                            if bound.is_some() {
+                                require_room(&mut filter, field, max_items, ids.len(), None)?;
+                            }
                             let mut update = doc! {verb: {field: value}};
                             add_fence(&mut filter, &mut update, "fence", Some(fence));
+                            let owned = (run.owner_id, run.agent_id.to_string());
                             self.update_owned(
                                 &mut s,
                                 "agents",
                                 filter,
                                 update,
-                                run.owner_id,
-                                run.agent_id,
+                                owned,
+                                Some(fence),
+                                bound,
                             )
                             .await?;
                         }

@@ -54,7 +54,7 @@ impl MongoStore {
         if let Some(quota) = c.quota_bytes {
             filter.insert("used_bytes", doc! {"$lte": quota as i64 - file.size});
         }
-        let mut update = doc! {"$push": {"file_ids": &file.id}, "$inc": {"used_bytes": file.size}};
+        let mut update = doc! {"$inc": {"used_bytes": file.size, "file_count": 1_i64}};
         add_fence(&mut filter, &mut update, "upload_fence", c.fence.as_ref());
         let updated = self
             .users()
@@ -137,8 +137,7 @@ impl MongoStore {
         // the user document since then makes this update a write conflict.
         let mut filter = doc! {"_id": owner};
         let mut update = doc! {
-            "$push": {"file_ids": {"$each": &ids}},
-            "$inc": {"used_bytes": plan.bytes},
+            "$inc": {"used_bytes": plan.bytes, "file_count": ids.len() as i64},
         };
         add_fences(&mut filter, &mut update, "upload_fence", &fences);
         let updated = self
@@ -253,7 +252,7 @@ impl MongoStore {
         else {
             return Ok(None);
         };
-        let update = doc! {"$pull": {"file_ids": id}, "$inc": {"used_bytes": -file.size}};
+        let update = doc! {"$inc": {"used_bytes": -file.size, "file_count": -1_i64}};
         self.update_user_fenced(s, owner, update, fence).await?;
         let attached: [(&str, Bson); 2] = [
             ("sessions", file.sessions.clone().into()),

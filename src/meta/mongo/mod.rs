@@ -12,6 +12,7 @@ mod cleanup;
 mod containers;
 mod errors;
 mod files;
+mod migrate;
 mod resumable;
 mod txn;
 mod users;
@@ -125,6 +126,7 @@ impl MongoStore {
         };
         store.db.run_command(doc! {"ping": 1}).await?;
         store.create_indexes().await?;
+        store.migrate().await?;
         Ok(store)
     }
 

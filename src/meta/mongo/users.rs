@@ -27,10 +27,8 @@ impl UserRepo for MongoStore {
     }
 
     async fn user_by_key_hash(&self, hash: &ApiKeyHash) -> MetaResult<Option<UserRecord>> {
-        // Authentication needs neither the file list nor its size on the wire.
         self.users()
             .find_one(doc! {"api_key_hash": hash})
-            .projection(doc! {"file_ids": 0})
             .await
             .map_err(classify)
     }

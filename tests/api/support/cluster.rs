@@ -24,6 +24,10 @@ pub const SETTLE_WINDOW: Duration = Duration::from_secs(3);
 pub const TUS_EXPIRY: Duration = Duration::from_secs(20);
 /// The S3 part size: uploads of a few MiB already go multipart.
 pub const PART_SIZE: usize = 5 << 20;
+/// Each session's and agent's lists stop this short, so that some of the
+/// workload's attaches and connects are refused (409 `container_full`) under
+/// the faults too: the checker holds a refusal to "nothing applied".
+pub const CONTAINER_MAX_ITEMS: usize = 3;
 const INSTANCES: usize = 2;
 /// What the suite reads from the instances' `/metrics` (summed over
 /// restarts): panics, and how often the grouped paths ran.
@@ -97,6 +101,7 @@ impl Cluster {
         settings.redis_url = Some(format!("redis://127.0.0.1:{redis_port}/").into());
         settings.sweep.intent_grace = GRACE;
         settings.sweep.retry_interval = Duration::ZERO;
+        settings.max_container_items = CONTAINER_MAX_ITEMS;
         let dir = settings.data_dir.clone();
         std::fs::create_dir_all(&dir).unwrap();
         let state = AppState::build(settings.clone()).await.unwrap();
@@ -166,6 +171,10 @@ impl Cluster {
                 ("FILEDOCK_S3_ENDPOINT", format!("http://{}", self.s3.addr())),
                 ("FILEDOCK_S3_PART_SIZE", PART_SIZE.to_string()),
                 ("FILEDOCK_TUS_EXPIRY_SECS", TUS_EXPIRY.as_secs().to_string()),
+                (
+                    "FILEDOCK_MAX_CONTAINER_ITEMS",
+                    CONTAINER_MAX_ITEMS.to_string(),
+                ),
                 ("FILEDOCK_COORDINATION", self.coordination.clone()),
                 ("FILEDOCK_LOCK_TTL_SECS", LOCK_TTL.as_secs().to_string()),
                 ("FILEDOCK_LOCK_WAIT_SECS", "10".into()),

@@ -196,9 +196,9 @@ pub struct FinalUser {
     pub files: BTreeMap<String, FinalFile>,
     /// The files `GET /v1/files` lists, every page.
     pub listed: Vec<String>,
-    /// The user document: `used_bytes` and `file_ids`.
+    /// The user document: `used_bytes` and `file_count`.
     pub used_bytes: i64,
-    pub file_ids: Vec<String>,
+    pub file_count: i64,
     /// `GET /v1/me`'s usage: `used_bytes`, `file_count`.
     pub me: (i64, i64),
     pub sessions: BTreeMap<String, Vec<String>>,

@@ -191,7 +191,7 @@ async fn read_user(
         }
     }
     let record = meta.user(&uid).await.unwrap().unwrap();
-    (fin.used_bytes, fin.file_ids) = (record.used_bytes, strings(&record.file_ids));
+    (fin.used_bytes, fin.file_count) = (record.used_bytes, record.file_count);
     let me: Value = get(client, format!("{base}/v1/me"), &user.key)
         .await
         .json()
