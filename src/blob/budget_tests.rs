@@ -1,6 +1,7 @@
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use super::*;
+use super::{BudgetLimits, LetGo, MemoryBudget, Refused, UNIT};
+use crate::metrics::Metrics;
 
 fn budget(bytes: u64, per_user: u64, wait: Option<Duration>) -> Arc<MemoryBudget> {
     let limits = BudgetLimits {
