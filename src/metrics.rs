@@ -91,6 +91,8 @@ pub struct Metrics {
     /// Uploads waiting for buffer memory now, and reservations that waited.
     pub upload_memory_waiters: Gauge,
     pub upload_memory_waits: Counter,
+    /// Reservations refused after waiting `FILEDOCK_UPLOAD_MEMORY_WAIT_SECS`.
+    pub upload_memory_busy: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,6 +137,7 @@ impl Default for Metrics {
             upload_memory_peak: Gauge::default(),
             upload_memory_waiters: Gauge::default(),
             upload_memory_waits: Counter::default(),
+            upload_memory_busy: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -294,6 +297,11 @@ impl Default for Metrics {
             "filedock_upload_memory_waits",
             "Buffer reservations that had to wait for memory",
             m.upload_memory_waits.clone(),
+        );
+        r.register(
+            "filedock_upload_memory_busy",
+            "Buffer reservations refused after waiting FILEDOCK_UPLOAD_MEMORY_WAIT_SECS (answered 503 memory_busy)",
+            m.upload_memory_busy.clone(),
         );
         Self { registry, ..m }
     }

@@ -64,7 +64,12 @@ pub(crate) async fn memory_under_concurrency(client: &Client, r: &mut Report) {
 
 async fn one_run(client: &Client, on: bool, uploads: usize, len: usize) -> Run {
     let budget = if on { BUDGET } else { "0" };
-    let server = Server::start(&[("FILEDOCK_UPLOAD_MEMORY_BYTES", budget)]).await;
+    // One user sends every upload: the whole budget is its share.
+    let env = [
+        ("FILEDOCK_UPLOAD_MEMORY_BYTES", budget),
+        ("FILEDOCK_UPLOAD_MEMORY_USER_SHARE", "1"),
+    ];
+    let server = Server::start(&env).await;
     let key = client.user(&server, "memory").await;
     let started = Instant::now();
     let sent = (0..uploads).map(|_| {

@@ -40,6 +40,22 @@ pub enum BodyError {
     /// Reading failed: the client went away, or a read from the store failed.
     #[error("{0}")]
     Read(#[from] io::Error),
+    /// Reading stopped: the upload memory budget stayed spent this long.
+    #[error("upload memory stayed in use by other uploads for {0:?}")]
+    MemoryBusy(Duration),
+    /// Reading stopped: another request asked this one to let go of its
+    /// upload while it waited for upload memory.
+    #[error("another request asked for this upload while it waited for memory")]
+    LetGo,
+}
+
+impl From<budget::Refused> for BodyError {
+    fn from(r: budget::Refused) -> Self {
+        match r {
+            budget::Refused::Busy(waited) => Self::MemoryBusy(waited),
+            budget::Refused::LetGo => Self::LetGo,
+        }
+    }
 }
 
 /// An inclusive byte range `start..=end`.
@@ -89,6 +105,18 @@ pub trait BlobStore: Send + Sync {
     /// Returns the number of bytes written.
     async fn put(&self, key: &BlobKey, body: ByteStream<'_>) -> Result<u64, BlobError>;
 
+    /// [`Self::put`] for an upload of `hint.user` of at most `hint.at_most`
+    /// bytes, which a store that buffers parts reserves its memory by (the
+    /// user's share of the budget, no more than the body can bring).
+    async fn put_for(
+        &self,
+        key: &BlobKey,
+        body: ByteStream<'_>,
+        _hint: PutHint<'_>,
+    ) -> Result<u64, BlobError> {
+        self.put(key, body).await
+    }
+
     /// Streams the object, or `range` of it.
     async fn get(
         &self,
@@ -129,6 +157,14 @@ pub trait BlobStore: Send + Sync {
     ) -> Result<Option<String>, BlobError> {
         Ok(None)
     }
+}
+
+/// Who uploads a body and how long it can be, for [`BlobStore::put_for`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PutHint<'a> {
+    pub user: Option<&'a str>,
+    /// The body brings at most this many bytes (the request's Content-Length).
+    pub at_most: Option<u64>,
 }
 
 /// The response headers a presigned download asks the store to send.

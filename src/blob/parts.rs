@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 
 use super::{
     BlobError, BodyError, ByteStream,
-    budget::{MemoryBudget, Reservation},
+    budget::{Claim, Reservation},
 };
 
 /// Where whole parts go: an S3 multipart upload, a resumable write.
@@ -48,7 +48,10 @@ impl Part {
 /// of its own size, or a slice of one chunk when a chunk holds it whole.
 /// Each part's memory is reserved from the budget once its first bytes
 /// have arrived (a client that sends nothing holds none) and before any
-/// more is read: while it waits, nothing is read from the client.
+/// more is read: while it waits, nothing is read from the client. A
+/// refused reservation ends the body (cut, [`BodyError::MemoryBusy`] or
+/// [`BodyError::LetGo`]): the bytes already read are handed out, holding
+/// nothing, and nothing more is read.
 pub struct Parts<'a> {
     body: ByteStream<'a>,
     /// The tail of a chunk that crossed the previous part's end (or the
@@ -60,7 +63,9 @@ pub struct Parts<'a> {
     cut: Option<BodyError>,
     /// Bytes read from the body (the carried ones not counted).
     read: u64,
-    budget: Arc<MemoryBudget>,
+    claim: Claim,
+    /// A reservation was refused: what is left is handed out unreserved.
+    refused: bool,
     /// At most this many bytes are still to come (carried ones included),
     /// when known: a part never reserves more.
     left: Option<u64>,
@@ -69,12 +74,7 @@ pub struct Parts<'a> {
 }
 
 impl<'a> Parts<'a> {
-    pub fn new(
-        carried: Bytes,
-        body: ByteStream<'a>,
-        size: usize,
-        budget: Arc<MemoryBudget>,
-    ) -> Self {
+    pub fn new(carried: Bytes, body: ByteStream<'a>, size: usize, claim: Claim) -> Self {
         Self {
             body,
             carry: (!carried.is_empty()).then_some(carried),
@@ -82,7 +82,8 @@ impl<'a> Parts<'a> {
             ended: false,
             cut: None,
             read: 0,
-            budget,
+            claim,
+            refused: false,
             left: None,
             ahead: None,
         }
@@ -134,7 +135,18 @@ impl<'a> Parts<'a> {
             .map_or(self.size as u64, |l| l.min(self.size as u64));
         let mut held = match self.ahead.take() {
             Some(held) => held,
-            None => self.budget.reserve(want).await,
+            None if self.refused => Reservation::none(),
+            None => match self.claim.reserve(want).await {
+                Ok(held) => held,
+                Err(refused) => {
+                    // What was read (this chunk, a carried tail) is in
+                    // memory already: it goes out; no more is read.
+                    self.refused = true;
+                    self.ended = true;
+                    self.cut = Some(refused.into());
+                    Reservation::none()
+                }
+            },
         };
         let mut buf: Option<BytesMut> = None;
         let mut whole: Option<Bytes> = None;
@@ -308,6 +320,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::blob::budget::MemoryBudget;
 
     /// The bytes of chunks of these lengths, and the body that sends them.
     fn body_of(chunks: &[usize]) -> (Vec<u8>, ByteStream<'static>) {
@@ -337,7 +350,12 @@ mod tests {
         ];
         for chunks in cases {
             let (all, body) = body_of(chunks);
-            let mut reader = Parts::new(Bytes::new(), body, size, MemoryBudget::unbounded());
+            let mut reader = Parts::new(
+                Bytes::new(),
+                body,
+                size,
+                MemoryBudget::unbounded().claim(None),
+            );
             let mut parts = Vec::new();
             while let Some(p) = reader.next().await {
                 parts.push(p.bytes);
@@ -378,7 +396,12 @@ mod tests {
         let size = 10;
         let (all, body) = body_of(&[7, 9, 8]); // 24 bytes after 4 carried
         let carried = Bytes::from_static(b"abcd");
-        let mut parts = Parts::new(carried.clone(), body, size, MemoryBudget::unbounded());
+        let mut parts = Parts::new(
+            carried.clone(),
+            body,
+            size,
+            MemoryBudget::unbounded().claim(None),
+        );
         let sink = Arc::new(Kept::default());
         let from = PartsFrom {
             number: 3,
@@ -417,12 +440,13 @@ mod tests {
     async fn many_writers_on_a_budget_of_two_parts_all_finish_within_it() {
         let size = 1000;
         let metrics = crate::metrics::Metrics::default();
-        let budget = MemoryBudget::new(2 * size as u64, &metrics);
+        let limits = crate::blob::budget::BudgetLimits::total(2 * size as u64);
+        let budget = crate::blob::budget::MemoryBudget::new(limits, &metrics);
         let writers = (0..16).map(|w| {
             let budget = budget.clone();
             tokio::spawn(async move {
                 let (all, body) = body_of(&[700, 900, 2500, 1, 3000]);
-                let mut parts = Parts::new(Bytes::new(), body, size, budget);
+                let mut parts = Parts::new(Bytes::new(), body, size, budget.claim(None));
                 let from = PartsFrom {
                     number: 1,
                     offset: 0,
@@ -449,13 +473,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_refused_reservation_hands_out_what_was_read_and_reads_no_more() {
+        let size = 1000;
+        let limits = crate::blob::budget::BudgetLimits {
+            bytes: size as u64,
+            per_user: 0,
+            wait: Some(std::time::Duration::from_millis(50)),
+        };
+        let budget = MemoryBudget::new(limits, &crate::metrics::Metrics::default());
+        let (all, body) = body_of(&[size, 300, 400]);
+        let mut parts = Parts::new(Bytes::new(), body, size, budget.claim(None));
+        let first = parts.next().await.unwrap();
+        // The first part holds the whole budget: the second's wait is refused.
+        let second = parts.next().await.unwrap();
+        assert_eq!(
+            (second.bytes.as_ref(), second.held.bytes()),
+            (&all[size..size + 300], 0)
+        );
+        assert!(parts.next().await.is_none(), "no more is read");
+        assert!(matches!(parts.cut(), Some(BodyError::MemoryBusy(_))));
+        assert_eq!(parts.read(), size as u64 + 300);
+        drop(first);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
     async fn a_cut_body_hands_out_what_arrived_and_says_why() {
         let chunks: Vec<Result<Bytes, BodyError>> = vec![
             Ok(Bytes::from_static(b"12345")),
             Err(BodyError::Invalid("gone".into())),
         ];
         let body = futures::stream::iter(chunks).boxed();
-        let mut parts = Parts::new(Bytes::new(), body, 10, MemoryBudget::unbounded());
+        let mut parts = Parts::new(
+            Bytes::new(),
+            body,
+            10,
+            MemoryBudget::unbounded().claim(None),
+        );
         let first = parts.next().await.map(|p| p.bytes);
         assert_eq!(first.as_deref(), Some(&b"12345"[..]));
         assert!(parts.next().await.is_none());

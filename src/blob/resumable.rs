@@ -18,7 +18,7 @@ use futures::StreamExt;
 
 use super::{
     BlobError, BodyError, ByteStream,
-    budget::{MemoryBudget, Reservation},
+    budget::{LetGo, MemoryBudget, Reservation},
     parts::{self, Part, PartSink, Parts, PartsFrom, Short},
 };
 use crate::vocab::{BlobKey, FileId, WriteHandle};
@@ -132,6 +132,10 @@ pub struct WriteAt<'a> {
     pub offset: u64,
     /// The most bytes the body may bring (`Upload-Length` − offset), when known.
     pub left: Option<u64>,
+    /// Whose upload it is: its memory comes from this user's share.
+    pub user: Option<&'a str>,
+    /// Stops a wait for memory (another request asks for the upload).
+    pub let_go: Option<&'a LetGo>,
 }
 
 impl WriteAt<'_> {
@@ -162,7 +166,8 @@ pub struct Appended {
 /// stored tail is read back (into memory reserved from the budget, waiting
 /// for it if need be) and continued, each part that fills is stored as it
 /// fills (by the part writer, a few in flight), and what is left is handed
-/// back. A body that brings nothing loads nothing. Memory: the part being
+/// back. A body that brings nothing loads nothing; one whose first wait for
+/// memory is refused stores nothing (`cut` says why). Memory: the part being
 /// filled plus the parts in flight, whatever the upload's size.
 pub async fn append(
     blobs: Arc<dyn ResumableBlobs>,
@@ -182,8 +187,13 @@ pub async fn append(
     let left = at.left.map(|l| l + tail_len);
     // The first part, and the tail's own copy until it is copied into it.
     let first_part = left.map_or(at.part_size as u64, |l| l.min(at.part_size as u64));
-    let budget = blobs.budget();
-    let held = budget.reserve(first_part + tail_len).await;
+    let claim = blobs.budget().claim(at.user).let_go_on(at.let_go.cloned());
+    // Refused: the first chunk is dropped unstored (nothing of the body
+    // counts), and the upload stays where it was.
+    let held = match claim.reserve(first_part + tail_len).await {
+        Ok(held) => held,
+        Err(refused) => return Ok(Appended::nothing(Some(refused.into()))),
+    };
     let carried = match tail_len > 0 {
         true => {
             blobs
@@ -195,7 +205,7 @@ pub async fn append(
     let body = futures::stream::once(async move { Ok(first) })
         .chain(body)
         .boxed();
-    let mut parts = Parts::new(carried, body, at.part_size, budget)
+    let mut parts = Parts::new(carried, body, at.part_size, claim)
         .at_most(left)
         .reserved(held);
     let sink = Arc::new(WriteSink {

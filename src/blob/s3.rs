@@ -25,7 +25,7 @@ use secrecy::ExposeSecret;
 use tokio_util::io::ReaderStream;
 
 use super::{
-    BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob, PresignedHeaders,
+    BlobError, BlobStore, BodyError, ByteRange, ByteStream, ListedBlob, PresignedHeaders, PutHint,
     budget::MemoryBudget,
     parts::{self, Part, PartSink, Parts, PartsFrom, Short},
 };
@@ -394,8 +394,21 @@ impl BlobStore for S3BlobStore {
     }
 
     async fn put(&self, key: &BlobKey, body: ByteStream<'_>) -> Result<u64, BlobError> {
+        self.put_for(key, body, PutHint::default()).await
+    }
+
+    /// Each part reserves no more than the body can still bring (a small
+    /// upload with a Content-Length holds its length, not a whole part),
+    /// from `hint.user`'s share.
+    async fn put_for(
+        &self,
+        key: &BlobKey,
+        body: ByteStream<'_>,
+        hint: PutHint<'_>,
+    ) -> Result<u64, BlobError> {
         let key = self.full_key(key);
-        let mut parts = Parts::new(Bytes::new(), body, self.part_size, self.budget.clone());
+        let claim = self.budget.claim(hint.user);
+        let mut parts = Parts::new(Bytes::new(), body, self.part_size, claim).at_most(hint.at_most);
         let first = parts.next().await.unwrap_or_else(Part::empty);
         if let Some(cut) = parts.cut() {
             return Err(BlobError::Body(cut));

@@ -64,6 +64,10 @@ pub struct Settings {
     pub upload_group_max: usize,
     /// The budget for upload buffer memory, in bytes (0: no limit).
     pub upload_memory_bytes: u64,
+    /// The fraction of it one user's uploads may hold together (1: all).
+    pub upload_memory_user_share: f64,
+    /// How long an upload waits for buffer memory before 503 `memory_busy`.
+    pub upload_memory_wait: Duration,
     /// An upload whose client sends nothing for this long is abandoned.
     pub body_idle_timeout: Duration,
     /// A resumable (tus) upload that gets no PATCH for this long expires
@@ -258,6 +262,16 @@ impl Settings {
         s
     }
 
+    /// One user's share of the upload memory budget in bytes (the whole
+    /// budget when it has no limit: then the share bounds nothing).
+    pub fn user_share_bytes(&self) -> u64 {
+        let bytes = self.upload_memory_bytes as f64 * self.upload_memory_user_share;
+        match self.upload_memory_bytes {
+            0 => u64::MAX,
+            _ => bytes as u64,
+        }
+    }
+
     /// Defaults overridden by the process environment.
     pub fn from_env() -> anyhow::Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
@@ -329,6 +343,8 @@ impl Settings {
             upload_group_commit: vars.value("UPLOAD_GROUP_COMMIT")?,
             upload_group_max: vars.value("UPLOAD_GROUP_MAX")?,
             upload_memory_bytes: vars.value("UPLOAD_MEMORY_BYTES")?,
+            upload_memory_user_share: vars.value("UPLOAD_MEMORY_USER_SHARE")?,
+            upload_memory_wait: vars.secs("UPLOAD_MEMORY_WAIT_SECS")?,
             body_idle_timeout: vars.secs("BODY_IDLE_TIMEOUT_SECS")?,
             tus_expiry: vars.secs("TUS_EXPIRY_SECS")?,
             header_timeout: vars.secs("HEADER_TIMEOUT_SECS")?,
@@ -377,6 +393,15 @@ impl Settings {
                 "FILEDOCK_UPLOAD_MEMORY_BYTES must be 0 (no limit) or at least one part ({} bytes)",
                 one_part.max(MIN_PART_BYTES)
             );
+        }
+        let share = s.upload_memory_user_share;
+        if !(share > 0.0 && share <= 1.0) || s.user_share_bytes() < one_part.max(MIN_PART_BYTES) {
+            bail!(
+                "FILEDOCK_UPLOAD_MEMORY_USER_SHARE must be in (0, 1] and, of the budget, at least one part"
+            );
+        }
+        if s.upload_memory_wait.is_zero() {
+            bail!("FILEDOCK_UPLOAD_MEMORY_WAIT_SECS must be more than 0");
         }
         if s.upload_group_max == 0 {
             bail!("FILEDOCK_UPLOAD_GROUP_MAX must be at least 1");

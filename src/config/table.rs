@@ -163,6 +163,18 @@ pub const SETTINGS: &[Setting] = &[
         shown: Some("512 MiB"),
     },
     Setting {
+        var: "FILEDOCK_UPLOAD_MEMORY_USER_SHARE",
+        meaning: "the fraction of the upload memory budget one user's uploads may hold together (so that one user's slow uploads cannot take it all); 1: no share of their own; at least one part of the budget",
+        value: Some("0.25"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_UPLOAD_MEMORY_WAIT_SECS",
+        meaning: "how long an upload waits for upload memory before 503 memory_busy (a plain upload leaves nothing; a tus PATCH keeps what it stored)",
+        value: Some("30"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_LOCK_STRATEGY",
         meaning: "notify (FIFO, handed over on release) or backoff (the original 100 ms × 1.5 loop)",
         value: Some("notify"),

@@ -36,6 +36,10 @@ pub enum DomainError {
     UploadExpired,
     #[error("{0} is unavailable")]
     DependencyUnavailable(&'static str),
+    /// The upload waited this long for buffer memory that other uploads
+    /// held (`FILEDOCK_UPLOAD_MEMORY_WAIT_SECS`).
+    #[error("the server's upload memory stayed in use by other uploads for {0:?}; try again")]
+    MemoryBusy(std::time::Duration),
     /// The change was sent to the metadata store but its answer was lost: it
     /// may or may not have applied. `Some(path)` names the resource to read
     /// to find out.
@@ -89,6 +93,7 @@ impl DomainError {
             Self::WriteConflict => "write_conflict",
             Self::UploadExpired => "upload_expired",
             Self::DependencyUnavailable(_) => "dependency_unavailable",
+            Self::MemoryBusy(_) => "memory_busy",
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::QuotaExceeded => "quota_exceeded",
             Self::ContainerFull(_) => "container_full",
@@ -158,6 +163,9 @@ impl From<BodyError> for DomainError {
             BodyError::Read(e) => {
                 Self::InvalidRequest(format!("the request body could not be read: {e}"))
             }
+            BodyError::MemoryBusy(waited) => Self::MemoryBusy(waited),
+            // Only a tus PATCH is asked to let go (it answers `Released`).
+            BodyError::LetGo => Self::LockLost,
         }
     }
 }

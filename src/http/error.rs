@@ -59,7 +59,7 @@ impl ApiError {
             // balancer must not count it against the instance's health.
             D::LockTimeout => StatusCode::TOO_MANY_REQUESTS,
             D::LockLost | D::WriteConflict | D::UploadExpired => StatusCode::CONFLICT,
-            D::DependencyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            D::DependencyUnavailable(_) | D::MemoryBusy(_) => StatusCode::SERVICE_UNAVAILABLE,
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
             D::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
@@ -89,6 +89,10 @@ impl ApiError {
         DomainError::InvalidRequest(why.into()).into()
     }
 }
+
+/// Seconds a client told `memory_busy` waits before it tries again: the
+/// uploads that held the memory have had time to move on by then.
+const MEMORY_BUSY_RETRY_AFTER: &str = "5";
 
 /// The documented error body, `{"error":{"code","message","request_id"}}`,
 /// with `status`.
@@ -123,6 +127,12 @@ impl IntoResponse for ApiError {
                 | D::DependencyUnavailable(_),
             ) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Self::Domain(D::MemoryBusy(_)) => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from_static(MEMORY_BUSY_RETRY_AFTER),
+                );
             }
             Self::Domain(D::OutcomeUnknown(location)) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

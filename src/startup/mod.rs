@@ -15,7 +15,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     blob::{
-        BlobStore, budget::MemoryBudget, fs::FsBlobStore, resumable::ResumableBlobs,
+        BlobStore,
+        budget::{BudgetLimits, MemoryBudget},
+        fs::FsBlobStore,
+        resumable::ResumableBlobs,
         s3::S3BlobStore,
     },
     config::{Coordination, Settings},
@@ -71,7 +74,12 @@ impl Ports {
         let metrics = Arc::new(Metrics::default());
         let meta = open_metadata_counted(settings, metrics.mongo_commands.clone()).await?;
         // One budget for every upload's buffers, plain and resumable.
-        let budget = MemoryBudget::new(settings.upload_memory_bytes, &metrics);
+        let limits = BudgetLimits {
+            bytes: settings.upload_memory_bytes,
+            per_user: settings.user_share_bytes(),
+            wait: Some(settings.upload_memory_wait),
+        };
+        let budget = MemoryBudget::new(limits, &metrics);
         let (blobs, resumable): (Arc<dyn BlobStore>, Arc<dyn ResumableBlobs>) = match &settings.s3 {
             Some(s3) => {
                 let store = Arc::new(

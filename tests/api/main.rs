@@ -20,6 +20,7 @@ mod lock_faults;
 mod lock_waiters;
 mod locks;
 mod memory;
+mod memory_budget;
 mod openapi;
 mod orphans;
 mod platform;

@@ -140,7 +140,13 @@ async fn stored_sha256(client: &reqwest::Client, base: &str, key: &str, id: &str
 #[tokio::test]
 async fn many_large_uploads_at_once_stay_within_the_memory_budget() {
     let budget = BUDGET.to_string();
-    let env = [("FILEDOCK_UPLOAD_MEMORY_BYTES", budget.as_str())];
+    // One user: the whole budget is its share; the wait has no deadline
+    // that matters here (memory_budget.rs tests both).
+    let env = [
+        ("FILEDOCK_UPLOAD_MEMORY_BYTES", budget.as_str()),
+        ("FILEDOCK_UPLOAD_MEMORY_USER_SHARE", "1"),
+        ("FILEDOCK_UPLOAD_MEMORY_WAIT_SECS", "600"),
+    ];
     let server = spawn_binary(&test_settings(), &env).await;
     let base = server.base.clone();
     let key = create_user_at(&base, ADMIN_KEY, "memory").await;

@@ -28,14 +28,15 @@ const SETTLE: Duration = Duration::from_secs(1);
 const TAKE_OVER_WITHIN: Duration = Duration::from_secs(5);
 
 /// The client's end of a PATCH body it sends piece by piece.
-type Pieces = mpsc::UnboundedSender<Result<Bytes, std::io::Error>>;
+pub(crate) type Pieces = mpsc::UnboundedSender<Result<Bytes, std::io::Error>>;
 
-/// A PATCH of the whole upload from offset 0 whose body is what the
-/// sender is given, when it is given; it ends when the sender is dropped.
-fn streamed_patch(
+/// A PATCH of `len` bytes from `offset` whose body is what the sender is
+/// given, when it is given; it ends when the sender is dropped.
+pub(crate) fn streamed_patch(
     app: &TestApp,
     user: &TestUser,
     id: &str,
+    (offset, len): (usize, usize),
 ) -> (
     Pieces,
     tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
@@ -47,8 +48,8 @@ fn streamed_patch(
         .bearer_auth(&user.key)
         .header("tus-resumable", TUS)
         .header("content-type", OCTETS)
-        .header("upload-offset", "0")
-        .header("content-length", LEN.to_string())
+        .header("upload-offset", offset.to_string())
+        .header("content-length", len.to_string())
         .body(reqwest::Body::wrap_stream(rx));
     (tx, tokio::spawn(req.send()))
 }
@@ -64,7 +65,7 @@ fn silent_patch(
     Pieces,
     tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
 ) {
-    let (tx, sent) = streamed_patch(app, user, id);
+    let (tx, sent) = streamed_patch(app, user, id, (0, LEN));
     tx.unbounded_send(Ok(Bytes::copy_from_slice(&bytes[..SENT])))
         .unwrap();
     (tx, sent)
@@ -182,7 +183,7 @@ async fn a_head_does_not_stop_a_patch_that_is_still_sending() {
     let user = app.create_user("live-head").await;
     let bytes = data(LEN);
     let id = create(&app, &user, LEN).await;
-    let (tx, live) = streamed_patch(&app, &user, &id);
+    let (tx, live) = streamed_patch(&app, &user, &id, (0, LEN));
     // A piece every 250 ms, quicker than the holder's release idle time.
     const PIECES: usize = 24;
     let piece = LEN.div_ceil(PIECES);
@@ -219,7 +220,7 @@ async fn a_release_request_that_gave_up_does_not_stop_the_patch_later() {
     let user = app.create_user("late-pause").await;
     let bytes = data(LEN);
     let id = create(&app, &user, LEN).await;
-    let (tx, live) = streamed_patch(&app, &user, &id);
+    let (tx, live) = streamed_patch(&app, &user, &id, (0, LEN));
     const PIECES: usize = 32;
     let piece = LEN.div_ceil(PIECES);
     let chunks: Vec<Bytes> = bytes.chunks(piece).map(Bytes::copy_from_slice).collect();

@@ -15,7 +15,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use sha2_state::Digest;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -26,6 +26,7 @@ use super::{
 use crate::{
     blob::{
         BlobError, BodyError, ByteStream, bounded,
+        budget::LetGo,
         resumable::{Appended, WriteAt, append},
     },
     domain::DomainError,
@@ -84,7 +85,11 @@ fn until_released(
 /// Once a fresh release request stands and the body has been silent since
 /// `waiting_since` for [`RELEASE_IDLE`].
 async fn asked_while_silent(asked: &mut Asked, waiting_since: Instant) {
-    let silent_at = waiting_since + RELEASE_IDLE;
+    asked_by(asked, waiting_since + RELEASE_IDLE).await;
+}
+
+/// Resolves once a fresh release request stands at or after `silent_at`.
+async fn asked_by(asked: &mut Asked, silent_at: Instant) {
     loop {
         let last = *asked.borrow_and_update();
         let now = Instant::now();
@@ -105,6 +110,17 @@ async fn asked_while_silent(asked: &mut Asked, waiting_since: Instant) {
             }
         }
     }
+}
+
+/// A wait for upload memory stops as soon as a fresh release request
+/// stands: nothing is read from the body while it waits, so it need not be
+/// silent first.
+fn let_go(asked: &Asked) -> LetGo {
+    let asked = asked.clone();
+    Arc::new(move || {
+        let mut asked = asked.clone();
+        async move { asked_by(&mut asked, Instant::now()).await }.boxed()
+    })
 }
 
 impl ResumableService {
@@ -190,7 +206,9 @@ impl ResumableService {
         asked: Option<Asked>,
     ) -> Result<Patched> {
         let stopped = Arc::new(AtomicBool::new(false));
+        let let_go = asked.as_ref().map(let_go);
         let body = until_released(body, asked, stopped.clone());
+        let owner = user.id.to_string();
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
         let mut hasher = hash::restore(&upload.sha256_state)?;
@@ -212,6 +230,8 @@ impl ResumableService {
                 parts: upload.parts.len(),
                 offset: upload.offset as u64,
                 left: Some(left),
+                user: Some(&owner),
+                let_go: let_go.as_ref(),
             };
             // The lease lost while the body streams (this process stalled
             // past it, the lock backend lost it): another request may hold
@@ -242,7 +262,8 @@ impl ResumableService {
             cut,
         } = appended;
         // Cut by another request's ask, not by the client.
-        let released = cut.is_some() && stopped.load(Ordering::SeqCst);
+        let released = matches!(cut, Some(BodyError::LetGo))
+            || (cut.is_some() && stopped.load(Ordering::SeqCst));
         if let Some(BodyError::TooLarge(_)) = cut {
             // Nothing of it counts.
             return Err(

@@ -40,7 +40,7 @@ pub use self::{
 use self::{idempotency::same_request, slots::InFlight};
 use super::{DomainError, Filename, SizeCategory, digest::ExpectedDigest, media};
 use crate::{
-    blob::{BlobStore, BodyError, ByteStream, bounded},
+    blob::{BlobStore, BodyError, ByteStream, PutHint, bounded},
     config::{AllowedTypes, Settings},
     lock::LockGuard,
     meta::{FileRecord, UserRecord},
@@ -220,7 +220,13 @@ impl UploadService {
         let _in_flight = InFlight::new(&self.metrics);
         let expected = new.expected_digest.as_ref();
         let stored = self
-            .store_blob(user, &staged, new.body, hold.lease(), expected)
+            .store_blob(
+                user,
+                &staged,
+                (new.body, new.declared_len),
+                hold.lease(),
+                expected,
+            )
             .await;
         let (size, sha256) = match stored {
             Ok(v) => {
@@ -273,12 +279,13 @@ impl UploadService {
     /// Streams the body into the blob store, hashing and counting as it goes;
     /// stops early if the body passes the size limit or the user's quota,
     /// or the lease (scope = upload) is lost; fails if the bytes do not have
-    /// the `expected` digest (the caller then deletes the blob).
+    /// the `expected` digest (the caller then deletes the blob). `body`
+    /// comes with its declared length (Content-Length), when known.
     async fn store_blob(
         &self,
         user: &UserRecord,
         staged: &Staged,
-        body: ByteStream<'_>,
+        (body, declared_len): (ByteStream<'_>, Option<u64>),
         lease: Option<&LockGuard>,
         expected: Option<&ExpectedDigest>,
     ) -> Result<(u64, String), DomainError> {
@@ -299,9 +306,16 @@ impl UploadService {
             Ok(chunk)
         });
         let key = &staged.intent().key;
-        let put = self
-            .blobs
-            .put(key, self.admission.within_quota(user, counted.boxed()));
+        let owner = user.id.to_string();
+        let hint = PutHint {
+            user: Some(&owner),
+            at_most: declared_len,
+        };
+        let put = self.blobs.put_for(
+            key,
+            self.admission.within_quota(user, counted.boxed()),
+            hint,
+        );
         let written = match lease {
             Some(g) => {
                 let lost = g.lost();
