@@ -1,5 +1,6 @@
 //! `/v1/uploads`: resumable uploads, tus 1.0 (core, creation,
-//! creation-with-upload, termination, expiration, checksum). The upload id
+//! creation-with-upload, creation-defer-length, termination, expiration,
+//! checksum). The upload id
 //! is the id the file commits under: after the last PATCH it is at
 //! `/v1/files/{id}`.
 
@@ -32,7 +33,8 @@ use crate::{
 
 /// The protocol version this server speaks.
 pub const TUS_VERSION: &str = "1.0.0";
-const TUS_EXTENSIONS: &str = "creation,creation-with-upload,termination,expiration,checksum";
+const TUS_EXTENSIONS: &str =
+    "creation,creation-with-upload,creation-defer-length,termination,expiration,checksum";
 /// A PATCH body's media type.
 const OFFSET_OCTET_STREAM: &str = "application/offset+octet-stream";
 /// The name of an upload whose metadata names none.
@@ -55,7 +57,7 @@ pub const REQUEST_HEADERS: [HeaderName; 6] = [
     UPLOAD_CHECKSUM,
     UPLOAD_DEFER_LENGTH,
 ];
-pub const RESPONSE_HEADERS: [&str; 9] = [
+pub const RESPONSE_HEADERS: [&str; 10] = [
     "tus-resumable",
     "tus-version",
     "tus-extension",
@@ -63,6 +65,7 @@ pub const RESPONSE_HEADERS: [&str; 9] = [
     "tus-checksum-algorithm",
     "upload-offset",
     "upload-length",
+    "upload-defer-length",
     "upload-metadata",
     "upload-expires",
 ];
@@ -187,13 +190,7 @@ pub async fn create(
     body: Body,
 ) -> TusResult {
     check_version(&headers)?;
-    if headers.contains_key(UPLOAD_DEFER_LENGTH) {
-        return Err(
-            ApiError::invalid("Upload-Defer-Length is not supported: send Upload-Length").into(),
-        );
-    }
-    let length = number(&headers, UPLOAD_LENGTH)?
-        .ok_or_else(|| ApiError::invalid("Upload-Length is required"))?;
+    let length = creation_length(&headers)?;
     let raw_metadata = text(&headers, UPLOAD_METADATA).unwrap_or_default();
     let (filename, filetype) = metadata(raw_metadata)?;
     let new = NewResumable {
@@ -208,10 +205,15 @@ pub async fn create(
     let created = state.resumables.create(&user, new).await?;
     let mut upload = created.clone();
     // An empty file is complete on creation (tus-js-client sends no PATCH for it).
-    if with_body || length == 0 {
+    if with_body || length == Some(0) {
         // creation-with-upload: the upload exists whatever becomes of its
         // first bytes; the client learns from Upload-Offset what was kept.
-        let patched = run_patch(&state, user.clone(), created.id, 0, checksum, body).await;
+        let at = PatchAt {
+            offset: 0,
+            length: None,
+            checksum,
+        };
+        let patched = run_patch(&state, user.clone(), created.id, at, body).await;
         upload = match patched {
             Ok(patched) => patched.into_upload(),
             Err(e) => match state.resumables.find(&user, &created.id).await {
@@ -253,9 +255,14 @@ pub async fn head(
     let mut res = StatusCode::OK.into_response();
     let h = res.headers_mut();
     progress_headers(h, &upload);
-    h.insert(UPLOAD_LENGTH, HeaderValue::from(upload.length));
+    if let Some(length) = upload.length {
+        h.insert(UPLOAD_LENGTH, HeaderValue::from(length));
+    }
     if !upload.metadata.is_empty() {
         h.insert(UPLOAD_METADATA, value(&upload.metadata)?);
+    }
+    if upload.length.is_none() {
+        h.insert(UPLOAD_DEFER_LENGTH, HeaderValue::from_static(DEFERRED));
     }
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(res)
@@ -278,8 +285,13 @@ pub async fn patch(
     }
     let offset = number(&headers, UPLOAD_OFFSET)?
         .ok_or_else(|| ApiError::invalid("Upload-Offset is required"))?;
-    let checksum = checksum(&headers)?;
-    let upload = run_patch(&state, user, path_id(&id)?, offset, checksum, body)
+    let at = PatchAt {
+        offset,
+        // Declares a deferred length (creation-defer-length), once.
+        length: number(&headers, UPLOAD_LENGTH)?,
+        checksum: checksum(&headers)?,
+    };
+    let upload = run_patch(&state, user, path_id(&id)?, at, body)
         .await?
         .into_upload();
     let mut res = StatusCode::NO_CONTENT.into_response();
@@ -306,24 +318,62 @@ async fn run_patch(
     state: &AppState,
     user: crate::meta::UserRecord,
     id: FileId,
-    offset: u64,
-    checksum: Option<Checksum>,
+    at: PatchAt,
     body: Body,
 ) -> Result<Patched, TusError> {
+    let PatchAt {
+        offset,
+        length,
+        checksum,
+    } = at;
     let service = state.resumables.clone();
     let body: ByteStream<'static> = Box::pin(
         body.into_data_stream()
             .map_err(|e| BodyError::Read(io::Error::other(e))),
     );
-    tokio::spawn(async move { service.patch(&user, &id, offset, checksum, body).await })
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(TusError::from)
+    tokio::spawn(async move {
+        service
+            .patch(&user, &id, offset, length, checksum, body)
+            .await
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(TusError::from)
+}
+
+/// A PATCH's headers: where it starts, the length it declares, its checksum.
+struct PatchAt {
+    offset: u64,
+    length: Option<u64>,
+    checksum: Option<Checksum>,
+}
+
+/// The one value `Upload-Defer-Length` has.
+const DEFERRED: &str = "1";
+
+/// A creation's length: `Upload-Length`, or `None` with
+/// `Upload-Defer-Length: 1` (creation-defer-length); one of them, not both.
+fn creation_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let length = number(headers, UPLOAD_LENGTH)?;
+    let Some(defer) = headers.get(UPLOAD_DEFER_LENGTH) else {
+        return length
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid("send Upload-Length, or Upload-Defer-Length: 1"));
+    };
+    if defer.as_bytes() != DEFERRED.as_bytes() {
+        return Err(ApiError::invalid("Upload-Defer-Length must be 1"));
+    }
+    match length {
+        Some(_) => Err(ApiError::invalid(
+            "send Upload-Length or Upload-Defer-Length, not both",
+        )),
+        None => Ok(None),
+    }
 }
 
 fn progress_headers(h: &mut HeaderMap, upload: &ResumableRecord) {
     h.insert(UPLOAD_OFFSET, HeaderValue::from(upload.offset));
-    if upload.offset < upload.length
+    if !upload.all_stored()
         && let Ok(v) = HeaderValue::from_str(&http_date(upload.expires_at))
     {
         h.insert(UPLOAD_EXPIRES, v);

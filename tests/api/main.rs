@@ -28,4 +28,6 @@ mod rename;
 mod same_user;
 mod support;
 mod tus;
+mod tus_defer;
+mod tus_limits;
 mod tus_recovery;

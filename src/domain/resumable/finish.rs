@@ -7,6 +7,7 @@
 
 use super::{Patched, Result, ResumableService, hash, release};
 use crate::{
+    blob::ByteStream,
     domain::{
         DomainError, Filename, SizeCategory, media,
         upload::{Commit, Hold, OnDrop, Refusal, StoredBlob},
@@ -14,6 +15,11 @@ use crate::{
     meta::{FileRecord, IntentRecord, ResumableRecord, UserRecord},
     vocab::FileId,
 };
+
+/// A PATCH body with no bytes.
+fn empty_body() -> ByteStream<'static> {
+    Box::pin(futures::stream::empty())
+}
 
 impl ResumableService {
     /// The upload for `HEAD`: one whose bytes are all stored but whose file
@@ -30,8 +36,16 @@ impl ResumableService {
             if !upload.all_stored() {
                 return Ok(upload);
             }
+            // A deferred length declared at the offset: the tail becomes
+            // the last part first (an empty append does that).
+            let finished = async move {
+                match upload.last_part_stored() {
+                    true => self.finish(user, upload).await,
+                    false => self.append(user, upload, None, empty_body()).await,
+                }
+            };
             tokio::select! {
-                r = self.finish(user, upload) => r.map(Patched::into_upload),
+                r = finished => r.map(Patched::into_upload),
                 never = self.admission.keep_alive(id) => match never {},
             }
         }
@@ -51,7 +65,8 @@ impl ResumableService {
         if let Some(file) = self.files.file(&user.id, &upload.id).await? {
             return Ok(self.done(upload, file).await);
         }
-        let len = upload.length as u64;
+        // Only an upload whose bytes are all stored is finished: its length is known.
+        let len = upload.known_length().unwrap_or(upload.offset as u64);
         if !upload.completed {
             self.parts
                 .complete(&upload.key, &upload.handle, &upload.parts, len)
@@ -95,6 +110,7 @@ impl ResumableService {
             sha256: hash::finish(hasher),
             category,
             idempotency_key: None,
+            resumable: true,
         };
         // The state names the blob: whatever the commit's answer, it stays
         // for the next try, and only a refusal no retry changes ends it.

@@ -9,6 +9,7 @@
 
 mod finish;
 mod hash;
+mod length;
 mod patch;
 #[cfg(test)]
 mod tests;
@@ -25,7 +26,9 @@ use crate::{
     config::{AllowedTypes, Settings},
     lock::{LockError, LockGuard, Locks, TryLock},
     meta::{
-        CleanupRepo, FileRecord, FileRepo, MetaError, ResumableRecord, ResumableRepo, UserRecord,
+        CleanupRepo, FileRecord, FileRepo, MetaError, OpenLimits, ResumableRecord, ResumableRepo,
+        UserRecord,
+        retry::{TxnRetryPolicy, with_txn_retry},
     },
     vocab::{FileId, LockKey},
 };
@@ -51,6 +54,10 @@ pub struct ResumableService {
 /// What a resumable upload is held to.
 struct Limits {
     max_upload_bytes: u64,
+    /// What the user's open uploads are held to (quota, how many).
+    open: OpenLimits,
+    /// The counting writes' retry on write conflicts (racing creations).
+    txn_retry: TxnRetryPolicy,
     expiry: chrono::Duration,
     body_idle_timeout: std::time::Duration,
     allowed_types: AllowedTypes,
@@ -58,7 +65,8 @@ struct Limits {
 
 /// A resumable upload as the HTTP layer hands it over (`POST`).
 pub struct NewResumable {
-    pub length: u64,
+    /// `Upload-Length`; `None`: deferred (`Upload-Defer-Length: 1`).
+    pub length: Option<u64>,
     pub filename: Filename,
     pub content_type: String,
     /// The raw `Upload-Metadata`, echoed by `HEAD`.
@@ -141,6 +149,11 @@ impl ResumableService {
             locks,
             limits: Limits {
                 max_upload_bytes: settings.max_upload_bytes,
+                open: OpenLimits {
+                    quota_bytes: settings.user_quota_bytes,
+                    max_open: settings.max_open_uploads,
+                },
+                txn_retry: settings.txn_retry,
                 expiry: chrono::Duration::from_std(settings.tus_expiry)
                     .unwrap_or_else(|_| chrono::Duration::days(1)),
                 body_idle_timeout: settings.body_idle_timeout,
@@ -150,14 +163,18 @@ impl ResumableService {
     }
 
     /// Creates the upload: its intent first (so that the sweeper can find
-    /// it), then the blob store's write, then the state.
+    /// it), then the blob store's write, then the state, which counts it
+    /// against the user (one more open upload, its length reserved) in
+    /// the same transaction.
     pub async fn create(&self, user: &UserRecord, new: NewResumable) -> Result<ResumableRecord> {
         let max = self.limits.max_upload_bytes;
-        if new.length > max {
+        if new.length.is_some_and(|l| l > max) {
             return Err(DomainError::PayloadTooLarge(max).into());
         }
+        // Refused early (no intent, no write) when the cached usage says so;
+        // the state's insert is the authority.
         self.admission
-            .check_declared_quota(user, Some(new.length))
+            .check_declared_quota(user, new.length)
             .await?;
         let intent = self.committer.new_intent(user.id);
         self.cleanup.put_intent(&intent).await?;
@@ -172,12 +189,13 @@ impl ResumableService {
             }
         };
         let now = intent.created_at;
+        let length = new.length.map(|l| l as i64);
         let record = ResumableRecord {
             id: intent.id,
             user_id: user.id,
             key: intent.key,
             handle,
-            length: new.length as i64,
+            length,
             offset: 0,
             part_size: self.parts.part_size() as i64,
             parts: Vec::new(),
@@ -188,13 +206,26 @@ impl ResumableService {
             metadata: new.metadata,
             created_at: now,
             expires_at: now + self.limits.expiry,
+            reserved: length.unwrap_or(0),
+            open: false,
         };
-        if let Err(e) = self.resumables.insert_resumable(&record).await {
+        let limits = self.limits.open;
+        let inserted = with_txn_retry(&self.limits.txn_retry, || {
+            self.resumables.insert_resumable(&record, &limits)
+        });
+        if let Err(e) = inserted.await {
+            if matches!(e, MetaError::OutcomeUnknown(_)) {
+                // It may have applied: its delete gives back what it counted.
+                let _ = self.resumables.delete_resumable(&record.id).await;
+            }
             let _ = self.parts.abort(&record.key, &record.handle).await;
             let _ = self.cleanup.delete_intent(&intent.id).await;
             return Err(e.into());
         }
-        Ok(record)
+        Ok(ResumableRecord {
+            open: true,
+            ..record
+        })
     }
 
     /// The upload, if `user` owns it and it has not expired.

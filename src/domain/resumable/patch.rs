@@ -22,12 +22,16 @@ use crate::{
 };
 
 impl ResumableService {
-    /// Appends `body` to upload `id` of `user`, which the client says is at `offset`.
+    /// Appends `body` to upload `id` of `user`, which the client says is
+    /// at `offset`; `length` is the PATCH's `Upload-Length` (which
+    /// declares a deferred one).
+    #[allow(clippy::too_many_arguments)]
     pub async fn patch(
         &self,
         user: &UserRecord,
         id: &FileId,
         offset: u64,
+        length: Option<u64>,
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
     ) -> Result<Patched> {
@@ -38,9 +42,13 @@ impl ResumableService {
             if upload.offset as u64 != offset {
                 return Err(ResumableError::OffsetMismatch(upload.offset as u64));
             }
+            let upload = match length {
+                Some(length) => self.declare(upload, length).await?,
+                None => upload,
+            };
             // An upload whose bytes are all stored may have committed (its
             // intent gone with it): finishing it tells.
-            if !upload.all_stored() && !self.cleanup.touch_intent(id).await? {
+            if !upload.last_part_stored() && !self.cleanup.touch_intent(id).await? {
                 return Err(DomainError::UploadExpired.into());
             }
             let slot = self.admission.reserve(user)?;
@@ -56,7 +64,7 @@ impl ResumableService {
         result
     }
 
-    async fn append(
+    pub(super) async fn append(
         &self,
         user: &UserRecord,
         upload: ResumableRecord,
@@ -66,10 +74,10 @@ impl ResumableService {
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
         let mut hasher = hash::restore(&upload.sha256_state)?;
+        let limit = self.body_limit(user, &upload).await?;
         let appended = {
-            let left = (upload.length - upload.offset) as u64;
             let idle = self.limits.body_idle_timeout;
-            let hashed = bounded(body, idle, left).map(|chunk| {
+            let hashed = bounded(body, idle, limit.bytes).map(|chunk| {
                 let chunk = chunk?;
                 hasher.update(&chunk);
                 if let Some(c) = check.as_mut() {
@@ -94,9 +102,7 @@ impl ResumableService {
         } = appended;
         if let Some(BodyError::TooLarge(_)) = cut {
             // Nothing of it counts.
-            return Err(
-                DomainError::InvalidRequest("the body goes past Upload-Length".into()).into(),
-            );
+            return Err(limit.past.into());
         }
         if let Some(c) = &checksum {
             if let Some(cut) = cut {
@@ -110,7 +116,7 @@ impl ResumableService {
         let mut upload = upload;
         upload.offset += read as i64;
         upload.parts.extend(tags);
-        if before.all_stored() {
+        if before.last_part_stored() {
             // A final PATCH failed after storing every byte: only the
             // commit is left, and this PATCH (with an empty body) retries it.
             return self.finish(user, upload).await;
