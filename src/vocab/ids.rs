@@ -43,9 +43,11 @@ macro_rules! uuid_id {
                 Self(Uuid::now_v7())
             }
 
-            /// Accepts only the canonical hyphenated form; anything else is not an id.
+            /// Accepts only the canonical form (hyphenated, lower-case hex), so
+            /// that one resource has one URL; anything else is not an id.
             pub fn parse(raw: &str) -> Option<Self> {
-                (raw.len() == 36).then(|| Uuid::parse_str(raw).ok()).flatten().map(Self)
+                let id = Uuid::parse_str(raw).ok()?;
+                (id.hyphenated().to_string() == raw).then_some(Self(id))
             }
         }
 
@@ -361,6 +363,12 @@ mod tests {
         assert_eq!(FileId::parse(&id.to_string()), Some(id));
         assert_eq!(FileId::parse("../../etc"), None);
         assert_eq!(FileId::parse(&id.to_string().replace('-', "")), None);
+        assert_eq!(
+            FileId::parse(&id.to_string().to_uppercase()),
+            None,
+            "one id, one spelling"
+        );
+        assert_eq!(FileId::parse(&format!("{{{id}}}")), None);
     }
 
     #[test]

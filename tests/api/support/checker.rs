@@ -269,6 +269,25 @@ fn check_user(history: &[&Event], fin: &FinalUser, all: &FinalState, v: &mut Ver
         );
     }
 
+    // An upload answered 2xx whose body named no file (it could not be
+    // read) has no id to look for: a file with its name must be there
+    // (no rename or delete can have reached it without the id).
+    for up in uploads.values().filter(|up| up.ids.is_empty()) {
+        let unnamed = up
+            .attempts
+            .iter()
+            .any(|e| e.answer == Answer::Ok && e.file_id.is_none());
+        if unnamed && !made.contains_key(up.name) {
+            v.note(
+                |v| &mut v.lost,
+                format!(
+                    "upload {} was acknowledged (its body unread), yet no file has its name",
+                    up.name
+                ),
+            );
+        }
+    }
+
     let stored: BTreeSet<&str> = fin.files.keys().map(String::as_str).collect();
     let listed: BTreeSet<&str> = fin.listed.iter().map(String::as_str).collect();
     if stored != listed || listed.len() != fin.listed.len() {
