@@ -150,12 +150,13 @@ async fn bad_length_headers_get_400_and_change_nothing() {
         req.send()
     };
     let bad = (StatusCode::BAD_REQUEST, "invalid_request".to_owned());
-    for headers in [
-        &[("upload-defer-length", "1"), ("upload-length", "10")][..],
+    let cases: [&'static [(&str, &str)]; 4] = [
+        &[("upload-defer-length", "1"), ("upload-length", "10")],
         &[("upload-defer-length", "0")],
         &[("upload-defer-length", "true")],
         &[],
-    ] {
+    ];
+    for headers in cases {
         assert_eq!(
             error_code(creation(headers).await.unwrap()).await,
             bad,
