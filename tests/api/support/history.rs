@@ -201,6 +201,13 @@ pub struct FinalUser {
     pub file_ids: Vec<String>,
     /// `GET /v1/me`'s usage: `used_bytes`, `file_count`.
     pub me: (i64, i64),
+    /// The user's open uploads as counted: the user document's
+    /// `(reserved_bytes, open_uploads)`, and `/v1/me`'s.
+    pub counted: (i64, i64),
+    pub me_counted: (i64, i64),
+    /// What the resumable uploads left hold of them: the sum of their
+    /// `reserved`, and how many are `open` (0 and 0 when none is left).
+    pub held: (i64, i64),
     pub sessions: BTreeMap<String, Vec<String>>,
     pub agents: BTreeMap<String, FinalAgent>,
     /// Files of the user's history no longer listed: the status of
