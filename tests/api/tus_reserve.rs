@@ -25,7 +25,10 @@ const CONFLICT_RETRIES: usize = 50;
 
 /// Makes upload `id` expired, as if no PATCH had come for
 /// `FILEDOCK_TUS_EXPIRY_SECS`, and runs one sweeper pass.
-pub(crate) async fn expire_and_sweep(app: &TestApp, id: &str) -> filedock::domain::sweeper::SweepReport {
+pub(crate) async fn expire_and_sweep(
+    app: &TestApp,
+    id: &str,
+) -> filedock::domain::sweeper::SweepReport {
     let meta = &app.state.ports.meta;
     let file_id: FileId = id.parse().unwrap();
     let mut upload = meta.resumable(&file_id).await.unwrap().unwrap();
@@ -100,7 +103,11 @@ async fn a_retried_final_patch_and_the_completed_upload_give_the_reservation_bac
 
     // The retry commits: the file's bytes take the reservation's place.
     let res = patch(&app, &user, &id, 600, &[]).await;
-    assert_eq!(res.status(), StatusCode::NO_CONTENT, "the retried final PATCH");
+    assert_eq!(
+        res.status(),
+        StatusCode::NO_CONTENT,
+        "the retried final PATCH"
+    );
     assert_eq!(counts(&app, &user).await, (600, 0, 0));
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
     // Completed, it stays answerable, holding nothing: answering it again
@@ -149,7 +156,10 @@ async fn termination_gives_the_reservation_back_once_whatever_the_upload_stored(
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     lock.release().await;
     assert_eq!(counts(&app, &user).await, (0, 300, 1));
-    assert_eq!(terminate(&app, &user, &stored).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        terminate(&app, &user, &stored).await,
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(counts(&app, &user).await, (0, 0, 0));
     assert_eq!(terminate(&app, &user, &stored).await, StatusCode::NOT_FOUND);
     assert_eq!(counts(&app, &user).await, (0, 0, 0));
@@ -248,11 +258,11 @@ async fn concurrent_declarations_that_fit_alone_are_let_in_exactly_as_many_as_fi
     assert_eq!(counts(&app, &user).await, (0, 0, 10));
     let bytes = data(300);
     let (app, user, bytes) = (&app, &user, &bytes);
-    let racers = ids.iter().map(|id| {
-        until_settled(async move || patch_declaring(app, user, id, 0, 300, bytes).await)
-    });
+    let racers = ids
+        .iter()
+        .map(|id| until_settled(async move || patch_declaring(app, user, id, 0, 300, bytes).await));
     let answers = futures::future::join_all(racers).await;
     assert_eq!(tally(answers, StatusCode::NO_CONTENT), (3, 7));
-    assert_eq!(counts(&app, &user).await, (900, 0, 7));
-    assert_eq!(app.list_ids(&user).await.len(), 3);
+    assert_eq!(counts(app, user).await, (900, 0, 7));
+    assert_eq!(app.list_ids(user).await.len(), 3);
 }

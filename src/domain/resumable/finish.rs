@@ -57,7 +57,10 @@ impl ResumableService {
             let finished = async move {
                 match upload.last_part_stored() {
                     true => self.finish(user, upload).await,
-                    false => self.append(user, upload, None, empty_body(), None, None).await,
+                    false => {
+                        self.append(user, upload, None, empty_body(), None, None)
+                            .await
+                    }
                 }
             };
             tokio::select! {

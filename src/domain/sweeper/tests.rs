@@ -15,8 +15,8 @@ use crate::{
         test_kit::{Kit, body},
     },
     meta::{
-        CleanupRepo, IntentRecord, MetaResult, OpenLimits, ResumableRecord, ResumableRepo, UserRecord,
-        embedded::EmbeddedStore,
+        CleanupRepo, IntentRecord, MetaResult, OpenLimits, ResumableRecord, ResumableRepo,
+        UserRecord, embedded::EmbeddedStore,
     },
     metrics::Metrics,
     vocab::{FileId, Filename, WriteHandle},

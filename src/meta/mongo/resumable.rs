@@ -176,7 +176,11 @@ impl MongoStore {
     /// Deletes the upload `filter` matches (by `_id`, and maybe more) and
     /// gives back what it held of its user's counters, in `s`: whether one
     /// was deleted.
-    async fn delete_resumable_in(&self, s: &mut ClientSession, filter: Document) -> MetaResult<bool> {
+    async fn delete_resumable_in(
+        &self,
+        s: &mut ClientSession,
+        filter: Document,
+    ) -> MetaResult<bool> {
         let Some(upload) = self
             .resumables()
             .find_one(filter.clone())

@@ -215,6 +215,19 @@ pub struct FinalUser {
     pub gone: BTreeMap<String, (u16, u16)>,
 }
 
+impl FinalUser {
+    /// Every reservation given back once: unless the user's counters (on
+    /// its document and in `/v1/me`) are what the uploads left hold, what
+    /// they are.
+    pub fn counters_off(&self) -> Option<String> {
+        let (c, m, h) = (self.counted, self.me_counted, self.held);
+        (c != h || m != h).then(|| {
+            let user = &self.id;
+            format!("{user}: (reserved_bytes, open_uploads) {c:?}, /v1/me {m:?}, but the uploads left hold {h:?}")
+        })
+    }
+}
+
 /// Everything read back.
 #[derive(Clone, Debug, Default)]
 pub struct FinalState {

@@ -141,9 +141,8 @@ impl World {
             sent_last |= offset + piece == body.len();
             // A deferred length is declared with the last bytes, or (half
             // the time) by an empty PATCH once they are all stored.
-            let declares = !known
-                && offset + piece == body.len()
-                && (piece == 0 || rng.random_bool(0.5));
+            let declares =
+                !known && offset + piece == body.len() && (piece == 0 || rng.random_bool(0.5));
             let length = declares.then_some(body.len());
             let base = self.base(rng);
             let answered: Step = match rng.random_range(0..100) {
@@ -155,21 +154,30 @@ impl World {
                         Err(std::io::Error::other("the client went away")),
                     ]);
                     let body = reqwest::Body::wrap_stream(cut);
-                    self.patch(user, &base, &location, offset, length, body).await
+                    self.patch(user, &base, &location, offset, length, body)
+                        .await
                 }
                 // Two PATCHes from the same offset at once: one counts.
                 12..22 => {
                     let other = self.base(rng);
                     let (a, b) = tokio::join!(
                         self.patch(user, &base, &location, offset, length, chunk.clone().into()),
-                        self.patch(user, &other, &location, offset, length, chunk.clone().into()),
+                        self.patch(
+                            user,
+                            &other,
+                            &location,
+                            offset,
+                            length,
+                            chunk.clone().into()
+                        ),
                     );
                     *internal |= a == Step::Internal || b == Step::Internal;
                     if let Step::At(_) = b { b } else { a }
                 }
                 _ => {
                     let body = chunk.clone().into();
-                    self.patch(user, &base, &location, offset, length, body).await
+                    self.patch(user, &base, &location, offset, length, body)
+                        .await
                 }
             };
             *internal |= answered == Step::Internal;
