@@ -524,20 +524,8 @@ async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
         StatusCode::NO_CONTENT
     );
     assert_eq!(counts(&app, &user).await, (0, 200, 1));
-    // Expire it, as if no PATCH had come for FILEDOCK_TUS_EXPIRY_SECS.
-    let meta = &app.state.ports.meta;
-    let file_id = id.parse().unwrap();
-    let mut upload = meta.resumable(&file_id).await.unwrap().unwrap();
-    upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
-    assert!(
-        meta.advance_resumable(&upload, upload.offset)
-            .await
-            .unwrap()
-    );
-
-    let Outcome::Swept(first) = app.state.sweeper.try_run_once().await.unwrap() else {
-        panic!("busy")
-    };
+    let (meta, file_id) = (&app.state.ports.meta, id.parse().unwrap());
+    let first = crate::tus_reserve::expire_and_sweep(&app, &id).await;
     assert!(
         !blobs.refuse_abort.load(Ordering::SeqCst),
         "the abort was tried"
