@@ -2,10 +2,11 @@
 # Resumable uploads with two real tus clients — tus-js-client (npm, under
 # Node) and tuspy (PyPI) — each a 64 MiB upload cut at least 3 times at
 # random offsets by a proxy (tests/interop/cut_proxy.js), resumed, and
-# downloaded byte-identical; and tus-js-client with its default retries
+# downloaded byte-identical; tus-js-client with its default retries
 # after a silent mid-PATCH drop (tests/interop/tus_js_silent.js: the
-# server's side left open, resumed through a lock-release request).
-# Installs both clients once into
+# server's side left open, resumed through a lock-release request); and
+# tus-js-client with a deferred length (a stream of unknown size, as Uppy
+# Companion sends). Installs both clients once into
 # ~/.cache/filedock. Runs filedock on the real stack when scripts/stack.sh's
 # FILEDOCK_TEST_* are exported (scripts/test.sh), else on embedded adapters.
 set -euo pipefail
@@ -45,4 +46,5 @@ key=$(new_key tus-interop)
 echo "[tus] $backend adapters" >&2
 NODE_PATH="$CACHE/tus-js/node_modules" node tests/interop/tus_js.js "$port" "$key"
 NODE_PATH="$CACHE/tus-js/node_modules" node tests/interop/tus_js_silent.js "$port" "$(new_key tus-silent)"
+NODE_PATH="$CACHE/tus-js/node_modules" node tests/interop/tus_js_deferred.js "$port" "$key"
 "$CACHE/tuspy/bin/python" tests/interop/tuspy_test.py "$port" "$key"

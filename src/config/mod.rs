@@ -73,6 +73,8 @@ pub struct Settings {
     /// A resumable (tus) upload that gets no PATCH for this long expires
     /// (`Upload-Expires`) and the sweeper aborts it.
     pub tus_expiry: Duration,
+    /// Open resumable uploads one user may have (all instances together).
+    pub max_open_uploads: u64,
     /// A connection that has not sent a whole request head in this long is
     /// closed (slow-header clients), and so is one that has had no request
     /// in progress for this long (idle keep-alive, HTTP/2 included).
@@ -347,6 +349,7 @@ impl Settings {
             upload_memory_wait: vars.secs("UPLOAD_MEMORY_WAIT_SECS")?,
             body_idle_timeout: vars.secs("BODY_IDLE_TIMEOUT_SECS")?,
             tus_expiry: vars.secs("TUS_EXPIRY_SECS")?,
+            max_open_uploads: vars.value("MAX_OPEN_UPLOADS")?,
             header_timeout: vars.secs("HEADER_TIMEOUT_SECS")?,
             h2c: vars.value("H2C")?,
             max_connections: vars.value("MAX_CONNECTIONS")?,

@@ -289,6 +289,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_MAX_OPEN_UPLOADS",
+        meaning: "open resumable (tus) uploads one user may have, on all instances together; past it a creation gets 429 too_many_open_uploads",
+        value: Some("100"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_HEADER_TIMEOUT_SECS",
         meaning: "a connection that has not sent a whole request head in this long, or has had no request in progress for this long (HTTP/1 or HTTP/2), is closed",
         value: Some("30"),

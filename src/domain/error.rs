@@ -24,6 +24,13 @@ pub enum DomainError {
     /// The user has as many uploads in flight as one instance allows.
     #[error("too many uploads in flight for this user (at most {0}); try again")]
     TooManyUploads(usize),
+    /// The user has as many open resumable uploads as they may have
+    /// (`FILEDOCK_MAX_OPEN_UPLOADS`): one has to finish, be terminated or
+    /// expire first.
+    #[error(
+        "too many open resumable uploads for this user (GET /v1/me shows them); finish or terminate one (DELETE /v1/uploads/{{id}}) or let it expire"
+    )]
+    TooManyOpenUploads,
     #[error("the body is larger than the limit of {0} bytes")]
     PayloadTooLarge(u64),
     #[error("timed out waiting for a lock on this resource; try again")]
@@ -87,6 +94,7 @@ impl DomainError {
             Self::InvalidRequest(_) => "invalid_request",
             Self::RequestTimeout(_) => "request_timeout",
             Self::TooManyUploads(_) => "too_many_uploads",
+            Self::TooManyOpenUploads => "too_many_open_uploads",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::LockTimeout => "lock_timeout",
             Self::LockLost => "lock_lost",
@@ -131,6 +139,7 @@ impl From<MetaError> for DomainError {
                 Self::internal(anyhow::anyhow!("operation already applied"))
             }
             MetaError::QuotaExceeded => Self::QuotaExceeded,
+            MetaError::TooManyOpenUploads => Self::TooManyOpenUploads,
             MetaError::NotFound => Self::NotFound,
             MetaError::ContainerFull(max)
             | MetaError::Refused(crate::meta::Refusal::ContainerFull(max)) => {

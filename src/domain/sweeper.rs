@@ -228,7 +228,7 @@ impl Sweeper {
                 // backstops (the staging sweep; S3's lifecycle rule), not
                 // tried for ever.
                 if matches!(e, BlobError::Unavailable(_)) {
-                    self.resumables.insert_resumable(&upload).await?;
+                    self.resumables.restore_resumable(&upload).await?;
                 }
                 return Err(e.into());
             }

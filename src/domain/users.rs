@@ -78,6 +78,8 @@ pub async fn create_user(
         api_key_hash: hash_key(&key),
         file_count: 0,
         used_bytes: 0,
+        reserved_bytes: 0,
+        open_uploads: 0,
         upload_fence: Default::default(),
         created_at: crate::meta::now(),
     };

@@ -54,6 +54,8 @@ impl ApiError {
             D::LinkInvalid | D::LinkExpired => StatusCode::FORBIDDEN,
             D::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             D::TooManyUploads(_) => StatusCode::TOO_MANY_REQUESTS,
+            // Not retried after a pause (no `Retry-After`): an open upload has to end first.
+            D::TooManyOpenUploads => StatusCode::TOO_MANY_REQUESTS,
             D::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             // Contention is the client's to retry, not an outage: a load
             // balancer must not count it against the instance's health.

@@ -1,4 +1,5 @@
-//! `/v1/me`: the caller, their storage against the quota, their uploads in flight.
+//! `/v1/me`: the caller, their storage against the quota (stored and
+//! reserved by open resumable uploads), their uploads in flight and open.
 
 use axum::{Json, extract::State};
 use serde_json::json;
@@ -22,6 +23,9 @@ pub async fn me(AuthUser(user): AuthUser, State(state): State<AppState>) -> ApiR
             "quota_bytes": usage.quota_bytes,
             "file_count": me.file_count,
             "uploads_in_flight": usage.uploads_in_flight,
+            "reserved_bytes": me.reserved_bytes,
+            "open_uploads": me.open_uploads,
+            "max_open_uploads": state.settings.max_open_uploads,
         },
     })))
 }

@@ -1,5 +1,6 @@
 //! `/v1/uploads`: resumable uploads, tus 1.0 (core, creation,
-//! creation-with-upload, termination, expiration, checksum). The upload id
+//! creation-with-upload, creation-defer-length, termination, expiration,
+//! checksum). The upload id
 //! is the id the file commits under: after the last PATCH it is at
 //! `/v1/files/{id}`.
 
@@ -32,7 +33,8 @@ use crate::{
 
 /// The protocol version this server speaks.
 pub const TUS_VERSION: &str = "1.0.0";
-const TUS_EXTENSIONS: &str = "creation,creation-with-upload,termination,expiration,checksum";
+const TUS_EXTENSIONS: &str =
+    "creation,creation-with-upload,creation-defer-length,termination,expiration,checksum";
 /// A PATCH body's media type.
 const OFFSET_OCTET_STREAM: &str = "application/offset+octet-stream";
 /// The name of an upload whose metadata names none.
@@ -57,7 +59,7 @@ pub const REQUEST_HEADERS: [HeaderName; 6] = [
     UPLOAD_CHECKSUM,
     UPLOAD_DEFER_LENGTH,
 ];
-pub const RESPONSE_HEADERS: [&str; 10] = [
+pub const RESPONSE_HEADERS: [&str; 11] = [
     "tus-resumable",
     "tus-version",
     "tus-extension",
@@ -65,6 +67,7 @@ pub const RESPONSE_HEADERS: [&str; 10] = [
     "tus-checksum-algorithm",
     "upload-offset",
     "upload-length",
+    "upload-defer-length",
     "upload-metadata",
     "upload-expires",
     "filedock-file-id",
@@ -198,13 +201,7 @@ pub async fn create(
     body: Body,
 ) -> TusResult {
     check_version(&headers)?;
-    if headers.contains_key(UPLOAD_DEFER_LENGTH) {
-        return Err(
-            ApiError::invalid("Upload-Defer-Length is not supported: send Upload-Length").into(),
-        );
-    }
-    let length = number(&headers, UPLOAD_LENGTH)?
-        .ok_or_else(|| ApiError::invalid("Upload-Length is required"))?;
+    let length = creation_length(&headers)?;
     let raw_metadata = text(&headers, UPLOAD_METADATA).unwrap_or_default();
     let (filename, filetype) = metadata(raw_metadata)?;
     let new = NewResumable {
@@ -219,10 +216,15 @@ pub async fn create(
     let created = state.resumables.create(&user, new).await?;
     let mut upload = created.clone();
     // An empty file is complete on creation (tus-js-client sends no PATCH for it).
-    if with_body || length == 0 {
+    if with_body || length == Some(0) {
         // creation-with-upload: the upload exists whatever becomes of its
         // first bytes; the client learns from Upload-Offset what was kept.
-        let patched = run_patch(&state, user.clone(), created.id, 0, checksum, body).await;
+        let at = PatchAt {
+            offset: 0,
+            length: None,
+            checksum,
+        };
+        let patched = run_patch(&state, user.clone(), created.id, at, body).await;
         upload = match patched {
             Ok(patched) => patched.into_upload(),
             Err(e) => match state.resumables.find(&user, &created.id).await {
@@ -264,9 +266,14 @@ pub async fn head(
     let mut res = StatusCode::OK.into_response();
     let h = res.headers_mut();
     progress_headers(h, &upload);
-    h.insert(UPLOAD_LENGTH, HeaderValue::from(upload.length));
+    if let Some(length) = upload.length {
+        h.insert(UPLOAD_LENGTH, HeaderValue::from(length));
+    }
     if !upload.metadata.is_empty() {
         h.insert(UPLOAD_METADATA, value(&upload.metadata)?);
+    }
+    if upload.length.is_none() {
+        h.insert(UPLOAD_DEFER_LENGTH, HeaderValue::from_static(DEFERRED));
     }
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(res)
@@ -289,8 +296,13 @@ pub async fn patch(
     }
     let offset = number(&headers, UPLOAD_OFFSET)?
         .ok_or_else(|| ApiError::invalid("Upload-Offset is required"))?;
-    let checksum = checksum(&headers)?;
-    let upload = run_patch(&state, user, path_id(&id)?, offset, checksum, body)
+    let at = PatchAt {
+        offset,
+        // Declares a deferred length (creation-defer-length), once.
+        length: number(&headers, UPLOAD_LENGTH)?,
+        checksum: checksum(&headers)?,
+    };
+    let upload = run_patch(&state, user, path_id(&id)?, at, body)
         .await?
         .into_upload();
     let mut res = StatusCode::NO_CONTENT.into_response();
@@ -317,16 +329,24 @@ async fn run_patch(
     state: &AppState,
     user: crate::meta::UserRecord,
     id: FileId,
-    offset: u64,
-    checksum: Option<Checksum>,
+    at: PatchAt,
     body: Body,
 ) -> Result<Patched, TusError> {
+    let PatchAt {
+        offset,
+        length,
+        checksum,
+    } = at;
     let service = state.resumables.clone();
     let body: ByteStream<'static> = Box::pin(
         body.into_data_stream()
             .map_err(|e| BodyError::Read(io::Error::other(e))),
     );
-    let task = tokio::spawn(async move { service.patch(&user, &id, offset, checksum, body).await });
+    let task = tokio::spawn(async move {
+        service
+            .patch(&user, &id, offset, length, checksum, body)
+            .await
+    });
     match task.await {
         Ok(patched) => patched.map_err(TusError::from),
         // The task's panic is the handler's: the panic layer answers and counts it.
@@ -334,6 +354,36 @@ async fn run_patch(
             Ok(panic) => std::panic::resume_unwind(panic),
             Err(cancelled) => Err(ApiError::internal(cancelled).into()),
         },
+    }
+}
+
+/// A PATCH's headers: where it starts, the length it declares, its checksum.
+struct PatchAt {
+    offset: u64,
+    length: Option<u64>,
+    checksum: Option<Checksum>,
+}
+
+/// The one value `Upload-Defer-Length` has.
+const DEFERRED: &str = "1";
+
+/// A creation's length: `Upload-Length`, or `None` with
+/// `Upload-Defer-Length: 1` (creation-defer-length); one of them, not both.
+fn creation_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let length = number(headers, UPLOAD_LENGTH)?;
+    let Some(defer) = headers.get(UPLOAD_DEFER_LENGTH) else {
+        return length
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid("send Upload-Length, or Upload-Defer-Length: 1"));
+    };
+    if defer.as_bytes() != DEFERRED.as_bytes() {
+        return Err(ApiError::invalid("Upload-Defer-Length must be 1"));
+    }
+    match length {
+        Some(_) => Err(ApiError::invalid(
+            "send Upload-Length or Upload-Defer-Length, not both",
+        )),
+        None => Ok(None),
     }
 }
 
@@ -345,7 +395,7 @@ fn progress_headers(h: &mut HeaderMap, upload: &ResumableRecord) {
         // Complete: the file is at /v1/files/{id}.
         h.insert(FILE_ID, v);
     }
-    if upload.offset < upload.length
+    if !upload.all_stored()
         && let Ok(v) = HeaderValue::from_str(&http_date(upload.expires_at))
     {
         h.insert(UPLOAD_EXPIRES, v);

@@ -10,6 +10,9 @@ pub enum MetaError {
     StaleFence,
     #[error("quota exceeded")]
     QuotaExceeded,
+    /// The user has as many open resumable uploads as they may have.
+    #[error("too many open uploads")]
+    TooManyOpenUploads,
     #[error("not found")]
     NotFound,
     /// The session's or agent's list already holds its limit of members

@@ -8,6 +8,7 @@ use super::{
     error::{MetaError, MetaResult},
     records::{CommitOutcome, CommitUpload, Fence, IdempotencyRecord, now},
 };
+use crate::vocab::FileId;
 
 /// What a group commit writes, and each upload's outcome.
 pub struct GroupPlan<'a> {
@@ -19,6 +20,19 @@ pub struct GroupPlan<'a> {
     pub keys: Vec<IdempotencyRecord>,
     /// What they add to the user's `used_bytes`.
     pub bytes: i64,
+    /// The resumable uploads among them whose reservations they release
+    /// (see [`Held`]), and what those come to.
+    pub freed: Vec<FileId>,
+    pub freed_bytes: i64,
+    pub freed_open: i64,
+}
+
+/// What a resumable upload holds of its user's counters (its record's
+/// `reserved` and `open`), released when its file commits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    pub reserved: i64,
+    pub open: bool,
 }
 
 /// The idempotency record ids the group's uploads carry.
@@ -32,18 +46,24 @@ pub fn idempotency_ids(group: &[CommitUpload]) -> Vec<String> {
         .collect()
 }
 
-/// Decides each upload of `group` in order, given the user's `used_bytes`
-/// and the idempotency records already stored (by id).
-pub fn plan(
-    group: &[CommitUpload],
-    used_bytes: i64,
+/// Decides each upload of `group` in order, given what the user's bytes
+/// count against the quota (stored and reserved), the idempotency records
+/// already stored (by id) and what the group's resumable uploads hold: an
+/// upload's own reservation makes room for it.
+pub fn plan<'a>(
+    group: &'a [CommitUpload],
+    counted_bytes: i64,
     mut recorded: HashMap<String, IdempotencyRecord>,
-) -> GroupPlan<'_> {
+    held: &HashMap<FileId, Held>,
+) -> GroupPlan<'a> {
     let mut p = GroupPlan {
         outcomes: Vec::with_capacity(group.len()),
         committing: Vec::with_capacity(group.len()),
         keys: Vec::new(),
         bytes: 0,
+        freed: Vec::new(),
+        freed_bytes: 0,
+        freed_open: 0,
     };
     for c in group {
         let key = c.idempotency.as_ref();
@@ -53,12 +73,21 @@ pub fn plan(
                 .push(Ok(CommitOutcome::Replayed(Box::new(first.clone()))));
             continue;
         }
-        let after = used_bytes + p.bytes + c.file.size;
+        let own = match c.resumable {
+            true => held.get(&c.file.id).copied().unwrap_or_default(),
+            false => Held::default(),
+        };
+        let after = counted_bytes + p.bytes - p.freed_bytes - own.reserved + c.file.size;
         if c.quota_bytes.is_some_and(|q| after.max(0) as u64 > q) {
             p.outcomes.push(Err(MetaError::QuotaExceeded));
             continue;
         }
         p.bytes += c.file.size;
+        if own != Held::default() {
+            p.freed.push(c.file.id);
+            p.freed_bytes += own.reserved;
+            p.freed_open += i64::from(own.open);
+        }
         if let (Some(id), Some(k)) = (key_id, key) {
             let record = IdempotencyRecord {
                 id: id.clone(),
@@ -73,6 +102,15 @@ pub fn plan(
         p.outcomes.push(Ok(CommitOutcome::Committed));
     }
     p
+}
+
+/// The ids of the group's resumable uploads (whose records hold reservations).
+pub fn resumable_ids(group: &[CommitUpload]) -> Vec<FileId> {
+    group
+        .iter()
+        .filter(|c| c.resumable)
+        .map(|c| c.file.id)
+        .collect()
 }
 
 /// The group's fences, one per slot. Two tokens of one slot in a group
@@ -130,6 +168,7 @@ mod tests {
                 key: IdempotencyKey::parse(k).unwrap(),
                 fingerprint: String::new(),
             }),
+            resumable: false,
         }
     }
 
@@ -153,7 +192,7 @@ mod tests {
             upload(30, None),
             upload(10, None),
         ];
-        let p = plan(&group, 10, HashMap::new());
+        let p = plan(&group, 10, HashMap::new(), &HashMap::new());
         assert_eq!(shape(&p), ["commit", "commit", "quota", "commit"]);
         assert_eq!(p.bytes, 90);
         assert_eq!(p.committing.len(), 3);
@@ -174,7 +213,7 @@ mod tests {
             created_at: crate::meta::now(),
         };
         let before = HashMap::from([(b_id, first_b)]);
-        let p = plan(&group, 0, before);
+        let p = plan(&group, 0, before, &HashMap::new());
         assert_eq!(shape(&p), ["commit", "replay", "replay"]);
         let Ok(CommitOutcome::Replayed(first)) = &p.outcomes[1] else {
             unreachable!()
@@ -184,6 +223,25 @@ mod tests {
             "the replay answers the first"
         );
         assert_eq!(p.keys.len(), 1, "one record, for the upload that commits");
+    }
+
+    #[test]
+    fn a_resumable_uploads_own_reservation_makes_room_for_it_and_is_freed() {
+        // 100 quota: 50 stored, 40 reserved by the resumable upload below.
+        let mut group = [upload(40, None), upload(20, None), upload(10, None)];
+        group[0].resumable = true;
+        let held = HashMap::from([(
+            group[0].file.id,
+            Held {
+                reserved: 40,
+                open: true,
+            },
+        )]);
+        let p = plan(&group, 90, HashMap::new(), &held);
+        // 50 + 40 (its own reservation) = 90; then 20 would be 110; 10 fits.
+        assert_eq!(shape(&p), ["commit", "quota", "commit"]);
+        assert_eq!((p.bytes, p.freed_bytes, p.freed_open), (50, 40, 1));
+        assert_eq!(p.freed, [group[0].file.id]);
     }
 
     #[test]

@@ -31,11 +31,29 @@ pub struct UserRecord {
     #[serde(default)]
     pub file_count: i64,
     pub used_bytes: i64,
+    /// What the user's open resumable uploads reserve (their
+    /// `Upload-Length`s): counted against the quota beside `used_bytes`,
+    /// from an upload's creation (or the PATCH that declares a deferred
+    /// length) until its file commits, it is terminated or it expires. Kept
+    /// here, changed in the transaction that changes an upload's
+    /// reservation, so that no request counts the user's uploads.
+    #[serde(default)]
+    pub reserved_bytes: i64,
+    /// The user's open resumable uploads (counted as `reserved_bytes` is).
+    #[serde(default)]
+    pub open_uploads: i64,
     /// Highest fencing token committed, per upload-lock category.
     #[serde(default)]
     pub upload_fence: BTreeMap<String, i64>,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
+}
+
+impl UserRecord {
+    /// What counts against the quota: the bytes stored and the bytes reserved.
+    pub fn counted_bytes(&self) -> i64 {
+        self.used_bytes + self.reserved_bytes
+    }
 }
 
 /// `files` collection.
@@ -300,6 +318,10 @@ pub struct CommitUpload {
     pub fence: Option<Fence>,
     pub quota_bytes: Option<u64>,
     pub idempotency: Option<IdempotencyClaim>,
+    /// A resumable upload's file (its id is the upload's): the upload's
+    /// reservation is released in the same transaction, the file's bytes
+    /// taking its place.
+    pub resumable: bool,
 }
 
 /// A file whose metadata was deleted, and the pending orphan that now

@@ -6,7 +6,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{error::MetaResult, records::bson_time};
+use super::{
+    error::{MetaError, MetaResult},
+    records::{UserRecord, bson_time},
+};
 use crate::vocab::{BlobKey, FileId, UserId, WriteHandle};
 
 /// `resumable_uploads`: one tus upload between its creation and its last PATCH.
@@ -20,8 +23,9 @@ pub struct ResumableRecord {
     pub key: BlobKey,
     /// The blob store's handle on the write (the S3 multipart upload id).
     pub handle: WriteHandle,
-    /// `Upload-Length`.
-    pub length: i64,
+    /// `Upload-Length`; `None` while it is deferred (`Upload-Defer-Length:
+    /// 1`), until a PATCH declares it.
+    pub length: Option<i64>,
     /// `Upload-Offset`: the bytes stored so far.
     pub offset: i64,
     /// The part size the upload was started with.
@@ -49,27 +53,108 @@ pub struct ResumableRecord {
     /// `Upload-Expires`: after this the sweeper aborts the upload.
     #[serde(with = "bson_time")]
     pub expires_at: DateTime<Utc>,
+    /// The bytes this upload holds of its user's `reserved_bytes`: its
+    /// length once known, 0 once its file committed. Like `open`, changed
+    /// only together with the user's counters, in one transaction
+    /// (`advance_resumable` keeps them as stored).
+    #[serde(default)]
+    pub reserved: i64,
+    /// Whether it counts in its user's `open_uploads` (until its file
+    /// commits or it goes).
+    #[serde(default)]
+    pub open: bool,
+}
+
+/// What a user's open uploads are held to when one is created.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenLimits {
+    /// The user's quota (`None`: none), which stored and reserved bytes share.
+    pub quota_bytes: Option<u64>,
+    /// The most open uploads a user may have.
+    pub max_open: u64,
+}
+
+impl OpenLimits {
+    /// Whether `user` may reserve `more` bytes (`QuotaExceeded` if not).
+    pub fn check_quota(quota: Option<u64>, user: &UserRecord, more: i64) -> MetaResult<()> {
+        match quota {
+            Some(q) if (user.counted_bytes() + more).max(0) as u64 > q => {
+                Err(MetaError::QuotaExceeded)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `user` may open one more upload reserving `reserved` bytes.
+    pub fn check(&self, user: &UserRecord, reserved: i64) -> MetaResult<()> {
+        if user.open_uploads.max(0) as u64 >= self.max_open {
+            return Err(MetaError::TooManyOpenUploads);
+        }
+        Self::check_quota(self.quota_bytes, user, reserved)
+    }
 }
 
 impl ResumableRecord {
+    /// `Upload-Length` as a number, once known.
+    pub fn known_length(&self) -> Option<u64> {
+        self.length.map(|l| l as u64)
+    }
+
     /// Where the tail starts: after the whole parts.
     pub fn tail_start(&self) -> i64 {
         self.parts.len() as i64 * self.part_size
     }
 
+    /// Whether every byte is stored and the last part with them, so that
+    /// only the commit may be left. A deferred length declared at the
+    /// offset leaves the tail in staging: every byte is stored, but the
+    /// last part is still to be written.
+    pub fn last_part_stored(&self) -> bool {
+        self.all_stored() && self.tail_start() >= self.offset
+    }
+
     /// Whether every byte is stored (and only the commit may be left).
     pub fn all_stored(&self) -> bool {
-        self.offset == self.length
+        self.length == Some(self.offset)
+    }
+}
+
+/// `upload` holding nothing of its user's counters.
+pub fn uncounted(upload: &ResumableRecord) -> ResumableRecord {
+    ResumableRecord {
+        reserved: 0,
+        open: false,
+        ..upload.clone()
     }
 }
 
 #[async_trait]
 pub trait ResumableRepo: Send + Sync {
-    async fn insert_resumable(&self, upload: &ResumableRecord) -> MetaResult<()>;
+    /// Inserts the upload and counts it against its user, in one
+    /// transaction: one more open upload (`TooManyOpenUploads` past
+    /// `limits.max_open`) and `upload.reserved` more reserved bytes
+    /// (`QuotaExceeded` past the quota); refused, nothing is written.
+    async fn insert_resumable(
+        &self,
+        upload: &ResumableRecord,
+        limits: &OpenLimits,
+    ) -> MetaResult<()>;
+
+    /// Sets a deferred upload's length and reserves it, in one transaction
+    /// (`QuotaExceeded` past `quota`: nothing changes). The record as it is
+    /// then (one whose length was known already comes back as it is);
+    /// `None` if the upload is gone.
+    async fn declare_length(
+        &self,
+        id: &FileId,
+        length: i64,
+        quota: Option<u64>,
+    ) -> MetaResult<Option<ResumableRecord>>;
 
     async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>>;
 
-    /// Replaces the record with `upload` if its offset is still
+    /// Replaces the record with `upload` (keeping the stored `reserved`,
+    /// `open` and `length`, which only the counting writes change) if its offset is still
     /// `expected_offset`: `false` (nothing changed) if another PATCH moved
     /// it first or the upload is gone.
     async fn advance_resumable(
@@ -78,17 +163,25 @@ pub trait ResumableRepo: Send + Sync {
         expected_offset: i64,
     ) -> MetaResult<bool>;
 
+    /// Deletes the upload and gives back what it still holds of its user's
+    /// counters (its reservation, its open slot), in one transaction.
     async fn delete_resumable(&self, id: &FileId) -> MetaResult<()>;
 
     /// Deletes the record if its expiry is still `expires_at` (no PATCH
-    /// renewed it since it was read): `false`, and nothing changed, if one
-    /// did or the upload is gone. The sweeper claims an expired upload so,
+    /// renewed it since it was read), giving back what it held of its
+    /// user's counters in the same transaction: `false`, and nothing
+    /// changed, if one did or the upload is gone. The sweeper claims an expired upload so,
     /// which is safe with or without the upload's lock.
     async fn delete_resumable_if_expires(
         &self,
         id: &FileId,
         expires_at: DateTime<Utc>,
     ) -> MetaResult<bool>;
+
+    /// Puts back an upload [`Self::delete_resumable_if_expires`] claimed
+    /// (its abort failed), counting nothing: the claim gave back what it
+    /// held, and an expired upload is no one's to resume.
+    async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()>;
 
     /// Uploads that expired before `before`, soonest first.
     async fn expired_resumables(

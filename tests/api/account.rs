@@ -34,7 +34,10 @@ async fn me_shows_the_user_their_usage_against_the_quota_and_uploads_in_flight()
     assert!(first["created_at"].is_string());
     assert_eq!(
         first["usage"],
-        serde_json::json!({"used_bytes": 0, "quota_bytes": 1000, "file_count": 0, "uploads_in_flight": 0})
+        serde_json::json!({
+            "used_bytes": 0, "quota_bytes": 1000, "file_count": 0, "uploads_in_flight": 0,
+            "reserved_bytes": 0, "open_uploads": 0, "max_open_uploads": 100,
+        })
     );
 
     // Read from the store, not from the auth cache that authenticated the request.

@@ -2,7 +2,7 @@
 //! Redis and S3; a workload of several users' uploads (across the S3 part
 //! size and the size categories, some resent with their `Idempotency-Key`
 //! after an unknown outcome, some resumable: tus in several PATCHes, cut,
-//! raced and empty ones among them), renames, deletes, attaches, detaches, and MCP
+//! raced and empty ones among them, some with a deferred length), renames, deletes, attaches, detaches, and MCP
 //! and toolset connects and disconnects; a nemesis that deals a shuffled
 //! deck of every fault kind of the mode (link cuts, also right after a
 //! commit or an enqueue was answered and past the settle window, a pause
@@ -10,8 +10,9 @@
 //! flushed), while `reconcile --delete` and `sweep` run in a loop. After
 //! healing, the resumable uploads' expiry and a final sweep, the checker
 //! holds everything read back against the history (`support/checker.rs`),
-//! and finds nothing of a resumable upload left (state, tail object,
-//! multipart upload on the S3 server's disk, intent).
+//! finds nothing of a resumable upload left (state, tail object,
+//! multipart upload on the S3 server's disk, intent), and every user's
+//! reservations (`reserved_bytes`, `open_uploads`) given back.
 //!
 //! `FILEDOCK_FAULT_SEED` replays a run; `FILEDOCK_FAULT_SECS` deals more
 //! decks until that many seconds have passed (a soak); by default one deck.

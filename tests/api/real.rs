@@ -318,6 +318,7 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         fence: None,
         quota_bytes: None,
         idempotency: None,
+        resumable: false,
     };
     let attempts = std::sync::atomic::AtomicU32::new(0);
     let r = with_txn_retry(&app.state.settings.txn_retry, || {

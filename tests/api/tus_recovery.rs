@@ -36,9 +36,10 @@ use reqwest::StatusCode;
 use crate::{
     helpers::*,
     tus::{content, create, data, head, patch, patch_body, staging_left},
+    tus_limits::counts,
 };
 
-/// A figure of `/v1/me`'s `usage` (`used_bytes`, `uploads_in_flight`).
+/// A figure of `/v1/me`'s `usage` (`used_bytes`, `reserved_bytes`, `uploads_in_flight`).
 async fn usage(app: &TestApp, user: &TestUser, figure: &str) -> i64 {
     let (_, me) = app.json("GET", "/v1/me", user, None).await;
     me["usage"][figure].as_i64().unwrap()
@@ -81,8 +82,10 @@ async fn an_empty_patch_and_one_cut_before_its_first_byte_keep_what_was_stored()
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
 
+/// An open upload's length is reserved (issue 20, item 6): a plain upload
+/// cannot take its bytes, so its final PATCH is never refused for the quota.
 #[tokio::test]
-async fn a_final_patch_past_the_quota_keeps_the_upload_and_a_later_one_finishes_it() {
+async fn a_final_patch_is_not_refused_for_the_quota_its_reservation_holds() {
     let mut settings = test_settings();
     settings.user_quota_bytes = Some(300);
     // The quota is checked against the store, not a cached usage.
@@ -94,44 +97,19 @@ async fn a_final_patch_past_the_quota_keeps_the_upload_and_a_later_one_finishes_
     let id = create(&app, &user, 200).await;
     let res = patch(&app, &user, &id, 0, &bytes[..100]).await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
-    let plain = app.upload_json(&user, "plain.bin", vec![9u8; 150]).await;
-
-    let res = patch(&app, &user, &id, 100, &bytes[100..]).await;
+    let plain = app.upload_raw(&user, "plain.bin", vec![9u8; 150]).await;
     assert_eq!(
-        error_code(res).await,
+        error_code(plain).await,
         (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded".into())
     );
-    // Not gone: all its bytes are stored and only the commit is left, which
-    // a PATCH at the end offset (and a HEAD) tries again.
-    let res = patch(&app, &user, &id, 200, &[]).await;
-    assert_eq!(res.status(), StatusCode::INSUFFICIENT_STORAGE);
-    assert_eq!(
-        head(&app, &user, &id).await.0,
-        StatusCode::INSUFFICIENT_STORAGE
-    );
-    assert_eq!(
-        usage(&app, &user, "used_bytes").await,
-        150,
-        "nothing of it committed"
-    );
+    assert_eq!(usage(&app, &user, "reserved_bytes").await, 200);
 
-    let del = app
-        .client
-        .delete(app.url(&format!("/v1/files/{}", plain["id"].as_str().unwrap())))
-        .bearer_auth(&user.key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(del.status(), StatusCode::NO_CONTENT);
-    let res = patch(&app, &user, &id, 200, &[]).await;
-    assert_eq!(
-        res.status(),
-        StatusCode::NO_CONTENT,
-        "the retried final PATCH"
-    );
+    let res = patch(&app, &user, &id, 100, &bytes[100..]).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT, "the final PATCH");
     assert_eq!(res.headers()["upload-offset"], "200");
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
     assert_eq!(usage(&app, &user, "used_bytes").await, 200);
+    assert_eq!(usage(&app, &user, "reserved_bytes").await, 0);
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
@@ -332,17 +310,35 @@ async fn a_completion_whose_answer_was_lost_is_finished_by_the_next_patch() {
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
 
+/// An app whose lock waits run out after 1 s.
+async fn spawn_with_short_lock_wait() -> TestApp {
+    let mut settings = test_settings();
+    settings.lock.wait_timeout = Duration::from_secs(1);
+    spawn_app_with(settings).await
+}
+
+/// The final PATCH of upload `id` (`bytes`, all of it) while another
+/// upload of the user's holds the commit's lock: refused (`429`), every
+/// byte stored.
+async fn patch_while_commit_lock_held(
+    app: &TestApp,
+    user: &TestUser,
+    id: &str,
+    bytes: &[u8],
+) -> reqwest::Response {
+    let held = crate::tus_reserve::hold_commit_lock(app, user).await;
+    let res = patch(app, user, id, 0, bytes).await;
+    held.release().await;
+    res
+}
+
 #[tokio::test]
 async fn a_terminated_upload_whose_commit_was_refused_leaves_nothing() {
-    let mut settings = test_settings();
-    settings.user_quota_bytes = Some(100);
-    settings.auth_cache_ttl = Duration::ZERO;
-    let app = spawn_app_with(settings).await;
+    let app = spawn_with_short_lock_wait().await;
     let user = app.create_user("refused-terminated").await;
     let id = create(&app, &user, 100).await;
-    let _fill = app.upload_json(&user, "fill.bin", vec![1u8; 50]).await;
-    let res = patch(&app, &user, &id, 0, &data(100)).await;
-    assert_eq!(res.status(), StatusCode::INSUFFICIENT_STORAGE);
+    let res = patch_while_commit_lock_held(&app, &user, &id, &data(100)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
 
     let res = app
         .client
@@ -354,24 +350,20 @@ async fn a_terminated_upload_whose_commit_was_refused_leaves_nothing() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     assert_eq!(head(&app, &user, &id).await.0, StatusCode::NOT_FOUND);
-    // Only the plain upload's blob is left; its completed object went too.
-    assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
+    // Its completed object went too.
+    assert_eq!(assert_bucket_matches_metadata(&app.state).await, 0);
     assert_eq!(app.intents().await, 0);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
 
 #[tokio::test]
 async fn an_upload_whose_commit_was_refused_expires_whole() {
-    let mut settings = test_settings();
-    settings.user_quota_bytes = Some(100);
-    settings.auth_cache_ttl = Duration::ZERO;
-    let app = spawn_app_with(settings).await;
+    let app = spawn_with_short_lock_wait().await;
     let user = app.create_user("refused-expired").await;
     let id = create(&app, &user, 100).await;
-    let _fill = app.upload_json(&user, "fill.bin", vec![1u8; 50]).await;
-    let res = patch(&app, &user, &id, 0, &data(100)).await;
-    assert_eq!(res.status(), StatusCode::INSUFFICIENT_STORAGE);
-    assert_eq!(app.blob_keys(&user).await.len(), 2, "the completed object");
+    let res = patch_while_commit_lock_held(&app, &user, &id, &data(100)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(app.blob_keys(&user).await.len(), 1, "the completed object");
 
     // Expire it, as if no PATCH had come for FILEDOCK_TUS_EXPIRY_SECS.
     let meta = &app.state.ports.meta;
@@ -393,7 +385,7 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
             .unwrap()
             .is_none()
     );
-    assert_eq!(app.blob_keys(&user).await.len(), 1, "the object went too");
+    assert_eq!(app.blob_keys(&user).await.len(), 0, "the object went too");
     assert_eq!(app.intents().await, 0);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
@@ -531,20 +523,9 @@ async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
         patch(&app, &user, &id, 0, &data(100)).await.status(),
         StatusCode::NO_CONTENT
     );
-    // Expire it, as if no PATCH had come for FILEDOCK_TUS_EXPIRY_SECS.
-    let meta = &app.state.ports.meta;
-    let file_id = id.parse().unwrap();
-    let mut upload = meta.resumable(&file_id).await.unwrap().unwrap();
-    upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
-    assert!(
-        meta.advance_resumable(&upload, upload.offset)
-            .await
-            .unwrap()
-    );
-
-    let Outcome::Swept(first) = app.state.sweeper.try_run_once().await.unwrap() else {
-        panic!("busy")
-    };
+    assert_eq!(counts(&app, &user).await, (0, 200, 1));
+    let (meta, file_id) = (&app.state.ports.meta, id.parse().unwrap());
+    let first = crate::tus_reserve::expire_and_sweep(&app, &id).await;
     assert!(
         !blobs.refuse_abort.load(Ordering::SeqCst),
         "the abort was tried"
@@ -554,6 +535,8 @@ async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
         (1, 0),
         "{first:?}"
     );
+    // The claim gave its reservation back; the record put back holds none.
+    assert_eq!(counts(&app, &user).await, (0, 0, 0));
     let Outcome::Swept(second) = app.state.sweeper.try_run_once().await.unwrap() else {
         panic!("busy")
     };
@@ -563,6 +546,7 @@ async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
         "aborted again: {second:?}"
     );
     assert!(meta.resumable(&file_id).await.unwrap().is_none());
+    assert_eq!(counts(&app, &user).await, (0, 0, 0), "given back once");
     assert_eq!(app.intents().await, 0);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }

@@ -32,6 +32,7 @@ async fn open_resumable_uploads_do_not_starve_the_abandoning_of_a_dead_plain_upl
     let mut settings = test_settings();
     // Every intent is stale at once, the open uploads' included, were they scanned.
     settings.sweep.intent_grace = std::time::Duration::ZERO;
+    settings.max_open_uploads = OPEN_UPLOADS as u64;
     let app = spawn_app_with(settings).await;
     let user = app.create_user("many-open").await;
     let ids: Vec<String> = futures::stream::iter(0..OPEN_UPLOADS)

@@ -9,6 +9,7 @@
 
 use super::{Patched, Result, ResumableError, ResumableService, hash, release};
 use crate::{
+    blob::ByteStream,
     domain::{
         DomainError, Filename, SizeCategory, media,
         upload::{Commit, Hold, OnDrop, Refusal, StoredBlob},
@@ -16,6 +17,11 @@ use crate::{
     meta::{FileRecord, IntentRecord, ResumableRecord, UserRecord},
     vocab::FileId,
 };
+
+/// A PATCH body with no bytes.
+fn empty_body() -> ByteStream<'static> {
+    Box::pin(futures::stream::empty())
+}
 
 impl ResumableService {
     /// The upload for `HEAD`: one whose bytes are all stored but whose file
@@ -46,8 +52,19 @@ impl ResumableService {
             if !upload.all_stored() {
                 return Ok(upload);
             }
+            // A deferred length declared at the offset: the tail becomes
+            // the last part first (an empty append does that).
+            let finished = async move {
+                match upload.last_part_stored() {
+                    true => self.finish(user, upload).await,
+                    false => {
+                        self.append(user, upload, None, empty_body(), None, None)
+                            .await
+                    }
+                }
+            };
             tokio::select! {
-                r = self.finish(user, upload) => r.map(Patched::into_upload),
+                r = finished => r.map(Patched::into_upload),
                 never = self.admission.keep_alive(id) => match never {},
             }
         }
@@ -76,7 +93,8 @@ impl ResumableService {
         let Some(intent) = self.cleanup.intent(&upload.id).await? else {
             return self.taken(user, upload).await;
         };
-        let len = upload.length as u64;
+        // Only an upload whose bytes are all stored is finished: its length is known.
+        let len = upload.known_length().unwrap_or(upload.offset as u64);
         if !upload.completed {
             self.parts
                 .complete(&upload.key, &upload.handle, &upload.parts, len)
@@ -119,6 +137,7 @@ impl ResumableService {
             sha256: hash::finish(hasher),
             category,
             idempotency_key: None,
+            resumable: true,
         };
         // The state names the blob: whatever the commit's answer, it stays
         // for the next try, and only a refusal no retry changes ends it.
@@ -216,7 +235,7 @@ impl ResumableService {
 
     /// Drops the state (a failure leaves it to expire).
     async fn forget(&self, upload: &ResumableRecord) {
-        if let Err(e) = self.resumables.delete_resumable(&upload.id).await {
+        if let Err(e) = self.drop_state(&upload.user_id, &upload.id).await {
             tracing::warn!(upload = %upload.id, error = %e, "could not drop a finished upload's state");
         }
     }
@@ -236,7 +255,7 @@ impl ResumableService {
             false => self.parts.abort(key, handle).await?,
         }
         self.committer.staged(intent, OnDrop::Keep).undo().await;
-        self.resumables.delete_resumable(&upload.id).await?;
+        self.drop_state(&upload.user_id, &upload.id).await?;
         Ok(())
     }
 }

@@ -7,8 +7,10 @@
 //! plain upload does (category lock, fence, quota, intent), and what a
 //! refused or unknown commit leaves is kept for the next PATCH or HEAD.
 
+mod counting;
 mod finish;
 mod hash;
+mod length;
 mod patch;
 #[cfg(test)]
 mod tests;
@@ -27,9 +29,11 @@ use crate::{
     config::{AllowedTypes, Settings},
     lock::{LockError, LockGuard, Locks, TryLock},
     meta::{
-        CleanupRepo, FileRecord, FileRepo, MetaError, ResumableRecord, ResumableRepo, UserRecord,
+        CleanupRepo, FileRecord, FileRepo, MetaError, OpenLimits, ResumableRecord, ResumableRepo,
+        UserRecord,
+        retry::{TxnRetryPolicy, with_txn_retry},
     },
-    vocab::{FileId, LockKey},
+    vocab::{FileId, LockKey, UserId},
 };
 
 /// The resumable-upload flow and the ports it uses. It shares the commit
@@ -48,6 +52,8 @@ pub struct ResumableService {
     parts: Arc<dyn ResumableBlobs>,
     locks: Arc<Locks>,
     limits: Limits,
+    /// One user's counting writes at a time, in this instance.
+    counting: counting::Counting,
 }
 
 /// How long a PATCH waits for a PATCH in flight to store what it has and
@@ -67,6 +73,10 @@ pub(super) const RELEASE_IDLE: std::time::Duration = std::time::Duration::from_s
 /// What a resumable upload is held to.
 struct Limits {
     max_upload_bytes: u64,
+    /// What the user's open uploads are held to (quota, how many).
+    open: OpenLimits,
+    /// The counting writes' retry on write conflicts (racing creations).
+    txn_retry: TxnRetryPolicy,
     expiry: chrono::Duration,
     body_idle_timeout: std::time::Duration,
     allowed_types: AllowedTypes,
@@ -74,7 +84,8 @@ struct Limits {
 
 /// A resumable upload as the HTTP layer hands it over (`POST`).
 pub struct NewResumable {
-    pub length: u64,
+    /// `Upload-Length`; `None`: deferred (`Upload-Defer-Length: 1`).
+    pub length: Option<u64>,
     pub filename: Filename,
     pub content_type: String,
     /// The raw `Upload-Metadata`, echoed by `HEAD`.
@@ -161,8 +172,14 @@ impl ResumableService {
             blobs,
             parts,
             locks,
+            counting: counting::Counting::new(),
             limits: Limits {
                 max_upload_bytes: settings.max_upload_bytes,
+                open: OpenLimits {
+                    quota_bytes: settings.user_quota_bytes,
+                    max_open: settings.max_open_uploads,
+                },
+                txn_retry: settings.txn_retry,
                 expiry: chrono::Duration::from_std(settings.tus_expiry)
                     .unwrap_or_else(|_| chrono::Duration::days(1)),
                 body_idle_timeout: settings.body_idle_timeout,
@@ -172,14 +189,18 @@ impl ResumableService {
     }
 
     /// Creates the upload: its intent first (so that the sweeper can find
-    /// it), then the blob store's write, then the state.
+    /// it), then the blob store's write, then the state, which counts it
+    /// against the user (one more open upload, its length reserved) in
+    /// the same transaction.
     pub async fn create(&self, user: &UserRecord, new: NewResumable) -> Result<ResumableRecord> {
         let max = self.limits.max_upload_bytes;
-        if new.length > max {
+        if new.length.is_some_and(|l| l > max) {
             return Err(DomainError::PayloadTooLarge(max).into());
         }
+        // Refused early (no intent, no write) when the cached usage says so;
+        // the state's insert is the authority.
         self.admission
-            .check_declared_quota(user, Some(new.length))
+            .check_declared_quota(user, new.length)
             .await?;
         let mut intent = self.committer.new_intent(user.id);
         // It waits for the client between PATCHes until the upload expires.
@@ -196,12 +217,13 @@ impl ResumableService {
             }
         };
         let now = intent.created_at;
+        let length = new.length.map(|l| l as i64);
         let record = ResumableRecord {
             id: intent.id,
             user_id: user.id,
             key: intent.key,
             handle,
-            length: new.length as i64,
+            length,
             offset: 0,
             part_size: self.parts.part_size() as i64,
             parts: Vec::new(),
@@ -213,13 +235,29 @@ impl ResumableService {
             metadata: new.metadata,
             created_at: now,
             expires_at: now + self.limits.expiry,
+            reserved: length.unwrap_or(0),
+            open: false,
         };
-        if let Err(e) = self.resumables.insert_resumable(&record).await {
+        let limits = self.limits.open;
+        let counting = self.counting.hold(&user.id).await;
+        let inserted = with_txn_retry(&self.limits.txn_retry, || {
+            self.resumables.insert_resumable(&record, &limits)
+        });
+        let inserted = inserted.await;
+        drop(counting);
+        if let Err(e) = inserted {
+            if matches!(e, MetaError::OutcomeUnknown(_)) {
+                // It may have applied: its delete gives back what it counted.
+                let _ = self.drop_state(&user.id, &record.id).await;
+            }
             let _ = self.parts.abort(&record.key, &record.handle).await;
             let _ = self.cleanup.delete_intent(&intent.id).await;
             return Err(e.into());
         }
-        Ok(record)
+        Ok(ResumableRecord {
+            open: true,
+            ..record
+        })
     }
 
     /// The upload, if `user` owns it and it has not expired.
@@ -241,19 +279,19 @@ impl ResumableService {
             if !record.all_stored() {
                 self.parts.abort(&record.key, &record.handle).await?;
                 self.cleanup.delete_intent(id).await?;
-                self.resumables.delete_resumable(id).await?;
+                self.drop_state(&user.id, id).await?;
                 return Ok(());
             }
             // Every byte stored, the commit failed (or is unknown): a file
             // committed since is the user's now; else the object goes too.
             if self.files.file(&user.id, id).await?.is_some() {
-                self.resumables.delete_resumable(id).await?;
+                self.drop_state(&user.id, id).await?;
                 return Err(DomainError::NotFound.into());
             }
             match self.cleanup.intent(id).await? {
                 Some(intent) => self.discard(&record, intent).await?,
                 // Swept: the sweeper has the blob.
-                None => self.resumables.delete_resumable(id).await?,
+                None => self.drop_state(&user.id, id).await?,
             }
             Ok(())
         }
@@ -276,6 +314,16 @@ impl ResumableService {
             TryLock::Degraded => Ok(None),
             TryLock::Busy => Err(ResumableError::Locked),
         }
+    }
+
+    /// Drops upload `id`'s state, giving back what it holds of its user's
+    /// counters in the same transaction (retried on write conflicts).
+    async fn drop_state(&self, user: &UserId, id: &FileId) -> std::result::Result<(), MetaError> {
+        let _counting = self.counting.hold(user).await;
+        let dropped = with_txn_retry(&self.limits.txn_retry, || {
+            self.resumables.delete_resumable(id)
+        });
+        dropped.await.map(|r| r.value)
     }
 
     /// When an upload renewed now expires.

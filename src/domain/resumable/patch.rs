@@ -124,12 +124,16 @@ fn let_go(asked: &Asked) -> LetGo {
 }
 
 impl ResumableService {
-    /// Appends `body` to upload `id` of `user`, which the client says is at `offset`.
+    /// Appends `body` to upload `id` of `user`, which the client says is
+    /// at `offset`; `length` is the PATCH's `Upload-Length` (which
+    /// declares a deferred one).
+    #[allow(clippy::too_many_arguments)]
     pub async fn patch(
         &self,
         user: &UserRecord,
         id: &FileId,
         offset: u64,
+        length: Option<u64>,
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
     ) -> Result<Patched> {
@@ -146,13 +150,17 @@ impl ResumableService {
             if upload.offset as u64 != offset {
                 return Err(ResumableError::OffsetMismatch(upload.offset as u64));
             }
+            let upload = match length {
+                Some(length) => self.declare(upload, length).await?,
+                None => upload,
+            };
             // An upload whose bytes are all stored may have committed (its
             // intent gone with it): finishing it tells. The intent waits
             // as long as the upload this PATCH renews.
             // The same instant for both, so that the intent never lapses
             // (and is swept) while the state it stands for still lives.
             let until = self.expires_at();
-            if !upload.all_stored() && !self.cleanup.touch_intent(id, Some(until)).await? {
+            if !upload.last_part_stored() && !self.cleanup.touch_intent(id, Some(until)).await? {
                 return Err(DomainError::UploadExpired.into());
             }
             // What the state records if this PATCH advances it.
@@ -196,7 +204,7 @@ impl ResumableService {
         }
     }
 
-    async fn append(
+    pub(super) async fn append(
         &self,
         user: &UserRecord,
         upload: ResumableRecord,
@@ -212,10 +220,10 @@ impl ResumableService {
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
         let mut hasher = hash::restore(&upload.sha256_state)?;
+        let limit = self.body_limit(user, &upload).await?;
         let appended = {
-            let left = (upload.length - upload.offset) as u64;
             let idle = self.limits.body_idle_timeout;
-            let hashed = bounded(body, idle, left).map(|chunk| {
+            let hashed = bounded(body, idle, limit.bytes).map(|chunk| {
                 let chunk = chunk?;
                 hasher.update(&chunk);
                 if let Some(c) = check.as_mut() {
@@ -229,7 +237,7 @@ impl ResumableService {
                 part_size: upload.part_size as usize,
                 parts: upload.parts.len(),
                 offset: upload.offset as u64,
-                left: Some(left),
+                left: Some(limit.bytes),
                 user: Some(&owner),
                 let_go: let_go.as_ref(),
             };
@@ -266,9 +274,7 @@ impl ResumableService {
             || (cut.is_some() && stopped.load(Ordering::SeqCst));
         if let Some(BodyError::TooLarge(_)) = cut {
             // Nothing of it counts.
-            return Err(
-                DomainError::InvalidRequest("the body goes past Upload-Length".into()).into(),
-            );
+            return Err(limit.past.into());
         }
         if let Some(c) = &checksum {
             if let Some(cut) = cut {
@@ -282,7 +288,7 @@ impl ResumableService {
         let mut upload = upload;
         upload.offset += read as i64;
         upload.parts.extend(tags);
-        if before.all_stored() {
+        if before.last_part_stored() {
             // A final PATCH failed after storing every byte: only the
             // commit is left, and this PATCH (with an empty body) retries it.
             return self.finish(user, upload).await;
@@ -352,9 +358,24 @@ impl ResumableService {
         hasher: sha2_state::Sha256,
         old_tail: Option<(u64, u64)>,
     ) -> Result<Patched> {
+        let start = upload.tail_start() as u64;
+        // A deferred length declared at the offset (an empty body): the
+        // last bytes are the staged tail, read back to become the last part.
+        let mut _held = None;
+        let last = match last.is_empty() && (upload.offset as u64) > start {
+            true => {
+                let end = upload.offset as u64;
+                _held = Some(self.parts.budget().reserve(end - start).await);
+                let tail = self.parts.get_tail(&upload.key, &upload.handle, start, end);
+                match tail.await {
+                    Ok(tail) => tail,
+                    Err(e) => return Err(self.write_failed(&upload.id, before_offset, e).await),
+                }
+            }
+            false => last,
+        };
         if !last.is_empty() {
             let number = upload.parts.len() as i32 + 1;
-            let start = upload.tail_start() as u64;
             let put = self
                 .parts
                 .put_part(&upload.key, &upload.handle, number, start, last);

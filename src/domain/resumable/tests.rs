@@ -14,7 +14,7 @@ use crate::{
 
 async fn create(kit: &Kit, user: &UserRecord, length: u64) -> ResumableRecord {
     let new = NewResumable {
-        length,
+        length: Some(length),
         filename: Filename::parse("r.bin").unwrap(),
         content_type: "text/plain".into(),
         metadata: String::new(),
@@ -29,7 +29,7 @@ async fn patches_append_and_the_last_one_commits_the_file() {
     let up = create(&kit, &user, 11).await;
     let first = kit
         .resumables
-        .patch(&user, &up.id, 0, None, body(&[b"hello"]))
+        .patch(&user, &up.id, 0, None, None, body(&[b"hello"]))
         .await;
     let Ok(Patched::Partial(at)) = first else {
         panic!("more is to come")
@@ -37,7 +37,7 @@ async fn patches_append_and_the_last_one_commits_the_file() {
     assert_eq!(at.offset, 5);
     let last = kit
         .resumables
-        .patch(&user, &up.id, 5, None, body(&[b" ", b"world"]))
+        .patch(&user, &up.id, 5, None, None, body(&[b" ", b"world"]))
         .await;
     let Ok(Patched::Done { file, .. }) = last else {
         panic!("the last bytes commit the file")
@@ -61,19 +61,19 @@ async fn a_patch_from_another_offset_or_with_a_wrong_checksum_advances_nothing()
     let up = create(&kit, &user, 10).await;
     let wrong = kit
         .resumables
-        .patch(&user, &up.id, 3, None, body(&[b"abc"]))
+        .patch(&user, &up.id, 3, None, None, body(&[b"abc"]))
         .await;
     assert!(matches!(wrong, Err(ResumableError::OffsetMismatch(0))));
     let bad = Checksum::parse("sha1 AAAAAAAAAAAAAAAAAAAAAAAAAAA=").unwrap();
     let mismatch = kit
         .resumables
-        .patch(&user, &up.id, 0, Some(bad), body(&[b"abc"]))
+        .patch(&user, &up.id, 0, None, Some(bad), body(&[b"abc"]))
         .await;
     assert!(matches!(mismatch, Err(ResumableError::ChecksumMismatch)));
     assert_eq!(kit.resumables.find(&user, &up.id).await.unwrap().offset, 0);
     let past = kit
         .resumables
-        .patch(&user, &up.id, 0, None, body(&[b"01234567890"]))
+        .patch(&user, &up.id, 0, None, None, body(&[b"01234567890"]))
         .await;
     assert!(matches!(
         past,
@@ -97,7 +97,7 @@ async fn a_final_patch_whose_commit_is_refused_stays_resumable_and_a_head_finish
         .unwrap();
     let refused = kit
         .resumables
-        .patch(&user, &up.id, 0, None, body(&[b"data"]))
+        .patch(&user, &up.id, 0, None, None, body(&[b"data"]))
         .await;
     assert!(
         matches!(
@@ -124,7 +124,7 @@ async fn terminating_an_upload_drops_its_write_intent_and_state() {
     let user = kit.user("dee").await;
     let up = create(&kit, &user, 10).await;
     kit.resumables
-        .patch(&user, &up.id, 0, None, body(&[b"half"]))
+        .patch(&user, &up.id, 0, None, None, body(&[b"half"]))
         .await
         .unwrap();
     kit.resumables.terminate(&user, &up.id).await.unwrap();

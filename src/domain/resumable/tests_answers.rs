@@ -20,7 +20,7 @@ use crate::{
         DomainError,
         test_kit::{Kit, body, stalled},
     },
-    meta::{MetaError, MetaResult, ResumableRecord, ResumableRepo, UserRecord},
+    meta::{MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo, UserRecord},
     vocab::{FileId, Filename, LockKey},
 };
 
@@ -51,8 +51,25 @@ fn unavailable() -> MetaError {
 
 #[async_trait]
 impl ResumableRepo for LosesAdvanceAnswer {
-    async fn insert_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
-        self.inner.insert_resumable(upload).await
+    async fn insert_resumable(
+        &self,
+        upload: &ResumableRecord,
+        limits: &OpenLimits,
+    ) -> MetaResult<()> {
+        self.inner.insert_resumable(upload, limits).await
+    }
+
+    async fn declare_length(
+        &self,
+        id: &FileId,
+        length: i64,
+        quota: Option<u64>,
+    ) -> MetaResult<Option<ResumableRecord>> {
+        self.inner.declare_length(id, length, quota).await
+    }
+
+    async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
+        self.inner.restore_resumable(upload).await
     }
 
     async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
@@ -94,7 +111,7 @@ impl ResumableRepo for LosesAdvanceAnswer {
 
 fn new_upload(length: u64) -> NewResumable {
     NewResumable {
-        length,
+        length: Some(length),
         filename: Filename::parse("r.bin").unwrap(),
         content_type: "text/plain".into(),
         metadata: String::new(),
@@ -112,14 +129,14 @@ async fn a_state_update_whose_answer_is_lost_but_applied_is_answered_as_applied(
     let service = kit.resumables_on(LosesAdvanceAnswer::new(&kit, false));
     let up = service.create(&user, new_upload(11)).await.unwrap();
     let first = service
-        .patch(&user, &up.id, 0, None, body(&[b"hello"]))
+        .patch(&user, &up.id, 0, None, None, body(&[b"hello"]))
         .await;
     let Ok(Patched::Partial(at)) = first else {
         panic!("the offset moved, and the answer says so: {first:?}")
     };
     assert_eq!((at.offset, stored_offset(&kit, &up.id).await), (5, 5));
     let last = service
-        .patch(&user, &up.id, 5, None, body(&[b" world"]))
+        .patch(&user, &up.id, 5, None, None, body(&[b" world"]))
         .await;
     let Ok(Patched::Done { file, .. }) = last else {
         panic!("{last:?}")
@@ -134,7 +151,7 @@ async fn a_state_update_whose_answer_is_lost_and_unreadable_is_an_unknown_outcom
     let service = kit.resumables_on(LosesAdvanceAnswer::new(&kit, true));
     let up = service.create(&user, new_upload(11)).await.unwrap();
     let first = service
-        .patch(&user, &up.id, 0, None, body(&[b"hello"]))
+        .patch(&user, &up.id, 0, None, None, body(&[b"hello"]))
         .await;
     assert!(
         matches!(
@@ -153,7 +170,7 @@ async fn a_patch_whose_lease_is_lost_stops_and_records_nothing() {
     let up = kit.resumables.create(&user, new_upload(10)).await.unwrap();
     let patch = kit
         .resumables
-        .patch(&user, &up.id, 0, None, stalled(b"abc"));
+        .patch(&user, &up.id, 0, None, None, stalled(b"abc"));
     let evict = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         kit.memory_locks.evict(LockKey::resumable(&up.id).as_str());

@@ -15,8 +15,8 @@ use crate::{
         test_kit::{Kit, body},
     },
     meta::{
-        CleanupRepo, IntentRecord, MetaResult, ResumableRecord, ResumableRepo, UserRecord,
-        embedded::EmbeddedStore,
+        CleanupRepo, IntentRecord, MetaResult, OpenLimits, ResumableRecord, ResumableRepo,
+        UserRecord, embedded::EmbeddedStore,
     },
     metrics::Metrics,
     vocab::{FileId, Filename, WriteHandle},
@@ -28,8 +28,25 @@ struct StaleListing(Arc<EmbeddedStore>);
 
 #[async_trait]
 impl ResumableRepo for StaleListing {
-    async fn insert_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
-        self.0.insert_resumable(upload).await
+    async fn insert_resumable(
+        &self,
+        upload: &ResumableRecord,
+        limits: &OpenLimits,
+    ) -> MetaResult<()> {
+        self.0.insert_resumable(upload, limits).await
+    }
+
+    async fn declare_length(
+        &self,
+        id: &FileId,
+        length: i64,
+        quota: Option<u64>,
+    ) -> MetaResult<Option<ResumableRecord>> {
+        self.0.declare_length(id, length, quota).await
+    }
+
+    async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
+        self.0.restore_resumable(upload).await
     }
 
     async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
@@ -93,7 +110,7 @@ async fn pass(sweeper: &Sweeper) -> SweepReport {
 
 async fn create(kit: &Kit, user: &UserRecord, length: u64) -> ResumableRecord {
     let new = NewResumable {
-        length,
+        length: Some(length),
         filename: Filename::parse("r.bin").unwrap(),
         content_type: "text/plain".into(),
         metadata: String::new(),
@@ -123,7 +140,7 @@ async fn an_upload_renewed_after_the_listing_is_not_expired() {
     let up = create(&kit, &user, 11).await;
     let first = kit
         .resumables
-        .patch(&user, &up.id, 0, None, body(&[b"hello"]))
+        .patch(&user, &up.id, 0, None, None, body(&[b"hello"]))
         .await;
     assert!(matches!(first, Ok(Patched::Partial(_))));
 
@@ -134,7 +151,7 @@ async fn an_upload_renewed_after_the_listing_is_not_expired() {
 
     let last = kit
         .resumables
-        .patch(&user, &up.id, 5, None, body(&[b" world"]))
+        .patch(&user, &up.id, 5, None, None, body(&[b" world"]))
         .await;
     let Ok(Patched::Done { file, .. }) = last else {
         panic!("the renewed upload goes on: {last:?}")

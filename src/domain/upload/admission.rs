@@ -49,7 +49,7 @@ pub struct Admission {
     refresh_every: Duration,
 }
 
-/// What `used` bytes leave of `quota`.
+/// What `used` bytes (stored and reserved) leave of `quota`.
 fn left(quota: u64, used: i64) -> u64 {
     quota.saturating_sub(used.max(0) as u64)
 }
@@ -118,10 +118,19 @@ impl Admission {
         let (Some(quota), Some(len)) = (self.quota_bytes, declared_len) else {
             return Ok(());
         };
-        if len <= left(quota, user.used_bytes) || len <= self.quota_left(user, quota).await? {
+        if len <= left(quota, user.counted_bytes()) || len <= self.quota_left(user, quota).await? {
             return Ok(());
         }
         Err(DomainError::QuotaExceeded)
+    }
+
+    /// What the user's quota leaves them now, as the store has it (`None`:
+    /// no quota).
+    pub async fn room(&self, user: &UserRecord) -> Result<Option<u64>, DomainError> {
+        match self.quota_bytes {
+            Some(quota) => self.quota_left(user, quota).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// What is left of `quota` for `user`, as the store has it now.
@@ -131,7 +140,7 @@ impl Admission {
             .user(&user.id)
             .await?
             .ok_or(DomainError::Unauthenticated)?;
-        Ok(left(quota, stored.used_bytes))
+        Ok(left(quota, stored.counted_bytes()))
     }
 
     /// `body`, cut off with [`BodyError::QuotaExceeded`] as soon as it passes
@@ -150,7 +159,7 @@ impl Admission {
         let start = Passing {
             body: Some(body),
             size: 0,
-            left: Some(left(quota, user.used_bytes)),
+            left: Some(left(quota, user.counted_bytes())),
         };
         stream::unfold(start, move |mut s| async move {
             let chunk = match s.body.as_mut()?.next().await? {

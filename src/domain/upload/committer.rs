@@ -41,6 +41,8 @@ pub struct StoredBlob {
     pub sha256: String,
     pub category: SizeCategory,
     pub idempotency_key: Option<IdempotencyKey>,
+    /// A resumable upload's: the commit releases its reservation.
+    pub resumable: bool,
 }
 
 /// What a commit came to.
@@ -188,6 +190,7 @@ impl Committer {
             fence: hold.fence(),
             quota_bytes: self.quota_bytes,
             idempotency,
+            resumable: stored.resumable,
         };
         let (user, category) = (intent.user_id, hold.to_take());
         staged.sending();

@@ -246,6 +246,7 @@ impl UploadService {
             sha256,
             category,
             idempotency_key: new.idempotency_key,
+            resumable: false,
         };
         match self.committer.commit(&mut staged, hold, stored).await {
             Commit::Committed(file) => Ok(Uploaded {

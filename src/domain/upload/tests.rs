@@ -156,6 +156,7 @@ async fn a_commit_refused_because_its_intent_was_swept_leaves_the_blob_to_the_ca
         sha256: sha256(b"bytes"),
         category: SizeCategory::Small,
         idempotency_key: None,
+        resumable: false,
     };
     let hold = Hold::none(SizeCategory::Small);
     match kit.committer.commit(&mut staged, hold, stored).await {

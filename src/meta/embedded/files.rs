@@ -8,14 +8,15 @@ use serde_json::Value;
 use super::{
     EmbeddedStore, apply_fence,
     containers::set_member,
-    file_key, owned_page, owner_index,
+    file_key, owned_page, owner_index, resumable,
     txn::{Txn, other},
     user_key,
 };
 use crate::{
     meta::{
         CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
-        IntentRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, UserRecord, group,
+        IntentRecord, MetaError, MetaResult, OpenLimits, OrphanRecord, PermissionRecord,
+        UserRecord, group,
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
@@ -46,11 +47,11 @@ impl FileRepo for EmbeddedStore {
             let ukey = user_key(&file.owner_id);
             let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
             apply_fence(&mut user, c.fence.as_ref())?;
-            if let Some(quota) = c.quota_bytes
-                && (user.used_bytes + file.size) as u64 > quota
-            {
-                return Err(MetaError::QuotaExceeded);
+            if c.resumable {
+                // The file's bytes take the place of its upload's reservation.
+                resumable::release(tx, &mut user, &file.id)?;
             }
+            OpenLimits::check_quota(c.quota_bytes, &user, file.size)?;
             user.used_bytes += file.size;
             user.file_count += 1;
             tx.put(&ukey, &user)?;
@@ -80,8 +81,15 @@ impl FileRepo for EmbeddedStore {
             for f in group::fences(&group)? {
                 apply_fence(&mut user, Some(f))?;
             }
-            let plan = group::plan(&group, user.used_bytes, recorded);
+            let mut held = HashMap::new();
+            for id in group::resumable_ids(&group) {
+                held.insert(id, resumable::held(tx, &id)?);
+            }
+            let plan = group::plan(&group, user.counted_bytes(), recorded, &held);
             user.used_bytes += plan.bytes;
+            for id in &plan.freed {
+                resumable::release(tx, &mut user, id)?;
+            }
             user.file_count += plan.committing.len() as i64;
             tx.put(&ukey, &user)?;
             for record in &plan.keys {

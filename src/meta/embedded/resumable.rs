@@ -1,24 +1,129 @@
-//! Resumable uploads in the embedded store.
+//! Resumable uploads in the embedded store. An upload's reservation (its
+//! open slot and reserved bytes on the user) changes in the transaction
+//! that changes its record.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::EmbeddedStore;
+use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
-    meta::{MetaError, MetaResult, ResumableRecord, ResumableRepo},
-    vocab::FileId,
+    meta::{
+        MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo, UserRecord, group::Held,
+        resumable::uncounted,
+    },
+    vocab::{FileId, UserId},
 };
 
 fn resumable_key(id: &FileId) -> String {
     format!("resumables/{id}")
 }
 
+fn stored_user(tx: &mut Txn, id: &UserId) -> MetaResult<UserRecord> {
+    tx.get(&user_key(id))?.ok_or(MetaError::NotFound)
+}
+
+/// Gives back what upload `id` holds of `user`'s counters, in `tx`; the
+/// record, updated, is written back unless the caller deletes it. The
+/// bytes given back.
+pub(super) fn release(tx: &mut Txn, user: &mut UserRecord, id: &FileId) -> MetaResult<i64> {
+    let key = resumable_key(id);
+    let Some(mut upload) = tx.get::<ResumableRecord>(&key)? else {
+        return Ok(0);
+    };
+    let freed = upload.reserved;
+    if !upload.open && freed == 0 {
+        return Ok(0);
+    }
+    user.reserved_bytes -= freed;
+    if upload.open {
+        user.open_uploads -= 1;
+    }
+    (upload.reserved, upload.open) = (0, false);
+    tx.put(&key, &upload)?;
+    Ok(freed)
+}
+
+/// What upload `id` holds of its user's counters, as `tx` sees it.
+pub(super) fn held(tx: &mut Txn, id: &FileId) -> MetaResult<Held> {
+    Ok(match tx.get::<ResumableRecord>(&resumable_key(id))? {
+        Some(u) => Held {
+            reserved: u.reserved,
+            open: u.open,
+        },
+        None => Held::default(),
+    })
+}
+
+/// Deletes upload `id` if `claim` holds for it, giving back what it held
+/// of its user's counters, in `tx`: whether it was deleted.
+fn delete_counted(
+    tx: &mut Txn,
+    id: &FileId,
+    claim: impl Fn(&ResumableRecord) -> bool,
+) -> MetaResult<bool> {
+    let key = resumable_key(id);
+    let Some(upload) = tx.get::<ResumableRecord>(&key)? else {
+        return Ok(false);
+    };
+    if !claim(&upload) {
+        return Ok(false);
+    }
+    if (upload.open || upload.reserved != 0)
+        && let Some(mut user) = tx.get::<UserRecord>(&user_key(&upload.user_id))?
+    {
+        release(tx, &mut user, id)?;
+        tx.put(&user_key(&user.id), &user)?;
+    }
+    tx.delete(&key);
+    Ok(true)
+}
+
 #[async_trait]
 impl ResumableRepo for EmbeddedStore {
-    async fn insert_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
-        let upload = upload.clone();
-        self.transaction(move |tx| tx.insert(&resumable_key(&upload.id), &upload))
-            .await
+    async fn insert_resumable(
+        &self,
+        upload: &ResumableRecord,
+        limits: &OpenLimits,
+    ) -> MetaResult<()> {
+        let (upload, limits) = (upload.clone(), *limits);
+        self.transaction(move |tx| {
+            let mut user = stored_user(tx, &upload.user_id)?;
+            limits.check(&user, upload.reserved)?;
+            user.reserved_bytes += upload.reserved;
+            user.open_uploads += 1;
+            tx.put(&user_key(&user.id), &user)?;
+            let counted = ResumableRecord {
+                open: true,
+                ..upload
+            };
+            tx.insert(&resumable_key(&counted.id), &counted)
+        })
+        .await
+    }
+
+    async fn declare_length(
+        &self,
+        id: &FileId,
+        length: i64,
+        quota: Option<u64>,
+    ) -> MetaResult<Option<ResumableRecord>> {
+        let key = resumable_key(id);
+        self.transaction(move |tx| {
+            let Some(mut upload) = tx.get::<ResumableRecord>(&key)? else {
+                return Ok(None);
+            };
+            if upload.length.is_some() {
+                return Ok(Some(upload));
+            }
+            let mut user = stored_user(tx, &upload.user_id)?;
+            OpenLimits::check_quota(quota, &user, length)?;
+            user.reserved_bytes += length;
+            tx.put(&user_key(&user.id), &user)?;
+            (upload.length, upload.reserved) = (Some(length), length);
+            tx.put(&key, &upload)?;
+            Ok(Some(upload))
+        })
+        .await
     }
 
     async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
@@ -38,7 +143,13 @@ impl ResumableRepo for EmbeddedStore {
                 let key = resumable_key(&upload.id);
                 match tx.get::<ResumableRecord>(&key)? {
                     Some(now) if now.offset == expected_offset => {
-                        tx.put(&key, &upload)?;
+                        let kept = ResumableRecord {
+                            length: now.length,
+                            reserved: now.reserved,
+                            open: now.open,
+                            ..upload
+                        };
+                        tx.put(&key, &kept)?;
                         Ok(true)
                     }
                     _ => Ok(false),
@@ -53,12 +164,10 @@ impl ResumableRepo for EmbeddedStore {
     }
 
     async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
-        let key = resumable_key(id);
-        self.transaction(move |tx| {
-            tx.delete(&key);
-            Ok(())
-        })
-        .await
+        let id = *id;
+        self.transaction(move |tx| delete_counted(tx, &id, |_| true))
+            .await
+            .map(|_| ())
     }
 
     async fn delete_resumable_if_expires(
@@ -66,21 +175,21 @@ impl ResumableRepo for EmbeddedStore {
         id: &FileId,
         expires_at: DateTime<Utc>,
     ) -> MetaResult<bool> {
-        let key = resumable_key(id);
+        let id = *id;
         let deleted = self
-            .transaction(move |tx| match tx.get::<ResumableRecord>(&key)? {
-                Some(r) if r.expires_at == expires_at => {
-                    tx.delete(&key);
-                    Ok(true)
-                }
-                _ => Ok(false),
-            })
+            .transaction(move |tx| delete_counted(tx, &id, |r| r.expires_at == expires_at))
             .await;
         match deleted {
             // A PATCH wrote it at the same moment: it renewed it.
             Err(MetaError::WriteConflict) => Ok(false),
             r => r,
         }
+    }
+
+    async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
+        let upload = uncounted(upload);
+        self.transaction(move |tx| tx.insert(&resumable_key(&upload.id), &upload))
+            .await
     }
 
     async fn expired_resumables(

@@ -238,6 +238,8 @@ mod tests {
             api_key_hash: ApiKeyHash::from_hex(format!("hash-{id}")),
             file_count: 0,
             used_bytes: 0,
+            reserved_bytes: 0,
+            open_uploads: 0,
             upload_fence: Default::default(),
             created_at: crate::meta::now(),
         }

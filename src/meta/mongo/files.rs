@@ -10,12 +10,14 @@ use super::{
     MongoStore,
     errors::classify,
     find_sorted, owned_after,
+    resumable::fits_quota,
     txn::{add_fence, add_fences},
 };
 use crate::{
     meta::{
         CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
-        MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
+        MetaError, MetaResult, OrphanRecord, PermissionRecord,
+        group::{self, Held},
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
@@ -50,11 +52,21 @@ impl MongoStore {
                 .await
                 .map_err(classify)?;
         }
+        let mut inc = doc! {"used_bytes": file.size};
+        // The file's bytes take the place of its upload's reservation.
+        let mut freed = Held::default();
+        if c.resumable {
+            freed = self.held_in(s, &file.id).await?;
+            self.mark_released_in(s, &[file.id]).await?;
+            inc.insert("reserved_bytes", -freed.reserved);
+            inc.insert("open_uploads", -i64::from(freed.open));
+        }
         let mut filter = doc! {"_id": &file.owner_id};
         if let Some(quota) = c.quota_bytes {
-            filter.insert("used_bytes", doc! {"$lte": quota as i64 - file.size});
+            filter.insert("$expr", fits_quota(quota, file.size - freed.reserved));
         }
-        let mut update = doc! {"$inc": {"used_bytes": file.size, "file_count": 1_i64}};
+        inc.insert("file_count", 1_i64);
+        let mut update = doc! {"$inc": inc};
         add_fence(&mut filter, &mut update, "upload_fence", c.fence.as_ref());
         let updated = self
             .users()
@@ -116,19 +128,22 @@ impl MongoStore {
                 recorded.insert(r.id.clone(), r);
             }
         }
-        let used = match group.iter().any(|c| c.quota_bytes.is_some()) {
+        let counted = match group.iter().any(|c| c.quota_bytes.is_some()) {
             false => 0,
-            true => {
-                self.users()
-                    .find_one(doc! {"_id": owner})
-                    .session(&mut *s)
-                    .await
-                    .map_err(classify)?
-                    .ok_or(MetaError::NotFound)?
-                    .used_bytes
-            }
+            true => self
+                .users()
+                .find_one(doc! {"_id": owner})
+                .session(&mut *s)
+                .await
+                .map_err(classify)?
+                .ok_or(MetaError::NotFound)?
+                .counted_bytes(),
         };
-        let plan = group::plan(group, used, recorded);
+        let mut held = HashMap::new();
+        for id in group::resumable_ids(group) {
+            held.insert(id, self.held_in(s, &id).await?);
+        }
+        let plan = group::plan(group, counted, recorded, &held);
         if plan.committing.is_empty() {
             return Ok(plan.outcomes);
         }
@@ -136,8 +151,14 @@ impl MongoStore {
         // The quota read above is in this transaction's snapshot: a write of
         // the user document since then makes this update a write conflict.
         let mut filter = doc! {"_id": owner};
+        self.mark_released_in(s, &plan.freed).await?;
         let mut update = doc! {
-            "$inc": {"used_bytes": plan.bytes, "file_count": ids.len() as i64},
+            "$inc": {
+                "used_bytes": plan.bytes,
+                "file_count": ids.len() as i64,
+                "reserved_bytes": -plan.freed_bytes,
+                "open_uploads": -plan.freed_open,
+            },
         };
         add_fences(&mut filter, &mut update, "upload_fence", &fences);
         let updated = self

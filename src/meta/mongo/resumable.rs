@@ -1,23 +1,237 @@
-//! Resumable uploads on MongoDB.
+//! Resumable uploads on MongoDB. An upload's reservation (its open slot
+//! and reserved bytes on the user document) changes in the transaction
+//! that changes its record; the quota and the cap are conditions of the
+//! user document's update, so that racing creations cannot pass them.
 
 use async_trait::async_trait;
-use bson::doc;
+use bson::{Document, doc};
 use chrono::{DateTime, Utc};
+use mongodb::ClientSession;
 
 use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
-    meta::{MetaResult, ResumableRecord, ResumableRepo},
-    vocab::FileId,
+    meta::{
+        MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo, group::Held,
+        resumable::uncounted,
+    },
+    vocab::{FileId, UserId},
 };
 
-#[async_trait]
-impl ResumableRepo for MongoStore {
-    async fn insert_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
+/// The fields only the counting writes change (see [`ResumableRecord::reserved`]).
+const COUNTED_FIELDS: [&str; 3] = ["length", "reserved", "open"];
+
+/// A filter condition: the user's stored and reserved bytes plus `more` fit `quota`.
+pub(super) fn fits_quota(quota: u64, more: i64) -> Document {
+    doc! {"$lte": [
+        {"$add": ["$used_bytes", {"$ifNull": ["$reserved_bytes", 0]}]},
+        quota as i64 - more,
+    ]}
+}
+
+impl MongoStore {
+    /// What upload `id` holds of its user's counters, as `s` sees it.
+    pub(super) async fn held_in(&self, s: &mut ClientSession, id: &FileId) -> MetaResult<Held> {
+        let upload = self
+            .resumables()
+            .find_one(doc! {"_id": id})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        Ok(upload.map_or_else(Held::default, |u| Held {
+            reserved: u.reserved,
+            open: u.open,
+        }))
+    }
+
+    /// Marks the uploads' reservations given back, in `s` (the caller
+    /// takes them off the user document in the same transaction).
+    pub(super) async fn mark_released_in(
+        &self,
+        s: &mut ClientSession,
+        ids: &[FileId],
+    ) -> MetaResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
         self.resumables()
-            .insert_one(upload)
+            .update_many(
+                doc! {"_id": {"$in": ids}},
+                doc! {"$set": {"reserved": 0_i64, "open": false}},
+            )
+            .session(&mut *s)
             .await
             .map(|_| ())
             .map_err(classify)
+    }
+
+    /// Why a counting update of `user`'s document matched nothing.
+    async fn why_not_counted(
+        &self,
+        s: &mut ClientSession,
+        user: &UserId,
+        limits: &OpenLimits,
+        reserving: i64,
+    ) -> MetaError {
+        match self
+            .users()
+            .find_one(doc! {"_id": user})
+            .session(&mut *s)
+            .await
+        {
+            Ok(None) => MetaError::NotFound,
+            Ok(Some(u)) => limits
+                .check(&u, reserving)
+                .err()
+                .unwrap_or(MetaError::WriteConflict),
+            Err(e) => classify(e),
+        }
+    }
+
+    async fn insert_resumable_in(
+        &self,
+        s: &mut ClientSession,
+        upload: &ResumableRecord,
+        limits: &OpenLimits,
+    ) -> MetaResult<()> {
+        let max_open = i64::try_from(limits.max_open).unwrap_or(i64::MAX);
+        let mut conditions = vec![doc! {"$lt": [{"$ifNull": ["$open_uploads", 0]}, max_open]}];
+        if let Some(quota) = limits.quota_bytes {
+            conditions.push(fits_quota(quota, upload.reserved));
+        }
+        let filter = doc! {"_id": &upload.user_id, "$expr": {"$and": conditions}};
+        let update = doc! {"$inc": {"reserved_bytes": upload.reserved, "open_uploads": 1_i64}};
+        let updated = self
+            .users()
+            .update_one(filter, update)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 0 {
+            return Err(self
+                .why_not_counted(s, &upload.user_id, limits, upload.reserved)
+                .await);
+        }
+        let counted = ResumableRecord {
+            open: true,
+            ..upload.clone()
+        };
+        self.resumables()
+            .insert_one(&counted)
+            .session(&mut *s)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn declare_length_in(
+        &self,
+        s: &mut ClientSession,
+        id: &FileId,
+        length: i64,
+        quota: Option<u64>,
+    ) -> MetaResult<Option<ResumableRecord>> {
+        let Some(mut upload) = self
+            .resumables()
+            .find_one(doc! {"_id": id})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?
+        else {
+            return Ok(None);
+        };
+        if upload.length.is_some() {
+            return Ok(Some(upload));
+        }
+        let mut filter = doc! {"_id": &upload.user_id};
+        if let Some(quota) = quota {
+            filter.insert("$expr", fits_quota(quota, length));
+        }
+        let updated = self
+            .users()
+            .update_one(filter, doc! {"$inc": {"reserved_bytes": length}})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if updated.matched_count == 0 {
+            let limits = OpenLimits {
+                quota_bytes: quota,
+                max_open: u64::MAX,
+            };
+            return Err(self
+                .why_not_counted(s, &upload.user_id, &limits, length)
+                .await);
+        }
+        self.resumables()
+            .update_one(
+                doc! {"_id": id},
+                doc! {"$set": {"length": length, "reserved": length}},
+            )
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        (upload.length, upload.reserved) = (Some(length), length);
+        Ok(Some(upload))
+    }
+
+    /// Deletes the upload `filter` matches (by `_id`, and maybe more) and
+    /// gives back what it held of its user's counters, in `s`: whether one
+    /// was deleted.
+    async fn delete_resumable_in(
+        &self,
+        s: &mut ClientSession,
+        filter: Document,
+    ) -> MetaResult<bool> {
+        let Some(upload) = self
+            .resumables()
+            .find_one(filter.clone())
+            .session(&mut *s)
+            .await
+            .map_err(classify)?
+        else {
+            return Ok(false);
+        };
+        if upload.open || upload.reserved != 0 {
+            let open = i64::from(upload.open);
+            self.users()
+                .update_one(
+                    doc! {"_id": &upload.user_id},
+                    doc! {"$inc": {"reserved_bytes": -upload.reserved, "open_uploads": -open}},
+                )
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+        }
+        let deleted = self
+            .resumables()
+            .delete_one(filter)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        Ok(deleted.deleted_count > 0)
+    }
+}
+
+#[async_trait]
+impl ResumableRepo for MongoStore {
+    async fn insert_resumable(
+        &self,
+        upload: &ResumableRecord,
+        limits: &OpenLimits,
+    ) -> MetaResult<()> {
+        let mut s = self.txns.begin(None).await?;
+        let result = self.insert_resumable_in(&mut s, upload, limits).await;
+        self.txns.finish(s, None, result).await
+    }
+
+    async fn declare_length(
+        &self,
+        id: &FileId,
+        length: i64,
+        quota: Option<u64>,
+    ) -> MetaResult<Option<ResumableRecord>> {
+        let mut s = self.txns.begin(None).await?;
+        let result = self.declare_length_in(&mut s, id, length, quota).await;
+        self.txns.finish(s, None, result).await
     }
 
     async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
@@ -32,21 +246,27 @@ impl ResumableRepo for MongoStore {
         upload: &ResumableRecord,
         expected_offset: i64,
     ) -> MetaResult<bool> {
+        let mut fields = bson::to_document(upload).map_err(|e| MetaError::Other(e.to_string()))?;
+        fields.remove("_id");
+        for kept in COUNTED_FIELDS {
+            fields.remove(kept);
+        }
         // One conditional write: of two PATCHes from the same offset, one matches.
-        let replaced = self
+        let updated = self
             .resumables()
-            .replace_one(doc! {"_id": &upload.id, "offset": expected_offset}, upload)
+            .update_one(
+                doc! {"_id": &upload.id, "offset": expected_offset},
+                doc! {"$set": fields},
+            )
             .await
             .map_err(classify)?;
-        Ok(replaced.matched_count > 0)
+        Ok(updated.matched_count > 0)
     }
 
     async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
-        self.resumables()
-            .delete_one(doc! {"_id": id})
-            .await
-            .map(|_| ())
-            .map_err(classify)
+        let mut s = self.txns.begin(None).await?;
+        let result = self.delete_resumable_in(&mut s, doc! {"_id": id}).await;
+        self.txns.finish(s, None, result).await.map(|_| ())
     }
 
     async fn delete_resumable_if_expires(
@@ -55,12 +275,23 @@ impl ResumableRepo for MongoStore {
         expires_at: DateTime<Utc>,
     ) -> MetaResult<bool> {
         let expires_at = bson::DateTime::from_chrono(expires_at);
-        let deleted = self
-            .resumables()
-            .delete_one(doc! {"_id": id, "expires_at": expires_at})
+        let filter = doc! {"_id": id, "expires_at": expires_at};
+        let mut s = self.txns.begin(None).await?;
+        let result = self.delete_resumable_in(&mut s, filter).await;
+        match self.txns.finish(s, None, result).await {
+            // A PATCH wrote it at the same moment (it renewed it), or the
+            // user's counters changed: the next pass claims it again.
+            Err(MetaError::WriteConflict) => Ok(false),
+            r => r,
+        }
+    }
+
+    async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
+        self.resumables()
+            .insert_one(uncounted(upload))
             .await
-            .map_err(classify)?;
-        Ok(deleted.deleted_count > 0)
+            .map(|_| ())
+            .map_err(classify)
     }
 
     async fn expired_resumables(

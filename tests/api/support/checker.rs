@@ -449,6 +449,9 @@ fn check_user_document(
             ),
         );
     }
+    if let Some(off) = fin.counters_off() {
+        v.note(|v| &mut v.half_done, off);
+    }
     for id in &files {
         let owners: Vec<_> = all
             .permissions

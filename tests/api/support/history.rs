@@ -201,11 +201,31 @@ pub struct FinalUser {
     pub file_count: i64,
     /// `GET /v1/me`'s usage: `used_bytes`, `file_count`.
     pub me: (i64, i64),
+    /// The user's open uploads as counted: the user document's
+    /// `(reserved_bytes, open_uploads)`, and `/v1/me`'s.
+    pub counted: (i64, i64),
+    pub me_counted: (i64, i64),
+    /// What the resumable uploads left hold of them: the sum of their
+    /// `reserved`, and how many are `open` (0 and 0 when none is left).
+    pub held: (i64, i64),
     pub sessions: BTreeMap<String, Vec<String>>,
     pub agents: BTreeMap<String, FinalAgent>,
     /// Files of the user's history no longer listed: the status of
     /// `GET /v1/files/{id}` and of its content.
     pub gone: BTreeMap<String, (u16, u16)>,
+}
+
+impl FinalUser {
+    /// Every reservation given back once: unless the user's counters (on
+    /// its document and in `/v1/me`) are what the uploads left hold, what
+    /// they are.
+    pub fn counters_off(&self) -> Option<String> {
+        let (c, m, h) = (self.counted, self.me_counted, self.held);
+        (c != h || m != h).then(|| {
+            let user = &self.id;
+            format!("{user}: (reserved_bytes, open_uploads) {c:?}, /v1/me {m:?}, but the uploads left hold {h:?}")
+        })
+    }
 }
 
 /// Everything read back.

@@ -64,7 +64,17 @@ pub async fn read_final(
     let far = filedock::meta::now() + chrono::Duration::days(3650);
     fin.intents = meta.intents(far, ALL).await.unwrap().len();
     // Resumable uploads, after their expiry and a sweep: nothing of them.
-    fin.resumables = documents(&db, "resumable_uploads").await.len();
+    let resumables = documents(&db, "resumable_uploads").await;
+    fin.resumables = resumables.len();
+    for user in &mut fin.users {
+        for d in resumables
+            .iter()
+            .filter(|d| d.get_str("user_id").ok() == Some(user.id.as_str()))
+        {
+            user.held.0 += d.get_i64("reserved").unwrap_or_default();
+            user.held.1 += i64::from(d.get_bool("open").unwrap_or_default());
+        }
+    }
     fin.staging = state.ports.blobs.list_keys("tus/").await.unwrap().len();
     let tus: Vec<&str> = history
         .iter()
@@ -192,6 +202,7 @@ async fn read_user(
     }
     let record = meta.user(&uid).await.unwrap().unwrap();
     (fin.used_bytes, fin.file_count) = (record.used_bytes, record.file_count);
+    fin.counted = (record.reserved_bytes, record.open_uploads);
     let me: Value = get(client, format!("{base}/v1/me"), &user.key)
         .await
         .json()
@@ -201,6 +212,10 @@ async fn read_user(
     fin.me = (
         usage["used_bytes"].as_i64().unwrap_or(-1),
         usage["file_count"].as_i64().unwrap_or(-1),
+    );
+    fin.me_counted = (
+        usage["reserved_bytes"].as_i64().unwrap_or(-1),
+        usage["open_uploads"].as_i64().unwrap_or(-1),
     );
     for s in meta.list_sessions(&uid, None, ALL).await.unwrap() {
         fin.sessions.insert(s.id.to_string(), strings(&s.file_ids));

@@ -1,8 +1,10 @@
 //! The fault suite's resumable (tus) uploads: one creates an upload and
 //! sends it in several PATCHes, some empty, some cut by the client
-//! mid-body, some raced by a second PATCH from the same offset; after any
-//! answer that is not 204 it asks HEAD where to go on from, as tus clients
-//! do. It is recorded as one upload (`Op::Upload` with `resumable`): told
+//! mid-body, some raced by a second PATCH from the same offset; some
+//! created with a deferred length (`Upload-Defer-Length: 1`, as Uppy
+//! Companion does), declared by the PATCH with the last bytes or by an
+//! empty one after them; after any answer that is not 204 it asks HEAD
+//! where to go on from, as tus clients do. It is recorded as one upload (`Op::Upload` with `resumable`): told
 //! ok if its last PATCH got 204 or a HEAD said complete (or the file reads
 //! back, the upload's state gone), failed if its last byte was never sent
 //! (no file can exist), unknown otherwise.
@@ -30,11 +32,14 @@ const STEPS: usize = 24;
 /// The largest piece one PATCH sends.
 const PIECE_MAX: usize = 3 << 20;
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// Of the uploads, those created with a deferred length.
+const DEFERRED_PERCENT: u32 = 30;
 
 /// What a HEAD (or a read of the file) said about an upload.
 enum Seen {
-    /// Open, stored up to this offset.
-    At(usize),
+    /// Open, stored up to this offset; whether its length is known
+    /// (`Upload-Length`, not `Upload-Defer-Length`).
+    At(usize, bool),
     /// Its file is committed.
     Complete,
     /// Gone without a file (expired, discarded).
@@ -101,11 +106,16 @@ impl World {
         internal: &mut bool,
     ) -> (Answer, Option<String>) {
         let b64 = base64::engine::general_purpose::STANDARD;
+        let deferred = rng.random_range(0..100) < DEFERRED_PERCENT;
+        let (length_header, length) = match deferred {
+            true => ("upload-defer-length", "1".to_owned()),
+            false => ("upload-length", body.len().to_string()),
+        };
         let create = self
             .client
             .post(format!("{}/v1/uploads", self.base(rng)))
             .header("tus-resumable", TUS)
-            .header("upload-length", body.len().to_string())
+            .header(length_header, length)
             .header("upload-metadata", format!("filename {}", b64.encode(name)));
         let location = match create.bearer_auth(&user.key).timeout(TIMEOUT).send().await {
             Ok(res) if res.status() == StatusCode::CREATED => {
@@ -117,15 +127,23 @@ impl World {
         };
         let id = location.rsplit('/').next().unwrap().to_owned();
         let (mut offset, mut sent_last) = (0usize, false);
+        // Whether the server knows the length (a deferred one once declared).
+        let mut known = !deferred;
         for _ in 0..STEPS {
             let left = body.len() - offset;
             let piece = match rng.random_range(0..100) {
+                _ if left == 0 => 0,
                 0..10 => 0,
                 10..50 => left,
                 _ => rng.random_range(1..=left.min(PIECE_MAX)),
             };
             let chunk = body.slice(offset..offset + piece);
             sent_last |= offset + piece == body.len();
+            // A deferred length is declared with the last bytes, or (half
+            // the time) by an empty PATCH once they are all stored.
+            let declares =
+                !known && offset + piece == body.len() && (piece == 0 || rng.random_bool(0.5));
+            let length = declares.then_some(body.len());
             let base = self.base(rng);
             let answered: Step = match rng.random_range(0..100) {
                 // A client that drops the connection mid-body.
@@ -136,30 +154,41 @@ impl World {
                         Err(std::io::Error::other("the client went away")),
                     ]);
                     let body = reqwest::Body::wrap_stream(cut);
-                    self.patch(user, &base, &location, offset, body).await
+                    self.patch(user, &base, &location, offset, length, body)
+                        .await
                 }
                 // Two PATCHes from the same offset at once: one counts.
                 12..22 => {
                     let other = self.base(rng);
                     let (a, b) = tokio::join!(
-                        self.patch(user, &base, &location, offset, chunk.clone().into()),
-                        self.patch(user, &other, &location, offset, chunk.clone().into()),
+                        self.patch(user, &base, &location, offset, length, chunk.clone().into()),
+                        self.patch(
+                            user,
+                            &other,
+                            &location,
+                            offset,
+                            length,
+                            chunk.clone().into()
+                        ),
                     );
                     *internal |= a == Step::Internal || b == Step::Internal;
                     if let Step::At(_) = b { b } else { a }
                 }
                 _ => {
                     let body = chunk.clone().into();
-                    self.patch(user, &base, &location, offset, body).await
+                    self.patch(user, &base, &location, offset, length, body)
+                        .await
                 }
             };
             *internal |= answered == Step::Internal;
+            // A 204 after a declaring PATCH: the length is known.
+            known |= declares && matches!(answered, Step::At(_));
             match answered {
-                Step::At(at) if at == body.len() => return (Answer::Ok, Some(id)),
+                Step::At(at) if at == body.len() && known => return (Answer::Ok, Some(id)),
                 Step::At(at) => offset = at,
                 Step::Internal | Step::Other => match self.head(user, &location, &id, rng).await {
-                    Seen::At(at) if at == body.len() => return (Answer::Ok, Some(id)),
-                    Seen::At(at) => offset = at,
+                    Seen::At(at, true) if at == body.len() => return (Answer::Ok, Some(id)),
+                    Seen::At(at, length_known) => (offset, known) = (at, length_known),
                     Seen::Complete => return (Answer::Ok, Some(id)),
                     Seen::Gone if !sent_last => return (Answer::Failed("gone".into()), Some(id)),
                     Seen::Gone => return (Answer::Unknown("gone".into()), Some(id)),
@@ -181,19 +210,21 @@ impl World {
         base: &str,
         location: &str,
         offset: usize,
+        length: Option<usize>,
         body: reqwest::Body,
     ) -> Step {
-        let res = self
+        let mut req = self
             .client
             .patch(format!("{base}{location}"))
             .bearer_auth(&user.key)
             .header("tus-resumable", TUS)
             .header("content-type", OCTETS)
-            .header("upload-offset", offset.to_string())
-            .timeout(TIMEOUT)
-            .body(body)
-            .send()
-            .await;
+            .header("upload-offset", offset.to_string());
+        if let Some(length) = length {
+            // Declares a deferred length.
+            req = req.header("upload-length", length.to_string());
+        }
+        let res = req.timeout(TIMEOUT).body(body).send().await;
         match res {
             Ok(res) if res.status() == StatusCode::NO_CONTENT => {
                 upload_offset(&res).map_or(Step::Other, Step::At)
@@ -216,7 +247,8 @@ impl World {
             .await;
         match res {
             Ok(res) if res.status() == StatusCode::OK => {
-                upload_offset(&res).map_or(Seen::Unknown, Seen::At)
+                let known = res.headers().contains_key("upload-length");
+                upload_offset(&res).map_or(Seen::Unknown, |at| Seen::At(at, known))
             }
             Ok(res) if res.status() == StatusCode::INTERNAL_SERVER_ERROR => Seen::Internal,
             Ok(res) if res.status() == StatusCode::NOT_FOUND => {
