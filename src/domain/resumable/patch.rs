@@ -365,7 +365,9 @@ impl ResumableService {
         let last = match last.is_empty() && (upload.offset as u64) > start {
             true => {
                 let end = upload.offset as u64;
-                _held = Some(self.parts.budget().reserve(end - start).await);
+                let claim = self.parts.budget().claim(Some(&user.id.to_string()));
+                let held = claim.reserve(end - start).await;
+                _held = Some(held.map_err(|r| DomainError::from(BodyError::from(r)))?);
                 let tail = self.parts.get_tail(&upload.key, &upload.handle, start, end);
                 match tail.await {
                     Ok(tail) => tail,
