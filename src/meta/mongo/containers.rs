@@ -116,11 +116,9 @@ impl MongoStore {
             Ok(_) => Ok(()),
             Err(e) => match classify(e) {
                 MetaError::Duplicate => {
-                    let seen = ops
-                        .find_one(doc! {"_id": id})
-                        .session(&mut *s)
-                        .await
-                        .map_err(classify)?;
+                    // Read outside the transaction, which the failed insert
+                    // aborted; the record it met is committed.
+                    let seen = ops.find_one(doc! {"_id": id}).await.map_err(classify)?;
                     match seen.and_then(|p| p.refused) {
                         Some(why) => Err(MetaError::Refused(why)),
                         None => Err(MetaError::AlreadyApplied),
