@@ -31,7 +31,7 @@ pub enum MetaError {
     /// The operation id was settled before without applying (see
     /// `processed_ops`): nothing was changed, and it never applies.
     #[error("operation settled unapplied before: {0:?}")]
-    Refused(crate::meta::Refusal),
+    Refused(super::records::Refusal),
     /// The server aborted the transaction for a reason other than a write
     /// conflict (a dropped link, an election): retry it whole; if that keeps
     /// failing, the store is the problem, not contention.
