@@ -2,13 +2,24 @@
 //! `Upload-Defer-Length: 1` (as Uppy Companion always creates them) learns
 //! its `Upload-Length` from a PATCH, once; its quota reservation and its
 //! size category are decided then. Bad combinations get 400 in the JSON
-//! error shape. On the embedded adapters and the real backends.
+//! error shape. A declared upload whose last part failed keeps its staged
+//! tail through a sweep. On the embedded adapters and the real backends.
 
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use filedock::{domain::sweeper::Outcome, http::AppState, ports::Ports};
 use reqwest::{Method, Response, StatusCode};
 
 use crate::{
-    helpers::{TestApp, TestUser, error_code, spawn_app, spawn_app_with, test_settings},
-    tus::{LEN, OCTETS, TUS, content, data, head, offset_of, patch},
+    helpers::{
+        TestApp, TestUser, assert_bucket_matches_metadata, error_code, spawn_app,
+        spawn_app_with, spawn_app_with_state, test_settings,
+    },
+    support::faulty_blobs::LosesCompleteAnswer,
+    tus::{LEN, OCTETS, TUS, content, data, head, offset_of, patch, staging_left},
     tus_limits::{counts, try_create, upload_id},
 };
 
@@ -261,4 +272,47 @@ async fn a_deferred_upload_is_held_to_the_quota_before_and_when_it_declares() {
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     assert_eq!(counts(&app, &user).await, (500, 0, 0));
     assert_eq!(content(&app, &user, &id).await, bytes);
+}
+
+/// A deferred upload whose declaring PATCH recorded the length but failed
+/// to write the last part keeps the staged tail that holds its last bytes
+/// through a sweep (it is named by the state, not replaced), and the next
+/// HEAD finishes it with every acknowledged byte.
+#[tokio::test]
+async fn a_declared_upload_whose_last_part_failed_keeps_its_tail_through_a_sweep() {
+    let mut settings = test_settings();
+    settings.sweep.intent_grace = Duration::ZERO;
+    let mut ports = Ports::connect(&settings).await.unwrap();
+    let blobs = Arc::new(LosesCompleteAnswer::wrapping(ports.resumable.clone()));
+    ports.resumable = blobs.clone();
+    let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
+    let user = app.create_user("declared-tail").await;
+    let id = create_deferred(&app, &user).await;
+    // Less than a part: all of it is the staged tail.
+    let bytes = data(300);
+    let res = patch(&app, &user, &id, 0, &bytes).await;
+    assert_eq!(
+        (res.status(), offset_of(&res)),
+        (StatusCode::NO_CONTENT, 300)
+    );
+
+    blobs.refuse_part.store(true, Ordering::SeqCst);
+    let res = patch_declaring(&app, &user, &id, 300, 300, b"").await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "the refused part");
+    assert!(
+        !blobs.refuse_part.load(Ordering::SeqCst),
+        "the last part was tried"
+    );
+    // Staging is judged by its age: let the tail be older than the grace
+    // on blob stores whose times have whole seconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let Outcome::Swept(report) = app.state.sweeper.try_run_once().await.unwrap() else {
+        panic!("the sweeper is busy")
+    };
+    assert_eq!(report.staging_removed, 0, "the upload's tail was swept");
+
+    assert_eq!(head(&app, &user, &id).await, (StatusCode::OK, Some(300)));
+    assert_eq!(content(&app, &user, &id).await, bytes);
+    assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
+    assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }

@@ -6,35 +6,20 @@
 //! adapters and (`FILEDOCK_TEST_BACKEND=real`) on MongoDB, S3 and Redis.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use chrono::{DateTime, Utc};
 use filedock::{
-    blob::BlobStore,
-    blob::{
-        BlobError,
-        resumable::{ResumableBlobs, Staged},
-    },
-    domain::UserId,
-    domain::sweeper::Outcome,
-    http::AppState,
-    lock::LockKey,
-    meta::MetadataStore,
-    ports::Ports,
-    vocab::{BlobKey, WriteHandle},
+    domain::UserId, domain::sweeper::Outcome, http::AppState, lock::LockKey, ports::Ports,
 };
 use futures::StreamExt;
 use reqwest::StatusCode;
 
 use crate::{
     helpers::*,
+    support::faulty_blobs::LosesCompleteAnswer,
     tus::{content, create, data, head, patch, patch_body, staging_left},
     tus_limits::counts,
 };
@@ -147,143 +132,13 @@ async fn a_final_patch_whose_lock_wait_runs_out_keeps_the_upload_and_head_finish
     assert_eq!(staging_left(&app).await, 0, "staging left behind");
 }
 
-/// The blob store's resumable writes, whose next completion is carried out
-/// but answered with an error, as when its answer is lost on the way back.
-struct LosesCompleteAnswer {
-    inner: Arc<dyn ResumableBlobs>,
-    lose: AtomicBool,
-    /// The next completion fails without being carried out.
-    refuse: AtomicBool,
-    /// The next abort fails without being carried out.
-    refuse_abort: AtomicBool,
-    /// Aborts carried out.
-    aborted: std::sync::atomic::AtomicUsize,
-    /// After the next completion, the sweeper takes the upload (its intent
-    /// turned into an orphan, the object deleted), as a stale-intent scan
-    /// would while the upload is being finished.
-    swept_after_complete: std::sync::Mutex<Option<Sweeps>>,
-}
-
-/// What takes an upload as the sweeper does: its intent and its object.
-type Sweeps = (Arc<dyn MetadataStore>, Arc<dyn BlobStore>);
-
-#[async_trait]
-impl ResumableBlobs for LosesCompleteAnswer {
-    fn part_size(&self) -> usize {
-        self.inner.part_size()
-    }
-
-    fn part_concurrency(&self) -> usize {
-        self.inner.part_concurrency()
-    }
-
-    fn budget(&self) -> std::sync::Arc<filedock::blob::budget::MemoryBudget> {
-        self.inner.budget()
-    }
-
-    async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {
-        self.inner.start(key).await
-    }
-
-    async fn put_part(
-        &self,
-        key: &BlobKey,
-        handle: &WriteHandle,
-        number: i32,
-        offset: u64,
-        part: Bytes,
-    ) -> Result<String, BlobError> {
-        self.inner.put_part(key, handle, number, offset, part).await
-    }
-
-    async fn put_tail(
-        &self,
-        key: &BlobKey,
-        handle: &WriteHandle,
-        start: u64,
-        tail: Bytes,
-    ) -> Result<(), BlobError> {
-        self.inner.put_tail(key, handle, start, tail).await
-    }
-
-    async fn get_tail(
-        &self,
-        key: &BlobKey,
-        handle: &WriteHandle,
-        start: u64,
-        end: u64,
-    ) -> Result<Bytes, BlobError> {
-        self.inner.get_tail(key, handle, start, end).await
-    }
-
-    async fn delete_tail(
-        &self,
-        key: &BlobKey,
-        handle: &WriteHandle,
-        start: u64,
-        end: u64,
-    ) -> Result<(), BlobError> {
-        self.inner.delete_tail(key, handle, start, end).await
-    }
-
-    async fn complete(
-        &self,
-        key: &BlobKey,
-        handle: &WriteHandle,
-        tags: &[String],
-        len: u64,
-    ) -> Result<(), BlobError> {
-        if self.refuse.swap(false, Ordering::SeqCst) {
-            return Err(BlobError::Unavailable("refused".into()));
-        }
-        self.inner.complete(key, handle, tags, len).await?;
-        let sweeper = self.swept_after_complete.lock().unwrap().take();
-        if let Some((meta, blobs)) = sweeper {
-            meta.abandon_intent(&key.file_id(), None)
-                .await
-                .unwrap()
-                .unwrap();
-            blobs.delete(key).await.unwrap();
-        }
-        match self.lose.swap(false, Ordering::SeqCst) {
-            true => Err(BlobError::Unavailable("the answer was lost".into())),
-            false => Ok(()),
-        }
-    }
-
-    async fn abort(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
-        if self.refuse_abort.swap(false, Ordering::SeqCst) {
-            return Err(BlobError::Unavailable("refused".into()));
-        }
-        self.inner.abort(key, handle).await?;
-        self.aborted.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-
-    async fn clear_staging(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
-        self.inner.clear_staging(key, handle).await
-    }
-
-    async fn staged(&self, before: DateTime<Utc>) -> Result<Vec<Staged>, BlobError> {
-        self.inner.staged(before).await
-    }
-
-    async fn remove_staged(&self, staged: &Staged) -> Result<(), BlobError> {
-        self.inner.remove_staged(staged).await
-    }
-}
-
 #[tokio::test]
 async fn a_completion_whose_answer_was_lost_is_finished_by_the_next_patch() {
     let settings = test_settings();
     let mut ports = Ports::connect(&settings).await.unwrap();
     let losing = Arc::new(LosesCompleteAnswer {
-        inner: ports.resumable.clone(),
         lose: true.into(),
-        refuse: false.into(),
-        refuse_abort: false.into(),
-        aborted: 0.into(),
-        swept_after_complete: Default::default(),
+        ..LosesCompleteAnswer::wrapping(ports.resumable.clone())
     });
     ports.resumable = losing.clone();
     let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
@@ -453,12 +308,8 @@ async fn an_upload_swept_before_its_completion_is_not_completed_into_a_stray() {
     let settings = test_settings();
     let mut ports = Ports::connect(&settings).await.unwrap();
     let refusing = Arc::new(LosesCompleteAnswer {
-        inner: ports.resumable.clone(),
-        lose: false.into(),
         refuse: true.into(),
-        refuse_abort: false.into(),
-        aborted: 0.into(),
-        swept_after_complete: Default::default(),
+        ..LosesCompleteAnswer::wrapping(ports.resumable.clone())
     });
     ports.resumable = refusing.clone();
     let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
@@ -508,12 +359,8 @@ async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
     let settings = test_settings();
     let mut ports = Ports::connect(&settings).await.unwrap();
     let blobs = Arc::new(LosesCompleteAnswer {
-        inner: ports.resumable.clone(),
-        lose: false.into(),
-        refuse: false.into(),
         refuse_abort: true.into(),
-        aborted: 0.into(),
-        swept_after_complete: Default::default(),
+        ..LosesCompleteAnswer::wrapping(ports.resumable.clone())
     });
     ports.resumable = blobs.clone();
     let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;
@@ -559,12 +406,8 @@ async fn an_upload_swept_while_it_is_finished_is_answered_expired() {
     let settings = test_settings();
     let mut ports = Ports::connect(&settings).await.unwrap();
     let blobs = Arc::new(LosesCompleteAnswer {
-        inner: ports.resumable.clone(),
-        lose: false.into(),
-        refuse: false.into(),
-        refuse_abort: false.into(),
-        aborted: 0.into(),
         swept_after_complete: Some((ports.meta.clone(), ports.blobs.clone())).into(),
+        ..LosesCompleteAnswer::wrapping(ports.resumable.clone())
     });
     ports.resumable = blobs.clone();
     let app = spawn_app_with_state(AppState::with_ports(settings, ports).unwrap()).await;

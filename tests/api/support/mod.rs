@@ -5,6 +5,7 @@
 pub mod checker;
 pub mod cluster;
 pub mod fault_proxy;
+pub mod faulty_blobs;
 pub mod history;
 pub mod model;
 pub mod nemesis;
