@@ -25,7 +25,7 @@
 set -euo pipefail
 
 # The blocks the checks below cover: each must still be in the README.
-RT_EXPECTED=(walkthrough links tuspy tus-curl sessions cli)
+RT_EXPECTED=(walkthrough links keys tuspy tus-curl sessions cli)
 # The longest the blocks may take together (they take a few seconds).
 RT_BLOCKS_TIMEOUT_SECS=120
 
@@ -48,6 +48,13 @@ is() { [ "$1" = "$2" ] || { echo "[readme]   got '$1', want '$2'" >&2; return 1;
 # like STRING GLOB: STRING matches the shell pattern GLOB ($2 unquoted on purpose).
 like() { [[ $1 == $2 ]] || { echo "[readme]   got '$1', want $2" >&2; return 1; }; }
 same_bytes() { api "$1" | cmp -s - "$2"; }
+
+after_keys() {
+  check "the list to mark the spare key current" printed '"name":"ci","created_at":"[^"]+","current":true'
+  check "the revocation to print 204" printed '^204$'
+  check "the revoked key to print 401" printed '^401$'
+  check "alice's first key to still work" is "$(status_of /v1/me)" 200
+}
 
 after_walkthrough() {
   check "an API key" like "$KEY" 'fdk_*'

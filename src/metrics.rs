@@ -31,6 +31,12 @@ pub struct HttpLabels {
     pub status: u16,
 }
 
+/// What an audited change did (`key_created`, `token_minted`, …).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    pub action: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: String,
@@ -81,6 +87,8 @@ pub struct Metrics {
     pub uploads_grouped: Counter,
     pub upload_commits_waiting: Gauge,
     pub mongo_commands: Counter,
+    /// Audited account changes, by action.
+    pub audit_events: Family<ActionLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -119,6 +127,7 @@ impl Default for Metrics {
             uploads_grouped: Counter::default(),
             upload_commits_waiting: Gauge::default(),
             mongo_commands: Counter::default(),
+            audit_events: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -131,6 +140,11 @@ impl Default for Metrics {
             "filedock_http_request_duration_seconds",
             "HTTP request duration by route",
             m.http_duration.clone(),
+        );
+        r.register(
+            "filedock_audit_events",
+            "Audited account changes (keys, tokens, quotas, deletions), by action",
+            m.audit_events.clone(),
         );
         r.register(
             "filedock_http_panics",

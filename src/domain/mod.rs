@@ -3,6 +3,7 @@
 //! sweeper, reconcile). Services hold the ports they use and never see the
 //! HTTP layer or the application state.
 
+pub mod auth;
 mod commit;
 pub mod containers;
 pub mod digest;

@@ -15,7 +15,7 @@ use secrecy::ExposeSecret;
 
 use super::{error::ApiError, state::AppState};
 use crate::{
-    domain::{DomainError, users::secrets_match},
+    domain::{DomainError, auth::Caller, users::secrets_match},
     meta::UserRecord,
     vocab::MediaType,
 };
@@ -36,6 +36,19 @@ fn bearer(parts: &Parts) -> Option<&str> {
 pub struct AuthUser(pub UserRecord);
 
 impl FromRequestParts<AppState> for AuthUser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        Ok(Self(
+            AuthCaller::from_request_parts(parts, state).await?.0.user,
+        ))
+    }
+}
+
+/// The caller (user and key) whose API key the request carries.
+pub struct AuthCaller(pub Caller);
+
+impl FromRequestParts<AppState> for AuthCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {

@@ -22,6 +22,8 @@ use crate::{
 #[derive(Clone)]
 pub struct AppState {
     pub settings: Arc<Settings>,
+    /// Logs and counts account changes.
+    pub audit: super::audit::Audit,
     pub metrics: Arc<Metrics>,
     pub users: Arc<UserService>,
     pub uploads: Arc<UploadService>,

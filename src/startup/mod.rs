@@ -18,6 +18,7 @@ use crate::{
     config::{Coordination, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
+        auth::auth_cache,
         containers::ContainerService,
         files::FileService,
         links::LinkSigner,
@@ -25,7 +26,7 @@ use crate::{
         resumable::ResumableService,
         sweeper::{SweepWorker, Sweeper},
         upload::{Admission, Committer, Idempotency, UploadService},
-        users::{UserService, auth_cache, new_api_key},
+        users::{UserService, new_api_key},
     },
     http::{self, AppState},
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
@@ -177,8 +178,10 @@ impl AppState {
             &settings,
         ));
         Ok(Self {
+            audit: http::audit::Audit::new(metrics.clone()),
             links: Arc::new(links),
             users: Arc::new(UserService::new(
+                meta.clone(),
                 meta.clone(),
                 auth_cache(settings.auth_cache_ttl),
             )),

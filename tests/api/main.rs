@@ -13,6 +13,7 @@ mod files;
 mod group_commit;
 mod helpers;
 mod idempotency;
+mod keys;
 mod lifecycle;
 mod links;
 mod lock_faults;

@@ -1,22 +1,34 @@
-//! Users on MongoDB.
+//! Users and their keys on MongoDB.
 
 use async_trait::async_trait;
 use bson::doc;
+use futures::TryStreamExt;
 
 use super::{MongoStore, errors::classify};
 use crate::{
-    meta::{MetaResult, UserRecord, UserRepo},
-    vocab::{ApiKeyHash, UserId},
+    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, UserRecord, UserRepo},
+    vocab::{ApiKeyHash, KeyId, UserId},
 };
 
 #[async_trait]
 impl UserRepo for MongoStore {
-    async fn insert_user(&self, user: &UserRecord) -> MetaResult<()> {
-        self.users()
-            .insert_one(user)
-            .await
-            .map(|_| ())
-            .map_err(classify)
+    async fn insert_user(&self, user: &UserRecord, key: &ApiKeyRecord) -> MetaResult<()> {
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            self.users()
+                .insert_one(user)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            self.keys()
+                .insert_one(key)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(())
+        }
+        .await;
+        self.txns.finish(s, None, result).await
     }
 
     async fn user(&self, id: &UserId) -> MetaResult<Option<UserRecord>> {
@@ -25,13 +37,84 @@ impl UserRepo for MongoStore {
             .await
             .map_err(classify)
     }
+}
 
-    async fn user_by_key_hash(&self, hash: &ApiKeyHash) -> MetaResult<Option<UserRecord>> {
+#[async_trait]
+impl KeyRepo for MongoStore {
+    async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            // Written, not only read, so that a deletion beginning at the same
+            // time conflicts with this transaction instead of missing the key.
+            let user = self
+                .users()
+                .update_one(
+                    doc! {"_id": &key.user_id, "deleting_since": null},
+                    doc! {"$inc": {"key_seq": 1}},
+                )
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            if user.matched_count == 0 {
+                return Err(MetaError::NotFound);
+            }
+            self.keys()
+                .insert_one(key)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(())
+        }
+        .await;
+        self.txns.finish(s, None, result).await
+    }
+
+    async fn key_by_hash(
+        &self,
+        hash: &ApiKeyHash,
+    ) -> MetaResult<Option<(ApiKeyRecord, UserRecord)>> {
+        let Some(key) = self
+            .keys()
+            .find_one(doc! {"hash": hash})
+            .await
+            .map_err(classify)?
+        else {
+            return Ok(None);
+        };
         // Authentication needs neither the file list nor its size on the wire.
-        self.users()
-            .find_one(doc! {"api_key_hash": hash})
+        let user = self
+            .users()
+            .find_one(doc! {"_id": &key.user_id})
             .projection(doc! {"file_ids": 0})
             .await
+            .map_err(classify)?;
+        Ok(user.map(|u| (key, u)))
+    }
+
+    async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>> {
+        self.keys()
+            .find_one(doc! {"_id": id, "user_id": user})
+            .await
             .map_err(classify)
+    }
+
+    async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>> {
+        self.keys()
+            .find(doc! {"user_id": user})
+            .sort(doc! {"_id": 1})
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)
+    }
+
+    async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
+        let deleted = self
+            .keys()
+            .delete_one(doc! {"_id": id, "user_id": user})
+            .await
+            .map_err(classify)?;
+        Ok(deleted.deleted_count == 1)
     }
 }
