@@ -17,6 +17,7 @@ pub mod resumable;
 pub mod sweeper;
 #[cfg(test)]
 mod test_kit;
+pub mod tokens;
 pub mod upload;
 pub mod users;
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::error::current_request_id;
 use crate::{
+    meta::TokenRecord,
     metrics::{ActionLabel, Metrics},
     vocab::{KeyId, UserId},
 };
@@ -44,6 +45,25 @@ impl Audit {
 
     pub fn key_created(&self, actor: &str, user: &UserId, key: &KeyId) {
         self.record("key_created", actor, user, &format!("key_id={key}"));
+    }
+
+    /// A token minted: its id, minting key, scopes, binding and expiry.
+    pub fn token_minted(&self, actor: &str, user: &UserId, t: &TokenRecord) {
+        let scopes: Vec<&str> = t.scopes.iter().map(|s| s.as_str()).collect();
+        let mut detail = format!(
+            "token_id={} key_id={} scopes={} expires_at={}",
+            t.id,
+            t.key_id,
+            scopes.join(","),
+            t.expires_at.to_rfc3339()
+        );
+        if let Some(s) = t.session_id {
+            detail.push_str(&format!(" session_id={s}"));
+        }
+        if let Some(a) = t.agent_id {
+            detail.push_str(&format!(" agent_id={a}"));
+        }
+        self.record("token_minted", actor, user, &detail);
     }
 
     pub fn key_revoked(&self, actor: &str, user: &UserId, key: &KeyId) {

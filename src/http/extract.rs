@@ -32,7 +32,8 @@ fn bearer(parts: &Parts) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// The user whose API key the request carries.
+/// The user whose API key the request carries, or whose token allows the
+/// route called (see `scopes.rs`).
 pub struct AuthUser(pub UserRecord);
 
 impl FromRequestParts<AppState> for AuthUser {
@@ -45,7 +46,8 @@ impl FromRequestParts<AppState> for AuthUser {
     }
 }
 
-/// The caller (user and key) whose API key the request carries.
+/// The caller (user, key, grant) whose key or token the request carries;
+/// the handler decides what a token may do (key management takes a key).
 pub struct AuthCaller(pub Caller);
 
 impl FromRequestParts<AppState> for AuthCaller {
@@ -53,7 +55,9 @@ impl FromRequestParts<AppState> for AuthCaller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let key = bearer(parts).ok_or(DomainError::Unauthenticated)?;
-        Ok(Self(state.users.authenticate(key).await?))
+        let caller = state.users.authenticate(key).await?;
+        super::scopes::authorize(parts, &caller.grant)?;
+        Ok(Self(caller))
     }
 }
 

@@ -17,8 +17,10 @@ mod listing;
 mod me;
 mod multipart;
 mod page;
+mod scopes;
 mod sessions;
 mod state;
+mod tokens;
 mod tus;
 
 pub use self::state::AppState;
@@ -82,6 +84,7 @@ api! {
     GET "/v1/me/keys" => keys::my_list,
     POST "/v1/me/keys" => keys::my_create,
     DELETE "/v1/me/keys/{key_id}" => keys::my_revoke,
+    POST "/v1/tokens" => tokens::mint,
     POST "/v1/files" => files::upload,
     GET "/v1/files" => files::list,
     GET "/v1/files/{id}" => files::get,

@@ -10,7 +10,7 @@ use super::{
     error::MetaResult,
     records::{UserRecord, bson_time},
 };
-use crate::vocab::{ApiKeyHash, KeyId, UserId};
+use crate::vocab::{AgentId, ApiKeyHash, KeyId, Scope, SessionId, UserId};
 
 /// `api_keys`: one key of a user.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -24,6 +24,29 @@ pub struct ApiKeyRecord {
     pub hash: ApiKeyHash,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
+}
+
+/// `api_tokens`: a short-lived token, minted by one of its user's keys.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TokenRecord {
+    #[serde(rename = "_id")]
+    pub id: KeyId,
+    /// SHA-256 (hex) of the secret; the secret itself is never stored.
+    pub hash: ApiKeyHash,
+    pub user_id: UserId,
+    /// The key that minted it: revoking the key revokes the token.
+    pub key_id: KeyId,
+    pub scopes: Vec<Scope>,
+    /// The one session it may touch, if bound to one.
+    #[serde(default)]
+    pub session_id: Option<SessionId>,
+    /// The one agent it may touch, if bound to one.
+    #[serde(default)]
+    pub agent_id: Option<AgentId>,
+    #[serde(with = "bson_time")]
+    pub created_at: DateTime<Utc>,
+    #[serde(with = "bson_time")]
+    pub expires_at: DateTime<Utc>,
 }
 
 /// Keys and the users they belong to.
@@ -47,6 +70,20 @@ pub trait KeyRepo: Send + Sync {
     /// The user's keys, oldest first.
     async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>>;
 
-    /// Deletes the user's key `id`; `false` if they have no such key.
+    /// Deletes the user's key `id` and the tokens it minted; `false` if
+    /// they have no such key.
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool>;
+
+    async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()>;
+
+    /// The token whose secret hashes to `hash` and its user (without the
+    /// file list), if the key that minted it still exists (expired or not:
+    /// the caller checks the expiry).
+    async fn token_by_hash(
+        &self,
+        hash: &ApiKeyHash,
+    ) -> MetaResult<Option<(TokenRecord, UserRecord)>>;
+
+    /// Deletes the tokens that expired before `before`; how many.
+    async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64>;
 }

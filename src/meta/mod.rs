@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use self::error::{MetaError, MetaResult};
-pub use self::keys::{ApiKeyRecord, KeyRepo};
+pub use self::keys::{ApiKeyRecord, KeyRepo, TokenRecord};
 pub use self::records::*;
 pub use self::resumable::{ResumableRecord, ResumableRepo};
 use crate::vocab::{

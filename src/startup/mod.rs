@@ -25,6 +25,7 @@ use crate::{
         reconcile::Reconciler,
         resumable::ResumableService,
         sweeper::{SweepWorker, Sweeper},
+        tokens::TokenService,
         upload::{Admission, Committer, Idempotency, UploadService},
         users::{UserService, new_api_key},
     },
@@ -179,6 +180,11 @@ impl AppState {
         ));
         Ok(Self {
             audit: http::audit::Audit::new(metrics.clone()),
+            tokens: Arc::new(TokenService::new(
+                meta.clone(),
+                meta.clone(),
+                settings.token_max_lifetime,
+            )),
             links: Arc::new(links),
             users: Arc::new(UserService::new(
                 meta.clone(),
@@ -208,6 +214,7 @@ impl AppState {
                 blobs,
                 resumables: meta.clone(),
                 resumable_blobs: resumable.clone(),
+                keys: meta.clone(),
                 locks,
                 metrics: metrics.clone(),
                 settings: settings.sweep.clone(),

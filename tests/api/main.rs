@@ -28,5 +28,6 @@ mod real;
 mod rename;
 mod same_user;
 mod support;
+mod tokens;
 mod tus;
 mod tus_recovery;

@@ -1,11 +1,13 @@
 //! Users and their keys in the embedded store: `keys/{hash}` holds a key's
-//! record, `user_keys/{user}/{key id}` its hash (the user's list).
+//! record, `user_keys/{user}/{key id}` its hash (the user's list); a
+//! token's record is `tokens/{hash}`, indexed under its key by `key_tokens/`.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
-    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, UserRecord, UserRepo},
+    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
     vocab::{ApiKeyHash, KeyId, UserId},
 };
 
@@ -15,6 +17,15 @@ fn hash_key(hash: &ApiKeyHash) -> String {
 
 fn user_keys(user: &UserId) -> String {
     format!("user_keys/{user}/")
+}
+
+fn token_key(hash: &ApiKeyHash) -> String {
+    format!("tokens/{}", hash.as_str())
+}
+
+/// The index of a key's tokens: `key_tokens/{key id}/{token hash}`.
+fn key_tokens(key: &KeyId) -> String {
+    format!("key_tokens/{key}/")
 }
 
 fn put_key(tx: &mut Txn, key: &ApiKeyRecord) -> MetaResult<()> {
@@ -100,14 +111,70 @@ impl KeyRepo for EmbeddedStore {
     }
 
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
-        let index = format!("{}{id}", user_keys(user));
+        let (index, id) = (format!("{}{id}", user_keys(user)), *id);
         self.transaction(move |tx| {
             let Some(hash) = tx.get::<ApiKeyHash>(&index)? else {
                 return Ok(false);
             };
             tx.delete(&index);
             tx.delete(&hash_key(&hash));
+            // Its tokens die with it (authentication checks the key anyway).
+            for k in tx.keys(&key_tokens(&id), None, usize::MAX)? {
+                tx.delete(&format!("tokens/{}", &k[key_tokens(&id).len()..]));
+                tx.delete(&k);
+            }
             Ok(true)
+        })
+        .await
+    }
+
+    async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
+        let token = token.clone();
+        self.transaction(move |tx| {
+            tx.insert(&token_key(&token.hash), &token)?;
+            tx.put(
+                &format!("{}{}", key_tokens(&token.key_id), token.hash.as_str()),
+                &(),
+            )
+        })
+        .await
+    }
+
+    async fn token_by_hash(
+        &self,
+        hash: &ApiKeyHash,
+    ) -> MetaResult<Option<(TokenRecord, UserRecord)>> {
+        let tkey = token_key(hash);
+        self.transaction(move |tx| {
+            let Some(token) = tx.get::<TokenRecord>(&tkey)? else {
+                return Ok(None);
+            };
+            let index = format!("{}{}", user_keys(&token.user_id), token.key_id);
+            if tx.get::<ApiKeyHash>(&index)?.is_none() {
+                return Ok(None);
+            }
+            let user: Option<UserRecord> = tx.get(&user_key(&token.user_id))?;
+            Ok(user.map(|mut u| {
+                u.file_ids.clear();
+                (token, u)
+            }))
+        })
+        .await
+    }
+
+    async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
+        self.transaction(move |tx| {
+            let mut deleted = 0;
+            for k in tx.keys("tokens/", None, usize::MAX)? {
+                if let Some(t) = tx.get::<TokenRecord>(&k)?
+                    && t.expires_at < before
+                {
+                    tx.delete(&k);
+                    tx.delete(&format!("{}{}", key_tokens(&t.key_id), t.hash.as_str()));
+                    deleted += 1;
+                }
+            }
+            Ok(deleted)
         })
         .await
     }

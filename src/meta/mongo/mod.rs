@@ -34,7 +34,7 @@ use crate::{
     meta::{
         AgentRecord, ApiKeyRecord, FileRecord, IdempotencyRecord, IntentRecord, MetaResult,
         MetadataStore, OrphanRecord, PermissionRecord, ProcessedOp, ResumableRecord, SessionRecord,
-        UserRecord,
+        TokenRecord, UserRecord,
     },
     vocab::{
         AgentId, ApiKeyHash, BlobKey, FileId, KeyId, LinkId, OpId, OrphanId, SessionId, UserId,
@@ -149,6 +149,15 @@ impl MongoStore {
         self.keys()
             .create_index(index(doc! {"user_id": 1, "_id": 1}, false))
             .await?;
+        self.tokens()
+            .create_index(index(doc! {"hash": 1}, true))
+            .await?;
+        self.tokens()
+            .create_index(index(doc! {"key_id": 1}, false))
+            .await?;
+        self.tokens()
+            .create_index(index(doc! {"expires_at": 1}, false))
+            .await?;
         self.files()
             .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
             .await?;
@@ -200,6 +209,10 @@ impl MongoStore {
 
     fn keys(&self) -> Collection<ApiKeyRecord> {
         self.db.collection("api_keys")
+    }
+
+    fn tokens(&self) -> Collection<TokenRecord> {
+        self.db.collection("api_tokens")
     }
 
     fn files(&self) -> Collection<FileRecord> {

@@ -2,11 +2,12 @@
 
 use async_trait::async_trait;
 use bson::doc;
+use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 
 use super::{MongoStore, errors::classify};
 use crate::{
-    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, UserRecord, UserRepo},
+    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
     vocab::{ApiKeyHash, KeyId, UserId},
 };
 
@@ -115,6 +116,55 @@ impl KeyRepo for MongoStore {
             .delete_one(doc! {"_id": id, "user_id": user})
             .await
             .map_err(classify)?;
+        // Its tokens die with it (authentication checks the key anyway).
+        self.tokens()
+            .delete_many(doc! {"key_id": id})
+            .await
+            .map_err(classify)?;
         Ok(deleted.deleted_count == 1)
+    }
+
+    async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
+        self.tokens()
+            .insert_one(token)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn token_by_hash(
+        &self,
+        hash: &ApiKeyHash,
+    ) -> MetaResult<Option<(TokenRecord, UserRecord)>> {
+        let Some(token) = self
+            .tokens()
+            .find_one(doc! {"hash": hash})
+            .await
+            .map_err(classify)?
+        else {
+            return Ok(None);
+        };
+        if KeyRepo::key(self, &token.user_id, &token.key_id)
+            .await?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let user = self
+            .users()
+            .find_one(doc! {"_id": &token.user_id})
+            .projection(doc! {"file_ids": 0})
+            .await
+            .map_err(classify)?;
+        Ok(user.map(|u| (token, u)))
+    }
+
+    async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
+        let deleted = self
+            .tokens()
+            .delete_many(doc! {"expires_at": {"$lt": bson::DateTime::from_chrono(before)}})
+            .await
+            .map_err(classify)?;
+        Ok(deleted.deleted_count)
     }
 }
