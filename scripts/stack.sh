@@ -91,6 +91,8 @@ stack_start() {
   # Tests that stop and restart a server start their own from these.
   export FILEDOCK_TEST_SECANTUSD="$CACHE/secantus/bin/secantusd-py"
   export FILEDOCK_TEST_S3S_FS="$CACHE/s3s-fs/bin/s3s-fs"
+  # The fault suite reads the multipart uploads s3s-fs keeps on disk.
+  export FILEDOCK_TEST_S3_DIR="$STACK_DIR/s3"
 
   wait_for redis "$STACK_REDIS_PID" redis-cli -p "$redis_port" ping || return 1
   wait_for mongo "$STACK_MONGO_PID" "$CACHE/secantus/bin/python" -c \

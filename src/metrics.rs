@@ -63,6 +63,8 @@ pub struct Metrics {
     pub http_duration: Family<RouteLabel, Histogram>,
     /// Requests whose handler panicked (each answered 500 `internal`).
     pub http_panics: Counter,
+    /// Group committers that panicked (their waiting uploads answered 504 `outcome_unknown`).
+    pub committer_panics: Counter,
     pub lock_wait: Family<LevelLabel, Histogram>,
     pub lock_timeouts: Family<LevelLabel, Counter>,
     pub lock_degraded: Family<LevelLabel, Counter>,
@@ -103,6 +105,7 @@ impl Default for Metrics {
             http_requests: Family::default(),
             http_duration: Family::new_with_constructor(latency_histogram),
             http_panics: Counter::default(),
+            committer_panics: Counter::default(),
             lock_wait: Family::new_with_constructor(latency_histogram),
             lock_timeouts: Family::default(),
             lock_degraded: Family::default(),
@@ -150,6 +153,11 @@ impl Default for Metrics {
             "filedock_http_panics",
             "Requests whose handler panicked (answered 500 internal)",
             m.http_panics.clone(),
+        );
+        r.register(
+            "filedock_committer_panics",
+            "Group committers that panicked (their uploads answered 504 outcome_unknown)",
+            m.committer_panics.clone(),
         );
         r.register(
             "filedock_lock_wait_seconds",

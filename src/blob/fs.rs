@@ -37,6 +37,15 @@ impl FsBlobStore {
     }
 }
 
+/// Syncs a directory, so that the names created or renamed in it survive a power cut.
+async fn sync_dir(dir: &Path) -> Result<(), BlobError> {
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || std::fs::File::open(&dir)?.sync_all())
+        .await
+        .map_err(|e| BlobError::Other(e.to_string()))?
+        .map_err(io_err)
+}
+
 fn io_err(e: io::Error) -> BlobError {
     match e.kind() {
         io::ErrorKind::NotFound => BlobError::NotFound,
@@ -66,6 +75,11 @@ impl BlobStore for FsBlobStore {
                 tokio::fs::create_dir_all(parent).await.map_err(io_err)?;
             }
             tokio::fs::rename(&tmp, &dest).await.map_err(io_err)?;
+            // A rename is durable only once its directory is: without this
+            // a power cut can lose an acknowledged file.
+            if let Some(parent) = dest.parent() {
+                sync_dir(parent).await?;
+            }
             Ok(written)
         }
         .await;

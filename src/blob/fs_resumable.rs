@@ -1,18 +1,38 @@
 //! `ResumableBlobs` on local files: one staging file per upload under the
 //! temp dir, each part (and the tail) written at its offset and synced, the
-//! file renamed into place when complete.
+//! file renamed into place when complete. A staging file is named after its
+//! upload (`tus-{file id}{random}`), so that the sweeper can tell whether a
+//! live upload still owns it.
 
 use std::{io::SeekFrom, path::PathBuf};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use super::{FsBlobStore, io_err};
+use super::{FsBlobStore, io_err, sync_dir};
 use crate::{
-    blob::{BlobError, BlobStore, resumable::ResumableBlobs},
-    vocab::{BlobKey, WriteHandle},
+    blob::{
+        BlobError, BlobStore,
+        resumable::{ResumableBlobs, Staged},
+    },
+    vocab::{BlobKey, FileId, WriteHandle},
 };
+
+/// What a staging file's name starts with (the rest is its handle).
+const STAGING_PREFIX: &str = "tus-";
+/// The length of a UUID in its simple (hex, no hyphen) form.
+const SIMPLE_UUID_LEN: usize = 32;
+
+/// The upload a handle was made for (see [`ResumableBlobs::start`] below).
+fn upload_of(handle: &str) -> Option<FileId> {
+    let id = handle.get(..SIMPLE_UUID_LEN)?;
+    let id = uuid::Uuid::try_parse(id).ok()?;
+    (handle.len() == 2 * SIMPLE_UUID_LEN)
+        .then(|| FileId::parse(&id.hyphenated().to_string()))
+        .flatten()
+}
 
 /// Parts are a bookkeeping unit here (the bytes go straight to the staging
 /// file); this size only sets how often a PATCH syncs.
@@ -63,11 +83,15 @@ impl ResumableBlobs for FsBlobStore {
         PART_CONCURRENCY
     }
 
-    async fn start(&self, _key: &BlobKey) -> Result<WriteHandle, BlobError> {
-        let handle = WriteHandle::new(uuid::Uuid::new_v4().simple().to_string());
+    async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {
+        // The upload's id, then a random part: the sweeper reads the first.
+        let upload = key.file_id().to_string().replace('-', "");
+        let random = uuid::Uuid::new_v4().simple();
+        let handle = WriteHandle::new(format!("{upload}{random}"));
         tokio::fs::File::create(self.staging(&handle)?)
             .await
             .map_err(io_err)?;
+        sync_dir(&self.tmp).await?;
         Ok(handle)
     }
 
@@ -162,7 +186,12 @@ impl ResumableBlobs for FsBlobStore {
         if let Some(parent) = dest.parent() {
             tokio::fs::create_dir_all(parent).await.map_err(io_err)?;
         }
-        tokio::fs::rename(&staging, &dest).await.map_err(io_err)
+        tokio::fs::rename(&staging, &dest).await.map_err(io_err)?;
+        // The rename is durable only once both directories are.
+        if let Some(parent) = dest.parent() {
+            sync_dir(parent).await?;
+        }
+        sync_dir(&self.tmp).await
     }
 
     async fn clear_staging(&self, _: &BlobKey, _: &WriteHandle) -> Result<(), BlobError> {
@@ -172,6 +201,53 @@ impl ResumableBlobs for FsBlobStore {
 
     async fn abort(&self, _key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         match tokio::fs::remove_file(self.staging(handle)?).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(e)),
+            _ => Ok(()),
+        }
+    }
+
+    async fn staged(&self, before: DateTime<Utc>) -> Result<Vec<Staged>, BlobError> {
+        let tmp = self.tmp.clone();
+        let listed = tokio::task::spawn_blocking(move || {
+            let mut listed = Vec::new();
+            for entry in std::fs::read_dir(&tmp).map_err(io_err)? {
+                let entry = entry.map_err(io_err)?;
+                let modified = match entry.metadata().and_then(|m| m.modified()) {
+                    Ok(t) => DateTime::<Utc>::from(t),
+                    // Gone while listed (renamed into place, removed).
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io_err(e)),
+                };
+                if modified >= before {
+                    continue;
+                }
+                let name = entry.file_name().to_string_lossy().into_owned();
+                listed.push(match name.strip_prefix(STAGING_PREFIX) {
+                    Some(handle) => Staged::Write {
+                        upload: upload_of(handle),
+                        handle: WriteHandle::new(handle),
+                    },
+                    None => Staged::Temp(name),
+                });
+            }
+            Ok(listed)
+        });
+        listed.await.map_err(|e| BlobError::Other(e.to_string()))?
+    }
+
+    async fn remove_staged(&self, staged: &Staged) -> Result<(), BlobError> {
+        let path = match staged {
+            Staged::Write { handle, .. } => self.staging(handle)?,
+            Staged::Temp(name) if !name.contains(['/', '\\']) && !name.starts_with('.') => {
+                self.tmp.join(name)
+            }
+            Staged::Temp(name) => {
+                return Err(BlobError::Other(format!("not a temporary file: {name:?}")));
+            }
+            // Tails live in the staging file here.
+            Staged::Tail(_) => return Ok(()),
+        };
+        match tokio::fs::remove_file(path).await {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(e)),
             _ => Ok(()),
         }

@@ -13,12 +13,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 
 use super::{
     BlobError, BodyError, ByteStream,
     parts::{self, PartSink, Parts, PartsFrom, Short},
 };
-use crate::vocab::{BlobKey, WriteHandle};
+use crate::vocab::{BlobKey, FileId, WriteHandle};
 
 #[async_trait]
 pub trait ResumableBlobs: Send + Sync {
@@ -87,6 +88,31 @@ pub trait ResumableBlobs: Send + Sync {
     /// Drops what a finished write left in staging (tails whose delete
     /// failed); its object stays.
     async fn clear_staging(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError>;
+
+    /// What staging holds that was last written before `before`: what a
+    /// dead upload, a failed tail delete or a PATCH that failed after
+    /// storing its tail left there, among what live uploads still need.
+    /// The sweeper tells them apart and removes the first with
+    /// [`Self::remove_staged`].
+    async fn staged(&self, before: DateTime<Utc>) -> Result<Vec<Staged>, BlobError>;
+
+    /// Removes one thing [`Self::staged`] listed; a missing one is fine.
+    async fn remove_staged(&self, staged: &Staged) -> Result<(), BlobError>;
+}
+
+/// One thing in staging, as [`ResumableBlobs::staged`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Staged {
+    /// A tail object (a [`BlobKey::Tail`]) of the resumable upload to a file's key (S3).
+    Tail(BlobKey),
+    /// The staging of a resumable write (the local store's staging file);
+    /// `upload` is `None` when its name does not tell (made before names did).
+    Write {
+        upload: Option<FileId>,
+        handle: WriteHandle,
+    },
+    /// A plain write's temporary file (the local store), by its name.
+    Temp(String),
 }
 
 /// Where a resumable write stands: its key and handle, the part size it was

@@ -4,12 +4,19 @@
 use async_trait::async_trait;
 use aws_sdk_s3::primitives::ByteStream as S3Body;
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 
 use super::{S3BlobStore, sdk_err};
 use crate::{
-    blob::{BlobError, BlobStore, resumable::ResumableBlobs},
+    blob::{
+        BlobError, BlobStore,
+        resumable::{ResumableBlobs, Staged},
+    },
     vocab::{BlobKey, WriteHandle},
 };
+
+/// Where every tail is staged (see [`BlobKey::staging_prefix`]).
+const STAGING: &str = "tus/";
 
 impl S3BlobStore {
     /// Where the tails of the upload to `key` live.
@@ -183,5 +190,27 @@ impl ResumableBlobs for S3BlobStore {
             }
         }
         Ok(())
+    }
+
+    async fn staged(&self, before: DateTime<Utc>) -> Result<Vec<Staged>, BlobError> {
+        // The multipart uploads themselves are not listed: s3s-fs has no
+        // ListMultipartUploads (the bucket's lifecycle rule for incomplete
+        // uploads is the backstop for those no state names).
+        let listed = self.list(STAGING).await?;
+        Ok(listed
+            .into_iter()
+            .filter(|b| b.modified < before)
+            .filter_map(|b| match BlobKey::parse(&b.key) {
+                Some(key @ BlobKey::Tail { .. }) => Some(Staged::Tail(key)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    async fn remove_staged(&self, staged: &Staged) -> Result<(), BlobError> {
+        match staged {
+            Staged::Tail(key) => self.delete_raw(&self.full_key(key)).await,
+            Staged::Write { .. } | Staged::Temp(_) => Ok(()),
+        }
     }
 }

@@ -32,8 +32,9 @@ pub struct LinkSigner {
 pub struct SignedLink<'a> {
     pub owner_id: &'a str,
     pub file_id: &'a str,
-    /// Unix seconds.
-    pub expires: i64,
+    /// Unix seconds, as the URL carries them: only the form [`LinkSigner::sign`]
+    /// writes (no sign, no leading zero) is a link.
+    pub expires: &'a str,
     /// URL-safe base64 without padding.
     pub signature: &'a str,
 }
@@ -72,18 +73,26 @@ impl LinkSigner {
         URL_SAFE_NO_PAD.encode(tag.into_bytes())
     }
 
-    /// Checks the signature (in constant time), then the expiry.
-    pub fn verify(&self, link: &SignedLink<'_>, now: DateTime<Utc>) -> Result<(), DomainError> {
+    /// Checks the signature (in constant time), then the expiry; the
+    /// expiry (Unix seconds) if the link holds. Another spelling of the
+    /// signed number (`0…`, `+…`) is another link, and not one signed.
+    pub fn verify(&self, link: &SignedLink<'_>, now: DateTime<Utc>) -> Result<i64, DomainError> {
+        let expires = link
+            .expires
+            .parse::<i64>()
+            .ok()
+            .filter(|e| e.to_string() == link.expires)
+            .ok_or(DomainError::LinkInvalid)?;
         let tag = URL_SAFE_NO_PAD
             .decode(link.signature)
             .map_err(|_| DomainError::LinkInvalid)?;
-        self.mac_of(link.owner_id, link.file_id, link.expires)
+        self.mac_of(link.owner_id, link.file_id, expires)
             .verify_slice(&tag)
             .map_err(|_| DomainError::LinkInvalid)?;
-        if now.timestamp() >= link.expires {
+        if now.timestamp() >= expires {
             return Err(DomainError::LinkExpired);
         }
-        Ok(())
+        Ok(expires)
     }
 }
 
@@ -113,22 +122,37 @@ mod tests {
         let now = Utc::now();
         let at = expiry(now, 60).unwrap();
         let sig = s.sign("u1", "f1", at);
-        let link = |owner, file, expires, signature| SignedLink {
-            owner_id: owner,
-            file_id: file,
-            expires,
-            signature,
-        };
-        let t = at.timestamp();
-        assert!(s.verify(&link("u1", "f1", t, &sig), now).is_ok());
+        fn link<'a>(
+            owner: &'a str,
+            file: &'a str,
+            expires: &'a str,
+            sig: &'a str,
+        ) -> SignedLink<'a> {
+            SignedLink {
+                owner_id: owner,
+                file_id: file,
+                expires,
+                signature: sig,
+            }
+        }
+        let t = at.timestamp().to_string();
+        let t = t.as_str();
+        assert_eq!(
+            s.verify(&link("u1", "f1", t, &sig), now).ok(),
+            Some(at.timestamp())
+        );
         assert!(matches!(
             s.verify(&link("u1", "f1", t, &sig), at),
             Err(DomainError::LinkExpired)
         ));
+        let later = (at.timestamp() + 1).to_string();
+        let (zero, plus) = (format!("0{t}"), format!("+{t}"));
         for bad in [
             link("u2", "f1", t, &sig),
             link("u1", "f2", t, &sig),
-            link("u1", "f1", t + 1, &sig),
+            link("u1", "f1", &later, &sig),
+            link("u1", "f1", &zero, &sig),
+            link("u1", "f1", &plus, &sig),
             link("u1", "f1", t, "AAAA"),
             link("u1", "f1", t, "not base64!"),
         ] {

@@ -39,6 +39,12 @@ pub struct SweepReport {
     pub resumables_expired: u64,
     /// Expired tokens deleted.
     pub tokens_expired: u64,
+    /// Staging left by dead uploads removed: tail objects, staging files
+    /// and plain writes' temporary files no live upload owns.
+    pub staging_removed: u64,
+    /// Steps that failed in this pass (an expiry, a staging removal), each
+    /// logged and left for the next pass; the others went on.
+    pub failures: u64,
 }
 
 /// The result of [`Sweeper::try_run_once`].
@@ -49,6 +55,10 @@ pub enum Outcome {
     /// Another instance holds the sweeper lock.
     Busy,
 }
+
+mod staging;
+#[cfg(test)]
+mod tests;
 
 const BATCH: usize = 500;
 
@@ -112,7 +122,12 @@ impl Sweeper {
         // Each orphan at most once a pass, however fine the retry interval.
         let mut tried = std::collections::HashSet::new();
         for upload in self.resumables.expired_resumables(now, BATCH).await? {
-            self.expire(upload, &mut report, &mut tried).await?;
+            let id = upload.id;
+            // One upload that cannot be expired now stops no other.
+            if let Err(e) = self.expire(upload, now, &mut report, &mut tried).await {
+                report.failures += 1;
+                tracing::warn!(upload = %id, error = %e, "could not expire a resumable upload; the next pass tries again");
+            }
         }
         report.tokens_expired = self.keys.delete_expired_tokens(now).await?;
         let stale_before = now - chrono::Duration::from_std(s.intent_grace)?;
@@ -151,25 +166,32 @@ impl Sweeper {
                 self.delete(orphan, &mut report).await?;
             }
         }
+        self.sweep_staging(stale_before, &mut report).await?;
         if report != SweepReport::default() {
             tracing::info!(?report, "sweep pass");
         }
         Ok(report)
     }
 
-    /// Aborts an expired resumable upload: its blob store write, its intent
-    /// (as an orphan, deleted here) and its state, in that order, so that a
-    /// pass that stops half-way leaves the state for the next one. A PATCH
-    /// in progress holds its lock: the upload is left to it.
+    /// Aborts an expired resumable upload. Under its lock (a PATCH in
+    /// progress holds it: the upload is left to it) the record is read
+    /// again, and claimed by deleting it only if no PATCH renewed it since
+    /// (which also keeps a renewed upload safe when locks are degraded, and
+    /// a PATCH that comes after the claim finds no upload to advance). Then
+    /// its blob store write goes, and its intent as an orphan, deleted
+    /// here. A pass that stops after the claim leaves an intent past its
+    /// time, which the stale-intent scan takes, and staging no record
+    /// names, which [`Self::sweep_staging`] removes.
     async fn expire(
         &self,
-        upload: ResumableRecord,
+        listed: ResumableRecord,
+        now: chrono::DateTime<chrono::Utc>,
         report: &mut SweepReport,
         tried: &mut std::collections::HashSet<OrphanId>,
     ) -> anyhow::Result<()> {
         let guard = match self
             .locks
-            .try_acquire(&LockKey::resumable(&upload.id))
+            .try_acquire(&LockKey::resumable(&listed.id))
             .await?
         {
             TryLock::Held(g) => Some(g),
@@ -177,6 +199,19 @@ impl Sweeper {
             TryLock::Busy => return Ok(()),
         };
         let result = async {
+            // The listing may be stale: a PATCH may have renewed it since.
+            let Some(upload) = self.resumables.resumable(&listed.id).await? else {
+                return Ok(());
+            };
+            if upload.expires_at >= now
+                || !self
+                    .resumables
+                    .delete_resumable_if_expires(&upload.id, upload.expires_at)
+                    .await?
+            {
+                return Ok(());
+            }
+            report.resumables_expired += 1;
             let (key, handle) = (&upload.key, &upload.handle);
             match upload.completed {
                 // Every byte stored, the commit refused: the object goes
@@ -189,8 +224,6 @@ impl Sweeper {
                 tried.insert(orphan.id);
                 self.delete(orphan, report).await?;
             }
-            self.resumables.delete_resumable(&upload.id).await?;
-            report.resumables_expired += 1;
             anyhow::Ok(())
         }
         .await;

@@ -16,7 +16,8 @@ use crate::{
     config::Settings,
     lock::{Locks, memory::MemoryLocks},
     meta::{
-        CleanupRepo, FileRecord, FileRepo, UserRecord, embedded::EmbeddedStore, retry::Transactions,
+        CleanupRepo, FileRecord, FileRepo, ResumableRepo, UserRecord, embedded::EmbeddedStore,
+        retry::Transactions,
     },
     metrics::Metrics,
     vocab::BlobKey,
@@ -30,6 +31,10 @@ pub(crate) struct Kit {
     pub committer: Arc<Committer>,
     pub uploads: UploadService,
     pub resumables: ResumableService,
+    /// The lock backend underneath `locks`.
+    pub memory_locks: Arc<MemoryLocks>,
+    admission: Arc<Admission>,
+    settings: Settings,
     _dir: TempDir,
 }
 
@@ -51,8 +56,9 @@ impl Kit {
         let meta = Arc::new(EmbeddedStore::open(&dir).unwrap());
         let blobs = Arc::new(FsBlobStore::open(&dir).unwrap());
         let metrics = Arc::new(Metrics::default());
+        let memory_locks = Arc::new(MemoryLocks::new());
         let locks = Arc::new(Locks::new(
-            Arc::new(MemoryLocks::new()),
+            memory_locks.clone(),
             settings.lock.clone(),
             false,
             metrics.clone(),
@@ -83,7 +89,7 @@ impl Kit {
         );
         let resumables = ResumableService::new(
             committer.clone(),
-            admission,
+            admission.clone(),
             meta.clone(),
             meta.clone(),
             meta.clone(),
@@ -99,8 +105,31 @@ impl Kit {
             committer,
             uploads,
             resumables,
+            memory_locks,
+            admission,
+            settings,
             _dir: TempDir(dir),
         }
+    }
+
+    /// The resumable-upload service with its state in `repo` (a wrapper of the kit's store).
+    pub fn resumables_on(&self, repo: Arc<dyn ResumableRepo>) -> ResumableService {
+        ResumableService::new(
+            self.committer.clone(),
+            self.admission.clone(),
+            repo,
+            self.meta.clone(),
+            self.meta.clone(),
+            self.blobs.clone(),
+            self.blobs.clone(),
+            self.locks.clone(),
+            &self.settings,
+        )
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self._dir.0
     }
 
     pub async fn user(&self, name: &str) -> UserRecord {
@@ -121,7 +150,7 @@ impl Kit {
     }
 
     pub async fn intents(&self) -> usize {
-        let later = crate::meta::now() + chrono::Duration::days(1);
+        let later = crate::meta::now() + chrono::Duration::days(3650);
         self.meta.intents(later, 100).await.unwrap().len()
     }
 

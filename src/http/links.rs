@@ -79,7 +79,7 @@ fn base_url(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
 #[derive(Deserialize)]
 pub struct LinkQuery {
     user: String,
-    expires: i64,
+    expires: String,
     signature: String,
 }
 
@@ -94,15 +94,15 @@ pub async fn download(
     let link = SignedLink {
         owner_id: &q.user,
         file_id: &id,
-        expires: q.expires,
+        expires: &q.expires,
         signature: &q.signature,
     };
-    state.links.verify(&link, Utc::now())?;
+    let expires = state.links.verify(&link, Utc::now())?;
     // Looked up every time: a deleted file's links die with it.
     let (owner, id) = (path_id(&q.user)?, path_id(&id)?);
     let file = state.files.find_owned(&owner, &id).await?;
     if state.settings.signed_links == SignedLinks::Redirect {
-        let left = (q.expires - Utc::now().timestamp()).max(1) as u64;
+        let left = (expires - Utc::now().timestamp()).max(1) as u64;
         let ttl = Duration::from_secs(left.min(PRESIGNED_SECS));
         let presigned = files::presigned_headers(&file);
         if let Some(url) = state.files.presigned(&file, ttl, &presigned).await? {

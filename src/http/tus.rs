@@ -315,10 +315,15 @@ async fn run_patch(
         body.into_data_stream()
             .map_err(|e| BodyError::Read(io::Error::other(e))),
     );
-    tokio::spawn(async move { service.patch(&user, &id, offset, checksum, body).await })
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(TusError::from)
+    let task = tokio::spawn(async move { service.patch(&user, &id, offset, checksum, body).await });
+    match task.await {
+        Ok(patched) => patched.map_err(TusError::from),
+        // The task's panic is the handler's: the panic layer answers and counts it.
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(cancelled) => Err(ApiError::internal(cancelled).into()),
+        },
+    }
 }
 
 fn progress_headers(h: &mut HeaderMap, upload: &ResumableRecord) {

@@ -60,6 +60,15 @@ impl MemoryLocks {
             .map_or(0, |slot| slot.waiters.len())
     }
 
+    /// Drops `key`'s holder, as a Redis flush or failover that lost the
+    /// key does: its next renewal fails, and its lease is lost.
+    #[cfg(test)]
+    pub(crate) fn evict(&self, key: &str) {
+        if let Some(slot) = self.slots.lock().unwrap().get_mut(key) {
+            slot.holder = None;
+        }
+    }
+
     fn grant(&self, key: &str, slot: &mut Slot, ttl: Duration) -> Lease {
         let mut fence = 0;
         let _ = self

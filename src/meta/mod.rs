@@ -120,8 +120,14 @@ pub trait CleanupRepo: Send + Sync {
     /// Intents whose upload was last alive before `before`, oldest first.
     async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>>;
 
-    /// Marks the intent's upload alive now; `false` if the intent is gone.
-    async fn touch_intent(&self, file_id: &FileId) -> MetaResult<bool>;
+    /// Marks the intent's upload alive now and, with `until`, alive until
+    /// then (a resumable upload renewed to that expiry); `false` if the
+    /// intent is gone.
+    async fn touch_intent(
+        &self,
+        file_id: &FileId,
+        until: Option<DateTime<Utc>>,
+    ) -> MetaResult<bool>;
 
     /// Turns an upload intent into a pending orphan, in one transaction, if
     /// its upload was last alive before `stale_before` (always, if `None`).

@@ -153,6 +153,12 @@ pub struct IntentRecord {
     /// while it streams), if ever: a slow upload is not an abandoned one.
     #[serde(default, with = "bson_time::option")]
     pub refreshed_at: Option<DateTime<Utc>>,
+    /// A resumable upload waits for its client between PATCHes until it
+    /// expires: its intent is not stale before then. Kept out of the
+    /// sweeper's stale-intent scan until that time, open resumable uploads
+    /// cannot fill its batches and starve the plain uploads that died.
+    #[serde(default, with = "bson_time::option")]
+    pub alive_until: Option<DateTime<Utc>>,
 }
 
 impl IntentRecord {
@@ -166,12 +172,15 @@ impl IntentRecord {
             key: BlobKey::file(user, file),
             created_at: now(),
             refreshed_at: None,
+            alive_until: None,
         }
     }
 
-    /// When its upload last showed it is alive.
+    /// Until when its upload counts as alive: the last time it showed it
+    /// is, or the time a resumable upload expires, whichever is later.
     pub fn alive_at(&self) -> DateTime<Utc> {
-        self.refreshed_at.unwrap_or(self.created_at)
+        let seen = self.refreshed_at.unwrap_or(self.created_at);
+        self.alive_until.map_or(seen, |until| until.max(seen))
     }
 }
 

@@ -75,6 +75,16 @@ pub trait ResumableRepo: Send + Sync {
 
     async fn delete_resumable(&self, id: &FileId) -> MetaResult<()>;
 
+    /// Deletes the record if its expiry is still `expires_at` (no PATCH
+    /// renewed it since it was read): `false`, and nothing changed, if one
+    /// did or the upload is gone. The sweeper claims an expired upload so,
+    /// which is safe with or without the upload's lock.
+    async fn delete_resumable_if_expires(
+        &self,
+        id: &FileId,
+        expires_at: DateTime<Utc>,
+    ) -> MetaResult<bool>;
+
     /// Uploads that expired before `before`, soonest first.
     async fn expired_resumables(
         &self,

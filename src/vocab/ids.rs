@@ -43,9 +43,11 @@ macro_rules! uuid_id {
                 Self(Uuid::now_v7())
             }
 
-            /// Accepts only the canonical hyphenated form; anything else is not an id.
+            /// Accepts only the canonical form (hyphenated, lower-case hex), so
+            /// that one resource has one URL; anything else is not an id.
             pub fn parse(raw: &str) -> Option<Self> {
-                (raw.len() == 36).then(|| Uuid::parse_str(raw).ok()).flatten().map(Self)
+                let id = Uuid::parse_str(raw).ok()?;
+                (id.hyphenated().to_string() == raw).then_some(Self(id))
             }
         }
 
@@ -221,18 +223,26 @@ impl Filename {
 
     /// Rejects what could confuse a file system, a terminal or a reader:
     /// empty names, `.`/`..`, path separators, names over 255 bytes, and
-    /// what [`clean_name`] refuses.
+    /// what [`clean_name`] refuses. The checks are of the name as stored
+    /// (NFC-normalised), which can be longer than the one sent: 85 × U+0958
+    /// is 255 bytes, and 510 once normalised.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        if raw.is_empty() || raw.trim().is_empty() {
+        let too_long = || format!("filename is longer than {} bytes", Self::MAX_BYTES);
+        // Before normalising too: no work on a name that is too long as sent.
+        if raw.len() > Self::MAX_BYTES {
+            return Err(too_long());
+        }
+        let name = clean_name(raw, "filename")?;
+        if name.is_empty() || name.trim().is_empty() {
             return Err("filename is empty".into());
         }
-        if raw.len() > Self::MAX_BYTES {
-            return Err(format!("filename is longer than {} bytes", Self::MAX_BYTES));
+        if name.len() > Self::MAX_BYTES {
+            return Err(too_long());
         }
-        if raw == "." || raw == ".." || raw.contains(['/', '\\']) {
+        if name == "." || name == ".." || name.contains(['/', '\\']) {
             return Err("filename must not contain a path".into());
         }
-        Ok(Self(clean_name(raw, "filename")?))
+        Ok(Self(name))
     }
 
     pub fn as_str(&self) -> &str {
@@ -357,6 +367,11 @@ mod tests {
             assert!(Filename::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(Filename::parse(&"x".repeat(256)).is_err());
+        // 255 bytes as sent, 510 once normalised (U+0958 decomposes under NFC).
+        let grows = "\u{0958}".repeat(85);
+        assert_eq!(grows.len(), 255);
+        assert!(Filename::parse(&grows).is_err(), "510 bytes stored");
+        assert!(Filename::parse(&"\u{0958}".repeat(42)).is_ok());
     }
 
     #[test]
@@ -365,6 +380,12 @@ mod tests {
         assert_eq!(FileId::parse(&id.to_string()), Some(id));
         assert_eq!(FileId::parse("../../etc"), None);
         assert_eq!(FileId::parse(&id.to_string().replace('-', "")), None);
+        assert_eq!(
+            FileId::parse(&id.to_string().to_uppercase()),
+            None,
+            "one id, one spelling"
+        );
+        assert_eq!(FileId::parse(&format!("{{{id}}}")), None);
     }
 
     #[test]

@@ -212,7 +212,7 @@ impl TestApp {
         self.state
             .ports
             .meta
-            .intents(chrono::Utc::now() + chrono::Duration::days(1), 10_000)
+            .intents(chrono::Utc::now() + chrono::Duration::days(3650), 10_000)
             .await
             .unwrap()
             .len()

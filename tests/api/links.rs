@@ -141,6 +141,15 @@ async fn a_tampered_link_is_refused() {
             "no signature",
             format!("{path}?user={user}&expires={expires}&signature="),
         ),
+        // The signed number spelt otherwise (issue 20).
+        (
+            "expiry with a leading zero",
+            format!("{path}?user={user}&expires=0{expires}&signature={sig}"),
+        ),
+        (
+            "expiry with a plus sign",
+            format!("{path}?user={user}&expires=%2B{expires}&signature={sig}"),
+        ),
     ] {
         let res = get_without_key(&app, &tampered, &[]).await;
         assert_eq!(

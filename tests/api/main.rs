@@ -31,3 +31,4 @@ mod support;
 mod tokens;
 mod tus;
 mod tus_recovery;
+mod tus_sweep;

@@ -15,8 +15,12 @@ use std::{
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use filedock::{
-    blob::{BlobError, resumable::ResumableBlobs},
+    blob::{
+        BlobError,
+        resumable::{ResumableBlobs, Staged},
+    },
     domain::UserId,
     domain::sweeper::Outcome,
     http::AppState,
@@ -253,6 +257,14 @@ impl ResumableBlobs for LosesCompleteAnswer {
 
     async fn clear_staging(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         self.inner.clear_staging(key, handle).await
+    }
+
+    async fn staged(&self, before: DateTime<Utc>) -> Result<Vec<Staged>, BlobError> {
+        self.inner.staged(before).await
+    }
+
+    async fn remove_staged(&self, staged: &Staged) -> Result<(), BlobError> {
+        self.inner.remove_staged(staged).await
     }
 }
 

@@ -12,6 +12,8 @@ mod hash;
 mod patch;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_answers;
 
 use std::sync::Arc;
 
@@ -159,7 +161,9 @@ impl ResumableService {
         self.admission
             .check_declared_quota(user, Some(new.length))
             .await?;
-        let intent = self.committer.new_intent(user.id);
+        let mut intent = self.committer.new_intent(user.id);
+        // It waits for the client between PATCHes until the upload expires.
+        intent.alive_until = Some(intent.created_at + self.limits.expiry);
         self.cleanup.put_intent(&intent).await?;
         // A crash from here until the state is stored leaves an empty
         // multipart upload that nothing names (S3's lifecycle rule for

@@ -9,6 +9,7 @@
 use bytes::Bytes;
 use futures::StreamExt;
 use sha2_state::Digest;
+use tokio_util::sync::CancellationToken;
 
 use super::{Checksum, Patched, Result, ResumableError, ResumableService, hash, release};
 use crate::{
@@ -17,6 +18,7 @@ use crate::{
         resumable::{Appended, WriteAt, append},
     },
     domain::DomainError,
+    lock::LockGuard,
     meta::{ResumableRecord, UserRecord},
     vocab::FileId,
 };
@@ -39,13 +41,16 @@ impl ResumableService {
                 return Err(ResumableError::OffsetMismatch(upload.offset as u64));
             }
             // An upload whose bytes are all stored may have committed (its
-            // intent gone with it): finishing it tells.
-            if !upload.all_stored() && !self.cleanup.touch_intent(id).await? {
+            // intent gone with it): finishing it tells. The intent waits
+            // as long as the upload this PATCH renews.
+            let until = Some(self.expires_at());
+            if !upload.all_stored() && !self.cleanup.touch_intent(id, until).await? {
                 return Err(DomainError::UploadExpired.into());
             }
             let slot = self.admission.reserve(user)?;
+            let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
-                r = self.append(user, upload, checksum, body) => r,
+                r = self.append(user, upload, checksum, body, lost) => r,
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
@@ -62,6 +67,7 @@ impl ResumableService {
         upload: ResumableRecord,
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
+        lost: Option<CancellationToken>,
     ) -> Result<Patched> {
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
@@ -84,8 +90,22 @@ impl ResumableService {
                 parts: upload.parts.len(),
                 offset: upload.offset as u64,
             };
-            append(self.parts.clone(), at, hashed.boxed()).await?
+            // The lease lost while the body streams (this process stalled
+            // past it, the lock backend lost it): another request may hold
+            // the upload now, so this one stops, as a plain upload does,
+            // and nothing of it is recorded.
+            let appended = append(self.parts.clone(), at, hashed.boxed());
+            match &lost {
+                Some(lost) => tokio::select! {
+                    r = appended => r?,
+                    _ = lost.cancelled() => return Err(DomainError::LockLost.into()),
+                },
+                None => appended.await?,
+            }
         };
+        if lost.as_ref().is_some_and(CancellationToken::is_cancelled) {
+            return Err(DomainError::LockLost.into());
+        }
         let Appended {
             tags,
             tail,
@@ -148,15 +168,12 @@ impl ResumableService {
                 .await?;
         }
         upload.sha256_state = hash::save(&hasher);
-        if !self
-            .resumables
-            .advance_resumable(&upload, before.offset)
-            .await?
-        {
+        if !self.advance(&upload, before.offset).await? {
             return Err(ResumableError::OffsetMismatch(before.offset as u64));
         }
         if let Some((start, end)) = old_tail {
-            // The new state no longer points at it; a failure leaves it to the abort.
+            // The new state no longer points at it; a failure leaves it to
+            // the sweeper (a tail no record names) or the abort.
             let _ = self
                 .parts
                 .delete_tail(&upload.key, &upload.handle, start, end)
@@ -192,11 +209,7 @@ impl ResumableService {
         }
         upload.sha256_state = hash::save(&hasher);
         upload.expires_at = self.expires_at();
-        if !self
-            .resumables
-            .advance_resumable(&upload, before_offset)
-            .await?
-        {
+        if !self.advance(&upload, before_offset).await? {
             return Err(ResumableError::OffsetMismatch(before_offset as u64));
         }
         if let Some((start, end)) = old_tail
@@ -209,4 +222,36 @@ impl ResumableService {
         }
         self.finish(user, upload).await
     }
+
+    /// Advances the state to `upload` if it is still at `expected`
+    /// ([`ResumableRepo::advance_resumable`]), its answer settled: a write
+    /// whose answer was lost is read back, so that an offset that moved is
+    /// answered as moved and one that did not as a failure that changed
+    /// nothing; if even the read fails, the outcome is unknown (504, the
+    /// client's HEAD tells).
+    ///
+    /// [`ResumableRepo::advance_resumable`]: crate::meta::ResumableRepo::advance_resumable
+    async fn advance(&self, upload: &ResumableRecord, expected: i64) -> Result<bool> {
+        let error = match self.resumables.advance_resumable(upload, expected).await {
+            Ok(advanced) => return Ok(advanced),
+            Err(e) => e,
+        };
+        tracing::warn!(upload = %upload.id, error = %error, "the state's update went unanswered; reading it back");
+        match self.resumables.resumable(&upload.id).await {
+            Ok(Some(now)) if same_progress(&now, upload) => Ok(true),
+            Ok(Some(now)) if now.offset == expected => Err(error.into()),
+            // Another request moved it, or it is gone.
+            Ok(_) => Ok(false),
+            Err(_) => {
+                Err(DomainError::OutcomeUnknown(Some(format!("/v1/uploads/{}", upload.id))).into())
+            }
+        }
+    }
+}
+
+/// Whether `stored` holds the bytes `sent` records (the same offset, parts
+/// and hash state): the write of `sent` applied.
+fn same_progress(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
+    (stored.offset, &stored.parts, &stored.sha256_state)
+        == (sent.offset, &sent.parts, &sent.sha256_state)
 }

@@ -192,7 +192,7 @@ impl Admission {
         }
         loop {
             tokio::time::sleep(self.refresh_every).await;
-            match self.cleanup.touch_intent(file_id).await {
+            match self.cleanup.touch_intent(file_id, None).await {
                 Ok(true) => {}
                 // Swept after all (this process stalled): the commit will say so.
                 Ok(false) => std::future::pending::<()>().await,

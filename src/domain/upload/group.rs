@@ -233,8 +233,8 @@ impl CommitGroups {
                 self.metrics.uploads_grouped.inc_by(commits.len() as u64);
                 r.value.into_iter().map(|a| a.map_err(Into::into)).collect()
             }
-            // It may have applied, or the store is not there: each upload
-            // gets that answer, and settles its own.
+            // It may have applied (each upload settles its own), or the
+            // store is not there and nothing was sent (each refuses its own).
             Err(e @ (MetaError::OutcomeUnknown(_) | MetaError::Unavailable(_))) => {
                 vec![Err(e.into()); commits.len()]
             }
@@ -270,6 +270,9 @@ struct Done<'a> {
 
 impl Drop for Done<'_> {
     fn drop(&mut self) {
+        if !self.finished && std::thread::panicking() {
+            self.groups.metrics.committer_panics.inc();
+        }
         if !self.finished
             && let Ok(mut waiting) = self.groups.waiting.lock()
             && let Some(dropped) = waiting.remove(self.key)

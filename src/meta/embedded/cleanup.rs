@@ -67,13 +67,20 @@ impl CleanupRepo for EmbeddedStore {
         .await
     }
 
-    async fn touch_intent(&self, file_id: &FileId) -> MetaResult<bool> {
+    async fn touch_intent(
+        &self,
+        file_id: &FileId,
+        until: Option<DateTime<Utc>>,
+    ) -> MetaResult<bool> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {
             let Some(mut intent) = tx.get::<IntentRecord>(&key)? else {
                 return Ok(false);
             };
             intent.refreshed_at = Some(now());
+            if until.is_some() {
+                intent.alive_until = until;
+            }
             tx.put(&key, &intent)?;
             Ok(true)
         })

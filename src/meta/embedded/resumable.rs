@@ -61,6 +61,28 @@ impl ResumableRepo for EmbeddedStore {
         .await
     }
 
+    async fn delete_resumable_if_expires(
+        &self,
+        id: &FileId,
+        expires_at: DateTime<Utc>,
+    ) -> MetaResult<bool> {
+        let key = resumable_key(id);
+        let deleted = self
+            .transaction(move |tx| match tx.get::<ResumableRecord>(&key)? {
+                Some(r) if r.expires_at == expires_at => {
+                    tx.delete(&key);
+                    Ok(true)
+                }
+                _ => Ok(false),
+            })
+            .await;
+        match deleted {
+            // A PATCH wrote it at the same moment: it renewed it.
+            Err(MetaError::WriteConflict) => Ok(false),
+            r => r,
+        }
+    }
+
     async fn expired_resumables(
         &self,
         before: DateTime<Utc>,

@@ -15,9 +15,12 @@ use crate::{
 /// Intents whose upload was last alive before `t` (see [`IntentRecord::alive_at`]).
 fn last_alive_before(t: DateTime<Utc>) -> Document {
     let t = bson::DateTime::from_chrono(t);
-    doc! {"$or": [
-        {"refreshed_at": {"$lt": t}},
-        {"refreshed_at": null, "created_at": {"$lt": t}},
+    doc! {"$and": [
+        {"$or": [
+            {"refreshed_at": {"$lt": t}},
+            {"refreshed_at": null, "created_at": {"$lt": t}},
+        ]},
+        {"$or": [{"alive_until": null}, {"alive_until": {"$lt": t}}]},
     ]}
 }
 
@@ -64,11 +67,19 @@ impl CleanupRepo for MongoStore {
         .await
     }
 
-    async fn touch_intent(&self, file_id: &FileId) -> MetaResult<bool> {
+    async fn touch_intent(
+        &self,
+        file_id: &FileId,
+        until: Option<DateTime<Utc>>,
+    ) -> MetaResult<bool> {
         let now = bson::DateTime::from_chrono(crate::meta::now());
+        let mut set = doc! {"refreshed_at": now};
+        if let Some(until) = until {
+            set.insert("alive_until", bson::DateTime::from_chrono(until));
+        }
         let touched = self
             .intents()
-            .update_one(doc! {"_id": file_id}, doc! {"$set": {"refreshed_at": now}})
+            .update_one(doc! {"_id": file_id}, doc! {"$set": set})
             .await
             .map_err(classify)?;
         Ok(touched.matched_count > 0)

@@ -167,6 +167,10 @@ impl MongoStore {
         self.intents()
             .create_index(index(doc! {"created_at": 1}, false))
             .await?;
+        // The stale-intent scan reads past no open resumable upload.
+        self.intents()
+            .create_index(index(doc! {"alive_until": 1, "created_at": 1}, false))
+            .await?;
         self.orphans()
             .create_index(index(doc! {"status": 1, "created_at": 1}, false))
             .await?;

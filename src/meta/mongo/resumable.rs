@@ -49,6 +49,20 @@ impl ResumableRepo for MongoStore {
             .map_err(classify)
     }
 
+    async fn delete_resumable_if_expires(
+        &self,
+        id: &FileId,
+        expires_at: DateTime<Utc>,
+    ) -> MetaResult<bool> {
+        let expires_at = bson::DateTime::from_chrono(expires_at);
+        let deleted = self
+            .resumables()
+            .delete_one(doc! {"_id": id, "expires_at": expires_at})
+            .await
+            .map_err(classify)?;
+        Ok(deleted.deleted_count > 0)
+    }
+
     async fn expired_resumables(
         &self,
         before: DateTime<Utc>,

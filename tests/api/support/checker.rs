@@ -197,6 +197,14 @@ pub fn check(history: &[Event], fin: &FinalState) -> Verdict {
             fin.strays, fin.missing, fin.intents
         ));
     }
+    let multipart = fin.multipart.unwrap_or(0);
+    if fin.resumables + fin.staging + multipart > 0 {
+        v.half_done += fin.resumables + fin.staging + multipart;
+        v.notes.push(format!(
+            "after expiry and a sweep: {} resumable states, {} staging objects, {multipart} multipart uploads",
+            fin.resumables, fin.staging
+        ));
+    }
     v
 }
 
@@ -267,6 +275,25 @@ fn check_user(history: &[&Event], fin: &FinalUser, all: &FinalState, v: &mut Ver
             |v| &mut v.duplicated,
             format!("upload {} was acknowledged as {:?}", up.name, up.ids),
         );
+    }
+
+    // An upload answered 2xx whose body named no file (it could not be
+    // read) has no id to look for: a file with its name must be there
+    // (no rename or delete can have reached it without the id).
+    for up in uploads.values().filter(|up| up.ids.is_empty()) {
+        let unnamed = up
+            .attempts
+            .iter()
+            .any(|e| e.answer == Answer::Ok && e.file_id.is_none());
+        if unnamed && !made.contains_key(up.name) {
+            v.note(
+                |v| &mut v.lost,
+                format!(
+                    "upload {} was acknowledged (its body unread), yet no file has its name",
+                    up.name
+                ),
+            );
+        }
     }
 
     let stored: BTreeSet<&str> = fin.files.keys().map(String::as_str).collect();

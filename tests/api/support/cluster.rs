@@ -19,6 +19,9 @@ pub const GRACE: Duration = Duration::from_secs(4);
 /// answers `outcome_unknown` (`FILEDOCK_SETTLE_WINDOW_SECS`): short, so
 /// that a MongoDB cut can outlast it and the 504 path runs.
 pub const SETTLE_WINDOW: Duration = Duration::from_secs(3);
+/// A resumable upload with no PATCH for this long expires: the final
+/// sweep, after it, must leave nothing of any.
+pub const TUS_EXPIRY: Duration = Duration::from_secs(20);
 /// The S3 part size: uploads of a few MiB already go multipart.
 pub const PART_SIZE: usize = 5 << 20;
 const INSTANCES: usize = 2;
@@ -162,6 +165,7 @@ impl Cluster {
                 ),
                 ("FILEDOCK_S3_ENDPOINT", format!("http://{}", self.s3.addr())),
                 ("FILEDOCK_S3_PART_SIZE", PART_SIZE.to_string()),
+                ("FILEDOCK_TUS_EXPIRY_SECS", TUS_EXPIRY.as_secs().to_string()),
                 ("FILEDOCK_COORDINATION", self.coordination.clone()),
                 ("FILEDOCK_LOCK_TTL_SECS", LOCK_TTL.as_secs().to_string()),
                 ("FILEDOCK_LOCK_WAIT_SECS", "10".into()),

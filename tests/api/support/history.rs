@@ -93,6 +93,8 @@ pub enum Op {
         key: Option<String>,
         /// 0, then 1, 2… for resends with the same key.
         attempt: u32,
+        /// A resumable (tus) upload: all its PATCHes and HEADs as one write.
+        resumable: bool,
     },
     Delete {
         user: usize,
@@ -139,6 +141,9 @@ impl Op {
     /// The kind, for the tallies.
     pub fn kind(&self) -> &'static str {
         match self {
+            Self::Upload {
+                resumable: true, ..
+            } => "tus",
             Self::Upload { attempt: 0, .. } => "upload",
             Self::Upload { .. } => "resend",
             Self::Delete { .. } => "delete",
@@ -217,4 +222,10 @@ pub struct FinalState {
     pub strays: usize,
     pub missing: usize,
     pub intents: usize,
+    /// What resumable uploads left after their expiry and a sweep: states,
+    /// staging objects (tails), and multipart uploads on the S3 server's
+    /// disk (`None`: its directory is not known).
+    pub resumables: usize,
+    pub staging: usize,
+    pub multipart: Option<usize>,
 }

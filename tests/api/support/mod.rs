@@ -11,4 +11,5 @@ pub mod nemesis;
 pub mod readback;
 pub mod servers;
 pub mod sets;
+pub mod tus_workload;
 pub mod workload;

@@ -19,6 +19,10 @@ use crate::support::{
 /// BSON of `"insert": "files"`: the first command of an upload's commit.
 const INSERT_FILES: &[u8] = b"\x02insert\x00\x06\x00\x00\x00files\x00";
 const COMMIT: &[u8] = b"commitTransaction";
+/// BSON of `"update": "resumable_uploads"`: a PATCH's state update.
+const UPDATE_RESUMABLE: &[u8] = b"\x02update\x00\x12\x00\x00\x00resumable_uploads\x00";
+/// An S3 UploadPart request (a tus PATCH's, or a plain multipart upload's).
+const UPLOAD_PART: &[u8] = b"partNumber=";
 const XADD: &[u8] = b"XADD";
 /// How long an armed cut may wait for its command before it goes back
 /// under the deck.
@@ -44,6 +48,13 @@ pub enum Fault {
     /// Cut right after an enqueue (`XADD`) was answered (queue mode only).
     RedisCutAfterEnqueue,
     S3Cut,
+    /// Cut right after a part of a multipart upload was stored: a PATCH
+    /// (or a plain upload) loses its link mid-body.
+    S3CutDuringPart,
+    /// Cut right after a resumable upload's state update was answered,
+    /// for longer than the settle window: the PATCH cannot read back
+    /// whether its offset moved.
+    MongoCutAfterTusUpdate,
     /// SIGSTOP for longer than the lock lease and the sweeper's grace.
     Pause,
     /// SIGKILL, then the instance starts again on its port.
@@ -62,6 +73,8 @@ impl fmt::Display for Fault {
             Self::RedisCut => "redis-cut",
             Self::RedisCutAfterEnqueue => "redis-cut-after-enqueue",
             Self::S3Cut => "s3-cut",
+            Self::S3CutDuringPart => "s3-cut-during-part",
+            Self::MongoCutAfterTusUpdate => "mongo-cut-after-tus-update",
             Self::Pause => "pause",
             Self::Kill => "kill",
             Self::RedisRestart => "redis-restart",
@@ -72,7 +85,7 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 11] = [
+    const ALL: [Fault; 13] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -80,6 +93,8 @@ impl Fault {
         Self::RedisCut,
         Self::RedisCutAfterEnqueue,
         Self::S3Cut,
+        Self::S3CutDuringPart,
+        Self::MongoCutAfterTusUpdate,
         Self::Pause,
         Self::Kill,
         Self::RedisRestart,
@@ -193,6 +208,13 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             cut_after(&c.redis, &[XADD], down).await
         }
         Fault::S3Cut => cut_for(&c.s3, short(rng, Duration::from_secs(2))).await,
+        Fault::S3CutDuringPart => {
+            let down = short(rng, Duration::from_secs(2));
+            cut_after(&c.s3, &[UPLOAD_PART], down).await
+        }
+        Fault::MongoCutAfterTusUpdate => {
+            cut_after(&c.mongo, &[UPDATE_RESUMABLE], past_settle(rng)).await
+        }
         Fault::Pause => {
             let pause = LOCK_TTL + GRACE + Duration::from_millis(rng.random_range(1000..3000));
             let pid = c.pid(instance);

@@ -61,9 +61,51 @@ pub async fn read_final(
     let (strays, missing, _) = bucket_against_metadata(state).await;
     (fin.strays, fin.missing) = (strays.len(), missing.len());
     let meta = &state.ports.meta;
-    let far = filedock::meta::now() + chrono::Duration::days(1);
+    let far = filedock::meta::now() + chrono::Duration::days(3650);
     fin.intents = meta.intents(far, ALL).await.unwrap().len();
+    // Resumable uploads, after their expiry and a sweep: nothing of them.
+    fin.resumables = documents(&db, "resumable_uploads").await.len();
+    fin.staging = state.ports.blobs.list_keys("tus/").await.unwrap().len();
+    let tus: Vec<&str> = history
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.op,
+                Op::Upload {
+                    resumable: true,
+                    ..
+                }
+            )
+        })
+        .filter_map(|e| e.file_id.as_deref())
+        .collect();
+    fin.multipart = multipart_uploads(&tus);
     fin
+}
+
+/// The multipart uploads s3s-fs keeps on disk for the files `ids` (it has
+/// no ListMultipartUploads): a `.upload-{id}.json` per upload, and a
+/// metadata file naming the upload's key. `None` without its data
+/// directory (`FILEDOCK_TEST_S3_DIR`, which scripts/stack.sh sets).
+fn multipart_uploads(ids: &[&str]) -> Option<usize> {
+    use base64::Engine;
+    let dir = std::env::var("FILEDOCK_TEST_S3_DIR").ok()?;
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .collect();
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let open = names.iter().filter_map(|n| {
+        let id = n.strip_prefix(".upload-")?.strip_suffix(".json")?;
+        let meta = names
+            .iter()
+            .find(|m| m.ends_with(&format!(".upload-{id}.metadata.json")))?;
+        let key = meta.split(".object-").nth(1)?.split(".upload-").next()?;
+        let key = String::from_utf8(b64.decode(key).ok()?).ok()?;
+        let file = key.rsplit('/').next()?;
+        ids.contains(&file).then_some(())
+    });
+    Some(open.count())
 }
 
 async fn documents(db: &mongodb::Database, collection: &str) -> Vec<Document> {

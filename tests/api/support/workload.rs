@@ -1,7 +1,8 @@
 //! The fault suite's workload: clients that, for several users, upload
 //! (small, multipart and medium files; some streamed, so taking the large
 //! lock; some with an `Idempotency-Key`, sent again after an unknown
-//! outcome), rename, delete, attach and detach files, and connect and
+//! outcome; some resumable, in several tus PATCHes: `tus_workload.rs`),
+//! rename, delete, attach and detach files, and connect and
 //! disconnect MCP servers and toolsets, recording every request and its
 //! answer. A new kind of operation is a row of [`KINDS`], a function below
 //! and its effects in the checker.
@@ -65,6 +66,14 @@ impl UserWorld {
         }
     }
 
+    /// A file whose upload was acknowledged.
+    pub(super) fn add_file(&self, id: &str) {
+        let mut files = self.files.lock().unwrap();
+        if !files.iter().any(|f| f == id) {
+            files.push(id.to_owned());
+        }
+    }
+
     fn container(&self, rng: &mut StdRng) -> Container {
         if rng.random_bool(0.5) {
             Container::Session(self.sessions.choose(rng).unwrap().clone())
@@ -81,12 +90,14 @@ pub struct World {
     pub history: Mutex<Vec<Event>>,
     /// Numbers names (of uploads, renames, links) so each is unique.
     names: AtomicUsize,
-    client: reqwest::Client,
+    pub(super) client: reqwest::Client,
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
     Upload,
+    /// A resumable (tus) upload: `tus_workload.rs`.
+    Tus,
     Rename,
     Delete,
     Attach,
@@ -97,8 +108,9 @@ enum Kind {
 }
 
 /// The operation kinds and their weights.
-const KINDS: [(Kind, u32); 8] = [
+const KINDS: [(Kind, u32); 9] = [
     (Kind::Upload, 32),
+    (Kind::Tus, 8),
     (Kind::Rename, 6),
     (Kind::Delete, 10),
     (Kind::Attach, 16),
@@ -126,11 +138,11 @@ impl World {
         }
     }
 
-    fn next_name(&self) -> usize {
+    pub(super) fn next_name(&self) -> usize {
         self.names.fetch_add(1, Ordering::SeqCst)
     }
 
-    fn record(&self, op: Op, invoked: Instant, answer: Answer, file_id: Option<String>) {
+    pub(super) fn record(&self, op: Op, invoked: Instant, answer: Answer, file_id: Option<String>) {
         self.history.lock().unwrap().push(Event {
             op,
             invoked,
@@ -173,7 +185,7 @@ impl World {
         }
     }
 
-    fn base(&self, rng: &mut StdRng) -> String {
+    pub(super) fn base(&self, rng: &mut StdRng) -> String {
         self.bases.choose(rng).unwrap().clone()
     }
 
@@ -197,6 +209,7 @@ impl World {
             (Kind::Upload, _) | (Kind::Rename | Kind::Delete | Kind::Attach, None) => {
                 return self.upload(u, rng).await;
             }
+            (Kind::Tus, _) => return self.tus_upload(u, rng).await,
             (Kind::Rename, Some(file_id)) => {
                 let name = format!("r{}.bin", self.next_name());
                 let req = Request {
@@ -377,10 +390,7 @@ impl World {
             let (answer, res) = self.send(user, req).await;
             let id = res["id"].as_str().map(str::to_owned);
             if let (Answer::Ok, Some(id)) = (&answer, &id) {
-                let mut files = user.files.lock().unwrap();
-                if !files.contains(id) {
-                    files.push(id.clone());
-                }
+                user.add_file(id);
             }
             let again = key.is_some()
                 && (matches!(&answer, Answer::Unknown(_))
@@ -392,6 +402,7 @@ impl World {
                 size: size as u64,
                 key: key.clone(),
                 attempt,
+                resumable: false,
             };
             self.record(op, invoked, answer, id);
             if !again {

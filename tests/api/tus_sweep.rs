@@ -1,0 +1,166 @@
+//! The sweeper beside resumable uploads (issue 20): open tus uploads, however
+//! many, do not starve the abandoning of dead plain uploads; staging left by
+//! a dead upload goes with the sweep. On the embedded adapters and
+//! (`FILEDOCK_TEST_BACKEND=real`) on MongoDB, S3 and Redis.
+
+use filedock::{
+    domain::sweeper::{Outcome, SweepReport},
+    meta::IntentRecord,
+    vocab::{BlobKey, FileId},
+};
+use futures::StreamExt;
+use reqwest::StatusCode;
+
+use crate::{
+    helpers::*,
+    tus::{content, create, data, head, patch},
+};
+
+/// More open uploads than the sweeper reads intents in one batch (500).
+const OPEN_UPLOADS: usize = 501;
+
+/// One pass's report.
+async fn sweep(app: &TestApp) -> SweepReport {
+    match app.state.sweeper.try_run_once().await.unwrap() {
+        Outcome::Swept(report) => report,
+        Outcome::Busy => panic!("the sweeper is busy"),
+    }
+}
+
+#[tokio::test]
+async fn open_resumable_uploads_do_not_starve_the_abandoning_of_a_dead_plain_upload() {
+    let mut settings = test_settings();
+    // Every intent is stale at once, the open uploads' included, were they scanned.
+    settings.sweep.intent_grace = std::time::Duration::ZERO;
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("many-open").await;
+    let ids: Vec<String> = futures::stream::iter(0..OPEN_UPLOADS)
+        .map(|_| create(&app, &user, 10))
+        .buffer_unordered(8)
+        .collect()
+        .await;
+
+    // A plain upload killed mid-body, after them: its intent and half a blob.
+    let file_id = FileId::new();
+    let key = BlobKey::file(user.user_id(), file_id);
+    let blobs = &app.state.ports.blobs;
+    let intent = IntentRecord::new(user.user_id(), file_id, blobs.bucket());
+    app.state.ports.meta.put_intent(&intent).await.unwrap();
+    let half = futures::stream::iter([Ok(bytes::Bytes::from_static(b"half"))]);
+    blobs.put(&key, Box::pin(half)).await.unwrap();
+
+    let report = sweep(&app).await;
+    assert_eq!(
+        (report.intents_abandoned, report.orphans_deleted),
+        (1, 1),
+        "{report:?}"
+    );
+    assert!(
+        blobs
+            .list_keys(&format!("files/{}/", user.id))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The open uploads wait for their clients.
+    assert_eq!(report.resumables_expired, 0);
+    assert_eq!(head(&app, &user, &ids[0]).await, (StatusCode::OK, Some(0)));
+    assert_eq!(app.intents().await, OPEN_UPLOADS);
+}
+
+/// What staging holds: S3 tail objects, or local staging and temporary files.
+async fn staging(app: &TestApp) -> Vec<String> {
+    if real_backends() {
+        app.state.ports.blobs.list_keys("tus/").await.unwrap()
+    } else {
+        let dir = std::fs::read_dir(app.settings.data_dir.join("blobs.tmp")).unwrap();
+        dir.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn staging_no_live_upload_owns_goes_with_the_sweep_and_a_live_uploads_stays() {
+    let mut settings = test_settings();
+    settings.sweep.intent_grace = std::time::Duration::ZERO;
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("staging").await;
+    let bytes = data(200);
+    // A live upload with a stored tail (S3) or staging file (local).
+    let live = create(&app, &user, 200).await;
+    assert_eq!(
+        patch(&app, &user, &live, 0, &bytes[..100]).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    // An upload whose state is gone but not its staging (a process that
+    // died while it was terminated or expired).
+    let dead = create(&app, &user, 200).await;
+    assert_eq!(
+        patch(&app, &user, &dead, 0, &bytes[..100]).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    let meta = &app.state.ports.meta;
+    let dead_id: FileId = dead.parse().unwrap();
+    meta.delete_resumable(&dead_id).await.unwrap();
+    let past = filedock::meta::now() - chrono::Duration::seconds(1);
+    assert!(meta.touch_intent(&dead_id, Some(past)).await.unwrap());
+    if real_backends() {
+        // A tail the live upload's state replaced (its delete failed).
+        let key = BlobKey::file(user.user_id(), live.parse().unwrap()).tail(0, 40);
+        let stray = futures::stream::iter([Ok(bytes::Bytes::from(bytes[..40].to_vec()))]);
+        app.state
+            .ports
+            .blobs
+            .put(&key, Box::pin(stray))
+            .await
+            .unwrap();
+    } else {
+        // A plain upload's temporary file, its process killed mid-body.
+        let tmp = app
+            .settings
+            .data_dir
+            .join("blobs.tmp")
+            .join("0123456789abcdef");
+        std::fs::write(tmp, b"half a body").unwrap();
+    }
+    assert_eq!(staging(&app).await.len(), 3, "{:?}", staging(&app).await);
+
+    let report = sweep(&app).await;
+    assert_eq!(report.staging_removed, 2, "{report:?}");
+    assert_eq!(report.failures, 0, "{report:?}");
+    assert_eq!(staging(&app).await.len(), 1, "the live upload's is kept");
+    let res = patch(&app, &user, &live, 100, &bytes[100..]).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    assert!(
+        content(&app, &user, &live).await == bytes,
+        "the bytes differ"
+    );
+    sweep(&app).await;
+    assert!(staging(&app).await.is_empty(), "{:?}", staging(&app).await);
+}
+
+#[tokio::test]
+async fn the_sweeper_claims_an_upload_only_at_the_expiry_it_read() {
+    let app = spawn_app().await;
+    let user = app.create_user("claim").await;
+    let id: FileId = create(&app, &user, 10).await.parse().unwrap();
+    let meta = &app.state.ports.meta;
+    let read = meta.resumable(&id).await.unwrap().unwrap();
+    // A PATCH renews it after the sweeper read it.
+    let mut renewed = read.clone();
+    renewed.expires_at = read.expires_at + chrono::Duration::seconds(60);
+    assert!(meta.advance_resumable(&renewed, 0).await.unwrap());
+    assert!(
+        !meta
+            .delete_resumable_if_expires(&id, read.expires_at)
+            .await
+            .unwrap()
+    );
+    let kept = meta.resumable(&id).await.unwrap().unwrap();
+    assert!(
+        meta.delete_resumable_if_expires(&id, kept.expires_at)
+            .await
+            .unwrap()
+    );
+    assert!(meta.resumable(&id).await.unwrap().is_none());
+}
