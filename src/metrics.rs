@@ -31,6 +31,12 @@ pub struct HttpLabels {
     pub status: u16,
 }
 
+/// What an audited change did (`key_created`, `token_minted`, …).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    pub action: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: String,
@@ -91,6 +97,8 @@ pub struct Metrics {
     /// Uploads waiting for buffer memory now, and reservations that waited.
     pub upload_memory_waiters: Gauge,
     pub upload_memory_waits: Counter,
+    /// Audited account changes, by action.
+    pub audit_events: Family<ActionLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,6 +143,7 @@ impl Default for Metrics {
             upload_memory_peak: Gauge::default(),
             upload_memory_waiters: Gauge::default(),
             upload_memory_waits: Counter::default(),
+            audit_events: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -147,6 +156,11 @@ impl Default for Metrics {
             "filedock_http_request_duration_seconds",
             "HTTP request duration by route",
             m.http_duration.clone(),
+        );
+        r.register(
+            "filedock_audit_events",
+            "Audited account changes (keys, tokens, quotas, deletions), by action",
+            m.audit_events.clone(),
         );
         r.register(
             "filedock_http_panics",

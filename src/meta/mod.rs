@@ -6,6 +6,7 @@
 pub mod embedded;
 mod error;
 pub mod group;
+mod keys;
 pub mod mongo;
 mod records;
 mod resumable;
@@ -15,21 +16,21 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use self::error::{MetaError, MetaResult};
+pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, TokenRecord};
 pub use self::records::*;
 pub use self::resumable::{ResumableRecord, ResumableRepo};
 use crate::vocab::{
-    AgentId, ApiKeyHash, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId,
-    SessionId, UserId,
+    AgentId, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
+    UserId,
 };
 
 /// Users and their keys.
 #[async_trait]
 pub trait UserRepo: Send + Sync {
-    async fn insert_user(&self, user: &UserRecord) -> MetaResult<()>;
+    /// Inserts the user and their first key, in one transaction.
+    async fn insert_user(&self, user: &UserRecord, key: &ApiKeyRecord) -> MetaResult<()>;
 
     async fn user(&self, id: &UserId) -> MetaResult<Option<UserRecord>>;
-
-    async fn user_by_key_hash(&self, hash: &ApiKeyHash) -> MetaResult<Option<UserRecord>>;
 }
 
 /// Files: the upload commit, reads, lists and the delete.
@@ -234,7 +235,9 @@ pub trait ContainerRepo: Send + Sync {
 /// It is the sum of narrow repositories, so that each service and worker
 /// can hold only the one it uses (pict-rs's `FullRepo`).
 #[async_trait]
-pub trait MetadataStore: UserRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo {
+pub trait MetadataStore:
+    UserRepo + KeyRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo
+{
     /// Answers when the store is reachable.
     async fn ping(&self) -> MetaResult<()>;
 }

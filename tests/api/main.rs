@@ -3,6 +3,7 @@
 //! otherwise against the embedded adapters.
 
 mod account;
+mod audit;
 mod cli;
 mod clients;
 mod content;
@@ -13,6 +14,8 @@ mod files;
 mod group_commit;
 mod helpers;
 mod idempotency;
+mod key_upgrade;
+mod keys;
 mod lifecycle;
 mod links;
 mod lock_faults;
@@ -28,6 +31,7 @@ mod real;
 mod rename;
 mod same_user;
 mod support;
+mod tokens;
 mod tus;
 mod tus_completed;
 mod tus_recovery;

@@ -51,6 +51,10 @@ impl EmbeddedStore {
             db: Db::open(&dir.join("metadata.redb"))?,
         };
         store.index_owned_containers()?;
+        let moved = store.migrate_single_keys()?;
+        if moved > 0 {
+            tracing::info!(moved, "moved users' single keys into api keys");
+        }
         Ok(store)
     }
 

@@ -224,7 +224,7 @@ mod tests {
     use super::*;
     use crate::{
         meta::{
-            UserRecord, UserRepo,
+            ApiKeyRecord, UserRecord, UserRepo,
             embedded::EmbeddedStore,
             retry::{TxnRetryPolicy, with_txn_retry},
         },
@@ -234,11 +234,16 @@ mod tests {
     fn user(id: UserId) -> UserRecord {
         UserRecord {
             id,
-            name: "u".into(),
-            api_key_hash: ApiKeyHash::from_hex(format!("hash-{id}")),
-            file_ids: vec![],
-            used_bytes: 0,
-            upload_fence: Default::default(),
+            ..UserRecord::new("u".into())
+        }
+    }
+
+    fn key_of(user: &UserRecord) -> ApiKeyRecord {
+        ApiKeyRecord {
+            id: Default::default(),
+            user_id: user.id,
+            name: "default".into(),
+            hash: ApiKeyHash::from_hex(format!("hash-{}", user.id)),
             created_at: crate::meta::now(),
         }
     }
@@ -249,7 +254,8 @@ mod tests {
         let store = EmbeddedStore::open(&dir).unwrap();
         let u1 = UserId::new();
         let key = format!("users/{u1}");
-        store.insert_user(&user(u1)).await.unwrap();
+        let u = user(u1);
+        store.insert_user(&u, &key_of(&u)).await.unwrap();
         let (f1, f2) = (FileId::new(), FileId::new());
 
         // Both transactions read the user document before either commits.
@@ -300,7 +306,8 @@ mod tests {
         let store = EmbeddedStore::open(&dir).unwrap();
         let u1 = UserId::new();
         let key = format!("users/{u1}");
-        store.insert_user(&user(u1)).await.unwrap();
+        let u = user(u1);
+        store.insert_user(&u, &key_of(&u)).await.unwrap();
         let mut a = store.begin().unwrap();
         let mut b = store.begin().unwrap();
         let ua: UserRecord = a.get(&key).unwrap().unwrap();
