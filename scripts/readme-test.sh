@@ -26,7 +26,7 @@
 set -euo pipefail
 
 # The blocks the checks below cover: each must still be in the README.
-RT_EXPECTED=(walkthrough links keys tuspy tus-curl sessions cli)
+RT_EXPECTED=(walkthrough links keys quota tuspy tus-curl sessions cli)
 # The longest the blocks may take together (they take a few seconds).
 RT_BLOCKS_TIMEOUT_SECS=120
 
@@ -55,6 +55,13 @@ after_keys() {
   check "the revocation to print 204" printed '^204$'
   check "the revoked key to print 401" printed '^401$'
   check "alice's first key to still work" is "$(status_of /v1/me)" 200
+}
+
+after_quota() {
+  check "the user with her own quota" printed '"quota_bytes":1000000,"quota_is_default":false'
+  check "her usage to show her own quota" printed '"usage":\{"used_bytes":[0-9]+,"quota_bytes":1000000'
+  check "the default again" printed '"quota_bytes":null,"quota_is_default":true'
+  check "her usage to be unlimited again" is "$(api /v1/me | json 'd["usage"]["quota_bytes"]')" None
 }
 
 after_walkthrough() {

@@ -13,9 +13,15 @@ pub use super::auth::hash_key;
 use super::{
     DomainError, UserId,
     auth::{AuthCache, Caller, authenticate},
+    commit::user_commit,
+    page::{Page, PageRequest},
 };
 use crate::{
-    meta::{ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, UserRecord, UserRepo},
+    lock::Locks,
+    meta::{
+        ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, UserRecord, UserRepo, group::effective_quota,
+        retry::Transactions,
+    },
     vocab::KeyId,
 };
 
@@ -27,6 +33,12 @@ pub struct UserService {
     users: Arc<dyn UserRepo>,
     keys: Arc<dyn KeyRepo>,
     auth_cache: AuthCache,
+    /// `FILEDOCK_USER_QUOTA_BYTES`: the quota of a user without their own.
+    default_quota: Option<u64>,
+    /// A quota change takes the user's commit lock, as every upload commit
+    /// does, and its transaction is retried as theirs are.
+    locks: Arc<Locks>,
+    txns: Transactions,
 }
 
 /// A key just made: its record and its secret (shown once, never stored).
@@ -36,11 +48,20 @@ pub struct NewKey {
 }
 
 impl UserService {
-    pub fn new(users: Arc<dyn UserRepo>, keys: Arc<dyn KeyRepo>, auth_cache: AuthCache) -> Self {
+    pub fn new(
+        users: Arc<dyn UserRepo>,
+        keys: Arc<dyn KeyRepo>,
+        auth_cache: AuthCache,
+        default_quota: Option<u64>,
+        (locks, txns): (Arc<Locks>, Transactions),
+    ) -> Self {
         Self {
             users,
             keys,
             auth_cache,
+            default_quota,
+            locks,
+            txns,
         }
     }
 
@@ -52,6 +73,50 @@ impl UserService {
     /// The user, if there is one with this id.
     pub async fn user(&self, id: &UserId) -> Result<UserRecord, DomainError> {
         self.users.user(id).await?.ok_or(DomainError::NotFound)
+    }
+
+    /// A page of every user, oldest first (without their file lists).
+    pub async fn users(&self, page: &PageRequest) -> Result<Page<UserRecord>, DomainError> {
+        page.fetch(
+            |after, n| async move { self.users.list_users(after.as_ref(), n).await },
+            |u: &UserRecord| u.id,
+        )
+        .await
+    }
+
+    /// The quota that holds for `user`: their own, else the default.
+    pub fn quota_of(&self, user: &UserRecord) -> Option<u64> {
+        effective_quota(user.quota_bytes, self.default_quota)
+    }
+
+    /// Sets `id`'s own quota (`None`: the default again) and answers the
+    /// user as written. Every upload commit decides the quota in its
+    /// transaction, so none commits past it once this returns; this
+    /// instance forgets the callers it remembers (their quota with them),
+    /// others within the auth cache's lifetime (until then their early
+    /// checks may use the old one; the commit decides).
+    pub async fn set_quota(
+        &self,
+        id: &UserId,
+        quota: Option<u64>,
+    ) -> Result<UserRecord, DomainError> {
+        let quota = quota
+            .map(|q| {
+                i64::try_from(q).map_err(|_| {
+                    DomainError::InvalidRequest(format!("quota_bytes must be at most {}", i64::MAX))
+                })
+            })
+            .transpose()?;
+        // Under the user's commit lock: ordered with their commits, not
+        // racing them into write conflicts.
+        let user = user_commit(&self.locks, &self.txns, id, "set_quota", || {
+            self.users.set_quota(id, quota)
+        })
+        .await?
+        .value
+        .ok_or(DomainError::NotFound)?;
+        self.auth_cache.invalidate_all();
+        Ok(user)
     }
 
     /// Makes another key for `user`; `NotFound` if the user is gone or

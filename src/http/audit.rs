@@ -66,6 +66,15 @@ impl Audit {
         self.record("token_minted", actor, user, &detail);
     }
 
+    /// A user's own quota set (`None`: back to the default).
+    pub fn quota_changed(&self, actor: &str, user: &UserId, quota: Option<u64>) {
+        let detail = match quota {
+            Some(q) => format!("quota_bytes={q}"),
+            None => "quota_bytes=default".to_owned(),
+        };
+        self.record("quota_changed", actor, user, &detail);
+    }
+
     pub fn key_revoked(&self, actor: &str, user: &UserId, key: &KeyId) {
         self.record("key_revoked", actor, user, &format!("key_id={key}"));
     }

@@ -22,6 +22,7 @@ mod sessions;
 mod state;
 mod tokens;
 mod tus;
+mod users;
 
 pub use self::state::AppState;
 
@@ -73,7 +74,10 @@ api! {
     GET "/healthz" => health::healthz,
     GET "/readyz" => health::readyz,
     GET "/metrics" => health::metrics,
+    GET "/v1/admin/users" => users::list,
     POST "/v1/admin/users" => admin::create_user,
+    GET "/v1/admin/users/{id}" => users::get,
+    PATCH "/v1/admin/users/{id}" => users::update,
     GET "/v1/admin/users/{id}/keys" => keys::admin_list,
     POST "/v1/admin/users/{id}/keys" => keys::admin_create,
     DELETE "/v1/admin/users/{id}/keys/{key_id}" => keys::admin_revoke,

@@ -32,11 +32,13 @@ pub fn idempotency_ids(group: &[CommitUpload]) -> Vec<String> {
         .collect()
 }
 
-/// Decides each upload of `group` in order, given the user's `used_bytes`
-/// and the idempotency records already stored (by id).
+/// Decides each upload of `group` in order, given the user's `used_bytes`,
+/// their own quota (which overrides the uploads' default) and the
+/// idempotency records already stored (by id).
 pub fn plan(
     group: &[CommitUpload],
     used_bytes: i64,
+    user_quota: Option<i64>,
     mut recorded: HashMap<String, IdempotencyRecord>,
 ) -> GroupPlan<'_> {
     let mut p = GroupPlan {
@@ -54,7 +56,7 @@ pub fn plan(
             continue;
         }
         let after = used_bytes + p.bytes + c.file.size;
-        if c.quota_bytes.is_some_and(|q| after.max(0) as u64 > q) {
+        if effective_quota(user_quota, c.quota_bytes).is_some_and(|q| after.max(0) as u64 > q) {
             p.outcomes.push(Err(MetaError::QuotaExceeded));
             continue;
         }
@@ -73,6 +75,11 @@ pub fn plan(
         p.outcomes.push(Ok(CommitOutcome::Committed));
     }
     p
+}
+
+/// The quota that holds: the user's own, else the default the commit carries.
+pub fn effective_quota(user_quota: Option<i64>, default: Option<u64>) -> Option<u64> {
+    user_quota.map(|q| q.max(0) as u64).or(default)
 }
 
 /// The group's fences, one per slot. Two tokens of one slot in a group
@@ -153,10 +160,24 @@ mod tests {
             upload(30, None),
             upload(10, None),
         ];
-        let p = plan(&group, 10, HashMap::new());
+        let p = plan(&group, 10, None, HashMap::new());
         assert_eq!(shape(&p), ["commit", "commit", "quota", "commit"]);
         assert_eq!(p.bytes, 90);
         assert_eq!(p.committing.len(), 3);
+    }
+
+    #[test]
+    fn the_users_own_quota_holds_over_the_default_the_uploads_carry() {
+        let group = [upload(40, None), upload(40, None)];
+        // The default (100) would take both; the user's own (60) takes one.
+        let p = plan(&group, 10, Some(60), HashMap::new());
+        assert_eq!(shape(&p), ["commit", "quota"]);
+        // Below the usage: none.
+        let p = plan(&group, 10, Some(5), HashMap::new());
+        assert_eq!(shape(&p), ["quota", "quota"]);
+        assert_eq!(effective_quota(None, Some(100)), Some(100));
+        assert_eq!(effective_quota(Some(0), Some(100)), Some(0));
+        assert_eq!(effective_quota(None, None), None);
     }
 
     #[test]
@@ -174,7 +195,7 @@ mod tests {
             created_at: crate::meta::now(),
         };
         let before = HashMap::from([(b_id, first_b)]);
-        let p = plan(&group, 0, before);
+        let p = plan(&group, 0, None, before);
         assert_eq!(shape(&p), ["commit", "replay", "replay"]);
         let Ok(CommitOutcome::Replayed(first)) = &p.outcomes[1] else {
             unreachable!()

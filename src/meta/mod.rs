@@ -31,6 +31,16 @@ pub trait UserRepo: Send + Sync {
     async fn insert_user(&self, user: &UserRecord, key: &ApiKeyRecord) -> MetaResult<()>;
 
     async fn user(&self, id: &UserId) -> MetaResult<Option<UserRecord>>;
+
+    /// Users in id (creation) order after `after`, without their file lists.
+    async fn list_users(&self, after: Option<&UserId>, limit: usize)
+    -> MetaResult<Vec<UserRecord>>;
+
+    /// Sets the user's own quota (`None`: the default again) in one write of
+    /// the user document, which every commit of theirs reads in its
+    /// transaction; the user as written (without the file list), `None` if
+    /// there is no such user.
+    async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>>;
 }
 
 /// Files: the upload commit, reads, lists and the delete.

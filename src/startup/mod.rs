@@ -196,6 +196,8 @@ impl AppState {
                 meta.clone(),
                 meta.clone(),
                 auth_cache(settings.auth_cache_ttl),
+                settings.user_quota_bytes,
+                (locks.clone(), txns.clone()),
             )),
             // Each service gets the narrow repositories it uses; one store
             // serves them all.

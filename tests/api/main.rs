@@ -27,6 +27,7 @@ mod orphans;
 mod platform;
 mod queue;
 mod queue_faults;
+mod quotas;
 mod real;
 mod rename;
 mod same_user;

@@ -46,7 +46,7 @@ impl FileRepo for EmbeddedStore {
             let ukey = user_key(&file.owner_id);
             let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
             apply_fence(&mut user, c.fence.as_ref())?;
-            if let Some(quota) = c.quota_bytes
+            if let Some(quota) = group::effective_quota(user.quota_bytes, c.quota_bytes)
                 && (user.used_bytes + file.size) as u64 > quota
             {
                 return Err(MetaError::QuotaExceeded);
@@ -80,7 +80,7 @@ impl FileRepo for EmbeddedStore {
             for f in group::fences(&group)? {
                 apply_fence(&mut user, Some(f))?;
             }
-            let plan = group::plan(&group, user.used_bytes, recorded);
+            let plan = group::plan(&group, user.used_bytes, user.quota_bytes, recorded);
             user.used_bytes += plan.bytes;
             user.file_ids
                 .extend(plan.committing.iter().map(|c| c.file.id));

@@ -36,6 +36,15 @@ fn key_tokens(key: &KeyId) -> String {
     format!("key_tokens/{key}/")
 }
 
+/// The user under `key`, without the file list (lists and authentication
+/// need neither the list nor its copy).
+fn user_without_files(tx: &mut Txn, key: &str) -> MetaResult<Option<UserRecord>> {
+    Ok(tx.get::<UserRecord>(key)?.map(|mut u| {
+        u.file_ids.clear();
+        u
+    }))
+}
+
 fn put_key(tx: &mut Txn, key: &ApiKeyRecord) -> MetaResult<()> {
     tx.insert(&hash_key(&key.hash), key)?;
     tx.put(&format!("{}{}", user_keys(&key.user_id), key.id), &key.hash)
@@ -91,6 +100,36 @@ impl UserRepo for EmbeddedStore {
         let key = user_key(id);
         self.transaction(move |tx| tx.get(&key)).await
     }
+
+    async fn list_users(
+        &self,
+        after: Option<&UserId>,
+        limit: usize,
+    ) -> MetaResult<Vec<UserRecord>> {
+        let after = after.map(ToString::to_string);
+        self.transaction(move |tx| {
+            let mut users = Vec::new();
+            for k in tx.keys("users/", after.as_deref(), limit)? {
+                users.extend(user_without_files(tx, &k)?);
+            }
+            Ok(users)
+        })
+        .await
+    }
+
+    async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>> {
+        let key = user_key(id);
+        self.transaction(move |tx| {
+            let Some(mut user) = tx.get::<UserRecord>(&key)? else {
+                return Ok(None);
+            };
+            user.quota_bytes = quota;
+            tx.put(&key, &user)?;
+            user.file_ids.clear();
+            Ok(Some(user))
+        })
+        .await
+    }
 }
 
 #[async_trait]
@@ -119,11 +158,8 @@ impl KeyRepo for EmbeddedStore {
             let Some(key) = tx.get::<ApiKeyRecord>(&hkey)? else {
                 return Ok(None);
             };
-            let user: Option<UserRecord> = tx.get(&user_key(&key.user_id))?;
-            Ok(user.map(|mut u| {
-                u.file_ids.clear();
-                (key, u)
-            }))
+            let user = user_without_files(tx, &user_key(&key.user_id))?;
+            Ok(user.map(|u| (key, u)))
         })
         .await
     }
@@ -196,11 +232,8 @@ impl KeyRepo for EmbeddedStore {
             if tx.get::<ApiKeyHash>(&index)?.is_none() {
                 return Ok(None);
             }
-            let user: Option<UserRecord> = tx.get(&user_key(&token.user_id))?;
-            Ok(user.map(|mut u| {
-                u.file_ids.clear();
-                (token, u)
-            }))
+            let user = user_without_files(tx, &user_key(&token.user_id))?;
+            Ok(user.map(|u| (token, u)))
         })
         .await
     }

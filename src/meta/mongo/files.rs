@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use bson::{Bson, Document, doc};
-use mongodb::ClientSession;
+use mongodb::{ClientSession, options::ReturnDocument};
 
 use super::{
     MongoStore,
@@ -19,6 +19,14 @@ use crate::{
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
+
+/// The part of a user document a commit decides on.
+#[derive(serde::Deserialize)]
+struct UserQuota {
+    used_bytes: i64,
+    #[serde(default)]
+    quota_bytes: Option<i64>,
+}
 
 impl MongoStore {
     async fn commit_upload_in(
@@ -51,21 +59,31 @@ impl MongoStore {
                 .map_err(classify)?;
         }
         let mut filter = doc! {"_id": &file.owner_id};
-        if let Some(quota) = c.quota_bytes {
-            filter.insert("used_bytes", doc! {"$lte": quota as i64 - file.size});
-        }
         let mut update = doc! {"$push": {"file_ids": &file.id}, "$inc": {"used_bytes": file.size}};
         add_fence(&mut filter, &mut update, "upload_fence", c.fence.as_ref());
-        let updated = self
-            .users()
-            .update_one(filter, update)
+        // The quota is decided on the user document as this transaction
+        // wrote it (the user's own quota, else the default): a quota change
+        // committed since the transaction began makes this write a write
+        // conflict, so no upload commits past a quota lowered meanwhile.
+        // Past the quota, the error aborts the transaction and its write.
+        let Some(user) = self
+            .db
+            .collection::<UserQuota>("users")
+            .find_one_and_update(filter, update)
+            .projection(doc! {"used_bytes": 1, "quota_bytes": 1})
+            .return_document(ReturnDocument::After)
             .session(&mut *s)
             .await
-            .map_err(classify)?;
-        if updated.matched_count == 0 {
+            .map_err(classify)?
+        else {
             return Err(self
                 .why_user_unmatched(s, &file.owner_id, c.fence.as_ref())
                 .await);
+        };
+        if group::effective_quota(user.quota_bytes, c.quota_bytes)
+            .is_some_and(|q| user.used_bytes.max(0) as u64 > q)
+        {
+            return Err(MetaError::QuotaExceeded);
         }
         self.files()
             .insert_one(file)
@@ -116,19 +134,8 @@ impl MongoStore {
                 recorded.insert(r.id.clone(), r);
             }
         }
-        let used = match group.iter().any(|c| c.quota_bytes.is_some()) {
-            false => 0,
-            true => {
-                self.users()
-                    .find_one(doc! {"_id": owner})
-                    .session(&mut *s)
-                    .await
-                    .map_err(classify)?
-                    .ok_or(MetaError::NotFound)?
-                    .used_bytes
-            }
-        };
-        let plan = group::plan(group, used, recorded);
+        let user = self.quota_of(s, owner).await?;
+        let plan = group::plan(group, user.used_bytes, user.quota_bytes, recorded);
         if plan.committing.is_empty() {
             return Ok(plan.outcomes);
         }
@@ -212,6 +219,18 @@ impl MongoStore {
             return Err(self.why_user_unmatched(s, owner, fence).await);
         }
         Ok(())
+    }
+
+    /// What a group commit decides the quota on, read in the transaction.
+    async fn quota_of(&self, s: &mut ClientSession, id: &UserId) -> MetaResult<UserQuota> {
+        self.db
+            .collection::<UserQuota>("users")
+            .find_one(doc! {"_id": id})
+            .projection(doc! {"used_bytes": 1, "quota_bytes": 1})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?
+            .ok_or(MetaError::NotFound)
     }
 
     async fn why_user_unmatched(

@@ -63,6 +63,16 @@ impl MongoStore {
         Ok(moved)
     }
 
+    /// The user, without the file list: authentication needs neither the
+    /// list nor its size on the wire.
+    async fn user_without_files(&self, id: &UserId) -> MetaResult<Option<UserRecord>> {
+        self.users()
+            .find_one(doc! {"_id": id})
+            .projection(doc! {"file_ids": 0})
+            .await
+            .map_err(classify)
+    }
+
     /// Moves one key, unless another start moved it first (`false`).
     async fn move_single_key(&self, key: &ApiKeyRecord) -> MetaResult<bool> {
         let mut s = self.txns.begin(None).await?;
@@ -118,6 +128,40 @@ impl UserRepo for MongoStore {
             .await
             .map_err(classify)
     }
+
+    async fn list_users(
+        &self,
+        after: Option<&UserId>,
+        limit: usize,
+    ) -> MetaResult<Vec<UserRecord>> {
+        let filter = match after {
+            Some(a) => doc! {"_id": {"$gt": a}},
+            None => doc! {},
+        };
+        self.users()
+            .find(filter)
+            .projection(doc! {"file_ids": 0})
+            .sort(doc! {"_id": 1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)
+    }
+
+    async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>> {
+        let update = match quota {
+            Some(q) => doc! {"$set": {"quota_bytes": q}},
+            None => doc! {"$unset": {"quota_bytes": ""}},
+        };
+        self.users()
+            .find_one_and_update(doc! {"_id": id}, update)
+            .projection(doc! {"file_ids": 0})
+            .return_document(mongodb::options::ReturnDocument::After)
+            .await
+            .map_err(classify)
+    }
 }
 
 #[async_trait]
@@ -162,13 +206,7 @@ impl KeyRepo for MongoStore {
         else {
             return Ok(None);
         };
-        // Authentication needs neither the file list nor its size on the wire.
-        let user = self
-            .users()
-            .find_one(doc! {"_id": &key.user_id})
-            .projection(doc! {"file_ids": 0})
-            .await
-            .map_err(classify)?;
+        let user = self.user_without_files(&key.user_id).await?;
         Ok(user.map(|u| (key, u)))
     }
 
@@ -230,12 +268,7 @@ impl KeyRepo for MongoStore {
         {
             return Ok(None);
         }
-        let user = self
-            .users()
-            .find_one(doc! {"_id": &token.user_id})
-            .projection(doc! {"file_ids": 0})
-            .await
-            .map_err(classify)?;
+        let user = self.user_without_files(&token.user_id).await?;
         Ok(user.map(|u| (token, u)))
     }
 
