@@ -6,7 +6,8 @@
 # temporary directory, against a fresh `filedock` on its embedded defaults
 # (only FILEDOCK_BIND is set, to a free port that replaces the README's
 # 127.0.0.1:8080). Strict: `set -euo pipefail`, and `curl` runs with
-# `--fail-with-body`, so an HTTP error a block does not expect fails it. After
+# `--fail-with-body` (unless it prints its status with `-w '%{http_code}'`,
+# which the checks then hold), so an HTTP error a block does not expect fails it. After
 # each block, the checks below hold its output and variables to what its
 # comments say. A small generated big.iso, report.pdf and tables/*.csv stand
 # in for the reader's own files; tuspy comes from its venv (stack.sh's
@@ -25,7 +26,7 @@
 set -euo pipefail
 
 # The blocks the checks below cover: each must still be in the README.
-RT_EXPECTED=(walkthrough links tuspy tus-curl sessions cli)
+RT_EXPECTED=(walkthrough links keys quota tuspy tus-curl sessions cli)
 # The longest the blocks may take together (they take a few seconds).
 RT_BLOCKS_TIMEOUT_SECS=120
 
@@ -48,6 +49,20 @@ is() { [ "$1" = "$2" ] || { echo "[readme]   got '$1', want '$2'" >&2; return 1;
 # like STRING GLOB: STRING matches the shell pattern GLOB ($2 unquoted on purpose).
 like() { [[ $1 == $2 ]] || { echo "[readme]   got '$1', want $2" >&2; return 1; }; }
 same_bytes() { api "$1" | cmp -s - "$2"; }
+
+after_keys() {
+  check "the list to mark the spare key current" printed '"name":"ci","created_at":"[^"]+","current":true'
+  check "the revocation to print 204" printed '^204$'
+  check "the revoked key to print 401" printed '^401$'
+  check "alice's first key to still work" is "$(status_of /v1/me)" 200
+}
+
+after_quota() {
+  check "the user with her own quota" printed '"quota_bytes":1000000,"quota_is_default":false'
+  check "her usage to show her own quota" printed '"usage":\{"used_bytes":[0-9]+,"quota_bytes":1000000'
+  check "the default again" printed '"quota_bytes":null,"quota_is_default":true'
+  check "her usage to be unlimited again" is "$(api /v1/me | json 'd["usage"]["quota_bytes"]')" None
+}
 
 after_walkthrough() {
   check "an API key" like "$KEY" 'fdk_*'
@@ -119,7 +134,14 @@ after_cli() {
 # shell, from $RT_DIR/work, each block's output into $RT_DIR/out/NAME.out.
 run_blocks() {
   # The README's curl: an HTTP error fails the command (the body still printed).
-  curl() { command curl --fail-with-body "$@"; }
+  # A curl that prints its status (`-w '%{http_code}'`) shows the error it
+  # expects (a revoked key's 401); its block's checks hold the status.
+  curl() {
+    case " $* " in
+      *'%{http_code}'*) command curl "$@" ;;
+      *) command curl --fail-with-body "$@" ;;
+    esac
+  }
   rt_block= rt_failed=
   trap 'rt_failed="line $LINENO: $BASH_COMMAND"' ERR
   trap 'rc=$?; if [ "$rc" -ne 0 ] && [ -n "$rt_block" ]; then

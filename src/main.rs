@@ -126,7 +126,7 @@ async fn serve(command: Command) -> anyhow::Result<()> {
             let (user, key) = users::create_user(meta.as_ref(), &name).await?;
             println!(
                 "{}",
-                serde_json::json!({"id": user.id, "name": user.name, "api_key": key})
+                serde_json::json!({"id": user.id, "name": user.name, "api_key": key.secret, "key_id": key.record.id})
             );
             Ok(())
         }

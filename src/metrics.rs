@@ -31,6 +31,12 @@ pub struct HttpLabels {
     pub status: u16,
 }
 
+/// What an audited change did (`key_created`, `token_minted`, …).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    pub action: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: String,
@@ -93,6 +99,8 @@ pub struct Metrics {
     pub upload_memory_waits: Counter,
     /// Reservations refused after waiting `FILEDOCK_UPLOAD_MEMORY_WAIT_SECS`.
     pub upload_memory_busy: Counter,
+    /// Audited account changes, by action.
+    pub audit_events: Family<ActionLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -138,6 +146,7 @@ impl Default for Metrics {
             upload_memory_waiters: Gauge::default(),
             upload_memory_waits: Counter::default(),
             upload_memory_busy: Counter::default(),
+            audit_events: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -150,6 +159,11 @@ impl Default for Metrics {
             "filedock_http_request_duration_seconds",
             "HTTP request duration by route",
             m.http_duration.clone(),
+        );
+        r.register(
+            "filedock_audit_events",
+            "Audited account changes (keys, tokens, quotas, deletions), by action",
+            m.audit_events.clone(),
         );
         r.register(
             "filedock_http_panics",

@@ -50,6 +50,8 @@ pub struct Settings {
     pub settle_window: Duration,
     /// How long an authenticated key is remembered (zero: ask the store every time).
     pub auth_cache_ttl: Duration,
+    /// The longest lifetime a token minted by `POST /v1/tokens` may have.
+    pub token_max_lifetime: Duration,
     /// After SIGTERM, how long in-flight requests may take to finish.
     pub shutdown_grace: Duration,
     /// Uploads one user may have in flight on one instance.
@@ -339,6 +341,7 @@ impl Settings {
             queue_wait: vars.secs("QUEUE_WAIT_SECS")?,
             settle_window: vars.secs("SETTLE_WINDOW_SECS")?,
             auth_cache_ttl: vars.secs("AUTH_CACHE_SECS")?,
+            token_max_lifetime: vars.secs("TOKEN_MAX_SECS")?,
             shutdown_grace: vars.secs("SHUTDOWN_GRACE_SECS")?,
             max_uploads_per_user: vars.value("MAX_UPLOADS_PER_USER")?,
             max_container_items: vars.value("MAX_CONTAINER_ITEMS")?,

@@ -253,6 +253,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_TOKEN_MAX_SECS",
+        meaning: "the longest lifetime a token minted by POST /v1/tokens may have (its expires_in)",
+        value: Some("3600"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_MAX_UPLOADS_PER_USER",
         meaning: "uploads one user may have in flight on one instance (more get 429)",
         value: Some("2048"),

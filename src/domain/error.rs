@@ -13,6 +13,9 @@ use crate::{
 pub enum DomainError {
     #[error("missing or invalid API key")]
     Unauthenticated,
+    /// A known caller without the right (a token outside its scopes).
+    #[error("{0}")]
+    Forbidden(String),
     /// Also for other users' resources: existence is never revealed.
     #[error("not found")]
     NotFound,
@@ -90,6 +93,7 @@ impl DomainError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::Unauthenticated => "unauthenticated",
+            Self::Forbidden(_) => "forbidden",
             Self::NotFound => "not_found",
             Self::InvalidRequest(_) => "invalid_request",
             Self::RequestTimeout(_) => "request_timeout",

@@ -3,6 +3,7 @@
 //! sweeper, reconcile). Services hold the ports they use and never see the
 //! HTTP layer or the application state.
 
+pub mod auth;
 mod commit;
 pub mod containers;
 pub mod digest;
@@ -16,6 +17,7 @@ pub mod resumable;
 pub mod sweeper;
 #[cfg(test)]
 mod test_kit;
+pub mod tokens;
 pub mod upload;
 pub mod users;
 

@@ -17,7 +17,8 @@ use crate::{
     config::SweepSettings,
     lock::{LockError, LockKey, Locks, TryLock},
     meta::{
-        self, CleanupRepo, MetaError, OrphanRecord, OrphanStatus, ResumableRecord, ResumableRepo,
+        self, CleanupRepo, KeyRepo, MetaError, OrphanRecord, OrphanStatus, ResumableRecord,
+        ResumableRepo,
     },
     metrics::{Metrics, OutcomeLabel, StatusLabel},
     vocab::OrphanId,
@@ -36,6 +37,8 @@ pub struct SweepReport {
     pub orphans_failed: u64,
     /// Expired resumable (tus) uploads aborted.
     pub resumables_expired: u64,
+    /// Expired tokens deleted.
+    pub tokens_expired: u64,
     /// Staging left by dead uploads removed: tail objects, staging files
     /// and plain writes' temporary files no live upload owns.
     pub staging_removed: u64,
@@ -65,6 +68,8 @@ pub struct Sweeper {
     /// Resumable uploads: an expired one's write is aborted, its state dropped.
     pub(crate) resumables: Arc<dyn ResumableRepo>,
     pub(crate) resumable_blobs: Arc<dyn ResumableBlobs>,
+    /// Expired tokens go.
+    pub(crate) keys: Arc<dyn KeyRepo>,
     pub(crate) locks: Arc<Locks>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: SweepSettings,
@@ -124,6 +129,7 @@ impl Sweeper {
                 tracing::warn!(upload = %id, error = %e, "could not expire a resumable upload; the next pass tries again");
             }
         }
+        report.tokens_expired = self.keys.delete_expired_tokens(now).await?;
         let stale_before = now - chrono::Duration::from_std(s.intent_grace)?;
         for intent in self.meta.intents(stale_before, BATCH).await? {
             // A resumable upload waits for its client between PATCHes until it

@@ -1,51 +1,178 @@
-//! Users and API keys. Keys are random 256-bit secrets shown once; only
-//! their SHA-256 is stored (a fast hash suits high-entropy keys and lets
-//! the store look a key up by its hash).
+//! Users and their API keys. A user holds any number of keys; each is a
+//! random 256-bit secret shown once, stored only as its SHA-256 (a fast hash
+//! suits high-entropy keys and lets the store look a key up by its hash),
+//! under an id that lists and revocations name.
+
+use std::sync::Arc;
 
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use std::sync::Arc;
-
-use super::{DomainError, UserId};
-use crate::{
-    meta::{UserRecord, UserRepo},
-    vocab::ApiKeyHash,
+pub use super::auth::hash_key;
+use super::{
+    DomainError, UserId,
+    auth::{AuthCache, Caller, authenticate},
+    commit::user_commit,
+    page::{Page, PageRequest},
 };
+use crate::{
+    lock::Locks,
+    meta::{
+        ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, UserRecord, UserRepo, group::effective_quota,
+        retry::Transactions,
+    },
+    vocab::KeyId,
+};
+
+/// The longest name a user or a key may have, in characters.
+const MAX_NAME_CHARS: usize = 100;
 
 /// Users and their keys, and the ports that takes.
 pub struct UserService {
-    meta: Arc<dyn UserRepo>,
+    users: Arc<dyn UserRepo>,
+    keys: Arc<dyn KeyRepo>,
     auth_cache: AuthCache,
+    /// `FILEDOCK_USER_QUOTA_BYTES`: the quota of a user without their own.
+    default_quota: Option<u64>,
+    /// A quota change takes the user's commit lock, as every upload commit
+    /// does, and its transaction is retried as theirs are.
+    locks: Arc<Locks>,
+    txns: Transactions,
+}
+
+/// A key just made: its record and its secret (shown once, never stored).
+pub struct NewKey {
+    pub record: ApiKeyRecord,
+    pub secret: String,
 }
 
 impl UserService {
-    pub fn new(meta: Arc<dyn UserRepo>, auth_cache: AuthCache) -> Self {
-        Self { meta, auth_cache }
+    pub fn new(
+        users: Arc<dyn UserRepo>,
+        keys: Arc<dyn KeyRepo>,
+        auth_cache: AuthCache,
+        default_quota: Option<u64>,
+        (locks, txns): (Arc<Locks>, Transactions),
+    ) -> Self {
+        Self {
+            users,
+            keys,
+            auth_cache,
+            default_quota,
+            locks,
+            txns,
+        }
     }
 
-    /// Creates a user; returns the record and the API key (shown once).
-    pub async fn create_user(&self, name: &str) -> Result<(UserRecord, String), DomainError> {
-        create_user(self.meta.as_ref(), name).await
+    /// Creates a user and their first key.
+    pub async fn create_user(&self, name: &str) -> Result<(UserRecord, NewKey), DomainError> {
+        create_user(self.users.as_ref(), name).await
     }
 
-    /// The user a bearer key belongs to (see [`authenticate`]).
-    pub async fn authenticate(&self, presented: &str) -> Result<UserRecord, DomainError> {
-        authenticate(self.meta.as_ref(), &self.auth_cache, presented).await
+    /// The user, if there is one with this id.
+    pub async fn user(&self, id: &UserId) -> Result<UserRecord, DomainError> {
+        self.users.user(id).await?.ok_or(DomainError::NotFound)
     }
-}
 
-/// SHA-256 of a presented key, hex.
-pub fn hash_key(key: &str) -> ApiKeyHash {
-    ApiKeyHash::from_hex(hex::encode(Sha256::digest(key.as_bytes())))
+    /// A page of every user, oldest first (without their file lists).
+    pub async fn users(&self, page: &PageRequest) -> Result<Page<UserRecord>, DomainError> {
+        page.fetch(
+            |after, n| async move { self.users.list_users(after.as_ref(), n).await },
+            |u: &UserRecord| u.id,
+        )
+        .await
+    }
+
+    /// The quota that holds for `user`: their own, else the default.
+    pub fn quota_of(&self, user: &UserRecord) -> Option<u64> {
+        effective_quota(user.quota_bytes, self.default_quota)
+    }
+
+    /// Sets `id`'s own quota (`None`: the default again) and answers the
+    /// user as written. Every upload commit decides the quota in its
+    /// transaction, so none commits past it once this returns; this
+    /// instance forgets the callers it remembers (their quota with them),
+    /// others within the auth cache's lifetime (until then their early
+    /// checks may use the old one; the commit decides).
+    pub async fn set_quota(
+        &self,
+        id: &UserId,
+        quota: Option<u64>,
+    ) -> Result<UserRecord, DomainError> {
+        let quota = quota
+            .map(|q| {
+                i64::try_from(q).map_err(|_| {
+                    DomainError::InvalidRequest(format!("quota_bytes must be at most {}", i64::MAX))
+                })
+            })
+            .transpose()?;
+        // Under the user's commit lock: ordered with their commits, not
+        // racing them into write conflicts.
+        let user = user_commit(&self.locks, &self.txns, id, "set_quota", || {
+            self.users.set_quota(id, quota)
+        })
+        .await?
+        .value
+        .ok_or(DomainError::NotFound)?;
+        self.auth_cache.invalidate_all();
+        Ok(user)
+    }
+
+    /// Makes another key for `user`; `NotFound` if the user is gone or
+    /// being deleted.
+    pub async fn create_key(&self, user: &UserId, name: &str) -> Result<NewKey, DomainError> {
+        let key = new_key(*user, name)?;
+        self.keys.insert_key(&key.record).await?;
+        Ok(key)
+    }
+
+    /// The user's keys, oldest first; `NotFound` if there is no such user.
+    pub async fn keys(&self, user: &UserId) -> Result<Vec<ApiKeyRecord>, DomainError> {
+        self.user(user).await?;
+        Ok(self.keys.keys(user).await?)
+    }
+
+    /// Revokes the user's key `id` (and every token it minted). This
+    /// instance forgets every authentication it remembers at once; other
+    /// instances refuse the key once their cache entry expires
+    /// (`FILEDOCK_AUTH_CACHE_SECS`).
+    pub async fn revoke_key(&self, user: &UserId, id: &KeyId) -> Result<ApiKeyRecord, DomainError> {
+        let key = self
+            .keys
+            .key(user, id)
+            .await?
+            .ok_or(DomainError::NotFound)?;
+        if !self.keys.delete_key(user, id).await? {
+            return Err(DomainError::NotFound);
+        }
+        // Revocations are rare: forgetting everything is simpler than
+        // finding the entries the key (and its tokens) authenticated.
+        self.auth_cache.invalidate_all();
+        Ok(key)
+    }
+
+    /// Who a bearer secret belongs to (see [`authenticate`]).
+    pub async fn authenticate(&self, presented: &str) -> Result<Caller, DomainError> {
+        authenticate(self.keys.as_ref(), &self.auth_cache, presented).await
+    }
+
+    /// Forgets every remembered authentication on this instance.
+    pub fn forget_authentications(&self) {
+        self.auth_cache.invalidate_all();
+    }
 }
 
 /// A new API key: `fdk_` + 64 hex digits.
 pub fn new_api_key() -> String {
+    secret_with_prefix("fdk_")
+}
+
+/// `prefix` + 64 hex digits of fresh randomness.
+pub(super) fn secret_with_prefix(prefix: &str) -> String {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
-    format!("fdk_{}", hex::encode(bytes))
+    format!("{prefix}{}", hex::encode(bytes))
 }
 
 /// Compares two secrets in constant time (by their digests, so lengths leak nothing).
@@ -55,76 +182,39 @@ pub fn secrets_match(presented: &str, expected: &str) -> bool {
         .into()
 }
 
-fn parse_name(raw: &str) -> Result<String, DomainError> {
+pub(super) fn parse_name(raw: &str) -> Result<String, DomainError> {
     let name =
         crate::vocab::ids::clean_name(raw.trim(), "name").map_err(DomainError::InvalidRequest)?;
-    if name.is_empty() || name.chars().count() > 100 {
-        return Err(DomainError::InvalidRequest(
-            "name must be 1 to 100 characters".into(),
-        ));
+    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return Err(DomainError::InvalidRequest(format!(
+            "name must be 1 to {MAX_NAME_CHARS} characters"
+        )));
     }
     Ok(name)
 }
 
-/// Creates a user; returns the record and the API key (shown once).
+/// A new key of `user` named `name`, not stored yet.
+fn new_key(user: UserId, name: &str) -> Result<NewKey, DomainError> {
+    let secret = new_api_key();
+    let record = ApiKeyRecord {
+        id: KeyId::new(),
+        user_id: user,
+        name: parse_name(name)?,
+        hash: hash_key(&secret),
+        created_at: crate::meta::now(),
+    };
+    Ok(NewKey { record, secret })
+}
+
+/// Creates a user and their first key ([`FIRST_KEY_NAME`]).
 pub async fn create_user(
     meta: &dyn UserRepo,
     name: &str,
-) -> Result<(UserRecord, String), DomainError> {
-    let key = new_api_key();
-    let user = UserRecord {
-        id: UserId::new(),
-        name: parse_name(name)?,
-        api_key_hash: hash_key(&key),
-        file_count: 0,
-        used_bytes: 0,
-        reserved_bytes: 0,
-        open_uploads: 0,
-        upload_fence: Default::default(),
-        created_at: crate::meta::now(),
-    };
-    meta.insert_user(&user).await?;
+) -> Result<(UserRecord, NewKey), DomainError> {
+    let user = UserRecord::new(parse_name(name)?);
+    let key = new_key(user.id, FIRST_KEY_NAME)?;
+    meta.insert_user(&user, &key.record).await?;
     Ok((user, key))
-}
-
-/// The user a bearer key belongs to. Users found are remembered for the
-/// cache's time to live, so a request costs no metadata round trip to
-/// authenticate; the record's `used_bytes` may be that old (an upload
-/// confirms a quota refusal against the store, and the commit checks the
-/// quota again).
-pub async fn authenticate(
-    meta: &dyn UserRepo,
-    cache: &AuthCache,
-    presented: &str,
-) -> Result<UserRecord, DomainError> {
-    let hash = hash_key(presented);
-    if let Some(user) = cache.get(&hash) {
-        return Ok(user);
-    }
-    let user = meta
-        .user_by_key_hash(&hash)
-        .await?
-        .ok_or(DomainError::Unauthenticated)?;
-    // The lookup matched by hash already; compare again in constant time so
-    // no store's index behaviour decides authentication.
-    let stored = user.api_key_hash.as_str().as_bytes();
-    if bool::from(stored.ct_eq(hash.as_str().as_bytes())) {
-        cache.insert(hash, user.clone());
-        Ok(user)
-    } else {
-        Err(DomainError::Unauthenticated)
-    }
-}
-
-/// Authenticated users by key hash, for a short time.
-pub type AuthCache = moka::sync::Cache<ApiKeyHash, UserRecord>;
-
-pub fn auth_cache(ttl: std::time::Duration) -> AuthCache {
-    let capacity = if ttl.is_zero() { 0 } else { 100_000 };
-    moka::sync::Cache::builder()
-        .max_capacity(capacity)
-        .time_to_live(ttl.max(std::time::Duration::from_millis(1)))
-        .build()
 }
 
 #[cfg(test)]

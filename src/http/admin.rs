@@ -31,7 +31,12 @@ pub async fn create_user(
         StatusCode::CREATED,
         // The key is shown once: no cache may keep it.
         [(header::CACHE_CONTROL, "no-store")],
-        Json(json!({"id": user.id, "name": user.name, "api_key": key})),
+        Json(json!({
+            "id": user.id,
+            "name": user.name,
+            "api_key": key.secret,
+            "key_id": key.record.id,
+        })),
     ))
 }
 

@@ -15,7 +15,7 @@ use secrecy::ExposeSecret;
 
 use super::{error::ApiError, state::AppState};
 use crate::{
-    domain::{DomainError, users::secrets_match},
+    domain::{DomainError, auth::Caller, users::secrets_match},
     meta::UserRecord,
     vocab::MediaType,
 };
@@ -32,15 +32,32 @@ fn bearer(parts: &Parts) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// The user whose API key the request carries.
+/// The user whose API key the request carries, or whose token allows the
+/// route called (see `scopes.rs`).
 pub struct AuthUser(pub UserRecord);
 
 impl FromRequestParts<AppState> for AuthUser {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        Ok(Self(
+            AuthCaller::from_request_parts(parts, state).await?.0.user,
+        ))
+    }
+}
+
+/// The caller (user, key, grant) whose key or token the request carries;
+/// the handler decides what a token may do (key management takes a key).
+pub struct AuthCaller(pub Caller);
+
+impl FromRequestParts<AppState> for AuthCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let key = bearer(parts).ok_or(DomainError::Unauthenticated)?;
-        Ok(Self(state.users.authenticate(key).await?))
+        let caller = state.users.authenticate(key).await?;
+        super::scopes::authorize(parts, &caller.grant)?;
+        Ok(Self(caller))
     }
 }
 

@@ -5,19 +5,24 @@
 
 mod admin;
 mod agents;
+pub mod audit;
 mod conditional;
 pub mod error;
 mod extract;
 mod files;
 mod health;
+mod keys;
 mod links;
 mod listing;
 mod me;
 mod multipart;
 mod page;
+mod scopes;
 mod sessions;
 mod state;
+mod tokens;
 mod tus;
+mod users;
 
 pub use self::state::AppState;
 
@@ -69,11 +74,21 @@ api! {
     GET "/healthz" => health::healthz,
     GET "/readyz" => health::readyz,
     GET "/metrics" => health::metrics,
+    GET "/v1/admin/users" => users::list,
     POST "/v1/admin/users" => admin::create_user,
+    GET "/v1/admin/users/{id}" => users::get,
+    PATCH "/v1/admin/users/{id}" => users::update,
+    GET "/v1/admin/users/{id}/keys" => keys::admin_list,
+    POST "/v1/admin/users/{id}/keys" => keys::admin_create,
+    DELETE "/v1/admin/users/{id}/keys/{key_id}" => keys::admin_revoke,
     GET "/v1/admin/orphans" => admin::orphans,
     POST "/v1/admin/sweep" => admin::sweep,
     GET "/v1/admin/queue" => admin::queue,
     GET "/v1/me" => me::me,
+    GET "/v1/me/keys" => keys::my_list,
+    POST "/v1/me/keys" => keys::my_create,
+    DELETE "/v1/me/keys/{key_id}" => keys::my_revoke,
+    POST "/v1/tokens" => tokens::mint,
     POST "/v1/files" => files::upload,
     GET "/v1/files" => files::list,
     GET "/v1/files/{id}" => files::get,

@@ -1,5 +1,6 @@
 //! `GET /`: a small upload page, compiled into the binary. It talks to the
-//! API from the same origin with the key a person pastes into it.
+//! API from the same origin with the short-lived token (`POST /v1/tokens`)
+//! a person pastes into it.
 
 use axum::{
     http::header,

@@ -11,7 +11,8 @@ use crate::{
     coord::queue::RedisQueue,
     domain::{
         containers::ContainerService, files::FileService, links::LinkSigner, reconcile::Reconciler,
-        resumable::ResumableService, sweeper::Sweeper, upload::UploadService, users::UserService,
+        resumable::ResumableService, sweeper::Sweeper, tokens::TokenService, upload::UploadService,
+        users::UserService,
     },
     metrics::Metrics,
     ports::Ports,
@@ -22,8 +23,11 @@ use crate::{
 #[derive(Clone)]
 pub struct AppState {
     pub settings: Arc<Settings>,
+    /// Logs and counts account changes.
+    pub audit: super::audit::Audit,
     pub metrics: Arc<Metrics>,
     pub users: Arc<UserService>,
+    pub tokens: Arc<TokenService>,
     pub uploads: Arc<UploadService>,
     pub resumables: Arc<ResumableService>,
     pub files: Arc<FileService>,

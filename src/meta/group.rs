@@ -47,12 +47,14 @@ pub fn idempotency_ids(group: &[CommitUpload]) -> Vec<String> {
 }
 
 /// Decides each upload of `group` in order, given what the user's bytes
-/// count against the quota (stored and reserved), the idempotency records
-/// already stored (by id) and what the group's resumable uploads hold: an
-/// upload's own reservation makes room for it.
+/// count against the quota (stored and reserved), the user's own quota
+/// (which overrides the uploads' default), the idempotency records already
+/// stored (by id) and what the group's resumable uploads hold: an upload's
+/// own reservation makes room for it.
 pub fn plan<'a>(
     group: &'a [CommitUpload],
     counted_bytes: i64,
+    user_quota: Option<i64>,
     mut recorded: HashMap<String, IdempotencyRecord>,
     held: &HashMap<FileId, Held>,
 ) -> GroupPlan<'a> {
@@ -78,7 +80,7 @@ pub fn plan<'a>(
             false => Held::default(),
         };
         let after = counted_bytes + p.bytes - p.freed_bytes - own.reserved + c.file.size;
-        if c.quota_bytes.is_some_and(|q| after.max(0) as u64 > q) {
+        if effective_quota(user_quota, c.quota_bytes).is_some_and(|q| after.max(0) as u64 > q) {
             p.outcomes.push(Err(MetaError::QuotaExceeded));
             continue;
         }
@@ -111,6 +113,11 @@ pub fn resumable_ids(group: &[CommitUpload]) -> Vec<FileId> {
         .filter(|c| c.resumable)
         .map(|c| c.file.id)
         .collect()
+}
+
+/// The quota that holds: the user's own, else the default the commit carries.
+pub fn effective_quota(user_quota: Option<i64>, default: Option<u64>) -> Option<u64> {
+    user_quota.map(|q| q.max(0) as u64).or(default)
 }
 
 /// The group's fences, one per slot. Two tokens of one slot in a group
@@ -192,10 +199,24 @@ mod tests {
             upload(30, None),
             upload(10, None),
         ];
-        let p = plan(&group, 10, HashMap::new(), &HashMap::new());
+        let p = plan(&group, 10, None, HashMap::new(), &HashMap::new());
         assert_eq!(shape(&p), ["commit", "commit", "quota", "commit"]);
         assert_eq!(p.bytes, 90);
         assert_eq!(p.committing.len(), 3);
+    }
+
+    #[test]
+    fn the_users_own_quota_holds_over_the_default_the_uploads_carry() {
+        let group = [upload(40, None), upload(40, None)];
+        // The default (100) would take both; the user's own (60) takes one.
+        let p = plan(&group, 10, Some(60), HashMap::new(), &HashMap::new());
+        assert_eq!(shape(&p), ["commit", "quota"]);
+        // Below the usage: none.
+        let p = plan(&group, 10, Some(5), HashMap::new(), &HashMap::new());
+        assert_eq!(shape(&p), ["quota", "quota"]);
+        assert_eq!(effective_quota(None, Some(100)), Some(100));
+        assert_eq!(effective_quota(Some(0), Some(100)), Some(0));
+        assert_eq!(effective_quota(None, None), None);
     }
 
     #[test]
@@ -213,7 +234,7 @@ mod tests {
             created_at: crate::meta::now(),
         };
         let before = HashMap::from([(b_id, first_b)]);
-        let p = plan(&group, 0, before, &HashMap::new());
+        let p = plan(&group, 0, None, before, &HashMap::new());
         assert_eq!(shape(&p), ["commit", "replay", "replay"]);
         let Ok(CommitOutcome::Replayed(first)) = &p.outcomes[1] else {
             unreachable!()
@@ -237,7 +258,7 @@ mod tests {
                 open: true,
             },
         )]);
-        let p = plan(&group, 90, HashMap::new(), &held);
+        let p = plan(&group, 90, None, HashMap::new(), &held);
         // 50 + 40 (its own reservation) = 90; then 20 would be 110; 10 fits.
         assert_eq!(shape(&p), ["commit", "quota", "commit"]);
         assert_eq!((p.bytes, p.freed_bytes, p.freed_open), (50, 40, 1));

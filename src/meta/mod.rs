@@ -6,6 +6,7 @@
 pub mod embedded;
 mod error;
 pub mod group;
+mod keys;
 pub mod mongo;
 mod records;
 mod resumable;
@@ -15,21 +16,31 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 pub use self::error::{MetaError, MetaResult};
+pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, TokenRecord};
 pub use self::records::*;
 pub use self::resumable::{OpenLimits, ResumableRecord, ResumableRepo};
 use crate::vocab::{
-    AgentId, ApiKeyHash, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId,
-    SessionId, UserId,
+    AgentId, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
+    UserId,
 };
 
 /// Users and their keys.
 #[async_trait]
 pub trait UserRepo: Send + Sync {
-    async fn insert_user(&self, user: &UserRecord) -> MetaResult<()>;
+    /// Inserts the user and their first key, in one transaction.
+    async fn insert_user(&self, user: &UserRecord, key: &ApiKeyRecord) -> MetaResult<()>;
 
     async fn user(&self, id: &UserId) -> MetaResult<Option<UserRecord>>;
 
-    async fn user_by_key_hash(&self, hash: &ApiKeyHash) -> MetaResult<Option<UserRecord>>;
+    /// Users in id (creation) order after `after`, without their file lists.
+    async fn list_users(&self, after: Option<&UserId>, limit: usize)
+    -> MetaResult<Vec<UserRecord>>;
+
+    /// Sets the user's own quota (`None`: the default again) in one write of
+    /// the user document, which every commit of theirs reads in its
+    /// transaction; the user as written (without the file list), `None` if
+    /// there is no such user.
+    async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>>;
 }
 
 /// Files: the upload commit, reads, lists and the delete.
@@ -244,7 +255,9 @@ pub trait ContainerRepo: Send + Sync {
 /// It is the sum of narrow repositories, so that each service and worker
 /// can hold only the one it uses (pict-rs's `FullRepo`).
 #[async_trait]
-pub trait MetadataStore: UserRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo {
+pub trait MetadataStore:
+    UserRepo + KeyRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo
+{
     /// Answers when the store is reachable.
     async fn ping(&self) -> MetaResult<()>;
 }

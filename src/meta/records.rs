@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::vocab::{
-    AgentId, ApiKeyHash, BlobKey, FileId, IdempotencyKey, LinkId, OpId, OrphanId, SessionId,
-    SizeCategory, UserId,
+    AgentId, BlobKey, FileId, IdempotencyKey, LinkId, OpId, OrphanId, SessionId, SizeCategory,
+    UserId,
 };
 
 /// Now, at the millisecond precision the stores keep, so that what a
@@ -23,8 +23,6 @@ pub struct UserRecord {
     #[serde(rename = "_id")]
     pub id: UserId,
     pub name: String,
-    /// SHA-256 (hex) of the API key; the key itself is never stored.
-    pub api_key_hash: ApiKeyHash,
     /// How many files the user holds. The list itself is the `files`
     /// collection (its `(owner_id, _id)` index): an array of ids here grew
     /// with every file, and every commit rewrote it (issue 22).
@@ -47,9 +45,36 @@ pub struct UserRecord {
     pub upload_fence: BTreeMap<String, i64>,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
+    /// The user's own storage quota; `None`: `FILEDOCK_USER_QUOTA_BYTES`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_bytes: Option<i64>,
+    /// When the user's deletion began: from then on every write of theirs
+    /// is refused, and the deletion job removes what they own.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "bson_time::option"
+    )]
+    pub deleting_since: Option<DateTime<Utc>>,
 }
 
 impl UserRecord {
+    /// A new user, owning nothing yet.
+    pub fn new(name: String) -> Self {
+        Self {
+            id: UserId::new(),
+            name,
+            file_count: 0,
+            used_bytes: 0,
+            reserved_bytes: 0,
+            open_uploads: 0,
+            upload_fence: BTreeMap::new(),
+            created_at: now(),
+            quota_bytes: None,
+            deleting_since: None,
+        }
+    }
+
     /// What counts against the quota: the bytes stored and the bytes reserved.
     pub fn counted_bytes(&self) -> i64 {
         self.used_bytes + self.reserved_bytes

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     error::{MetaError, MetaResult},
+    group::effective_quota,
     records::{UserRecord, bson_time},
 };
 use crate::vocab::{BlobKey, FileId, UserId, WriteHandle};
@@ -68,16 +69,18 @@ pub struct ResumableRecord {
 /// What a user's open uploads are held to when one is created.
 #[derive(Clone, Copy, Debug)]
 pub struct OpenLimits {
-    /// The user's quota (`None`: none), which stored and reserved bytes share.
+    /// The default quota (`None`: none), which stored and reserved bytes
+    /// share; a user's own (`UserRecord::quota_bytes`) holds over it.
     pub quota_bytes: Option<u64>,
     /// The most open uploads a user may have.
     pub max_open: u64,
 }
 
 impl OpenLimits {
-    /// Whether `user` may reserve `more` bytes (`QuotaExceeded` if not).
-    pub fn check_quota(quota: Option<u64>, user: &UserRecord, more: i64) -> MetaResult<()> {
-        match quota {
+    /// Whether `user` may reserve `more` bytes (`QuotaExceeded` if not)
+    /// under their own quota, else `default`.
+    pub fn check_quota(default: Option<u64>, user: &UserRecord, more: i64) -> MetaResult<()> {
+        match effective_quota(user.quota_bytes, default) {
             Some(q) if (user.counted_bytes() + more).max(0) as u64 > q => {
                 Err(MetaError::QuotaExceeded)
             }
@@ -133,7 +136,8 @@ pub trait ResumableRepo: Send + Sync {
     /// Inserts the upload and counts it against its user, in one
     /// transaction: one more open upload (`TooManyOpenUploads` past
     /// `limits.max_open`) and `upload.reserved` more reserved bytes
-    /// (`QuotaExceeded` past the quota); refused, nothing is written.
+    /// (`QuotaExceeded` past the user's own quota, else `limits.quota_bytes`);
+    /// refused, nothing is written.
     async fn insert_resumable(
         &self,
         upload: &ResumableRecord,
@@ -141,7 +145,8 @@ pub trait ResumableRepo: Send + Sync {
     ) -> MetaResult<()>;
 
     /// Sets a deferred upload's length and reserves it, in one transaction
-    /// (`QuotaExceeded` past `quota`: nothing changes). The record as it is
+    /// (`QuotaExceeded` past the user's own quota, else the default `quota`:
+    /// nothing changes). The record as it is
     /// then (one whose length was known already comes back as it is);
     /// `None` if the upload is gone.
     async fn declare_length(

@@ -24,14 +24,16 @@ use crate::{
     config::{Coordination, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
+        auth::auth_cache,
         containers::ContainerService,
         files::FileService,
         links::LinkSigner,
         reconcile::Reconciler,
         resumable::ResumableService,
         sweeper::{SweepWorker, Sweeper},
+        tokens::TokenService,
         upload::{Admission, Committer, Idempotency, UploadService},
-        users::{UserService, auth_cache, new_api_key},
+        users::{UserService, new_api_key},
     },
     http::{self, AppState},
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
@@ -191,10 +193,19 @@ impl AppState {
             &settings,
         ));
         Ok(Self {
+            audit: http::audit::Audit::new(metrics.clone()),
+            tokens: Arc::new(TokenService::new(
+                meta.clone(),
+                meta.clone(),
+                settings.token_max_lifetime,
+            )),
             links: Arc::new(links),
             users: Arc::new(UserService::new(
                 meta.clone(),
+                meta.clone(),
                 auth_cache(settings.auth_cache_ttl),
+                settings.user_quota_bytes,
+                (locks.clone(), txns.clone()),
             )),
             // Each service gets the narrow repositories it uses; one store
             // serves them all.
@@ -219,6 +230,7 @@ impl AppState {
                 blobs,
                 resumables: meta.clone(),
                 resumable_blobs: resumable.clone(),
+                keys: meta.clone(),
                 locks,
                 metrics: metrics.clone(),
                 settings: settings.sweep.clone(),

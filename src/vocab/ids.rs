@@ -90,6 +90,10 @@ uuid_id!(
     /// A queued operation's id: what makes a redelivered operation apply once.
     OpId
 );
+uuid_id!(
+    /// An API key's id (what lists show and a revocation names; never the secret).
+    KeyId
+);
 
 /// The SHA-256 (hex) of an API key: how a user is found by their key (the
 /// key itself is never stored).

@@ -6,12 +6,14 @@
 pub mod commands;
 pub mod ids;
 pub mod keys;
+pub mod scopes;
 
 pub use self::{
     commands::{Container, LinkKind, Operation},
     ids::{
-        AgentId, ApiKeyHash, FileId, Filename, IdempotencyKey, LinkId, MediaType, OpId, OrphanId,
-        SessionId, SizeCategory, UserId,
+        AgentId, ApiKeyHash, FileId, Filename, IdempotencyKey, KeyId, LinkId, MediaType, OpId,
+        OrphanId, SessionId, SizeCategory, UserId,
     },
     keys::{BlobKey, LockKey, WriteHandle},
+    scopes::Scope,
 };

@@ -89,9 +89,10 @@ async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
     let settings = test_settings();
     let (user, key) = {
         let state = AppState::build(settings.clone()).await.unwrap();
-        users::create_user(state.ports.meta.as_ref(), "victim")
+        let (user, key) = users::create_user(state.ports.meta.as_ref(), "victim")
             .await
-            .unwrap()
+            .unwrap();
+        (user, key.secret)
     };
     let acked: Acknowledged = Arc::default();
     let seed = std::time::SystemTime::now()

@@ -114,10 +114,11 @@ async fn new_user(cluster: &Cluster, i: usize) -> UserWorld {
         .state
         .ports
         .meta
-        .user_by_key_hash(&users::hash_key(&key))
+        .key_by_hash(&users::hash_key(&key))
         .await
         .unwrap()
         .unwrap()
+        .1
         .id;
     let client = reqwest::Client::new();
     let create = async |path: &str, body: Value| -> String {

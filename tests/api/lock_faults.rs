@@ -152,10 +152,11 @@ async fn an_upload_paused_past_its_lease_is_refused_with_lock_lost() {
     let user = state
         .ports
         .meta
-        .user_by_key_hash(&filedock::domain::users::hash_key(&key))
+        .key_by_hash(&filedock::domain::users::hash_key(&key))
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+        .1;
 
     let (rest, answer) = held_upload(&paused.base, &key);
     rest.send(bytes::Bytes::from(vec![1u8; 64 << 10]))

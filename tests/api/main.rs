@@ -3,6 +3,7 @@
 //! otherwise against the embedded adapters.
 
 mod account;
+mod audit;
 mod bounded;
 mod cli;
 mod clients;
@@ -14,6 +15,8 @@ mod files;
 mod group_commit;
 mod helpers;
 mod idempotency;
+mod key_upgrade;
+mod keys;
 mod lifecycle;
 mod links;
 mod lock_faults;
@@ -26,10 +29,12 @@ mod orphans;
 mod platform;
 mod queue;
 mod queue_faults;
+mod quotas;
 mod real;
 mod rename;
 mod same_user;
 mod support;
+mod tokens;
 mod tus;
 mod tus_completed;
 mod tus_defer;

@@ -218,9 +218,11 @@ async fn a_transaction_left_open_by_a_dead_process_does_not_hold_up_the_queue() 
         return;
     }
     let settings = test_settings();
+    // The user is made first, elsewhere: creating one (user and key) is a
+    // transaction too, and would reach the crash point.
+    let (key, agent) = user_and_agent(&spawn_binary(&settings, &QUEUE).await.base).await;
     let crash = [QUEUE[0], ("FILEDOCK_TEST_CRASH_AT", "before_txn_commit")];
     let mut doomed = spawn_binary(&settings, &crash).await;
-    let (key, agent) = user_and_agent(&doomed.base).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/agents/{agent}/mcps/first", doomed.base);
     let (status, _) = call(&client, "PUT", url, &key, None).await;

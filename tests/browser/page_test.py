@@ -1,4 +1,4 @@
-"""The upload page (GET /) in headless Chromium: paste a key, upload three
+"""The upload page (GET /) in headless Chromium: paste a token, upload three
 files (one of 50 MiB, resumable, whose PATCH loses its connection mid-body,
 through the cutting proxy of tests/interop) and watch their progress bars
 move, see it resume from the offset the server stored, download one and
@@ -60,6 +60,8 @@ def make_file(name, size):
 
 
 key = api("POST", "/v1/admin/users", ADMIN, {"name": "browser"})["api_key"]
+# The page gets a short-lived token, never the key (issue 25).
+token = api("POST", "/v1/tokens", key, {"scopes": ["files:read", "files:write"], "expires_in": 900})["token"]
 BIG = 50 << 20
 paths = [make_file("notes.txt", 3_000), make_file("photo.bin", 1 << 20), make_file("big.bin", BIG)]
 
@@ -76,8 +78,8 @@ with sync_playwright() as p:
     browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
     page = browser.new_page(accept_downloads=True)
     page.goto(PAGE + "/")
-    page.fill("#key", key)
-    page.press("#key", "Tab")  # a change event: the page stores the key and lists files
+    page.fill("#key", token)
+    page.press("#key", "Tab")  # a change event: the page stores the token and lists files
 
     # Record every value each progress bar takes, and slow the uploads a
     # little so that a 50 MiB one on loopback shows more than 0 and 100.

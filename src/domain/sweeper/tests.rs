@@ -90,6 +90,7 @@ fn sweeper(kit: &Kit, resumables: Arc<dyn ResumableRepo>) -> Sweeper {
         blobs: kit.blobs.clone(),
         resumables,
         resumable_blobs: kit.blobs.clone(),
+        keys: kit.meta.clone(),
         locks: kit.locks.clone(),
         metrics: Arc::new(Metrics::default()),
         settings: SweepSettings {

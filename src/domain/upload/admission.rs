@@ -16,7 +16,7 @@ use crate::{
     blob::{BodyError, ByteStream},
     config::Settings,
     domain::DomainError,
-    meta::{CleanupRepo, UserRecord, UserRepo},
+    meta::{CleanupRepo, UserRecord, UserRepo, group::effective_quota},
     metrics::{Metrics, OutcomeLabel},
     vocab::FileId,
 };
@@ -103,8 +103,8 @@ impl Admission {
             .await?
             .ok_or(DomainError::Unauthenticated)?;
         Ok(Usage {
+            quota_bytes: self.quota_of(&stored),
             user: stored,
-            quota_bytes: self.quota_bytes,
             uploads_in_flight: self.slots.in_flight(&user.id),
         })
     }
@@ -115,32 +115,37 @@ impl Admission {
         user: &UserRecord,
         declared_len: Option<u64>,
     ) -> Result<(), DomainError> {
-        let (Some(quota), Some(len)) = (self.quota_bytes, declared_len) else {
+        let (Some(quota), Some(len)) = (self.quota_of(user), declared_len) else {
             return Ok(());
         };
-        if len <= left(quota, user.counted_bytes()) || len <= self.quota_left(user, quota).await? {
+        if len <= left(quota, user.counted_bytes()) || len <= self.quota_left(user).await? {
             return Ok(());
         }
         Err(DomainError::QuotaExceeded)
     }
 
-    /// What the user's quota leaves them now, as the store has it (`None`:
-    /// no quota).
-    pub async fn room(&self, user: &UserRecord) -> Result<Option<u64>, DomainError> {
-        match self.quota_bytes {
-            Some(quota) => self.quota_left(user, quota).await.map(Some),
-            None => Ok(None),
-        }
+    /// The quota that holds for `user`: their own, else the setting's.
+    pub fn quota_of(&self, user: &UserRecord) -> Option<u64> {
+        effective_quota(user.quota_bytes, self.quota_bytes)
     }
 
-    /// What is left of `quota` for `user`, as the store has it now.
-    async fn quota_left(&self, user: &UserRecord, quota: u64) -> Result<u64, DomainError> {
+    /// What the user's quota leaves them now beside their stored and
+    /// reserved bytes, as the store has it (`None`: no quota).
+    pub async fn room(&self, user: &UserRecord) -> Result<Option<u64>, DomainError> {
         let stored = self
             .users
             .user(&user.id)
             .await?
             .ok_or(DomainError::Unauthenticated)?;
-        Ok(left(quota, stored.counted_bytes()))
+        Ok(self
+            .quota_of(&stored)
+            .map(|q| left(q, stored.counted_bytes())))
+    }
+
+    /// What is left of `user`'s quota, as the store has it now (unlimited:
+    /// `u64::MAX`).
+    async fn quota_left(&self, user: &UserRecord) -> Result<u64, DomainError> {
+        Ok(self.room(user).await?.unwrap_or(u64::MAX))
     }
 
     /// `body`, cut off with [`BodyError::QuotaExceeded`] as soon as it passes
@@ -153,7 +158,7 @@ impl Admission {
         user: &'a UserRecord,
         body: ByteStream<'a>,
     ) -> ByteStream<'a> {
-        let Some(quota) = self.quota_bytes else {
+        let Some(quota) = self.quota_of(user) else {
             return body;
         };
         let start = Passing {
@@ -173,7 +178,7 @@ impl Admission {
             if let Some(left) = s.left
                 && s.size > left
             {
-                match self.quota_left(user, quota).await {
+                match self.quota_left(user).await {
                     Ok(fresh) if s.size <= fresh => s.left = Some(fresh),
                     Ok(_) => {
                         s.body = None;

@@ -51,6 +51,7 @@ impl FileRepo for EmbeddedStore {
                 // The file's bytes take the place of its upload's reservation.
                 resumable::release(tx, &mut user, &file.id)?;
             }
+            // The user's own quota, else the default the commit carries.
             OpenLimits::check_quota(c.quota_bytes, &user, file.size)?;
             user.used_bytes += file.size;
             user.file_count += 1;
@@ -85,7 +86,13 @@ impl FileRepo for EmbeddedStore {
             for id in group::resumable_ids(&group) {
                 held.insert(id, resumable::held(tx, &id)?);
             }
-            let plan = group::plan(&group, user.counted_bytes(), recorded, &held);
+            let plan = group::plan(
+                &group,
+                user.counted_bytes(),
+                user.quota_bytes,
+                recorded,
+                &held,
+            );
             user.used_bytes += plan.bytes;
             for id in &plan.freed {
                 resumable::release(tx, &mut user, id)?;

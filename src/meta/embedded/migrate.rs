@@ -3,8 +3,16 @@
 
 use serde_json::Value;
 
-use super::{EmbeddedStore, owner_index};
-use crate::meta::MetaResult;
+use super::{EmbeddedStore, owner_index, user_key, users::put_key};
+use crate::{
+    meta::{ApiKeyRecord, FIRST_KEY_NAME, MetaResult, UserRecord},
+    vocab::{ApiKeyHash, KeyId, UserId},
+};
+
+/// Where a store of the shape before issue 25 indexed a user's one key by
+/// its hash (the user's id under `api_keys/{hash}`, and the hash again as
+/// the user's `api_key_hash`).
+const LEGACY_KEY_PREFIX: &str = "api_keys/";
 
 impl EmbeddedStore {
     /// Runs every migration; what each changed is logged.
@@ -13,6 +21,10 @@ impl EmbeddedStore {
         let users = self.count_user_files()?;
         if users > 0 {
             tracing::info!(users, "migrated users' file_ids arrays to file_count");
+        }
+        let moved = self.migrate_single_keys()?;
+        if moved > 0 {
+            tracing::info!(moved, "moved users' single keys into api keys");
         }
         Ok(())
     }
@@ -65,5 +77,44 @@ impl EmbeddedStore {
         }
         tx.commit(self)?;
         Ok(rewritten)
+    }
+
+    /// Moves every key of the old shape into `keys/`, named
+    /// [`FIRST_KEY_NAME`] and dated as its user, in one transaction; how
+    /// many. The user's document loses only `api_key_hash` (rewritten as
+    /// stored, not through [`UserRecord`], so that no other field of an
+    /// older shape is dropped before its own migration reads it). A no-op
+    /// once done, so every start may run it.
+    fn migrate_single_keys(&self) -> MetaResult<usize> {
+        let mut tx = self.begin()?;
+        let legacy = tx.keys(LEGACY_KEY_PREFIX, None, usize::MAX)?;
+        let mut moved = 0;
+        for index in legacy {
+            let user_id = tx.get::<UserId>(&index)?;
+            tx.delete(&index);
+            let Some(ukey) = user_id.map(|id| user_key(&id)) else {
+                continue;
+            };
+            let (Some(mut doc), Some(user)) =
+                (tx.get::<Value>(&ukey)?, tx.get::<UserRecord>(&ukey)?)
+            else {
+                continue; // a key whose user is gone authenticates no one
+            };
+            if let Some(obj) = doc.as_object_mut() {
+                obj.remove("api_key_hash");
+            }
+            tx.put(&ukey, &doc)?;
+            let key = ApiKeyRecord {
+                id: KeyId::new(),
+                user_id: user.id,
+                name: FIRST_KEY_NAME.into(),
+                hash: ApiKeyHash::from_hex(index[LEGACY_KEY_PREFIX.len()..].to_string()),
+                created_at: user.created_at,
+            };
+            put_key(&mut tx, &key)?;
+            moved += 1;
+        }
+        tx.commit(self)?;
+        Ok(moved)
     }
 }

@@ -224,7 +224,7 @@ mod tests {
     use super::*;
     use crate::{
         meta::{
-            UserRecord, UserRepo,
+            ApiKeyRecord, UserRecord, UserRepo,
             embedded::EmbeddedStore,
             retry::{TxnRetryPolicy, with_txn_retry},
         },
@@ -234,13 +234,16 @@ mod tests {
     fn user(id: UserId) -> UserRecord {
         UserRecord {
             id,
-            name: "u".into(),
-            api_key_hash: ApiKeyHash::from_hex(format!("hash-{id}")),
-            file_count: 0,
-            used_bytes: 0,
-            reserved_bytes: 0,
-            open_uploads: 0,
-            upload_fence: Default::default(),
+            ..UserRecord::new("u".into())
+        }
+    }
+
+    fn key_of(user: &UserRecord) -> ApiKeyRecord {
+        ApiKeyRecord {
+            id: Default::default(),
+            user_id: user.id,
+            name: "default".into(),
+            hash: ApiKeyHash::from_hex(format!("hash-{}", user.id)),
             created_at: crate::meta::now(),
         }
     }
@@ -251,7 +254,8 @@ mod tests {
         let store = EmbeddedStore::open(&dir).unwrap();
         let u1 = UserId::new();
         let key = format!("users/{u1}");
-        store.insert_user(&user(u1)).await.unwrap();
+        let u = user(u1);
+        store.insert_user(&u, &key_of(&u)).await.unwrap();
         // Both transactions read the user document before either commits.
         let barrier = Arc::new(Barrier::new(2));
         let attempts = Arc::new(AtomicU32::new(0));
@@ -298,7 +302,8 @@ mod tests {
         let store = EmbeddedStore::open(&dir).unwrap();
         let u1 = UserId::new();
         let key = format!("users/{u1}");
-        store.insert_user(&user(u1)).await.unwrap();
+        let u = user(u1);
+        store.insert_user(&u, &key_of(&u)).await.unwrap();
         let mut a = store.begin().unwrap();
         let mut b = store.begin().unwrap();
         let ua: UserRecord = a.get(&key).unwrap().unwrap();

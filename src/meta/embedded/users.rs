@@ -1,23 +1,47 @@
-//! Users in the embedded store.
+//! Users and their keys in the embedded store: `keys/{hash}` holds a key's
+//! record, `user_keys/{user}/{key id}` its hash (the user's list); a
+//! token's record is `tokens/{hash}`, indexed under its key by `key_tokens/`.
+//! (A store written when a user had one key is moved to this shape when
+//! opened: see `migrate.rs`.)
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
-use super::{EmbeddedStore, user_key};
+use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
-    meta::{MetaResult, UserRecord, UserRepo},
-    vocab::{ApiKeyHash, UserId},
+    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
+    vocab::{ApiKeyHash, KeyId, UserId},
 };
+
+fn hash_key(hash: &ApiKeyHash) -> String {
+    format!("keys/{}", hash.as_str())
+}
+
+fn user_keys(user: &UserId) -> String {
+    format!("user_keys/{user}/")
+}
+
+fn token_key(hash: &ApiKeyHash) -> String {
+    format!("tokens/{}", hash.as_str())
+}
+
+/// The index of a key's tokens: `key_tokens/{key id}/{token hash}`.
+fn key_tokens(key: &KeyId) -> String {
+    format!("key_tokens/{key}/")
+}
+
+pub(super) fn put_key(tx: &mut Txn, key: &ApiKeyRecord) -> MetaResult<()> {
+    tx.insert(&hash_key(&key.hash), key)?;
+    tx.put(&format!("{}{}", user_keys(&key.user_id), key.id), &key.hash)
+}
 
 #[async_trait]
 impl UserRepo for EmbeddedStore {
-    async fn insert_user(&self, user: &UserRecord) -> MetaResult<()> {
-        let user = user.clone();
+    async fn insert_user(&self, user: &UserRecord, key: &ApiKeyRecord) -> MetaResult<()> {
+        let (user, key) = (user.clone(), key.clone());
         self.transaction(move |tx| {
-            tx.insert(
-                &format!("api_keys/{}", user.api_key_hash.as_str()),
-                &user.id,
-            )?;
-            tx.insert(&user_key(&user.id), &user)
+            tx.insert(&user_key(&user.id), &user)?;
+            put_key(tx, &key)
         })
         .await
     }
@@ -27,11 +51,155 @@ impl UserRepo for EmbeddedStore {
         self.transaction(move |tx| tx.get(&key)).await
     }
 
-    async fn user_by_key_hash(&self, hash: &ApiKeyHash) -> MetaResult<Option<UserRecord>> {
-        let key = format!("api_keys/{}", hash.as_str());
-        self.transaction(move |tx| match tx.get::<UserId>(&key)? {
-            Some(id) => tx.get(&user_key(&id)),
+    async fn list_users(
+        &self,
+        after: Option<&UserId>,
+        limit: usize,
+    ) -> MetaResult<Vec<UserRecord>> {
+        let after = after.map(ToString::to_string);
+        self.transaction(move |tx| {
+            let mut users = Vec::new();
+            for k in tx.keys("users/", after.as_deref(), limit)? {
+                users.extend(tx.get::<UserRecord>(&k)?);
+            }
+            Ok(users)
+        })
+        .await
+    }
+
+    async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>> {
+        let key = user_key(id);
+        self.transaction(move |tx| {
+            let Some(mut user) = tx.get::<UserRecord>(&key)? else {
+                return Ok(None);
+            };
+            user.quota_bytes = quota;
+            tx.put(&key, &user)?;
+            Ok(Some(user))
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl KeyRepo for EmbeddedStore {
+    async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
+        let key = key.clone();
+        self.transaction(move |tx| {
+            let ukey = user_key(&key.user_id);
+            let user: UserRecord = tx
+                .get(&ukey)?
+                .filter(|u: &UserRecord| u.deleting_since.is_none())
+                .ok_or(MetaError::NotFound)?;
+            // Written, so that a deletion beginning meanwhile conflicts.
+            tx.put(&ukey, &user)?;
+            put_key(tx, &key)
+        })
+        .await
+    }
+
+    async fn key_by_hash(
+        &self,
+        hash: &ApiKeyHash,
+    ) -> MetaResult<Option<(ApiKeyRecord, UserRecord)>> {
+        let hkey = hash_key(hash);
+        self.transaction(move |tx| {
+            let Some(key) = tx.get::<ApiKeyRecord>(&hkey)? else {
+                return Ok(None);
+            };
+            let user = tx.get::<UserRecord>(&user_key(&key.user_id))?;
+            Ok(user.map(|u| (key, u)))
+        })
+        .await
+    }
+
+    async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>> {
+        let index = format!("{}{id}", user_keys(user));
+        self.transaction(move |tx| match tx.get::<ApiKeyHash>(&index)? {
+            Some(hash) => tx.get(&hash_key(&hash)),
             None => Ok(None),
+        })
+        .await
+    }
+
+    async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>> {
+        let prefix = user_keys(user);
+        self.transaction(move |tx| {
+            let mut keys = Vec::new();
+            for index in tx.keys(&prefix, None, usize::MAX)? {
+                if let Some(hash) = tx.get::<ApiKeyHash>(&index)?
+                    && let Some(key) = tx.get(&hash_key(&hash))?
+                {
+                    keys.push(key);
+                }
+            }
+            Ok(keys)
+        })
+        .await
+    }
+
+    async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
+        let (index, id) = (format!("{}{id}", user_keys(user)), *id);
+        self.transaction(move |tx| {
+            let Some(hash) = tx.get::<ApiKeyHash>(&index)? else {
+                return Ok(false);
+            };
+            tx.delete(&index);
+            tx.delete(&hash_key(&hash));
+            // Its tokens die with it (authentication checks the key anyway).
+            for k in tx.keys(&key_tokens(&id), None, usize::MAX)? {
+                tx.delete(&format!("tokens/{}", &k[key_tokens(&id).len()..]));
+                tx.delete(&k);
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
+        let token = token.clone();
+        self.transaction(move |tx| {
+            tx.insert(&token_key(&token.hash), &token)?;
+            tx.put(
+                &format!("{}{}", key_tokens(&token.key_id), token.hash.as_str()),
+                &(),
+            )
+        })
+        .await
+    }
+
+    async fn token_by_hash(
+        &self,
+        hash: &ApiKeyHash,
+    ) -> MetaResult<Option<(TokenRecord, UserRecord)>> {
+        let tkey = token_key(hash);
+        self.transaction(move |tx| {
+            let Some(token) = tx.get::<TokenRecord>(&tkey)? else {
+                return Ok(None);
+            };
+            let index = format!("{}{}", user_keys(&token.user_id), token.key_id);
+            if tx.get::<ApiKeyHash>(&index)?.is_none() {
+                return Ok(None);
+            }
+            let user = tx.get::<UserRecord>(&user_key(&token.user_id))?;
+            Ok(user.map(|u| (token, u)))
+        })
+        .await
+    }
+
+    async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
+        self.transaction(move |tx| {
+            let mut deleted = 0;
+            for k in tx.keys("tokens/", None, usize::MAX)? {
+                if let Some(t) = tx.get::<TokenRecord>(&k)?
+                    && t.expires_at < before
+                {
+                    tx.delete(&k);
+                    tx.delete(&format!("{}{}", key_tokens(&t.key_id), t.hash.as_str()));
+                    deleted += 1;
+                }
+            }
+            Ok(deleted)
         })
         .await
     }

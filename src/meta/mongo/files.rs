@@ -4,23 +4,43 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use bson::{Bson, Document, doc};
-use mongodb::ClientSession;
+use mongodb::{ClientSession, options::ReturnDocument};
 
 use super::{
     MongoStore,
     errors::classify,
     find_sorted, owned_after,
-    resumable::fits_quota,
     txn::{add_fence, add_fences},
 };
 use crate::{
     meta::{
         CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
-        MetaError, MetaResult, OrphanRecord, PermissionRecord,
-        group::{self, Held},
+        MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
+
+/// The part of a user document a commit decides on.
+#[derive(serde::Deserialize)]
+struct UserQuota {
+    used_bytes: i64,
+    #[serde(default)]
+    reserved_bytes: i64,
+    #[serde(default)]
+    quota_bytes: Option<i64>,
+}
+
+impl UserQuota {
+    /// What counts against the quota: the bytes stored and the bytes reserved.
+    fn counted(&self) -> i64 {
+        self.used_bytes + self.reserved_bytes
+    }
+
+    /// The fields it reads.
+    fn projection() -> Document {
+        doc! {"used_bytes": 1, "reserved_bytes": 1, "quota_bytes": 1}
+    }
+}
 
 impl MongoStore {
     async fn commit_upload_in(
@@ -52,32 +72,42 @@ impl MongoStore {
                 .await
                 .map_err(classify)?;
         }
-        let mut inc = doc! {"used_bytes": file.size};
+        let mut inc = doc! {"used_bytes": file.size, "file_count": 1_i64};
         // The file's bytes take the place of its upload's reservation.
-        let mut freed = Held::default();
         if c.resumable {
-            freed = self.held_in(s, &file.id).await?;
+            let freed = self.held_in(s, &file.id).await?;
             self.mark_released_in(s, &[file.id]).await?;
             inc.insert("reserved_bytes", -freed.reserved);
             inc.insert("open_uploads", -i64::from(freed.open));
         }
         let mut filter = doc! {"_id": &file.owner_id};
-        if let Some(quota) = c.quota_bytes {
-            filter.insert("$expr", fits_quota(quota, file.size - freed.reserved));
-        }
-        inc.insert("file_count", 1_i64);
         let mut update = doc! {"$inc": inc};
         add_fence(&mut filter, &mut update, "upload_fence", c.fence.as_ref());
-        let updated = self
-            .users()
-            .update_one(filter, update)
+        // The quota is decided on the user document as this transaction
+        // wrote it (its stored and reserved bytes, the file's in place of
+        // its upload's reservation; the user's own quota, else the
+        // default): a quota change committed since the transaction began
+        // makes this write a write conflict, so no upload commits past a
+        // quota lowered meanwhile. Past the quota, the error aborts the
+        // transaction and its write.
+        let Some(user) = self
+            .db
+            .collection::<UserQuota>("users")
+            .find_one_and_update(filter, update)
+            .projection(UserQuota::projection())
+            .return_document(ReturnDocument::After)
             .session(&mut *s)
             .await
-            .map_err(classify)?;
-        if updated.matched_count == 0 {
+            .map_err(classify)?
+        else {
             return Err(self
                 .why_user_unmatched(s, &file.owner_id, c.fence.as_ref())
                 .await);
+        };
+        if group::effective_quota(user.quota_bytes, c.quota_bytes)
+            .is_some_and(|q| user.counted().max(0) as u64 > q)
+        {
+            return Err(MetaError::QuotaExceeded);
         }
         self.files()
             .insert_one(file)
@@ -128,22 +158,12 @@ impl MongoStore {
                 recorded.insert(r.id.clone(), r);
             }
         }
-        let counted = match group.iter().any(|c| c.quota_bytes.is_some()) {
-            false => 0,
-            true => self
-                .users()
-                .find_one(doc! {"_id": owner})
-                .session(&mut *s)
-                .await
-                .map_err(classify)?
-                .ok_or(MetaError::NotFound)?
-                .counted_bytes(),
-        };
+        let user = self.quota_of(s, owner).await?;
         let mut held = HashMap::new();
         for id in group::resumable_ids(group) {
             held.insert(id, self.held_in(s, &id).await?);
         }
-        let plan = group::plan(group, counted, recorded, &held);
+        let plan = group::plan(group, user.counted(), user.quota_bytes, recorded, &held);
         if plan.committing.is_empty() {
             return Ok(plan.outcomes);
         }
@@ -232,6 +252,18 @@ impl MongoStore {
             return Err(self.why_user_unmatched(s, owner, fence).await);
         }
         Ok(())
+    }
+
+    /// What a group commit decides the quota on, read in the transaction.
+    async fn quota_of(&self, s: &mut ClientSession, id: &UserId) -> MetaResult<UserQuota> {
+        self.db
+            .collection::<UserQuota>("users")
+            .find_one(doc! {"_id": id})
+            .projection(UserQuota::projection())
+            .session(&mut *s)
+            .await
+            .map_err(classify)?
+            .ok_or(MetaError::NotFound)
     }
 
     async fn why_user_unmatched(

@@ -1,17 +1,33 @@
 //! Start-up migrations on MongoDB: each rewrites documents of an older shape
-//! and finds none on the current one, so it runs at every start.
+//! and finds none on the current one, so it runs at every start. Users of
+//! the shape before issue 22 carried a `file_ids` array; before issue 25
+//! their one key's hash in `users.api_key_hash`.
 
 use bson::{Document, doc};
 use futures::TryStreamExt;
 
-use super::{MongoStore, Res};
+use super::{MongoStore, Res, errors::classify};
+use crate::{
+    meta::{
+        ApiKeyRecord, FIRST_KEY_NAME, MetaResult,
+        retry::{TxnRetryPolicy, with_txn_retry},
+    },
+    vocab::{ApiKeyHash, KeyId, UserId},
+};
+
+/// Where a user of the old shape kept their one key's hash.
+const LEGACY_KEY_FIELD: &str = "api_key_hash";
 
 impl MongoStore {
     /// Runs every migration; what each changed is logged.
-    pub(super) async fn migrate(&self) -> Res<()> {
-        let users = self.count_user_files().await?;
+    pub(super) async fn migrate(&self) -> MetaResult<()> {
+        let users = self.count_user_files().await.map_err(classify)?;
         if users > 0 {
             tracing::info!(users, "migrated users' file_ids arrays to file_count");
+        }
+        let moved = self.migrate_single_keys().await?;
+        if moved > 0 {
+            tracing::info!(moved, "moved users' single keys into api keys");
         }
         Ok(())
     }
@@ -48,5 +64,75 @@ impl MongoStore {
             rewritten += done.modified_count as usize;
         }
         Ok(rewritten)
+    }
+
+    /// Moves every user's key of the old shape into `api_keys`, named
+    /// [`FIRST_KEY_NAME`] and dated as its user; how many. Each move is one
+    /// transaction that unsets the field it moves, so a start after a crash
+    /// and instances starting at once move each key exactly once.
+    async fn migrate_single_keys(&self) -> MetaResult<usize> {
+        let legacy: Vec<Document> = self
+            .db
+            .collection::<Document>("users")
+            .find(doc! {LEGACY_KEY_FIELD: {"$exists": true}})
+            .projection(doc! {LEGACY_KEY_FIELD: 1, "created_at": 1})
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)?;
+        let mut moved = 0;
+        for user in legacy {
+            let (Ok(Ok(user_id)), Ok(hash)) = (
+                user.get_str("_id").map(str::parse::<UserId>),
+                user.get_str(LEGACY_KEY_FIELD),
+            ) else {
+                continue;
+            };
+            let key = ApiKeyRecord {
+                id: KeyId::new(),
+                user_id,
+                name: FIRST_KEY_NAME.into(),
+                hash: ApiKeyHash::from_hex(hash.to_string()),
+                created_at: user
+                    .get_datetime("created_at")
+                    .map_or_else(|_| crate::meta::now(), |t| t.to_chrono()),
+            };
+            let policy = TxnRetryPolicy::default();
+            if with_txn_retry(&policy, || self.move_single_key(&key))
+                .await?
+                .value
+            {
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Moves one key, unless another start moved it first (`false`).
+    async fn move_single_key(&self, key: &ApiKeyRecord) -> MetaResult<bool> {
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            let unset = self
+                .users()
+                .update_one(
+                    doc! {"_id": &key.user_id, LEGACY_KEY_FIELD: &key.hash},
+                    doc! {"$unset": {LEGACY_KEY_FIELD: ""}},
+                )
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            if unset.matched_count == 0 {
+                return Ok(false);
+            }
+            self.keys()
+                .insert_one(key)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(true)
+        }
+        .await;
+        self.txns.finish(s, None, result).await
     }
 }

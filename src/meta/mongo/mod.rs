@@ -33,10 +33,13 @@ pub use self::errors::classify;
 use self::txn::Sessions;
 use crate::{
     meta::{
-        AgentRecord, FileRecord, IdempotencyRecord, IntentRecord, MetaResult, MetadataStore,
-        OrphanRecord, PermissionRecord, ProcessedOp, ResumableRecord, SessionRecord, UserRecord,
+        AgentRecord, ApiKeyRecord, FileRecord, IdempotencyRecord, IntentRecord, MetaResult,
+        MetadataStore, OrphanRecord, PermissionRecord, ProcessedOp, ResumableRecord, SessionRecord,
+        TokenRecord, UserRecord,
     },
-    vocab::{AgentId, ApiKeyHash, BlobKey, FileId, LinkId, OpId, OrphanId, SessionId, UserId},
+    vocab::{
+        AgentId, ApiKeyHash, BlobKey, FileId, KeyId, LinkId, OpId, OrphanId, SessionId, UserId,
+    },
 };
 
 /// Ids, keys and hashes in a filter or an update (`doc!`): as the strings
@@ -51,7 +54,9 @@ macro_rules! as_bson_string {
     )*};
 }
 
-as_bson_string!(UserId, FileId, SessionId, AgentId, OrphanId, OpId, BlobKey);
+as_bson_string!(
+    UserId, FileId, SessionId, AgentId, OrphanId, OpId, BlobKey, KeyId
+);
 
 impl From<LinkId> for Bson {
     fn from(v: LinkId) -> Self {
@@ -137,8 +142,23 @@ impl MongoStore {
                 .options(IndexOptions::builder().unique(unique).build())
                 .build()
         };
-        self.users()
-            .create_index(index(doc! {"api_key_hash": 1}, true))
+        // Keys live in `api_keys` now; the users' old unique index on a
+        // field no new user has would refuse every user after the first.
+        let _ = self.users().drop_index("api_key_hash_1").await;
+        self.keys()
+            .create_index(index(doc! {"hash": 1}, true))
+            .await?;
+        self.keys()
+            .create_index(index(doc! {"user_id": 1, "_id": 1}, false))
+            .await?;
+        self.tokens()
+            .create_index(index(doc! {"hash": 1}, true))
+            .await?;
+        self.tokens()
+            .create_index(index(doc! {"key_id": 1}, false))
+            .await?;
+        self.tokens()
+            .create_index(index(doc! {"expires_at": 1}, false))
             .await?;
         self.files()
             .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
@@ -195,6 +215,14 @@ impl MongoStore {
 
     fn users(&self) -> Collection<UserRecord> {
         self.db.collection("users")
+    }
+
+    fn keys(&self) -> Collection<ApiKeyRecord> {
+        self.db.collection("api_keys")
+    }
+
+    fn tokens(&self) -> Collection<TokenRecord> {
+        self.db.collection("api_tokens")
     }
 
     fn files(&self) -> Collection<FileRecord> {

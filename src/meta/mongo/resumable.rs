@@ -20,11 +20,14 @@ use crate::{
 /// The fields only the counting writes change (see [`ResumableRecord::reserved`]).
 const COUNTED_FIELDS: [&str; 3] = ["length", "reserved", "open"];
 
-/// A filter condition: the user's stored and reserved bytes plus `more` fit `quota`.
-pub(super) fn fits_quota(quota: u64, more: i64) -> Document {
+/// A filter condition: the user's stored and reserved bytes plus `more`
+/// fit their own quota (`quota_bytes` on the document), else `default`
+/// (`None`: no limit but their own).
+fn fits_quota(default: Option<u64>, more: i64) -> Document {
+    let default = default.map_or(i64::MAX, |q| i64::try_from(q).unwrap_or(i64::MAX));
     doc! {"$lte": [
-        {"$add": ["$used_bytes", {"$ifNull": ["$reserved_bytes", 0]}]},
-        quota as i64 - more,
+        {"$add": ["$used_bytes", {"$ifNull": ["$reserved_bytes", 0]}, more]},
+        {"$ifNull": ["$quota_bytes", default]},
     ]}
 }
 
@@ -94,10 +97,10 @@ impl MongoStore {
         limits: &OpenLimits,
     ) -> MetaResult<()> {
         let max_open = i64::try_from(limits.max_open).unwrap_or(i64::MAX);
-        let mut conditions = vec![doc! {"$lt": [{"$ifNull": ["$open_uploads", 0]}, max_open]}];
-        if let Some(quota) = limits.quota_bytes {
-            conditions.push(fits_quota(quota, upload.reserved));
-        }
+        let conditions = vec![
+            doc! {"$lt": [{"$ifNull": ["$open_uploads", 0]}, max_open]},
+            fits_quota(limits.quota_bytes, upload.reserved),
+        ];
         let filter = doc! {"_id": &upload.user_id, "$expr": {"$and": conditions}};
         let update = doc! {"$inc": {"reserved_bytes": upload.reserved, "open_uploads": 1_i64}};
         let updated = self
@@ -142,10 +145,7 @@ impl MongoStore {
         if upload.length.is_some() {
             return Ok(Some(upload));
         }
-        let mut filter = doc! {"_id": &upload.user_id};
-        if let Some(quota) = quota {
-            filter.insert("$expr", fits_quota(quota, length));
-        }
+        let filter = doc! {"_id": &upload.user_id, "$expr": fits_quota(quota, length)};
         let updated = self
             .users()
             .update_one(filter, doc! {"$inc": {"reserved_bytes": length}})

@@ -1,22 +1,36 @@
-//! Users on MongoDB.
+//! Users and their keys on MongoDB (a user's keys in `api_keys`, the tokens
+//! they mint in `api_tokens`).
 
 use async_trait::async_trait;
 use bson::doc;
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 
 use super::{MongoStore, errors::classify};
 use crate::{
-    meta::{MetaResult, UserRecord, UserRepo},
-    vocab::{ApiKeyHash, UserId},
+    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
+    vocab::{ApiKeyHash, KeyId, UserId},
 };
 
 #[async_trait]
 impl UserRepo for MongoStore {
-    async fn insert_user(&self, user: &UserRecord) -> MetaResult<()> {
-        self.users()
-            .insert_one(user)
-            .await
-            .map(|_| ())
-            .map_err(classify)
+    async fn insert_user(&self, user: &UserRecord, key: &ApiKeyRecord) -> MetaResult<()> {
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            self.users()
+                .insert_one(user)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            self.keys()
+                .insert_one(key)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(())
+        }
+        .await;
+        self.txns.finish(s, None, result).await
     }
 
     async fn user(&self, id: &UserId) -> MetaResult<Option<UserRecord>> {
@@ -26,10 +40,153 @@ impl UserRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn user_by_key_hash(&self, hash: &ApiKeyHash) -> MetaResult<Option<UserRecord>> {
+    async fn list_users(
+        &self,
+        after: Option<&UserId>,
+        limit: usize,
+    ) -> MetaResult<Vec<UserRecord>> {
+        let filter = match after {
+            Some(a) => doc! {"_id": {"$gt": a}},
+            None => doc! {},
+        };
         self.users()
-            .find_one(doc! {"api_key_hash": hash})
+            .find(filter)
+            .sort(doc! {"_id": 1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await
+            .map_err(classify)?
+            .try_collect()
             .await
             .map_err(classify)
+    }
+
+    async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>> {
+        let update = match quota {
+            Some(q) => doc! {"$set": {"quota_bytes": q}},
+            None => doc! {"$unset": {"quota_bytes": ""}},
+        };
+        self.users()
+            .find_one_and_update(doc! {"_id": id}, update)
+            .return_document(mongodb::options::ReturnDocument::After)
+            .await
+            .map_err(classify)
+    }
+}
+
+#[async_trait]
+impl KeyRepo for MongoStore {
+    async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            // Written, not only read, so that a deletion beginning at the same
+            // time conflicts with this transaction instead of missing the key.
+            let user = self
+                .users()
+                .update_one(
+                    doc! {"_id": &key.user_id, "deleting_since": null},
+                    doc! {"$inc": {"key_seq": 1}},
+                )
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            if user.matched_count == 0 {
+                return Err(MetaError::NotFound);
+            }
+            self.keys()
+                .insert_one(key)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(())
+        }
+        .await;
+        self.txns.finish(s, None, result).await
+    }
+
+    async fn key_by_hash(
+        &self,
+        hash: &ApiKeyHash,
+    ) -> MetaResult<Option<(ApiKeyRecord, UserRecord)>> {
+        let Some(key) = self
+            .keys()
+            .find_one(doc! {"hash": hash})
+            .await
+            .map_err(classify)?
+        else {
+            return Ok(None);
+        };
+        let user = UserRepo::user(self, &key.user_id).await?;
+        Ok(user.map(|u| (key, u)))
+    }
+
+    async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>> {
+        self.keys()
+            .find_one(doc! {"_id": id, "user_id": user})
+            .await
+            .map_err(classify)
+    }
+
+    async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>> {
+        self.keys()
+            .find(doc! {"user_id": user})
+            .sort(doc! {"_id": 1})
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)
+    }
+
+    async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
+        let deleted = self
+            .keys()
+            .delete_one(doc! {"_id": id, "user_id": user})
+            .await
+            .map_err(classify)?;
+        // Its tokens die with it (authentication checks the key anyway).
+        self.tokens()
+            .delete_many(doc! {"key_id": id})
+            .await
+            .map_err(classify)?;
+        Ok(deleted.deleted_count == 1)
+    }
+
+    async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
+        self.tokens()
+            .insert_one(token)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn token_by_hash(
+        &self,
+        hash: &ApiKeyHash,
+    ) -> MetaResult<Option<(TokenRecord, UserRecord)>> {
+        let Some(token) = self
+            .tokens()
+            .find_one(doc! {"hash": hash})
+            .await
+            .map_err(classify)?
+        else {
+            return Ok(None);
+        };
+        if KeyRepo::key(self, &token.user_id, &token.key_id)
+            .await?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let user = UserRepo::user(self, &token.user_id).await?;
+        Ok(user.map(|u| (token, u)))
+    }
+
+    async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
+        let deleted = self
+            .tokens()
+            .delete_many(doc! {"expires_at": {"$lt": bson::DateTime::from_chrono(before)}})
+            .await
+            .map_err(classify)?;
+        Ok(deleted.deleted_count)
     }
 }
