@@ -15,8 +15,8 @@ use reqwest::{Method, Response, StatusCode};
 
 use crate::{
     helpers::{
-        TestApp, TestUser, assert_bucket_matches_metadata, error_code, spawn_app,
-        spawn_app_with, spawn_app_with_state, test_settings,
+        TestApp, TestUser, assert_bucket_matches_metadata, error_code, spawn_app, spawn_app_with,
+        spawn_app_with_state, test_settings,
     },
     support::faulty_blobs::LosesCompleteAnswer,
     tus::{LEN, OCTETS, TUS, content, data, head, offset_of, patch, staging_left},
@@ -298,7 +298,11 @@ async fn a_declared_upload_whose_last_part_failed_keeps_its_tail_through_a_sweep
 
     blobs.refuse_part.store(true, Ordering::SeqCst);
     let res = patch_declaring(&app, &user, &id, 300, 300, b"").await;
-    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "the refused part");
+    assert_eq!(
+        res.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the refused part"
+    );
     assert!(
         !blobs.refuse_part.load(Ordering::SeqCst),
         "the last part was tried"
