@@ -266,6 +266,29 @@ mod tests {
     }
 
     #[test]
+    fn the_users_own_quota_holds_against_stored_and_reserved_bytes() {
+        // The default (1000) would take all; the user's own (100) is held
+        // to 50 stored + 40 reserved, of which the first upload's own 40.
+        let mut group = [upload(40, None), upload(20, None), upload(10, None)];
+        for c in &mut group {
+            c.quota_bytes = Some(1000);
+        }
+        group[0].resumable = true;
+        let held = HashMap::from([(
+            group[0].file.id,
+            Held {
+                reserved: 40,
+                open: true,
+            },
+        )]);
+        let p = plan(&group, 90, Some(100), HashMap::new(), &held);
+        assert_eq!(shape(&p), ["commit", "quota", "commit"]);
+        // Without its reservation freed, the first would not fit either.
+        let p = plan(&group, 90, Some(100), HashMap::new(), &HashMap::new());
+        assert_eq!(shape(&p), ["quota", "quota", "commit"]);
+    }
+
+    #[test]
     fn two_tokens_of_one_slot_are_refused() {
         let fence = |token| {
             Some(Fence {

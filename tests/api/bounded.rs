@@ -11,7 +11,11 @@ use crate::helpers::{TestApp, TestUser, error_code, real_backends, spawn_app_wit
 /// Rewrites `user`'s document to the shape before issue 22, `file_ids`
 /// holding `ids`, with a stale `file_count` beside it (as an instance of each
 /// shape writing to one document would leave it).
-async fn make_old_shape(settings: &filedock::config::Settings, user: &TestUser, ids: &[String]) {
+pub(crate) async fn make_old_shape(
+    settings: &filedock::config::Settings,
+    user: &TestUser,
+    ids: &[String],
+) {
     if real_backends() {
         let uri = std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap();
         let client = mongodb::Client::with_uri_str(uri).await.unwrap();

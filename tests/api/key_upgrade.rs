@@ -14,10 +14,19 @@ fn mongo_uri() -> String {
 }
 
 /// Rewrites `user`'s keys into the old shape: the one key on the user, no
-/// key records.
-async fn write_old_shape(settings: &filedock::config::Settings, user: &TestUser) {
+/// key records; with `file_ids`, their files too into the shape before
+/// issue 22 (as `bounded::make_old_shape` does; in the same write on the
+/// embedded store, whose every opening migrates what it finds).
+async fn write_old_shape(
+    settings: &filedock::config::Settings,
+    user: &TestUser,
+    file_ids: Option<&[String]>,
+) {
     let hash = sha256_hex(user.key.as_bytes());
     if real_backends() {
+        if let Some(ids) = file_ids {
+            crate::bounded::make_old_shape(settings, user, ids).await;
+        }
         let client = mongodb::Client::with_uri_str(mongo_uri()).await.unwrap();
         let db = client.database(&settings.mongodb_db);
         db.collection::<bson::Document>("api_keys")
@@ -46,6 +55,10 @@ async fn write_old_shape(settings: &filedock::config::Settings, user: &TestUser)
     let ukey = format!("users/{}", user.id);
     let mut doc: Value = tx.get(&ukey).unwrap().unwrap();
     doc["api_key_hash"] = hash.into();
+    if let Some(ids) = file_ids {
+        doc["file_ids"] = ids.into();
+        doc["file_count"] = 99.into();
+    }
     tx.put(&ukey, &doc).unwrap();
     tx.commit(&store).unwrap();
 }
@@ -87,7 +100,7 @@ async fn a_user_created_with_one_key_still_authenticates_after_an_upgrade_and_a_
     let old = app.create_user("old").await;
     let (_, before) = me(&app, &old).await;
     let settings = app.stop().await;
-    write_old_shape(&settings, &old).await;
+    write_old_shape(&settings, &old, None).await;
     create_old_index(&settings).await;
 
     // The first start moves the key; the second finds nothing to move.
@@ -135,7 +148,7 @@ async fn instances_starting_at_once_move_each_old_key_once() {
     }
     let settings = app.stop().await;
     for u in &users {
-        write_old_shape(&settings, u).await;
+        write_old_shape(&settings, u, None).await;
     }
     create_old_index(&settings).await;
     let (a, b) = tokio::join!(
@@ -149,4 +162,32 @@ async fn instances_starting_at_once_move_each_old_key_once() {
     }
     a.stop().await;
     b.stop().await;
+}
+
+/// A user of the shape before both issue 22 and issue 25 (a `file_ids`
+/// array and one key on the user): start-up counts their files and moves
+/// their key, each migration keeping what the other reads.
+#[tokio::test]
+async fn a_user_with_a_file_list_and_one_key_is_migrated_by_both_migrations() {
+    let app = spawn_app().await;
+    let old = app.create_user("oldest").await;
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let v = app
+            .upload_json(&old, &format!("f{i}.txt"), vec![b'o'; 10])
+            .await;
+        ids.push(v["id"].as_str().unwrap().to_owned());
+    }
+    let settings = app.stop().await;
+    write_old_shape(&settings, &old, Some(&ids)).await;
+
+    let app = spawn_app_with(settings).await;
+    let (status, after) = me(&app, &old).await;
+    assert_eq!(status, StatusCode::OK, "{after}");
+    assert_eq!(after["usage"]["file_count"], 2, "{after}");
+    assert_eq!(after["usage"]["used_bytes"], 20, "{after}");
+    assert_eq!(stored_keys(&app, &old).await, ["default"]);
+    let stored = app.state.ports.meta.user(&old.user_id()).await.unwrap();
+    assert_eq!(stored.map(|u| u.file_count), Some(2));
+    assert_eq!(app.list_ids(&old).await.len(), 2);
 }

@@ -13,6 +13,10 @@ use serde_json::{Value, json};
 
 use crate::helpers::*;
 use crate::keys::admin;
+use crate::tus::TUS;
+use crate::tus_defer::{create_deferred, patch_declaring};
+use crate::tus_limits::{counts, try_create, upload_id};
+use crate::tus_reserve::{tally, until_settled};
 use filedock::testing::upload_raw_at;
 
 /// The default quota of the first test (`FILEDOCK_USER_QUOTA_BYTES`).
@@ -149,6 +153,68 @@ async fn the_admin_pages_through_users_and_sets_one_users_quota() {
         .metric("filedock_audit_events_total", "action=\"quota_changed\"")
         .await;
     assert_eq!(changes, 3.0, "each change audited, no refusal");
+}
+
+/// A user's own quota bounds their resumable uploads' reservations as the
+/// default does: a creation (or a deferred length's declaration) past what
+/// it leaves beside the bytes stored and reserved is refused with the same
+/// `507 quota_exceeded`, here with no default at all; concurrent creations
+/// that each fit alone are let in exactly as many as fit together.
+#[tokio::test]
+async fn a_users_own_quota_bounds_their_tus_reservations() {
+    let mut settings = test_settings();
+    settings.user_quota_bytes = None;
+    settings.auth_cache_ttl = Duration::ZERO;
+    let app = spawn_app_with(settings).await;
+    let (ann, bob) = (app.create_user("ann").await, app.create_user("bob").await);
+    assert_eq!(set_quota(&app, &ann, json!(1000)).await.0, StatusCode::OK);
+    assert_eq!(
+        upload_status(&app, &ann, "a.txt", 100).await,
+        StatusCode::CREATED
+    );
+    upload_id(&try_create(&app, &ann, 600).await);
+    assert_eq!(counts(&app, &ann).await, (100, 600, 1));
+    // 1000 - 100 used - 600 reserved leaves 300.
+    assert_eq!(
+        error_code(try_create(&app, &ann, 301).await).await,
+        (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded".into())
+    );
+    upload_id(&try_create(&app, &ann, 300).await);
+    assert_eq!(counts(&app, &ann).await, (100, 900, 2));
+    let deferred = create_deferred(&app, &ann).await;
+    assert_eq!(
+        error_code(patch_declaring(&app, &ann, &deferred, 0, 1, b"d").await).await,
+        (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded".into()),
+        "a declaration is held to it too"
+    );
+    assert_eq!(
+        counts(&app, &ann).await,
+        (100, 900, 3),
+        "refusals count nothing"
+    );
+    // Bob has no quota; and with `null`, Ann has none again.
+    upload_id(&try_create(&app, &bob, 1_000_000).await);
+    assert_eq!(set_quota(&app, &ann, Value::Null).await.0, StatusCode::OK);
+    upload_id(&try_create(&app, &ann, 1_000_000).await);
+
+    // 10 creations of 300 at once against Carl's own 1000: 3 fit.
+    let carl = app.create_user("carl").await;
+    assert_eq!(set_quota(&app, &carl, json!(1000)).await.0, StatusCode::OK);
+    let racers = (0..10).map(|_| {
+        until_settled(async || {
+            app.client
+                .post(app.url("/v1/uploads"))
+                .bearer_auth(&carl.key)
+                .header("tus-resumable", TUS)
+                .header("upload-length", "300")
+                .send()
+                .await
+                .unwrap()
+        })
+    });
+    let answers = join_all(racers).await;
+    assert_eq!(tally(answers, StatusCode::CREATED), (3, 7));
+    assert_eq!(counts(&app, &carl).await, (0, 900, 3));
 }
 
 /// Uploads in flight while the quota drops: each body arrives in two

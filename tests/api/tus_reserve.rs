@@ -197,7 +197,7 @@ async fn expiry_gives_the_reservation_back_once() {
 
 /// Sends `request` until it is answered something other than `409
 /// write_conflict` (which a client retries).
-async fn until_settled(request: impl AsyncFn() -> Response) -> (StatusCode, String) {
+pub(crate) async fn until_settled(request: impl AsyncFn() -> Response) -> (StatusCode, String) {
     for _ in 0..CONFLICT_RETRIES {
         let answer = error_code(request().await).await;
         if answer.0 != StatusCode::CONFLICT {
@@ -209,7 +209,7 @@ async fn until_settled(request: impl AsyncFn() -> Response) -> (StatusCode, Stri
 }
 
 /// Of the answers, `(successes, quota refusals)`; anything else fails.
-fn tally(answers: Vec<(StatusCode, String)>, success: StatusCode) -> (usize, usize) {
+pub(crate) fn tally(answers: Vec<(StatusCode, String)>, success: StatusCode) -> (usize, usize) {
     let (mut ok, mut refused) = (0, 0);
     for (status, code) in answers {
         match status {
