@@ -130,8 +130,13 @@ impl Admission {
     }
 
     /// What the user's quota leaves them now beside their stored and
-    /// reserved bytes, as the store has it (`None`: no quota).
+    /// reserved bytes, as the store has it (`None`: no quota). Whether
+    /// they have one is taken from `user` (the auth cache's, as every early
+    /// check does), so that no quota costs no read.
     pub async fn room(&self, user: &UserRecord) -> Result<Option<u64>, DomainError> {
+        if self.quota_of(user).is_none() {
+            return Ok(None);
+        }
         let stored = self
             .users
             .user(&user.id)
