@@ -22,7 +22,7 @@ use filedock::{
 /// next completion carried out but answered with an error (as when its
 /// answer is lost on the way back), or refused, and the like.
 pub struct LosesCompleteAnswer {
-    inner: Arc<dyn ResumableBlobs>,
+    pub inner: Arc<dyn ResumableBlobs>,
     /// The next completion is carried out, its answer lost.
     pub lose: AtomicBool,
     /// The next completion fails without being carried out.
