@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 
 pub use self::error::{MetaError, MetaResult};
 pub use self::records::*;
-pub use self::resumable::{OpenLimits, ResumableRecord, ResumableRepo};
+pub use self::resumable::{OpenLimits, Reserve, ResumableRecord, ResumableRepo};
 use crate::vocab::{
     AgentId, ApiKeyHash, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId,
     SessionId, UserId,

@@ -33,6 +33,7 @@ mod support;
 mod tus;
 mod tus_completed;
 mod tus_defer;
+mod tus_defer_quota;
 mod tus_limits;
 mod tus_recovery;
 mod tus_release;

@@ -15,8 +15,8 @@ use reqwest::{Method, Response, StatusCode};
 
 use crate::{
     helpers::{
-        TestApp, TestUser, assert_bucket_matches_metadata, error_code, spawn_app,
-        spawn_app_with, spawn_app_with_state, test_settings,
+        TestApp, TestUser, assert_bucket_matches_metadata, error_code, spawn_app, spawn_app_with,
+        spawn_app_with_state, test_settings,
     },
     support::faulty_blobs::LosesCompleteAnswer,
     tus::{LEN, OCTETS, TUS, content, data, head, offset_of, patch, staging_left},
@@ -60,7 +60,11 @@ pub(crate) async fn patch_declaring(
 }
 
 /// `HEAD`'s `Upload-Length` and `Upload-Defer-Length`.
-async fn lengths(app: &TestApp, user: &TestUser, id: &str) -> (Option<String>, Option<String>) {
+pub(crate) async fn lengths(
+    app: &TestApp,
+    user: &TestUser,
+    id: &str,
+) -> (Option<String>, Option<String>) {
     let res = app
         .client
         .request(Method::HEAD, app.url(&format!("/v1/uploads/{id}")))
@@ -239,7 +243,8 @@ async fn a_deferred_upload_is_held_to_the_quota_before_and_when_it_declares() {
     let res = patch_declaring(&app, &user, &id, 300, 500, &bytes[300..]).await;
     assert_eq!(error_code(res).await, quota);
     assert_eq!(lengths(&app, &user, &id).await, (None, Some("1".into())));
-    assert_eq!(counts(&app, &user).await, (0, 600, 2));
+    // 600 for the other, 300 for the bytes this one stored.
+    assert_eq!(counts(&app, &user).await, (0, 900, 2));
     // Undeclared, its bytes may not pass what the quota leaves (400 - 300 stored).
     let res = patch(&app, &user, &id, 300, &bytes[300..401]).await;
     assert_eq!(error_code(res).await, quota);
@@ -298,7 +303,11 @@ async fn a_declared_upload_whose_last_part_failed_keeps_its_tail_through_a_sweep
 
     blobs.refuse_part.store(true, Ordering::SeqCst);
     let res = patch_declaring(&app, &user, &id, 300, 300, b"").await;
-    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "the refused part");
+    assert_eq!(
+        res.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the refused part"
+    );
     assert!(
         !blobs.refuse_part.load(Ordering::SeqCst),
         "the last part was tried"
