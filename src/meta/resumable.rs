@@ -122,6 +122,42 @@ impl ResumableRecord {
     }
 }
 
+/// What a deferred upload (no `Upload-Length` yet) reserves against its
+/// user's quota.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Reserve {
+    /// Its length, declared by a PATCH: set, and reserved whole.
+    Length(i64),
+    /// The bytes it has stored, up to this offset, while its length is
+    /// still deferred: a PATCH reserves them before the state records
+    /// them, so that undeclared uploads cannot hold more than the quota.
+    Stored(i64),
+}
+
+impl Reserve {
+    /// What `upload` becomes and how many more bytes (fewer, if negative)
+    /// its user then holds reserved; `None` when nothing changes: its
+    /// length is known already, a length is below its offset (a PATCH
+    /// moved it on meanwhile), or its stored bytes are reserved already.
+    pub fn apply(self, upload: &ResumableRecord) -> Option<(ResumableRecord, i64)> {
+        if upload.length.is_some() {
+            return None;
+        }
+        let (length, reserved) = match self {
+            Reserve::Length(l) if l < upload.offset => return None,
+            Reserve::Length(l) => (Some(l), l),
+            Reserve::Stored(upto) if upto <= upload.reserved => return None,
+            Reserve::Stored(upto) => (None, upto),
+        };
+        let next = ResumableRecord {
+            length,
+            reserved,
+            ..upload.clone()
+        };
+        Some((next, reserved - upload.reserved))
+    }
+}
+
 /// `upload` holding nothing of its user's counters.
 pub fn uncounted(upload: &ResumableRecord) -> ResumableRecord {
     ResumableRecord {
@@ -144,24 +180,27 @@ pub trait ResumableRepo: Send + Sync {
         limits: &OpenLimits,
     ) -> MetaResult<()>;
 
-    /// Sets a deferred upload's length and reserves it, in one transaction
-    /// (`QuotaExceeded` past the user's own quota, else the default `quota`:
-    /// nothing changes). The record as it is
-    /// then (one whose length was known already comes back as it is);
-    /// `None` if the upload is gone.
-    async fn declare_length(
+    /// Reserves what a deferred upload needs ([`Reserve`]: its declared
+    /// length, which is set, or its stored bytes) on its user, in one
+    /// transaction (`QuotaExceeded` past the user's own
+    /// quota, else the default `quota`: nothing changes). The
+    /// record as it is then (as it was when [`Reserve::apply`] changes
+    /// nothing); `None` if the upload is gone.
+    async fn reserve_deferred(
         &self,
         id: &FileId,
-        length: i64,
+        what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>>;
 
     async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>>;
 
     /// Replaces the record with `upload` (keeping the stored `reserved`,
-    /// `open` and `length`, which only the counting writes change) if its offset is still
-    /// `expected_offset`: `false` (nothing changed) if another PATCH moved
-    /// it first or the upload is gone.
+    /// `open` and `length`, which only the counting writes change) if its
+    /// offset is still `expected_offset` and its length (if declared) is
+    /// not below `upload`'s offset: `false` (nothing changed) if another
+    /// PATCH moved it first, declared a length it passes, or the upload is
+    /// gone.
     async fn advance_resumable(
         &self,
         upload: &ResumableRecord,

@@ -107,14 +107,18 @@ async fn without_a_quota_me_says_null() {
 }
 
 /// Uploads `body` raw; the answer's status.
-async fn upload_raw_at_owned(base: String, key: String, body: reqwest::Body) -> StatusCode {
+pub(crate) async fn upload_raw_at_owned(
+    base: String,
+    key: String,
+    body: reqwest::Body,
+) -> StatusCode {
     filedock::testing::upload_raw_at(&reqwest::Client::new(), &base, &key, "s.txt", body)
         .await
         .status()
 }
 
 /// The chunks a channel receives, as a stream.
-fn tokio_stream_of(
+pub(crate) fn tokio_stream_of(
     rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })

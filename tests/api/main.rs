@@ -38,6 +38,7 @@ mod tokens;
 mod tus;
 mod tus_completed;
 mod tus_defer;
+mod tus_defer_quota;
 mod tus_limits;
 mod tus_recovery;
 mod tus_release;

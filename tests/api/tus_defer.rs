@@ -60,7 +60,11 @@ pub(crate) async fn patch_declaring(
 }
 
 /// `HEAD`'s `Upload-Length` and `Upload-Defer-Length`.
-async fn lengths(app: &TestApp, user: &TestUser, id: &str) -> (Option<String>, Option<String>) {
+pub(crate) async fn lengths(
+    app: &TestApp,
+    user: &TestUser,
+    id: &str,
+) -> (Option<String>, Option<String>) {
     let res = app
         .client
         .request(Method::HEAD, app.url(&format!("/v1/uploads/{id}")))
@@ -239,7 +243,8 @@ async fn a_deferred_upload_is_held_to_the_quota_before_and_when_it_declares() {
     let res = patch_declaring(&app, &user, &id, 300, 500, &bytes[300..]).await;
     assert_eq!(error_code(res).await, quota);
     assert_eq!(lengths(&app, &user, &id).await, (None, Some("1".into())));
-    assert_eq!(counts(&app, &user).await, (0, 600, 2));
+    // 600 for the other, 300 for the bytes this one stored.
+    assert_eq!(counts(&app, &user).await, (0, 900, 2));
     // Undeclared, its bytes may not pass what the quota leaves (400 - 300 stored).
     let res = patch(&app, &user, &id, 300, &bytes[300..401]).await;
     assert_eq!(error_code(res).await, quota);

@@ -1,15 +1,17 @@
 //! A deferred length (tus's creation-defer-length extension): an upload
 //! created with `Upload-Defer-Length: 1` learns its `Upload-Length` from a
-//! later PATCH, once. Its quota reservation is made then, in the
-//! transaction that sets the length; until then its PATCHes are held to
-//! what the quota and the size limit leave, and its size category (the
-//! commit's lock) is decided from the length at its commit, as every
+//! later PATCH, once. Until then each PATCH reserves the bytes it stored
+//! against the quota before the state records them (so that undeclared
+//! uploads together hold no more than the quota), and its body is held to
+//! what the quota and the size limit leave; the declaration reserves the
+//! rest of the length, in the transaction that sets it. Its size category
+//! (the commit's lock) is decided from the length at its commit, as every
 //! upload's is.
 
-use super::{Result, ResumableService};
+use super::{Result, ResumableError, ResumableService};
 use crate::{
     domain::DomainError,
-    meta::{ResumableRecord, UserRecord, retry::with_txn_retry},
+    meta::{Reserve, ResumableRecord, UserRecord, retry::with_txn_retry},
 };
 
 /// How far a PATCH's body may go, and what it is that stops it.
@@ -50,17 +52,16 @@ impl ResumableService {
             ))
             .into());
         }
-        let quota = self.limits.open.quota_bytes;
-        let counting = self.counting.hold(&upload.user_id).await;
-        let declared = with_txn_retry(&self.limits.txn_retry, || {
-            self.resumables
-                .declare_length(&upload.id, length as i64, quota)
-        })
-        .await;
-        drop(counting);
-        let declared = declared?.value.ok_or(DomainError::NotFound)?;
-        // Another request declared it first: the same length or a refusal.
-        same(declared.known_length().unwrap_or(length))?;
+        let declared = self
+            .reserve(&upload, Reserve::Length(length as i64))
+            .await?;
+        match declared.known_length() {
+            // Another request may have declared it first: the same length
+            // or a refusal.
+            Some(known) => same(known)?,
+            // A PATCH without the lock moved the offset past it meanwhile.
+            None => return Err(ResumableError::OffsetMismatch(declared.offset as u64)),
+        }
         Ok(ResumableRecord {
             length: declared.length,
             reserved: declared.reserved,
@@ -68,9 +69,38 @@ impl ResumableService {
         })
     }
 
+    /// While `upload`'s length is deferred, reserves the bytes stored up to
+    /// its offset (a PATCH's, before the state records them): refused
+    /// (507) past the quota, and nothing changes.
+    pub(super) async fn reserve_stored(&self, upload: ResumableRecord) -> Result<ResumableRecord> {
+        if upload.length.is_some() {
+            return Ok(upload);
+        }
+        let now = self
+            .reserve(&upload, Reserve::Stored(upload.offset))
+            .await?;
+        Ok(ResumableRecord {
+            reserved: now.reserved,
+            ..upload
+        })
+    }
+
+    /// [`crate::meta::ResumableRepo::reserve_deferred`] under the user's
+    /// counting lock, retried on write conflicts: the record as it is then.
+    async fn reserve(&self, upload: &ResumableRecord, what: Reserve) -> Result<ResumableRecord> {
+        let quota = self.limits.open.quota_bytes;
+        let counting = self.counting.hold(&upload.user_id).await;
+        let reserved = with_txn_retry(&self.limits.txn_retry, || {
+            self.resumables.reserve_deferred(&upload.id, what, quota)
+        })
+        .await;
+        drop(counting);
+        Ok(reserved?.value.ok_or(DomainError::NotFound)?)
+    }
+
     /// How far `upload`'s next body may go: to its length, or, while the
     /// length is deferred, to the size limit and to what the user's quota
-    /// leaves beside the bytes it has stored (they are not reserved yet).
+    /// leaves (its own reservation, the bytes it has stored, counted back).
     pub(super) async fn body_limit(
         &self,
         user: &UserRecord,
@@ -91,7 +121,7 @@ impl ResumableService {
         let Some(room) = self.admission.room(user).await? else {
             return Ok(by_size);
         };
-        let by_quota = room.saturating_sub(offset);
+        let by_quota = (room + upload.reserved.max(0) as u64).saturating_sub(offset);
         Ok(match by_quota < by_size.bytes {
             true => BodyLimit {
                 bytes: by_quota,

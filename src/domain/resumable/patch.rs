@@ -150,10 +150,6 @@ impl ResumableService {
             if upload.offset as u64 != offset {
                 return Err(ResumableError::OffsetMismatch(upload.offset as u64));
             }
-            let upload = match length {
-                Some(length) => self.declare(upload, length).await?,
-                None => upload,
-            };
             // An upload whose bytes are all stored may have committed (its
             // intent gone with it): finishing it tells. The intent waits
             // as long as the upload this PATCH renews.
@@ -163,10 +159,16 @@ impl ResumableService {
             if !upload.last_part_stored() && !self.cleanup.touch_intent(id, Some(until)).await? {
                 return Err(DomainError::UploadExpired.into());
             }
-            // What the state records if this PATCH advances it.
-            let mut upload = upload;
-            upload.expires_at = until;
             let slot = self.admission.reserve(user)?;
+            // Declared once the checks that need no body have passed: a
+            // declaration stands whatever the body does next (tus: the
+            // length, once set, never changes).
+            let mut upload = match length {
+                Some(length) => self.declare(upload, length).await?,
+                None => upload,
+            };
+            // What the state records if this PATCH advances it.
+            upload.expires_at = until;
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
                 r = self.append(user, upload, checksum, body, lost, asked) => r,
@@ -318,6 +320,9 @@ impl ResumableService {
                 None => Ok(Patched::Partial(upload)),
             };
         }
+        // A deferred length: what this PATCH stored is reserved first
+        // (refused past the quota, and then nothing of it is recorded).
+        let mut upload = self.reserve_stored(upload).await?;
         let tail_start = upload.tail_start() as u64;
         if !tail.is_empty() {
             let put = self

@@ -20,7 +20,9 @@ use crate::{
         DomainError,
         test_kit::{Kit, body, stalled},
     },
-    meta::{MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo, UserRecord},
+    meta::{
+        MetaError, MetaResult, OpenLimits, Reserve, ResumableRecord, ResumableRepo, UserRecord,
+    },
     vocab::{FileId, Filename, LockKey},
 };
 
@@ -59,13 +61,13 @@ impl ResumableRepo for LosesAdvanceAnswer {
         self.inner.insert_resumable(upload, limits).await
     }
 
-    async fn declare_length(
+    async fn reserve_deferred(
         &self,
         id: &FileId,
-        length: i64,
+        what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
-        self.inner.declare_length(id, length, quota).await
+        self.inner.reserve_deferred(id, what, quota).await
     }
 
     async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {

@@ -110,13 +110,15 @@ impl Sweeper {
 }
 
 /// Whether the upload may still need the tail `start..end`: the one its
-/// state names (the bytes after its whole parts, while some are still to
-/// come), or one past its offset, which a PATCH that stalled past its lease
-/// may yet record (such a tail of a failed PATCH goes when the upload ends).
-/// A tail that ends at or before the offset and is not the named one was
-/// replaced (its delete failed) and is never read again.
+/// state names (the bytes after its whole parts, until the last part is
+/// stored: a deferred length declared at the offset by a PATCH that then
+/// failed to write that part leaves every byte stored and the last ones
+/// only in the tail), or one past its offset, which a PATCH that stalled
+/// past its lease may yet record (such a tail of a failed PATCH goes when
+/// the upload ends). A tail that ends at or before the offset and is not
+/// the named one was replaced (its delete failed) and is never read again.
 fn may_need_tail(upload: &ResumableRecord, start: u64, end: u64) -> bool {
     let (tail_start, offset) = (upload.tail_start() as u64, upload.offset as u64);
     let named = offset > tail_start && (start, end) == (tail_start, offset);
-    !upload.all_stored() && (named || end > offset)
+    !upload.last_part_stored() && (named || end > offset)
 }

@@ -15,7 +15,7 @@ use crate::{
         test_kit::{Kit, body},
     },
     meta::{
-        CleanupRepo, IntentRecord, MetaResult, OpenLimits, ResumableRecord, ResumableRepo,
+        CleanupRepo, IntentRecord, MetaResult, OpenLimits, Reserve, ResumableRecord, ResumableRepo,
         UserRecord, embedded::EmbeddedStore,
     },
     metrics::Metrics,
@@ -36,13 +36,13 @@ impl ResumableRepo for StaleListing {
         self.0.insert_resumable(upload, limits).await
     }
 
-    async fn declare_length(
+    async fn reserve_deferred(
         &self,
         id: &FileId,
-        length: i64,
+        what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
-        self.0.declare_length(id, length, quota).await
+        self.0.reserve_deferred(id, what, quota).await
     }
 
     async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {

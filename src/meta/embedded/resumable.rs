@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
     meta::{
-        MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo, UserRecord, group::Held,
-        resumable::uncounted,
+        MetaError, MetaResult, OpenLimits, Reserve, ResumableRecord, ResumableRepo, UserRecord,
+        group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -101,27 +101,26 @@ impl ResumableRepo for EmbeddedStore {
         .await
     }
 
-    async fn declare_length(
+    async fn reserve_deferred(
         &self,
         id: &FileId,
-        length: i64,
+        what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
         let key = resumable_key(id);
         self.transaction(move |tx| {
-            let Some(mut upload) = tx.get::<ResumableRecord>(&key)? else {
+            let Some(upload) = tx.get::<ResumableRecord>(&key)? else {
                 return Ok(None);
             };
-            if upload.length.is_some() {
+            let Some((next, more)) = what.apply(&upload) else {
                 return Ok(Some(upload));
-            }
+            };
             let mut user = stored_user(tx, &upload.user_id)?;
-            OpenLimits::check_quota(quota, &user, length)?;
-            user.reserved_bytes += length;
+            OpenLimits::check_quota(quota, &user, more)?;
+            user.reserved_bytes += more;
             tx.put(&user_key(&user.id), &user)?;
-            (upload.length, upload.reserved) = (Some(length), length);
-            tx.put(&key, &upload)?;
-            Ok(Some(upload))
+            tx.put(&key, &next)?;
+            Ok(Some(next))
         })
         .await
     }
@@ -142,7 +141,10 @@ impl ResumableRepo for EmbeddedStore {
             .transaction(move |tx| {
                 let key = resumable_key(&upload.id);
                 match tx.get::<ResumableRecord>(&key)? {
-                    Some(now) if now.offset == expected_offset => {
+                    Some(now)
+                        if now.offset == expected_offset
+                            && now.length.is_none_or(|l| l >= upload.offset) =>
+                    {
                         let kept = ResumableRecord {
                             length: now.length,
                             reserved: now.reserved,

@@ -11,7 +11,7 @@ use mongodb::ClientSession;
 use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
     meta::{
-        MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo, group::Held,
+        MetaError, MetaResult, OpenLimits, Reserve, ResumableRecord, ResumableRepo, group::Held,
         resumable::uncounted,
     },
     vocab::{FileId, UserId},
@@ -126,14 +126,14 @@ impl MongoStore {
             .map_err(classify)
     }
 
-    async fn declare_length_in(
+    async fn reserve_deferred_in(
         &self,
         s: &mut ClientSession,
         id: &FileId,
-        length: i64,
+        what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
-        let Some(mut upload) = self
+        let Some(upload) = self
             .resumables()
             .find_one(doc! {"_id": id})
             .session(&mut *s)
@@ -142,13 +142,13 @@ impl MongoStore {
         else {
             return Ok(None);
         };
-        if upload.length.is_some() {
+        let Some((next, more)) = what.apply(&upload) else {
             return Ok(Some(upload));
-        }
-        let filter = doc! {"_id": &upload.user_id, "$expr": fits_quota(quota, length)};
+        };
+        let filter = doc! {"_id": &upload.user_id, "$expr": fits_quota(quota, more)};
         let updated = self
             .users()
-            .update_one(filter, doc! {"$inc": {"reserved_bytes": length}})
+            .update_one(filter, doc! {"$inc": {"reserved_bytes": more}})
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -158,19 +158,18 @@ impl MongoStore {
                 max_open: u64::MAX,
             };
             return Err(self
-                .why_not_counted(s, &upload.user_id, &limits, length)
+                .why_not_counted(s, &upload.user_id, &limits, more)
                 .await);
         }
         self.resumables()
             .update_one(
                 doc! {"_id": id},
-                doc! {"$set": {"length": length, "reserved": length}},
+                doc! {"$set": {"length": next.length, "reserved": next.reserved}},
             )
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        (upload.length, upload.reserved) = (Some(length), length);
-        Ok(Some(upload))
+        Ok(Some(next))
     }
 
     /// Deletes the upload `filter` matches (by `_id`, and maybe more) and
@@ -223,14 +222,14 @@ impl ResumableRepo for MongoStore {
         self.txns.finish(s, None, result).await
     }
 
-    async fn declare_length(
+    async fn reserve_deferred(
         &self,
         id: &FileId,
-        length: i64,
+        what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
         let mut s = self.txns.begin(None).await?;
-        let result = self.declare_length_in(&mut s, id, length, quota).await;
+        let result = self.reserve_deferred_in(&mut s, id, what, quota).await;
         self.txns.finish(s, None, result).await
     }
 
@@ -255,7 +254,11 @@ impl ResumableRepo for MongoStore {
         let updated = self
             .resumables()
             .update_one(
-                doc! {"_id": &upload.id, "offset": expected_offset},
+                doc! {
+                    "_id": &upload.id,
+                    "offset": expected_offset,
+                    "$or": [{"length": null}, {"length": {"$gte": upload.offset}}],
+                },
                 doc! {"$set": fields},
             )
             .await
