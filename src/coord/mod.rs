@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     lock::{LockError, Locks},
     meta::retry::Transactions,
-    meta::{ContainerRepo, Fence, MetaError, MetaResult},
+    meta::{ContainerRepo, Fence, MetaError, MetaResult, Refusal, Settled},
     vocab::{LockKey, OpId, Operation},
 };
 
@@ -63,13 +63,12 @@ impl Applier {
         }
     }
 
-    /// Settles a queued operation whose waiter gave up (see
-    /// [`ContainerRepo::cancel_op`]): `true` if it can no longer apply,
-    /// `false` if it already did.
-    pub async fn cancel(&self, op_id: &OpId) -> MetaResult<bool> {
+    /// Settles a queued operation that will not be applied, for `why` (see
+    /// [`ContainerRepo::cancel_op`]).
+    pub async fn cancel(&self, op_id: &OpId, why: Refusal) -> MetaResult<Settled> {
         Ok(self
             .txns
-            .run("cancel_op", || self.meta.cancel_op(op_id))
+            .run("cancel_op", || self.meta.cancel_op(op_id, why.clone()))
             .await?
             .value)
     }
@@ -222,6 +221,21 @@ pub enum OpOutcome {
     /// It kept failing and was moved to the dead-letter queue; the message
     /// says why.
     DeadLettered(String),
+}
+
+/// The answer for an operation settled unapplied before (a redelivery of it).
+impl From<Refusal> for OpOutcome {
+    fn from(why: Refusal) -> Self {
+        match why {
+            Refusal::ContainerFull(max) => Self::ContainerFull(max),
+            Refusal::DeadLettered => {
+                Self::DeadLettered("the operation was moved to the dead-letter queue".into())
+            }
+            Refusal::Cancelled => {
+                Self::DeadLettered("the operation was cancelled: its wait ran out".into())
+            }
+        }
+    }
 }
 
 impl OpOutcome {

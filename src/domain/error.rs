@@ -132,7 +132,14 @@ impl From<MetaError> for DomainError {
             }
             MetaError::QuotaExceeded => Self::QuotaExceeded,
             MetaError::NotFound => Self::NotFound,
-            MetaError::ContainerFull(max) => Self::ContainerFull(max),
+            MetaError::ContainerFull(max)
+            | MetaError::Refused(crate::meta::Refusal::ContainerFull(max)) => {
+                Self::ContainerFull(max)
+            }
+            MetaError::Refused(_) => Self::DeadLettered(
+                "the operation was settled without applying before (dead-lettered or cancelled)"
+                    .into(),
+            ),
             MetaError::Unavailable(_) | MetaError::Transient(_) => {
                 Self::DependencyUnavailable("metadata store")
             }

@@ -25,6 +25,10 @@ pub enum MetaError {
     /// redelivered queue message); nothing was changed.
     #[error("operation already applied")]
     AlreadyApplied,
+    /// The operation id was settled before without applying (see
+    /// `processed_ops`): nothing was changed, and it never applies.
+    #[error("operation settled unapplied before: {0:?}")]
+    Refused(super::records::Refusal),
     /// The server aborted the transaction for a reason other than a write
     /// conflict (a dropped link, an election): retry it whole; if that keeps
     /// failing, the store is the problem, not contention.

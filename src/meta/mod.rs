@@ -35,8 +35,8 @@ pub trait UserRepo: Send + Sync {
 /// Files: the upload commit, reads, lists and the delete.
 #[async_trait]
 pub trait FileRepo: Send + Sync {
-    /// Inserts the file and its owner permission, pushes the id onto the
-    /// user's `file_ids`, adds to `used_bytes` (checking the quota), checks and
+    /// Inserts the file and its owner permission, counts it in the user's
+    /// `file_count`, adds to `used_bytes` (checking the quota), checks and
     /// stores the fencing token, deletes the intent and records the
     /// idempotency key — all or nothing. A key already recorded makes it
     /// [`CommitOutcome::Replayed`] with that record, and nothing is written.
@@ -219,10 +219,12 @@ pub trait ContainerRepo: Send + Sync {
         max_items: usize,
     ) -> MetaResult<()>;
 
-    /// Settles a queued operation whose waiter gave up: records its id in
-    /// `processed_ops` so that it can never apply (`true`), unless it already
-    /// did (`false`).
-    async fn cancel_op(&self, op_id: &OpId) -> MetaResult<bool>;
+    /// Settles a queued operation that will not be applied (its waiter gave
+    /// up, it was dead-lettered or refused): records its id in
+    /// `processed_ops` with `why`, so that it can never apply and a
+    /// redelivery answers the same ([`Settled::Now`]), unless it had applied
+    /// or been settled before.
+    async fn cancel_op(&self, op_id: &OpId, why: Refusal) -> MetaResult<Settled>;
 
     /// Applies queued operations in order in one transaction, recording each
     /// one's id (the second of the pair) as `apply_op` does,

@@ -185,13 +185,50 @@ pub enum OrphanStatus {
     Failed,
 }
 
-/// `processed_ops`: ids of queued operations already applied.
+/// `processed_ops`: ids of queued operations already applied, or settled
+/// without applying (`refused`, so a redelivery answers the same).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ProcessedOp {
     #[serde(rename = "_id")]
     pub id: OpId,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<Refusal>,
+}
+
+impl ProcessedOp {
+    /// The record of an operation applied now.
+    pub fn applied(id: OpId) -> Self {
+        Self {
+            id,
+            created_at: now(),
+            refused: None,
+        }
+    }
+}
+
+/// Why a queued operation was settled without applying.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Refusal {
+    /// Its list was at the bound (the bound).
+    ContainerFull(usize),
+    /// It kept failing and went to the dead-letter queue.
+    DeadLettered,
+    /// Its waiter gave up on it.
+    Cancelled,
+}
+
+/// What settling a queued operation found (see `ContainerRepo::cancel_op`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Settled now: it can no longer apply.
+    Now,
+    /// It had applied.
+    Applied,
+    /// It had been settled before, for this reason.
+    Refused(Refusal),
 }
 
 /// `idempotency`: the first result of a request sent with an `Idempotency-Key`.

@@ -8,8 +8,9 @@ use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, TestUser, error_code, real_backends, spawn_app_with, test_settings};
 
-/// Rewrites `user`'s document to the shape before issue 22: `file_ids`
-/// holding `ids`, no `file_count`.
+/// Rewrites `user`'s document to the shape before issue 22, `file_ids`
+/// holding `ids`, with a stale `file_count` beside it (as an instance of each
+/// shape writing to one document would leave it).
 async fn make_old_shape(settings: &filedock::config::Settings, user: &TestUser, ids: &[String]) {
     if real_backends() {
         let uri = std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap();
@@ -20,7 +21,7 @@ async fn make_old_shape(settings: &filedock::config::Settings, user: &TestUser, 
         let done = users
             .update_one(
                 bson::doc! {"_id": &user.id},
-                bson::doc! {"$set": {"file_ids": ids}, "$unset": {"file_count": ""}},
+                bson::doc! {"$set": {"file_ids": ids, "file_count": 99_i64}},
             )
             .await
             .unwrap();
@@ -30,7 +31,7 @@ async fn make_old_shape(settings: &filedock::config::Settings, user: &TestUser, 
         let mut tx = store.begin().unwrap();
         let key = format!("users/{}", user.id);
         let mut doc: Value = tx.get(&key).unwrap().unwrap();
-        doc.as_object_mut().unwrap().remove("file_count");
+        doc["file_count"] = json!(99);
         doc["file_ids"] = json!(ids);
         tx.put(&key, &doc).unwrap();
         tx.commit(&store).unwrap();
@@ -74,10 +75,11 @@ async fn users_of_the_old_shape_are_migrated_at_start_up_once() {
         ids.push(v["id"].as_str().unwrap().to_owned());
     }
     let settings = app.stop().await;
-    make_old_shape(&settings, &u, &ids).await;
+    // The array misses a file, the counter is wrong: the files are the truth.
+    make_old_shape(&settings, &u, &ids[..2]).await;
 
     let app = spawn_app_with(settings).await;
-    assert_eq!(file_count(&app, &u).await, (3, 3), "counted from the array");
+    assert_eq!(file_count(&app, &u).await, (3, 3), "counted from the files");
     // The counter moves with uploads and deletes from there.
     let v = app.upload_json(&u, "f3.txt", vec![b'y'; 10]).await;
     let res = app

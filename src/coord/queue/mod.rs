@@ -45,6 +45,7 @@ use super::{
 };
 use crate::{
     lock::{Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
+    meta::{MetaError, Refusal, Settled},
     metrics::Metrics,
     vocab::{OpId, Operation},
 };
@@ -264,9 +265,14 @@ impl RedisQueue {
         op_id: &OpId,
         failure: CoordError,
     ) -> Result<(), CoordError> {
-        match tokio::time::timeout(SETTLE_WAIT, self.applier.cancel(op_id)).await {
-            Ok(Ok(true)) => Err(failure),
-            Ok(Ok(false)) => Ok(()),
+        let why = match &failure {
+            CoordError::Meta(MetaError::ContainerFull(max)) => Refusal::ContainerFull(*max),
+            _ => Refusal::Cancelled,
+        };
+        match tokio::time::timeout(SETTLE_WAIT, self.applier.cancel(op_id, why)).await {
+            Ok(Ok(Settled::Now)) => Err(failure),
+            Ok(Ok(Settled::Applied)) => Ok(()),
+            Ok(Ok(Settled::Refused(why))) => OpOutcome::from(why).into_result(),
             Ok(Err(e)) => {
                 tracing::warn!(%op_id, error = %e, "could not settle a queued operation");
                 Err(CoordError::OutcomeUnknown(op.resource_path()))

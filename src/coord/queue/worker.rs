@@ -21,7 +21,7 @@ use super::{GROUP, RedisQueue, now_ms, result_key};
 use crate::{
     coord::{BUCKETS, Coordinator, OpOutcome},
     lock::{LockGuard, LockKey},
-    meta::{Fence, MetaError},
+    meta::{Fence, MetaError, Refusal, Settled},
     metrics::OutcomeLabel,
     vocab::{OpId, Operation},
     worker::{self, WorkerState},
@@ -416,11 +416,17 @@ impl Consumer<'_> {
                         // Refused now, but room may be made later: settled so
                         // that a redelivery never applies what was answered
                         // refused (or answered applied if one already did).
-                        Err(MetaError::ContainerFull(max)) => match self.settle(op_id).await {
-                            Some(true) => break OpOutcome::ContainerFull(max),
-                            Some(false) => break OpOutcome::Applied,
-                            None => continue,
-                        },
+                        Err(MetaError::ContainerFull(max)) => {
+                            match self.settle(op_id, Refusal::ContainerFull(max)).await {
+                                Some(Settled::Now) => break OpOutcome::ContainerFull(max),
+                                Some(Settled::Applied) => break OpOutcome::Applied,
+                                Some(Settled::Refused(why)) => break why.into(),
+                                None => continue,
+                            }
+                        }
+                        // Settled before (refused, dead-lettered or cancelled,
+                        // then redelivered): the same answer again.
+                        Err(MetaError::Refused(why)) => break why.into(),
                         Err(MetaError::StaleFence) => return Step::Stop,
                         // Transient: a conflicting transaction (perhaps left open by a
                         // process that died mid-commit, until it is ended), the
@@ -442,19 +448,11 @@ impl Consumer<'_> {
             if attempts >= MAX_ATTEMPTS || entry.op.is_err() {
                 // Given up on: settled first, so that the answer stays true
                 // (another worker with the same entry may have applied it).
-                // An entry without an id is no operation of filedock's: nothing applies it.
-                let settled = match op_id {
-                    Some(id) => self.queue.applier.cancel(id).await,
-                    None => Ok(true),
-                };
-                match settled {
-                    Ok(true) => {}
-                    Ok(false) => break OpOutcome::Applied,
-                    Err(e) => {
-                        tracing::warn!(?op_id, error = %e, "cannot settle a failing operation yet");
-                        tokio::time::sleep(RETRY_STEP * attempts).await;
-                        continue;
-                    }
+                match self.settle(op_id, Refusal::DeadLettered).await {
+                    Some(Settled::Now) => {}
+                    Some(Settled::Applied) => break OpOutcome::Applied,
+                    Some(Settled::Refused(why)) => break why.into(),
+                    None => continue,
                 }
                 dead_letter(self.queue, conn, entry.raw, &error, attempts).await;
                 let message = format!(
@@ -474,17 +472,18 @@ impl Consumer<'_> {
         Step::Next
     }
 
-    /// Settles `op_id` (see [`crate::coord::Applier::cancel`]): `Some(true)` if it can no
-    /// longer apply, `Some(false)` if it already did, `None` (after a pause)
-    /// while the store cannot say.
-    async fn settle(&self, op_id: Option<&OpId>) -> Option<bool> {
+    /// Settles `op_id` unapplied for `why` (see
+    /// [`crate::coord::Applier::cancel`]); `None` (after a pause) while the
+    /// store cannot say. An entry without an id is no operation of
+    /// filedock's: nothing applies it.
+    async fn settle(&self, op_id: Option<&OpId>, why: Refusal) -> Option<Settled> {
         let Some(id) = op_id else {
-            return Some(true);
+            return Some(Settled::Now);
         };
-        match self.queue.applier.cancel(id).await {
+        match self.queue.applier.cancel(id, why).await {
             Ok(settled) => Some(settled),
             Err(e) => {
-                tracing::warn!(?op_id, error = %e, "cannot settle a refused operation yet");
+                tracing::warn!(?op_id, error = %e, "cannot settle a failing operation yet");
                 tokio::time::sleep(RETRY_STEP).await;
                 None
             }

@@ -6,7 +6,8 @@ use serde_json::Value;
 use super::{EmbeddedStore, apply_fence_value, file_key, owned, owned_page, owner_index, txn::Txn};
 use crate::{
     meta::{
-        AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, SessionRecord, now,
+        AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
+        SessionRecord, Settled,
     },
     vocab::{AgentId, OpId, Operation, SessionId, UserId},
 };
@@ -14,12 +15,12 @@ use crate::{
 /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
 pub(super) fn record_op(tx: &mut Txn, op_id: Option<&OpId>) -> MetaResult<()> {
     let Some(id) = op_id else { return Ok(()) };
-    let op = ProcessedOp {
-        id: *id,
-        created_at: now(),
-    };
-    match tx.insert(&format!("processed_ops/{id}"), &op) {
-        Err(MetaError::Duplicate) => Err(MetaError::AlreadyApplied),
+    let key = format!("processed_ops/{id}");
+    match tx.insert(&key, &ProcessedOp::applied(*id)) {
+        Err(MetaError::Duplicate) => match tx.get::<ProcessedOp>(&key)?.and_then(|p| p.refused) {
+            Some(why) => Err(MetaError::Refused(why)),
+            None => Err(MetaError::AlreadyApplied),
+        },
         r => r,
     }
 }
@@ -193,12 +194,24 @@ impl ContainerRepo for EmbeddedStore {
         .await
     }
 
-    async fn cancel_op(&self, op_id: &OpId) -> MetaResult<bool> {
+    async fn cancel_op(&self, op_id: &OpId, why: Refusal) -> MetaResult<Settled> {
         let op_id = *op_id;
-        self.transaction(move |tx| match record_op(tx, Some(&op_id)) {
-            Ok(()) => Ok(true),
-            Err(MetaError::AlreadyApplied) => Ok(false),
-            Err(e) => Err(e),
+        self.transaction(move |tx| {
+            let settled = ProcessedOp {
+                refused: Some(why),
+                ..ProcessedOp::applied(op_id)
+            };
+            let key = format!("processed_ops/{op_id}");
+            match tx.insert(&key, &settled) {
+                Ok(()) => Ok(Settled::Now),
+                Err(MetaError::Duplicate) => Ok(match tx.get::<ProcessedOp>(&key)? {
+                    Some(ProcessedOp {
+                        refused: Some(why), ..
+                    }) => Settled::Refused(why),
+                    _ => Settled::Applied,
+                }),
+                Err(e) => Err(e),
+            }
         })
         .await
     }
@@ -218,5 +231,75 @@ impl ContainerRepo for EmbeddedStore {
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        meta::now,
+        vocab::{LinkId, LinkKind},
+    };
+
+    fn connect(owner: UserId, agent: AgentId, link: &str, connected: bool) -> Operation {
+        Operation::Link {
+            owner_id: owner,
+            agent_id: agent,
+            kind: LinkKind::Mcp,
+            link_id: LinkId::parse(link).unwrap(),
+            connected,
+        }
+    }
+
+    /// A queued operation refused at the bound and settled stays refused:
+    /// its redelivery, after room was made, neither applies nor counts as
+    /// applied, and settling it again says why it was refused.
+    #[tokio::test]
+    async fn an_operation_settled_unapplied_never_applies_on_redelivery() {
+        let dir = std::env::temp_dir().join(format!("filedock-ops-{}", uuid::Uuid::new_v4()));
+        let store = EmbeddedStore::open(&dir).unwrap();
+        let (owner, agent) = (UserId::new(), AgentId::new());
+        store
+            .insert_agent(&AgentRecord {
+                id: agent,
+                owner_id: owner,
+                name: "a".into(),
+                file_ids: vec![],
+                mcp_ids: vec![],
+                toolset_ids: vec![],
+                fence: Default::default(),
+                created_at: now(),
+            })
+            .await
+            .unwrap();
+        let (first, second) = (OpId::new(), OpId::new());
+        let a = connect(owner, agent, "a", true);
+        let b = connect(owner, agent, "b", true);
+        store.apply_op(&a, None, Some(&first), 1).await.unwrap();
+        let refused = store.apply_op(&b, None, Some(&second), 1).await;
+        assert!(
+            matches!(refused, Err(MetaError::ContainerFull(1))),
+            "{refused:?}"
+        );
+        let why = Refusal::ContainerFull(1);
+        assert_eq!(
+            store.cancel_op(&second, why.clone()).await.unwrap(),
+            Settled::Now
+        );
+        // Room is made; then the refused operation is delivered again.
+        let gone = connect(owner, agent, "a", false);
+        store.apply_op(&gone, None, None, 1).await.unwrap();
+        let again = store.apply_op(&b, None, Some(&second), 1).await;
+        assert!(
+            matches!(&again, Err(MetaError::Refused(w)) if *w == why),
+            "{again:?}"
+        );
+        let stored = store.agent(&owner, &agent).await.unwrap().unwrap();
+        assert!(stored.mcp_ids.is_empty(), "{:?}", stored.mcp_ids);
+        let settle = |id| store.cancel_op(id, Refusal::Cancelled);
+        assert_eq!(settle(&first).await.unwrap(), Settled::Applied);
+        assert_eq!(settle(&second).await.unwrap(), Settled::Refused(why));
+        std::fs::remove_dir_all(dir).ok();
     }
 }

@@ -40,7 +40,8 @@ impl EmbeddedStore {
     }
 
     /// Replaces a user's `file_ids` array (the shape before issue 22) with
-    /// `file_count`, its length; returns how many users it rewrote.
+    /// `file_count`, counted from the user's files (their owner index);
+    /// returns how many users it rewrote.
     fn count_user_files(&self) -> MetaResult<usize> {
         let mut tx = self.begin()?;
         let mut rewritten = 0;
@@ -51,10 +52,13 @@ impl EmbeddedStore {
             let Some(obj) = doc.as_object_mut() else {
                 continue;
             };
-            let Some(ids) = obj.remove("file_ids") else {
+            if obj.remove("file_ids").is_none() {
                 continue;
-            };
-            let count = ids.as_array().map_or(0, Vec::len);
+            }
+            let owner = key.trim_start_matches("users/");
+            let count = tx
+                .keys(&owner_index("files", owner), None, usize::MAX)?
+                .len();
             obj.insert("file_count".into(), Value::from(count as i64));
             tx.put(&key, &doc)?;
             rewritten += 1;

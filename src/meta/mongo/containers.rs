@@ -8,7 +8,8 @@ use mongodb::ClientSession;
 use super::{MongoStore, errors::classify, find_sorted, owned_after, txn::add_fence};
 use crate::{
     meta::{
-        AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, SessionRecord, now,
+        AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
+        SessionRecord, Settled,
     },
     vocab::{AgentId, LinkId, LinkKind, OpId, Operation, SessionId, UserId},
 };
@@ -92,8 +93,13 @@ fn require_room(
         Some(m) => doc! {"$or": [room, {field: m}]},
         None => room,
     };
-    // (`$or` may hold the fence's check already.)
-    filter.insert("$and", vec![check]);
+    // (`$or` may hold the fence's check already; `$and` other checks.)
+    match filter.get_array_mut("$and") {
+        Ok(all) => all.push(check.into()),
+        Err(_) => {
+            filter.insert("$and", vec![check]);
+        }
+    }
     Ok(())
 }
 
@@ -101,20 +107,23 @@ impl MongoStore {
     /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
     async fn record_op(&self, s: &mut ClientSession, op_id: Option<&OpId>) -> MetaResult<()> {
         let Some(id) = op_id else { return Ok(()) };
-        let op = ProcessedOp {
-            id: *id,
-            created_at: now(),
-        };
-        match self
-            .db
-            .collection::<ProcessedOp>("processed_ops")
-            .insert_one(&op)
+        let ops = self.db.collection::<ProcessedOp>("processed_ops");
+        match ops
+            .insert_one(ProcessedOp::applied(*id))
             .session(&mut *s)
             .await
         {
             Ok(_) => Ok(()),
             Err(e) => match classify(e) {
-                MetaError::Duplicate => Err(MetaError::AlreadyApplied),
+                MetaError::Duplicate => {
+                    // Read outside the transaction, which the failed insert
+                    // aborted; the record it met is committed.
+                    let seen = ops.find_one(doc! {"_id": id}).await.map_err(classify)?;
+                    match seen.and_then(|p| p.refused) {
+                        Some(why) => Err(MetaError::Refused(why)),
+                        None => Err(MetaError::AlreadyApplied),
+                    }
+                }
                 e => Err(e),
             },
         }
@@ -325,19 +334,21 @@ impl ContainerRepo for MongoStore {
         self.txns.finish(s, fence, result).await
     }
 
-    async fn cancel_op(&self, op_id: &OpId) -> MetaResult<bool> {
-        let op = ProcessedOp {
-            id: *op_id,
-            created_at: now(),
+    async fn cancel_op(&self, op_id: &OpId, why: Refusal) -> MetaResult<Settled> {
+        let settled = ProcessedOp {
+            refused: Some(why),
+            ..ProcessedOp::applied(*op_id)
         };
-        let inserted = self
-            .db
-            .collection::<ProcessedOp>("processed_ops")
-            .insert_one(&op)
-            .await;
-        match inserted.map_err(classify) {
-            Ok(_) => Ok(true),
-            Err(MetaError::Duplicate) => Ok(false),
+        let ops = self.db.collection::<ProcessedOp>("processed_ops");
+        match ops.insert_one(&settled).await.map_err(classify) {
+            Ok(_) => Ok(Settled::Now),
+            Err(MetaError::Duplicate) => {
+                let seen = ops.find_one(doc! {"_id": op_id}).await.map_err(classify)?;
+                Ok(match seen.and_then(|p| p.refused) {
+                    Some(why) => Settled::Refused(why),
+                    None => Settled::Applied,
+                })
+            }
             Err(e) => Err(e),
         }
     }
@@ -352,10 +363,7 @@ impl ContainerRepo for MongoStore {
         let result = async {
             let records: Vec<ProcessedOp> = ops
                 .iter()
-                .map(|(_, id)| ProcessedOp {
-                    id: *id,
-                    created_at: now(),
-                })
+                .map(|(_, id)| ProcessedOp::applied(*id))
                 .collect();
             self.db
                 .collection::<ProcessedOp>("processed_ops")

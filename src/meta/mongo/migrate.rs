@@ -17,21 +17,28 @@ impl MongoStore {
     }
 
     /// Replaces a user's `file_ids` array (the shape before issue 22) with
-    /// `file_count`, its length; returns how many users it rewrote. Each
-    /// user is rewritten only while it still has the array, so a second run,
-    /// or two instances starting together, count no user twice.
+    /// `file_count`, counted from the `files` collection (the truth, even
+    /// for a document an older instance wrote both fields to); returns how
+    /// many users it rewrote. Each user is rewritten only while it still has
+    /// the array, so a second run, or two instances starting together, count
+    /// no user twice. Instances of the older shape must be stopped first: one
+    /// still committing would push to the array after its count.
     async fn count_user_files(&self) -> Res<usize> {
         let users = self.db.collection::<Document>("users");
         let mut old = users
             .find(doc! {"file_ids": {"$exists": true}})
-            .projection(doc! {"file_ids": 1})
+            .projection(doc! {"_id": 1})
             .await?;
         let mut rewritten = 0;
         while let Some(user) = old.try_next().await? {
             let Some(id) = user.get("_id").cloned() else {
                 continue;
             };
-            let count = user.get_array("file_ids").map_or(0, Vec::len) as i64;
+            let count = self
+                .db
+                .collection::<Document>("files")
+                .count_documents(doc! {"owner_id": &id})
+                .await? as i64;
             let done = users
                 .update_one(
                     doc! {"_id": id, "file_ids": {"$exists": true}},
