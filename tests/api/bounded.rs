@@ -39,16 +39,7 @@ async fn make_old_shape(settings: &filedock::config::Settings, user: &TestUser, 
 }
 
 async fn file_count(app: &TestApp, user: &TestUser) -> (i64, i64) {
-    let me: Value = app
-        .client
-        .get(app.url("/v1/me"))
-        .bearer_auth(&user.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let me = get(app, user, "/v1/me").await;
     let stored = app
         .state
         .ports
