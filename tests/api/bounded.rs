@@ -43,16 +43,7 @@ pub(crate) async fn make_old_shape(
 }
 
 async fn file_count(app: &TestApp, user: &TestUser) -> (i64, i64) {
-    let me: Value = app
-        .client
-        .get(app.url("/v1/me"))
-        .bearer_auth(&user.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let me = get(app, user, "/v1/me").await;
     let stored = app
         .state
         .ports

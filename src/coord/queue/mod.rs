@@ -30,6 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod dead_letter;
 mod stats;
 mod worker;
 

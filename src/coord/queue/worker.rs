@@ -454,7 +454,9 @@ impl Consumer<'_> {
                     Some(Settled::Refused(why)) => break why.into(),
                     None => continue,
                 }
-                dead_letter(self.queue, conn, entry.raw, &error, attempts).await;
+                self.queue
+                    .dead_letter(conn, entry.raw, &error, attempts)
+                    .await;
                 let message = format!(
                     "the operation failed {attempts} times and was moved to the dead-letter queue: {error}"
                 );
@@ -528,37 +530,4 @@ impl Consumer<'_> {
                 (wait_ms, **outcome == OpOutcome::Applied)
             }));
     }
-}
-
-async fn dead_letter(
-    queue: &RedisQueue,
-    conn: &mut MultiplexedConnection,
-    entry: &StreamId,
-    error: &str,
-    attempts: u32,
-) {
-    let op: String = entry.get("op").unwrap_or_default();
-    let id: String = entry.get("id").unwrap_or_default();
-    let r: redis::RedisResult<String> = redis::cmd("XADD")
-        .arg(queue.dlq())
-        .arg("*")
-        .arg("op")
-        .arg(op)
-        .arg("id")
-        .arg(&id)
-        .arg("error")
-        .arg(error)
-        .arg("attempts")
-        .arg(attempts)
-        .arg("entry")
-        .arg(&entry.id)
-        .query_async(conn)
-        .await;
-    tracing::error!(
-        op_id = id,
-        error,
-        attempts,
-        dead_lettered = r.is_ok(),
-        "queued operation moved to the dead-letter queue"
-    );
 }
