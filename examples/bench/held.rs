@@ -2,9 +2,12 @@
 //! and 100k files of 4 KiB (over HTTP, 32 in flight); at each step the burst
 //! that got there, one upload alone, `GET /v1/me` and the list's first page
 //! are timed, on the embedded defaults and on the real stack, and each figure
-//! is set against its value at 1k files.
+//! is set against its value at 1k files. The machine's load drifts over a
+//! run this long, so at the end a fresh server's user at 1k files and the
+//! grown user are measured again side by side, alternating.
 
 use std::{
+    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -24,6 +27,12 @@ const SAMPLES: usize = 20;
 /// The list's first page on SecantusDB takes seconds at 100k files: after
 /// this much time spent on it at one step, and at least 3 samples, stop.
 const LIST_BUDGET: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy)]
+enum Backend {
+    Embedded,
+    Real,
+}
 
 /// The figures at one step.
 #[derive(Clone, Copy)]
@@ -47,23 +56,172 @@ pub(crate) async fn cost_vs_files_held(client: &Client, r: &mut Report) {
         "11. Cost vs files held (issue 22): one user, 4 KiB files, 32 in flight",
         "| backend | files held | burst uploads/s | ÷ 1k | one upload (p50) | ÷ 1k | `/v1/me` (p50) | ÷ 1k | first page, 100 (p50) | ÷ 1k |",
     );
-    let (embedded, data) = start_embedded().await;
-    grow(client, &embedded, "embedded", &steps, r).await;
-    drop(embedded);
-    let _ = std::fs::remove_dir_all(data); // 100k files: the next runs need not keep them
-    let real = <Server as BenchServer>::start(&[]).await;
-    grow(client, &real, "real stack", &steps, r).await;
+    for backend in [Backend::Embedded, Backend::Real] {
+        grow(client, backend, &steps, r).await;
+    }
     r.note(format!(
         "Burst: the last {BURST} uploads that reach the step, {IN_FLIGHT} in flight. One upload, \
          `/v1/me` and `GET /v1/files?limit=100`: medians of {SAMPLES} sequential requests each \
-         (the list stops after {} s and 3 samples; see its sample count).",
+         (the list stops after {} s and 3 samples: \"of n\" gives its count). \"same time\": a \
+         fresh server's user grown to 1k, then {BURST} more uploads by the grown user, then both \
+         probed alternating; their ratios are to the fresh user's figures.",
         LIST_BUDGET.as_secs()
     ));
 }
 
+/// Grows one user through `steps`, a row per step, then the side-by-side check.
+async fn grow(client: &Client, backend: Backend, steps: &[usize], r: &mut Report) {
+    let name = match backend {
+        Backend::Embedded => "embedded",
+        Backend::Real => "real stack",
+    };
+    let mut grown = Held::start(client, backend).await;
+    let mut first: Option<Step> = None;
+    for &target in steps {
+        let started = Instant::now();
+        let (failed, burst) = grown.grow_to(target).await;
+        let mut probes = Probes::default();
+        for i in 0..SAMPLES {
+            probes.round(&mut grown, i).await;
+        }
+        let step = probes.step(target, burst, failed);
+        let base = first.get_or_insert(step);
+        r.row(row(name, &step, base));
+        eprintln!(
+            "   ({name}: step to {target} took {:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if steps.len() > 1 {
+        let mut fresh = Held::start(client, backend).await;
+        let (fresh_failed, fresh_burst) = fresh.grow_to(steps[0]).await;
+        let grown_burst = grown.burst(BURST).await;
+        let (mut a, mut b) = (Probes::default(), Probes::default());
+        for i in 0..SAMPLES {
+            a.round(&mut fresh, i).await;
+            b.round(&mut grown, i).await;
+        }
+        let a = a.step(steps[0], fresh_burst, fresh_failed);
+        let b = b.step(grown.held, grown_burst, grown_burst.total - grown_burst.ok);
+        r.row(row(&format!("{name}, same time: fresh server"), &a, &a));
+        r.row(row(&format!("{name}, same time: grown user"), &b, &a));
+        fresh.finish();
+    }
+    grown.finish();
+}
+
+/// One user of a server of its own, and how many files it holds.
+struct Held<'a> {
+    client: &'a Client,
+    server: Server,
+    data: Option<PathBuf>,
+    key: String,
+    held: usize,
+    body: Bytes,
+}
+
+impl<'a> Held<'a> {
+    async fn start(client: &'a Client, backend: Backend) -> Self {
+        let (server, data) = match backend {
+            Backend::Embedded => {
+                let (server, data) = start_embedded().await;
+                (server, Some(data))
+            }
+            Backend::Real => (<Server as BenchServer>::start(&[]).await, None),
+        };
+        let key = client.user(&server, "held").await;
+        // Open the connections a burst uses, so the first step does not pay for them.
+        drive(IN_FLIGHT * 4, IN_FLIGHT, |_| {
+            client.timed_get(&server, &key, "/v1/me")
+        })
+        .await;
+        let body = Bytes::from(vec![4u8; 4096]);
+        Self {
+            client,
+            server,
+            data,
+            key,
+            held: 0,
+            body,
+        }
+    }
+
+    /// `n` uploads, 32 in flight.
+    async fn burst(&mut self, n: usize) -> Batch {
+        let (client, server, key, body) = (self.client, &self.server, &self.key, &self.body);
+        let batch = drive(n, IN_FLIGHT, |_| {
+            client.upload(server, key, reqwest::Body::from(body.clone()))
+        })
+        .await;
+        self.held += batch.ok;
+        batch
+    }
+
+    /// Untimed uploads up to `target - BURST`, then the timed burst to
+    /// `target`: the uploads that failed, and the burst.
+    async fn grow_to(&mut self, target: usize) -> (usize, Batch) {
+        let fill = self
+            .burst(target.saturating_sub(BURST).saturating_sub(self.held))
+            .await;
+        let burst = self.burst(target.saturating_sub(self.held)).await;
+        (fill.total - fill.ok + burst.total - burst.ok, burst)
+    }
+
+    /// Stops the server and removes its files (100k of them on the embedded store).
+    fn finish(self) {
+        drop(self.server);
+        if let Some(data) = self.data {
+            let _ = std::fs::remove_dir_all(data);
+        }
+    }
+}
+
+/// Single-request samples at one step, in milliseconds.
+#[derive(Default)]
+struct Probes {
+    upload: Vec<f64>,
+    me: Vec<f64>,
+    list: Vec<f64>,
+    listing: Duration,
+}
+
+impl Probes {
+    /// One upload, one `/v1/me` and (within the budget) one first page.
+    async fn round(&mut self, h: &mut Held<'_>, i: usize) {
+        let (client, server, key) = (h.client, &h.server, &h.key);
+        let (ok, t) = client
+            .upload(server, key, reqwest::Body::from(h.body.clone()))
+            .await;
+        assert!(ok, "a single upload at {} files failed", h.held);
+        h.held += 1;
+        self.upload.push(t.as_secs_f64() * 1000.0);
+        let (ok, t) = client.timed_get(server, key, "/v1/me").await;
+        assert!(ok, "/v1/me at {} files failed", h.held);
+        self.me.push(t.as_secs_f64() * 1000.0);
+        if i < 3 || self.listing < LIST_BUDGET {
+            let (ok, t) = client.timed_get(server, key, "/v1/files?limit=100").await;
+            assert!(ok, "the first page at {} files failed", h.held);
+            self.listing += t;
+            self.list.push(t.as_secs_f64() * 1000.0);
+        }
+    }
+
+    fn step(self, held: usize, burst: Batch, failed: usize) -> Step {
+        Step {
+            held,
+            rate: burst.rate(),
+            failed,
+            upload_ms: median_f(self.upload),
+            me_ms: median_f(self.me),
+            list_samples: self.list.len(),
+            list_ms: median_f(self.list),
+        }
+    }
+}
+
 /// A filedock server on the embedded defaults: no MongoDB, Redis or S3
 /// settings, only a data directory and the admin key.
-async fn start_embedded() -> (Server, std::path::PathBuf) {
+async fn start_embedded() -> (Server, PathBuf) {
     let port = free_port();
     let data = std::env::temp_dir().join(format!("filedock-bench-{}", run_id()));
     let child = Command::new(env("FILEDOCK_BIN"))
@@ -81,61 +239,6 @@ async fn start_embedded() -> (Server, std::path::PathBuf) {
     (server, data)
 }
 
-/// Grows one user of `server` through `steps`, one table row per step.
-async fn grow(client: &Client, server: &Server, backend: &str, steps: &[usize], r: &mut Report) {
-    let key = client.user(server, "held").await;
-    let body = Bytes::from(vec![4u8; 4096]);
-    // Open the connections the burst will use, so the first step does not pay for them.
-    drive(IN_FLIGHT * 4, IN_FLIGHT, |_| client.timed_get(server, &key, "/v1/me")).await;
-    let mut held = 0;
-    let mut first: Option<Step> = None;
-    for &target in steps {
-        let started = Instant::now();
-        let untimed = target.saturating_sub(BURST).saturating_sub(held);
-        let fill = drive(untimed, IN_FLIGHT, |_| {
-            client.upload(server, &key, reqwest::Body::from(body.clone()))
-        })
-        .await;
-        let burst = drive(target - held - untimed, IN_FLIGHT, |_| {
-            client.upload(server, &key, reqwest::Body::from(body.clone()))
-        })
-        .await;
-        held += fill.ok + burst.ok;
-        let (mut upload, mut me, mut list) = (Vec::new(), Vec::new(), Vec::new());
-        let mut listing = Duration::ZERO;
-        for i in 0..SAMPLES {
-            let (ok, t) = client
-                .upload(server, &key, reqwest::Body::from(body.clone()))
-                .await;
-            assert!(ok, "{backend}: a single upload at {held} files failed");
-            upload.push(t.as_secs_f64() * 1000.0);
-            me.push(client.timed_get(server, &key, "/v1/me").await.1.as_secs_f64() * 1000.0);
-            if i < 3 || listing < LIST_BUDGET {
-                let (ok, t) = client.timed_get(server, &key, "/v1/files?limit=100").await;
-                assert!(ok, "{backend}: the first page at {held} files failed");
-                listing += t;
-                list.push(t.as_secs_f64() * 1000.0);
-            }
-        }
-        let step = Step {
-            held: target,
-            rate: burst.rate(),
-            failed: fill.total - fill.ok + burst.total - burst.ok,
-            upload_ms: median_f(upload),
-            me_ms: median_f(me),
-            list_samples: list.len(),
-            list_ms: median_f(list),
-        };
-        held += SAMPLES;
-        let base = first.get_or_insert(step);
-        r.row(row(backend, &step, base));
-        eprintln!(
-            "   ({backend}: step to {target} took {:.0} s)",
-            started.elapsed().as_secs_f64()
-        );
-    }
-}
-
 fn row(backend: &str, s: &Step, base: &Step) -> String {
     let failed = match s.failed {
         0 => String::new(),
@@ -145,9 +248,12 @@ fn row(backend: &str, s: &Step, base: &Step) -> String {
         SAMPLES => String::new(),
         n => format!(" (of {n})"),
     };
+    let held = match s.held {
+        n if n >= 1000 => format!("{}k", (n + 500) / 1000),
+        n => n.to_string(),
+    };
     format!(
-        "| {backend} | {} | {:.0}{failed} | {:.2}× | {:.1} ms | {:.2}× | {:.1} ms | {:.2}× | {:.1} ms{list_n} | {:.2}× |",
-        thousands(s.held),
+        "| {backend} | {held} | {:.0}{failed} | {:.2}× | {:.1} ms | {:.2}× | {:.1} ms | {:.2}× | {:.1} ms{list_n} | {:.2}× |",
         s.rate,
         s.rate / base.rate,
         s.upload_ms,
@@ -159,15 +265,8 @@ fn row(backend: &str, s: &Step, base: &Step) -> String {
     )
 }
 
-fn thousands(n: usize) -> String {
-    match n {
-        n if n >= 1000 => format!("{}k", n / 1000),
-        n => n.to_string(),
-    }
-}
-
 impl Client {
-    /// One authenticated GET of `path`; `(succeeded, latency)`.
+    /// One authenticated GET of `path`, body read; `(succeeded, latency)`.
     async fn timed_get(&self, server: &Server, key: &str, path: &str) -> (bool, Duration) {
         let started = Instant::now();
         let res = self

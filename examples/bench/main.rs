@@ -27,7 +27,8 @@ use filedock::{
 };
 
 use self::{
-    group::group_commit, held::cost_vs_files_held, memory::memory_under_concurrency, support::*, throughput::*, tus::*,
+    group::group_commit, held::cost_vs_files_held, memory::memory_under_concurrency, support::*,
+    throughput::*, tus::*,
 };
 
 #[tokio::main]
