@@ -172,7 +172,11 @@ impl<'a> Held<'a> {
                 let (server, data) = start_embedded().await;
                 (server, Some(data))
             }
-            false => (<Server as BenchServer>::start(&[]).await, None),
+            // Why a request failed (503s are logged at warn) goes to stderr.
+            false => {
+                let log = [("RUST_LOG", "error,filedock::http::error=warn")];
+                (<Server as BenchServer>::start(&log).await, None)
+            }
         };
         let key = client.user(&server, "held").await;
         // Open the connections a burst uses, so the first step does not pay for them.
