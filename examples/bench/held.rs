@@ -6,15 +6,11 @@
 //! run this long, so at the end a fresh server's user at 1k files and the
 //! grown user are measured again side by side, alternating.
 
-use std::{
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+mod user;
 
-use bytes::Bytes;
-use filedock::testing::{Server, free_port};
+use std::time::{Duration, Instant};
 
+use self::user::{Burst, Held, Probes};
 use super::support::*;
 
 /// Files held at each step; `FILEDOCK_BENCH_HELD_MAX` drops the steps above it.
@@ -33,6 +29,9 @@ const LIST_BUDGET: Duration = Duration::from_secs(60);
 struct Step {
     held: usize,
     rate: f64,
+    /// The server's CPU time and bytes written to storage per upload of the burst.
+    cpu_ms: f64,
+    written_kib: f64,
     failed: usize,
     upload: Figure,
     me: Figure,
@@ -86,7 +85,7 @@ pub(crate) async fn cost_vs_files_held(client: &Client, r: &mut Report) {
     let steps: Vec<usize> = STEPS.into_iter().filter(|&s| s <= max).collect();
     r.section(
         "11. Cost vs files held (issue 22): one user, 4 KiB files, 32 in flight",
-        "| backend | files held | burst uploads/s | ÷ 1k | one upload (p50) | ÷ 1k | `/v1/me` (p50) | ÷ 1k | first page, 100 (p50) | ÷ 1k |",
+        "| backend | files held | burst uploads/s | ÷ 1k | one upload (p50) | ÷ 1k | `/v1/me` (p50) | ÷ 1k | first page, 100 (p50) | ÷ 1k | filedock CPU / upload | written / upload |",
     );
     for embedded in [true, false] {
         grow(client, embedded, &steps, r).await;
@@ -135,7 +134,10 @@ async fn grow(client: &Client, embedded: bool, steps: &[usize], r: &mut Report) 
                 bursts[which].push(h.burst(BURST).await);
             }
         }
-        let [a_bursts, b_bursts] = bursts.map(median);
+        let [a_bursts, b_bursts] = bursts.map(|mut b: Vec<Burst>| {
+            b.sort_by_key(|b| b.batch.wall);
+            b[b.len() / 2]
+        });
         let (mut a, mut b) = (Probes::default(), Probes::default());
         for i in 0..SAMPLES {
             a.round(&mut fresh, i).await;
@@ -144,145 +146,15 @@ async fn grow(client: &Client, embedded: bool, steps: &[usize], r: &mut Report) 
         let a = a.step(
             fresh.held,
             a_bursts,
-            fresh_failed + a_bursts.total - a_bursts.ok,
+            fresh_failed + a_bursts.batch.total - a_bursts.batch.ok,
         );
-        let b = b.step(grown.held, b_bursts, b_bursts.total - b_bursts.ok);
+        let failed = b_bursts.batch.total - b_bursts.batch.ok;
+        let b = b.step(grown.held, b_bursts, failed);
         r.row(row(&format!("{name}, same time: fresh server"), &a, &a));
         r.row(row(&format!("{name}, same time: grown user"), &b, &a));
         fresh.finish();
     }
     grown.finish();
-}
-
-/// One user of a server of its own, and how many files it holds.
-struct Held<'a> {
-    client: &'a Client,
-    server: Server,
-    data: Option<PathBuf>,
-    key: String,
-    held: usize,
-    body: Bytes,
-}
-
-impl<'a> Held<'a> {
-    /// A user of a new server: on the embedded defaults, or on the real stack.
-    async fn start(client: &'a Client, embedded: bool) -> Self {
-        let (server, data) = match embedded {
-            true => {
-                let (server, data) = start_embedded().await;
-                (server, Some(data))
-            }
-            // Why a request failed (503s are logged at warn) goes to stderr.
-            false => {
-                let log = [("RUST_LOG", "error,filedock::http::error=warn")];
-                (<Server as BenchServer>::start(&log).await, None)
-            }
-        };
-        let key = client.user(&server, "held").await;
-        // Open the connections a burst uses, so the first step does not pay for them.
-        drive(IN_FLIGHT * 4, IN_FLIGHT, |_| {
-            client.timed_get(&server, &key, "/v1/me")
-        })
-        .await;
-        let body = Bytes::from(vec![4u8; 4096]);
-        Self {
-            client,
-            server,
-            data,
-            key,
-            held: 0,
-            body,
-        }
-    }
-
-    /// `n` uploads, 32 in flight.
-    async fn burst(&mut self, n: usize) -> Batch {
-        let (client, server, key, body) = (self.client, &self.server, &self.key, &self.body);
-        let batch = drive(n, IN_FLIGHT, |_| {
-            client.upload(server, key, reqwest::Body::from(body.clone()))
-        })
-        .await;
-        self.held += batch.ok;
-        batch
-    }
-
-    /// Untimed uploads up to `target - BURST`, then the timed burst to
-    /// `target`: the uploads that failed, and the burst.
-    async fn grow_to(&mut self, target: usize) -> (usize, Batch) {
-        let fill = self
-            .burst(target.saturating_sub(BURST).saturating_sub(self.held))
-            .await;
-        let burst = self.burst(target.saturating_sub(self.held)).await;
-        (fill.total - fill.ok + burst.total - burst.ok, burst)
-    }
-
-    /// Stops the server and removes its files (100k of them on the embedded store).
-    fn finish(self) {
-        drop(self.server);
-        if let Some(data) = self.data {
-            let _ = std::fs::remove_dir_all(data);
-        }
-    }
-}
-
-/// Single-request samples at one step: (succeeded, latency).
-#[derive(Default)]
-struct Probes {
-    upload: Vec<(bool, Duration)>,
-    me: Vec<(bool, Duration)>,
-    list: Vec<(bool, Duration)>,
-    listing: Duration,
-}
-
-impl Probes {
-    /// One upload, one `/v1/me` and (within the budget) one first page;
-    /// a failure is counted, not timed (SecantusDB answers a 100k-file first
-    /// page so slowly that filedock's own checks of it time out: 503).
-    async fn round(&mut self, h: &mut Held<'_>, i: usize) {
-        let (client, server, key) = (h.client, &h.server, &h.key);
-        let (ok, t) = client
-            .upload(server, key, reqwest::Body::from(h.body.clone()))
-            .await;
-        h.held += ok as usize;
-        self.upload.push((ok, t));
-        self.me.push(client.timed_get(server, key, "/v1/me").await);
-        if i < 3 || self.listing < LIST_BUDGET {
-            let (ok, t) = client.timed_get(server, key, "/v1/files?limit=100").await;
-            self.listing += t;
-            self.list.push((ok, t));
-        }
-    }
-
-    fn step(self, held: usize, burst: Batch, failed: usize) -> Step {
-        Step {
-            held,
-            rate: burst.rate(),
-            failed,
-            upload: Figure::of(&self.upload),
-            me: Figure::of(&self.me),
-            list: Figure::of(&self.list),
-        }
-    }
-}
-
-/// A filedock server on the embedded defaults: no MongoDB, Redis or S3
-/// settings, only a data directory and the admin key.
-async fn start_embedded() -> (Server, PathBuf) {
-    let port = free_port();
-    let data = std::env::temp_dir().join(format!("filedock-bench-{}", run_id()));
-    let child = Command::new(env("FILEDOCK_BIN"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("FILEDOCK_BIND", format!("127.0.0.1:{port}"))
-        .env("FILEDOCK_DATA_DIR", &data)
-        .env("FILEDOCK_ADMIN_KEY", ADMIN)
-        .env("FILEDOCK_SWEEP_INTERVAL_SECS", "0")
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("FILEDOCK_BIN runs");
-    let server = Server::wait_until_up(child, port, 400, Duration::from_millis(25)).await;
-    (server, data)
 }
 
 fn row(backend: &str, s: &Step, base: &Step) -> String {
@@ -295,7 +167,7 @@ fn row(backend: &str, s: &Step, base: &Step) -> String {
         n => n.to_string(),
     };
     format!(
-        "| {backend} | {held} | {:.0}{failed} | {:.2}× | {} | {:.2}× | {} | {:.2}× | {} | {:.2}× |",
+        "| {backend} | {held} | {:.0}{failed} | {:.2}× | {} | {:.2}× | {} | {:.2}× | {} | {:.2}× | {:.2} ms ({:.2}×) | {:.1} KiB |",
         s.rate,
         s.rate / base.rate,
         s.upload.cell(),
@@ -304,5 +176,8 @@ fn row(backend: &str, s: &Step, base: &Step) -> String {
         s.me.ms / base.me.ms,
         s.list.cell(),
         s.list.ms / base.list.ms,
+        s.cpu_ms,
+        s.cpu_ms / base.cpu_ms,
+        s.written_kib,
     )
 }
