@@ -4,7 +4,8 @@
 # against filedock servers on loopback, and prints one markdown table.
 # `scripts/bench.sh 1 6` runs scenarios 1 and 6 only; `scripts/bench.sh 7` is
 # the group commit A/B (on vs off), `scripts/bench.sh 8` the tus one,
-# `scripts/bench.sh 9` the upload memory budget off vs on.
+# `scripts/bench.sh 9` the upload memory budget off vs on, `scripts/bench.sh 11`
+# cost vs files held (FILEDOCK_BENCH_HELD_MAX=10000 stops it at 10k files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"

@@ -7,6 +7,7 @@
 //! Run it with `scripts/bench.sh` (which starts the stack and builds this).
 
 mod group;
+mod held;
 mod memory;
 mod support;
 mod throughput;
@@ -26,7 +27,8 @@ use filedock::{
 };
 
 use self::{
-    group::group_commit, memory::memory_under_concurrency, support::*, throughput::*, tus::*,
+    group::group_commit, held::cost_vs_files_held, memory::memory_under_concurrency, support::*,
+    throughput::*, tus::*,
 };
 
 #[tokio::main]
@@ -64,6 +66,9 @@ async fn main() {
     }
     if run("9") {
         memory_under_concurrency(&client, &mut r).await;
+    }
+    if run("11") {
+        cost_vs_files_held(&client, &mut r).await;
     }
 
     println!("{}", r.lines.join("\n"));

@@ -118,6 +118,28 @@ impl Client {
         )
     }
 
+    /// One authenticated GET of `path`, body read; `(succeeded, latency)`.
+    pub(crate) async fn timed_get(
+        &self,
+        server: &Server,
+        key: &str,
+        path: &str,
+    ) -> (bool, Duration) {
+        let started = Instant::now();
+        let res = self
+            .http
+            .get(format!("{}{path}", server.base))
+            .bearer_auth(key)
+            .timeout(Duration::from_secs(300))
+            .send()
+            .await;
+        let ok = match res {
+            Ok(res) if res.status().is_success() => res.bytes().await.is_ok(),
+            _ => false,
+        };
+        (ok, started.elapsed())
+    }
+
     pub(crate) async fn connect(
         &self,
         server: &Server,
