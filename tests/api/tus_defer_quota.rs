@@ -10,10 +10,11 @@ use reqwest::StatusCode;
 
 use crate::{
     account::{tokio_stream_of, upload_raw_at_owned},
-    helpers::{TestApp, TestUser, error_code, spawn_app_with, test_settings},
+    helpers::{error_code, spawn_app_with, test_settings},
     tus::{data, head, offset_of, patch},
     tus_defer::{create_deferred, lengths, patch_declaring},
     tus_limits::counts,
+    tus_recovery::usage,
 };
 
 #[tokio::test]
@@ -51,12 +52,6 @@ async fn undeclared_uploads_together_hold_no_more_than_the_quota() {
     assert_eq!(counts(&app, &user).await, (1000, 0, 1));
 }
 
-/// `/v1/me`'s `uploads_in_flight`.
-async fn in_flight(app: &TestApp, user: &TestUser) -> i64 {
-    let (_, me) = app.json("GET", "/v1/me", user, None).await;
-    me["usage"]["uploads_in_flight"].as_i64().unwrap()
-}
-
 #[tokio::test]
 async fn a_declaring_patch_refused_before_its_body_declares_nothing() {
     let mut settings = test_settings();
@@ -77,12 +72,16 @@ async fn a_declaring_patch_refused_before_its_body_declares_nothing() {
         body,
     ));
     for _ in 0..200 {
-        if counts(&app, &user).await.2 == 1 && in_flight(&app, &user).await == 1 {
+        if counts(&app, &user).await.2 == 1 && usage(&app, &user, "uploads_in_flight").await == 1 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert_eq!(in_flight(&app, &user).await, 1, "the plain upload streams");
+    assert_eq!(
+        usage(&app, &user, "uploads_in_flight").await,
+        1,
+        "the plain upload streams"
+    );
     let refused = patch_declaring(&app, &user, &id, 0, 10, &data(10)).await;
     assert_eq!(
         error_code(refused).await,

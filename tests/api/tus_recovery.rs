@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// A figure of `/v1/me`'s `usage` (`used_bytes`, `reserved_bytes`, `uploads_in_flight`).
-async fn usage(app: &TestApp, user: &TestUser, figure: &str) -> i64 {
+pub(crate) async fn usage(app: &TestApp, user: &TestUser, figure: &str) -> i64 {
     let (_, me) = app.json("GET", "/v1/me", user, None).await;
     me["usage"][figure].as_i64().unwrap()
 }
