@@ -75,6 +75,15 @@ impl Audit {
         self.record("quota_changed", actor, user, &detail);
     }
 
+    /// A session or an agent deleted (`what`: `session` or `agent`).
+    pub fn container_deleted(&self, actor: &str, user: &UserId, what: &str, id: &str) {
+        let action = match what {
+            "session" => "session_deleted",
+            _ => "agent_deleted",
+        };
+        self.record(action, actor, user, &format!("{what}_id={id}"));
+    }
+
     pub fn key_revoked(&self, actor: &str, user: &UserId, key: &KeyId) {
         self.record("key_revoked", actor, user, &format!("key_id={key}"));
     }

@@ -217,7 +217,9 @@ pub trait ContainerRepo: Send + Sync {
     /// owner may use in (from) a container the owner owns and records the
     /// back-reference on the file; a link connects (disconnects) an MCP or
     /// toolset. Both are idempotent; `NotFound` if either side is not the
-    /// owner's. A write that would grow a list past `max_items` members is
+    /// owner's. A delete removes the container and, on every file it
+    /// names, the back-reference to it (`NotFound` if it is not the
+    /// owner's). A write that would grow a list past `max_items` members is
     /// `ContainerFull`, checked in the transaction (so concurrent writes cannot
     /// pass it together). With an operation id, the id is recorded in `processed_ops`
     /// in the same transaction, and an id seen before makes the call

@@ -9,6 +9,7 @@ mod cli;
 mod clients;
 mod content;
 mod crash;
+mod deletion;
 mod fault_suite;
 mod faults;
 mod files;
