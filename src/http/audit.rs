@@ -84,6 +84,11 @@ impl Audit {
         self.record(action, actor, user, &format!("{what}_id={id}"));
     }
 
+    /// A user's deletion begun (by the admin).
+    pub fn user_deletion_begun(&self, actor: &str, user: &UserId) {
+        self.record("user_deletion_begun", actor, user, "");
+    }
+
     pub fn key_revoked(&self, actor: &str, user: &UserId, key: &KeyId) {
         self.record("key_revoked", actor, user, &format!("key_id={key}"));
     }

@@ -78,6 +78,7 @@ api! {
     POST "/v1/admin/users" => admin::create_user,
     GET "/v1/admin/users/{id}" => users::get,
     PATCH "/v1/admin/users/{id}" => users::update,
+    DELETE "/v1/admin/users/{id}" => users::delete,
     GET "/v1/admin/users/{id}/keys" => keys::admin_list,
     POST "/v1/admin/users/{id}/keys" => keys::admin_create,
     DELETE "/v1/admin/users/{id}/keys/{key_id}" => keys::admin_revoke,

@@ -3,6 +3,7 @@
 //! store is the sum of narrow repositories (users, files, cleanup,
 //! containers); each adapter implements them one file each.
 
+mod deletion;
 pub mod embedded;
 mod error;
 pub mod group;
@@ -15,6 +16,7 @@ pub mod retry;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+pub use self::deletion::DeletionRepo;
 pub use self::error::{MetaError, MetaResult};
 pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, TokenRecord};
 pub use self::records::*;
@@ -258,7 +260,7 @@ pub trait ContainerRepo: Send + Sync {
 /// can hold only the one it uses (pict-rs's `FullRepo`).
 #[async_trait]
 pub trait MetadataStore:
-    UserRepo + KeyRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo
+    UserRepo + KeyRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo + DeletionRepo
 {
     /// Answers when the store is reachable.
     async fn ping(&self) -> MetaResult<()>;

@@ -45,3 +45,4 @@ mod tus_recovery;
 mod tus_release;
 mod tus_reserve;
 mod tus_sweep;
+mod user_deletion;
