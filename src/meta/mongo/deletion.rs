@@ -172,10 +172,9 @@ impl DeletionRepo for MongoStore {
             if gone.deleted_count == 0 {
                 return Ok(false);
             }
-            let of_user = bson::Regex {
-                pattern: format!("^{id}:"),
-                options: String::new(),
-            };
+            // `$regex`: SecantusDB (the test stack's server) matched nothing
+            // with a BSON regular-expression value beside another field.
+            let of_user = doc! {"$regex": format!("^{id}:")};
             let leftovers = [
                 ("api_keys", doc! {"user_id": id}),
                 ("api_tokens", doc! {"user_id": id}),
@@ -185,10 +184,7 @@ impl DeletionRepo for MongoStore {
                 // the sweeper still has to delete those).
                 (
                     "orphan_minio_objects",
-                    doc! {"status": "deleted", "key": bson::Regex {
-                        pattern: format!("^files/{id}/"),
-                        options: String::new(),
-                    }},
+                    doc! {"status": "deleted", "key": {"$regex": format!("^files/{id}/")}},
                 ),
             ];
             for (collection, filter) in leftovers {
