@@ -115,6 +115,9 @@ after_sessions() {
     is "$(api "/v1/agents/$AGENT/mcps/github" -X PUT | json 'len(d["mcp_ids"])')" 4
   check "the file attached to the agent" is "$(json 'd["file_ids"]' <<<"$agent")" "['$FILE']"
   check "the file attached to the session" is "$(api "/v1/sessions/$SESSION" | json 'd["file_ids"]')" "['$FILE']"
+  check "the session delete to print 204" printed '^204$'
+  check "the deleted session to be gone" is "$(status_of "/v1/sessions/$SCRATCH")" 404
+  check "the file to stay after its session's delete" is "$(status_of "/v1/files/$FILE")" 200
 }
 before_cli() {
   mkdir -p tables

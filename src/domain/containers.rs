@@ -116,14 +116,21 @@ impl ContainerService {
 
     /// The session after a change to it applied. A read-back that fails
     /// must not make the answer a failure (the change is in): the outcome is
-    /// then reported unknown, with where to read the session.
+    /// then reported unknown, with where to read the session. A session
+    /// deleted since (a delete that came right after the change) is
+    /// `NotFound`: the change went with it and left nothing to read.
     pub async fn session_after_change(
         &self,
         user: &UserRecord,
         id: &SessionId,
     ) -> Result<SessionRecord, DomainError> {
-        let read = self.session(user, id).await;
-        read.map_err(|_| DomainError::OutcomeUnknown(Some(format!("/v1/sessions/{id}"))))
+        match self.meta.session(&user.id, id).await {
+            Ok(Some(session)) => Ok(session),
+            Ok(None) => Err(DomainError::NotFound),
+            Err(_) => Err(DomainError::OutcomeUnknown(Some(format!(
+                "/v1/sessions/{id}"
+            )))),
+        }
     }
 
     /// The agent after a change to it applied (see [`Self::session_after_change`]).
@@ -132,8 +139,13 @@ impl ContainerService {
         user: &UserRecord,
         id: &AgentId,
     ) -> Result<AgentRecord, DomainError> {
-        let read = self.agent(user, id).await;
-        read.map_err(|_| DomainError::OutcomeUnknown(Some(format!("/v1/agents/{id}"))))
+        match self.meta.agent(&user.id, id).await {
+            Ok(Some(agent)) => Ok(agent),
+            Ok(None) => Err(DomainError::NotFound),
+            Err(_) => Err(DomainError::OutcomeUnknown(Some(format!(
+                "/v1/agents/{id}"
+            )))),
+        }
     }
 
     /// Attaches (or detaches) one of the caller's files to (from) a session or
@@ -164,14 +176,41 @@ impl ContainerService {
         };
         let op = Operation::Attach {
             owner_id: user.id,
-            container,
+            container: container.clone(),
             file_id,
             attached,
         };
         match self.coordinator.run(op).await.map_err(DomainError::from) {
-            Err(DomainError::NotFound) if attached => Err(not_yours()),
+            // Either the file is not the caller's or the container was
+            // deleted since it was read (a delete racing the attach): 404
+            // for the container gone, 400 for the file.
+            Err(DomainError::NotFound) if attached => match self.exists(user, &container).await? {
+                true => Err(not_yours()),
+                false => Err(DomainError::NotFound),
+            },
             other => other,
         }
+    }
+
+    async fn exists(&self, user: &UserRecord, container: &Container) -> Result<bool, DomainError> {
+        Ok(match container {
+            Container::Session(id) => self.meta.session(&user.id, id).await?.is_some(),
+            Container::Agent(id) => self.meta.agent(&user.id, id).await?.is_some(),
+        })
+    }
+
+    /// Deletes one of the caller's sessions or agents: its file links (and
+    /// an agent's connections) go with it, its files stay the caller's and
+    /// lose their back-reference to it in the same transaction. It goes
+    /// through the coordinator under the lock attaches take, so an attach
+    /// racing it lands before it (and goes with it) or finds it gone (404).
+    /// `NotFound` if it is not the caller's.
+    pub async fn delete(&self, user: &UserRecord, container: Container) -> Result<(), DomainError> {
+        let op = Operation::Delete {
+            owner_id: user.id,
+            container,
+        };
+        Ok(self.coordinator.run(op).await?)
     }
 
     /// Connects (PUT) or disconnects (DELETE) an MCP server or toolset; both

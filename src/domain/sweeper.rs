@@ -17,8 +17,8 @@ use crate::{
     config::SweepSettings,
     lock::{LockError, LockKey, Locks, TryLock},
     meta::{
-        self, CleanupRepo, KeyRepo, MetaError, OrphanRecord, OrphanStatus, ResumableRecord,
-        ResumableRepo,
+        self, CleanupRepo, DeletionRepo, KeyRepo, MetaError, OrphanRecord, OrphanStatus,
+        ResumableRecord, ResumableRepo,
     },
     metrics::{Metrics, OutcomeLabel, StatusLabel},
     vocab::OrphanId,
@@ -45,6 +45,10 @@ pub struct SweepReport {
     /// Steps that failed in this pass (an expiry, a staging removal), each
     /// logged and left for the next pass; the others went on.
     pub failures: u64,
+    /// Files of users being deleted, deleted in this pass.
+    pub user_files_deleted: u64,
+    /// Users whose deletion ended in this pass.
+    pub users_deleted: u64,
 }
 
 /// The result of [`Sweeper::try_run_once`].
@@ -59,6 +63,7 @@ pub enum Outcome {
 mod staging;
 #[cfg(test)]
 mod tests;
+mod users;
 
 const BATCH: usize = 500;
 
@@ -73,6 +78,12 @@ pub struct Sweeper {
     pub(crate) locks: Arc<Locks>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: SweepSettings,
+    /// Users being deleted: each pass carries their deletion on.
+    pub(crate) deletions: Arc<dyn DeletionRepo>,
+    /// How long after a deletion began a request that authenticated just
+    /// before may still write (the auth cache's lifetime and a grace): the
+    /// deletion ends only past it.
+    pub(crate) deletion_settle: Duration,
 }
 
 impl Sweeper {
@@ -167,6 +178,7 @@ impl Sweeper {
             }
         }
         self.sweep_staging(stale_before, &mut report).await?;
+        self.delete_users(&mut report).await?;
         if report != SweepReport::default() {
             tracing::info!(?report, "sweep pass");
         }
@@ -212,6 +224,24 @@ impl Sweeper {
             {
                 return Ok(());
             }
+            self.abort_claimed(&upload, report, tried).await
+        }
+        .await;
+        if let Some(g) = guard {
+            g.release().await;
+        }
+        result
+    }
+
+    /// Aborts a resumable upload whose record was claimed (deleted): its
+    /// blob store write goes, and its intent as an orphan, deleted here.
+    async fn abort_claimed(
+        &self,
+        upload: &ResumableRecord,
+        report: &mut SweepReport,
+        tried: &mut std::collections::HashSet<OrphanId>,
+    ) -> anyhow::Result<()> {
+        {
             let (key, handle) = (&upload.key, &upload.handle);
             if upload.committed {
                 // Its blob is a file's (the record is claimed above): only
@@ -234,7 +264,7 @@ impl Sweeper {
                 // backstops (the staging sweep; S3's lifecycle rule), not
                 // tried for ever.
                 if matches!(e, BlobError::Unavailable(_)) {
-                    self.resumables.restore_resumable(&upload).await?;
+                    self.resumables.restore_resumable(upload).await?;
                 }
                 return Err(e.into());
             }
@@ -246,11 +276,6 @@ impl Sweeper {
             }
             anyhow::Ok(())
         }
-        .await;
-        if let Some(g) = guard {
-            g.release().await;
-        }
-        result
     }
 
     async fn delete(&self, orphan: OrphanRecord, report: &mut SweepReport) -> anyhow::Result<()> {

@@ -19,8 +19,8 @@ use super::{
 use crate::{
     lock::Locks,
     meta::{
-        ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, UserRecord, UserRepo, group::effective_quota,
-        retry::Transactions,
+        ApiKeyRecord, DeletionRepo, FIRST_KEY_NAME, KeyRepo, UserRecord, UserRepo,
+        group::effective_quota, retry::Transactions,
     },
     vocab::KeyId,
 };
@@ -31,6 +31,8 @@ const MAX_NAME_CHARS: usize = 100;
 /// Users and their keys, and the ports that takes.
 pub struct UserService {
     users: Arc<dyn UserRepo>,
+    /// A user's deletion begins here; the sweeper carries it on.
+    deletions: Arc<dyn DeletionRepo>,
     keys: Arc<dyn KeyRepo>,
     auth_cache: AuthCache,
     /// `FILEDOCK_USER_QUOTA_BYTES`: the quota of a user without their own.
@@ -49,7 +51,7 @@ pub struct NewKey {
 
 impl UserService {
     pub fn new(
-        users: Arc<dyn UserRepo>,
+        (users, deletions): (Arc<dyn UserRepo>, Arc<dyn DeletionRepo>),
         keys: Arc<dyn KeyRepo>,
         auth_cache: AuthCache,
         default_quota: Option<u64>,
@@ -57,6 +59,7 @@ impl UserService {
     ) -> Self {
         Self {
             users,
+            deletions,
             keys,
             auth_cache,
             default_quota,
@@ -73,6 +76,25 @@ impl UserService {
     /// The user, if there is one with this id.
     pub async fn user(&self, id: &UserId) -> Result<UserRecord, DomainError> {
         self.users.user(id).await?.ok_or(DomainError::NotFound)
+    }
+
+    /// Begins deleting the user (again, if it began before: the mark
+    /// stays): marks them and deletes their keys and tokens in one
+    /// transaction, and forgets this instance's authentications, so that
+    /// their next request here is refused (elsewhere, once the auth cache
+    /// forgets them). The sweeper deletes the rest, pass by pass. The
+    /// user as marked.
+    pub async fn begin_deletion(&self, id: &UserId) -> Result<UserRecord, DomainError> {
+        let user = self
+            .txns
+            .run("begin_user_deletion", || {
+                self.deletions.begin_user_deletion(id)
+            })
+            .await?
+            .value
+            .ok_or(DomainError::NotFound)?;
+        self.auth_cache.invalidate_all();
+        Ok(user)
     }
 
     /// A page of every user, oldest first (without their file lists).

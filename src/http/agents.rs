@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{
     error::{ApiResult, ok},
-    extract::{AppJson, AppQuery, AuthUser, path_id},
+    extract::{AppJson, AppQuery, AuthCaller, AuthUser, path_id},
     listing::{ListQuery, page_response},
     sessions::FileRef,
     state::AppState,
@@ -65,6 +65,23 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> ApiResult {
     ok(view(state.containers.agent(&user, &path_id(&id)?).await?))
+}
+
+/// `DELETE /v1/agents/{id}` → 204: the agent, its links and its MCP and
+/// toolset connections go; its files stay the caller's.
+pub async fn delete(
+    AuthCaller(caller): AuthCaller,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id: AgentId = path_id(&id)?;
+    let user = &caller.user;
+    state.containers.delete(user, Container::Agent(id)).await?;
+    let (actor, id) = (caller.actor(), id.to_string());
+    state
+        .audit
+        .container_deleted(&actor, &user.id, "agent", &id);
+    ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST /v1/agents/{id}/files {"file_id"}`: attach (idempotent) → the agent.

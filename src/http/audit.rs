@@ -75,6 +75,20 @@ impl Audit {
         self.record("quota_changed", actor, user, &detail);
     }
 
+    /// A session or an agent deleted (`what`: `session` or `agent`).
+    pub fn container_deleted(&self, actor: &str, user: &UserId, what: &str, id: &str) {
+        let action = match what {
+            "session" => "session_deleted",
+            _ => "agent_deleted",
+        };
+        self.record(action, actor, user, &format!("{what}_id={id}"));
+    }
+
+    /// A user's deletion begun (by the admin).
+    pub fn user_deletion_begun(&self, actor: &str, user: &UserId) {
+        self.record("user_deletion_begun", actor, user, "");
+    }
+
     pub fn key_revoked(&self, actor: &str, user: &UserId, key: &KeyId) {
         self.record("key_revoked", actor, user, &format!("key_id={key}"));
     }

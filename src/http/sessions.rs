@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{
     error::{ApiResult, ok},
-    extract::{AppJson, AppQuery, AuthUser, path_id},
+    extract::{AppJson, AppQuery, AuthCaller, AuthUser, path_id},
     listing::{ListQuery, page_response},
     state::AppState,
 };
@@ -48,6 +48,26 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> ApiResult {
     ok(view(state.containers.session(&user, &path_id(&id)?).await?))
+}
+
+/// `DELETE /v1/sessions/{id}` → 204: the session and its links go; its
+/// files stay the caller's.
+pub async fn delete(
+    AuthCaller(caller): AuthCaller,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id: SessionId = path_id(&id)?;
+    let user = &caller.user;
+    state
+        .containers
+        .delete(user, Container::Session(id))
+        .await?;
+    let (actor, id) = (caller.actor(), id.to_string());
+    state
+        .audit
+        .container_deleted(&actor, &user.id, "session", &id);
+    ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize)]

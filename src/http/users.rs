@@ -4,6 +4,7 @@
 use axum::{
     Json,
     extract::{Path, State},
+    http::StatusCode,
 };
 use serde_json::{Value, json};
 
@@ -26,7 +27,31 @@ fn view(state: &AppState, u: &UserRecord) -> Value {
         "file_count": u.file_count,
         "quota_bytes": state.users.quota_of(u),
         "quota_is_default": u.quota_bytes.is_none(),
+        // `deleting` from `DELETE /v1/admin/users/{id}` until the user is
+        // gone (then 404), with the files still to delete.
+        "status": if u.deleting_since.is_some() { "deleting" } else { "active" },
+        "deleting_since": u.deleting_since,
+        "files_left": u.deleting_since.map(|_| u.file_count),
     })
+}
+
+/// `DELETE /v1/admin/users/{id}` → 202 with the user, `deleting`: from now
+/// on their requests are refused (at once here; elsewhere once the auth
+/// cache forgets them) and the sweeper deletes everything of theirs, pass
+/// by pass (a crash or restart only delays it). `GET` the user for the
+/// files left; 404 once they are gone.
+pub async fn delete(_: Admin, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let user = state.users.begin_deletion(&path_id(&id)?).await?;
+    state.audit.user_deletion_begun("admin", &user.id);
+    // A pass now, rather than at the next interval (the sweeper's lock
+    // makes it wait its turn if one is running).
+    let sweeper = state.sweeper.clone();
+    tokio::spawn(async move {
+        if let Err(e) = sweeper.try_run_once().await {
+            tracing::warn!(error = %e, "sweep pass after a user deletion failed; the next one goes on");
+        }
+    });
+    ok((StatusCode::ACCEPTED, Json(view(&state, &user))))
 }
 
 /// `GET /v1/admin/users?limit=&cursor=`: every user, oldest first.

@@ -3,6 +3,7 @@
 //! store is the sum of narrow repositories (users, files, cleanup,
 //! containers); each adapter implements them one file each.
 
+mod deletion;
 pub mod embedded;
 mod error;
 pub mod group;
@@ -15,6 +16,7 @@ pub mod retry;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+pub use self::deletion::DeletionRepo;
 pub use self::error::{MetaError, MetaResult};
 pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, TokenRecord};
 pub use self::records::*;
@@ -217,7 +219,9 @@ pub trait ContainerRepo: Send + Sync {
     /// owner may use in (from) a container the owner owns and records the
     /// back-reference on the file; a link connects (disconnects) an MCP or
     /// toolset. Both are idempotent; `NotFound` if either side is not the
-    /// owner's. A write that would grow a list past `max_items` members is
+    /// owner's. A delete removes the container and, on every file it
+    /// names, the back-reference to it (`NotFound` if it is not the
+    /// owner's). A write that would grow a list past `max_items` members is
     /// `ContainerFull`, checked in the transaction (so concurrent writes cannot
     /// pass it together). With an operation id, the id is recorded in `processed_ops`
     /// in the same transaction, and an id seen before makes the call
@@ -256,7 +260,7 @@ pub trait ContainerRepo: Send + Sync {
 /// can hold only the one it uses (pict-rs's `FullRepo`).
 #[async_trait]
 pub trait MetadataStore:
-    UserRepo + KeyRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo
+    UserRepo + KeyRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo + DeletionRepo
 {
     /// Answers when the store is reachable.
     async fn ping(&self) -> MetaResult<()>;

@@ -44,6 +44,11 @@ use crate::{
     worker::Workers,
 };
 
+/// How long a request that authenticated just before a user's deletion
+/// began may still be writing, past the auth cache's lifetime: the deletion
+/// ends only after both.
+const REQUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Ports {
     /// Connects every adapter the settings name (embedded where unset).
     pub async fn connect(settings: &Settings) -> anyhow::Result<Self> {
@@ -201,7 +206,7 @@ impl AppState {
             )),
             links: Arc::new(links),
             users: Arc::new(UserService::new(
-                meta.clone(),
+                (meta.clone(), meta.clone()),
                 meta.clone(),
                 auth_cache(settings.auth_cache_ttl),
                 settings.user_quota_bytes,
@@ -234,6 +239,8 @@ impl AppState {
                 locks,
                 metrics: metrics.clone(),
                 settings: settings.sweep.clone(),
+                deletions: meta.clone(),
+                deletion_settle: settings.auth_cache_ttl + REQUEST_GRACE,
             }),
             queue,
             settings,

@@ -53,20 +53,25 @@ pub enum Operation {
         link_id: LinkId,
         connected: bool,
     },
+    /// Deletes the container: its file links and (an agent's) connections
+    /// go with it; each file it names loses its back-reference.
+    Delete {
+        owner_id: UserId,
+        container: Container,
+    },
 }
 
 impl Operation {
     /// The lock this write takes on the direct path; also its queue routing key.
     pub fn lock_key(&self) -> LockKey {
         match self {
-            Self::Attach {
-                container: Container::Session(id),
-                ..
-            } => LockKey::session_files(id),
-            Self::Attach {
-                container: Container::Agent(id),
-                ..
-            } => LockKey::agent_files(id),
+            // A delete takes the lock attaches take: the two never
+            // interleave, so no attach leaves a back-reference to a
+            // container deleted under it.
+            Self::Attach { container, .. } | Self::Delete { container, .. } => match container {
+                Container::Session(id) => LockKey::session_files(id),
+                Container::Agent(id) => LockKey::agent_files(id),
+            },
             Self::Link { agent_id, .. } => LockKey::agent_config(agent_id),
         }
     }
@@ -74,22 +79,18 @@ impl Operation {
     /// The resource a client reads to see whether this write applied.
     pub fn resource_path(&self) -> String {
         match self {
-            Self::Attach {
-                container: Container::Session(id),
-                ..
-            } => format!("/v1/sessions/{id}"),
-            Self::Attach {
-                container: Container::Agent(id),
-                ..
-            }
-            | Self::Link { agent_id: id, .. } => format!("/v1/agents/{id}"),
+            Self::Attach { container, .. } | Self::Delete { container, .. } => match container {
+                Container::Session(id) => format!("/v1/sessions/{id}"),
+                Container::Agent(id) => format!("/v1/agents/{id}"),
+            },
+            Self::Link { agent_id: id, .. } => format!("/v1/agents/{id}"),
         }
     }
 
     /// The fencing-token slot on the container this write checks.
     pub fn fence_slot(&self) -> &'static str {
         match self {
-            Self::Attach { .. } => "files",
+            Self::Attach { .. } | Self::Delete { .. } => "files",
             Self::Link { .. } => "config",
         }
     }
@@ -125,6 +126,14 @@ impl Operation {
                 ..
             } => "agent_files",
             Self::Link { .. } => "agent_config",
+            Self::Delete {
+                container: Container::Session(_),
+                ..
+            } => "delete_session",
+            Self::Delete {
+                container: Container::Agent(_),
+                ..
+            } => "delete_agent",
         }
     }
 }

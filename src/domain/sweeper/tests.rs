@@ -99,6 +99,8 @@ fn sweeper(kit: &Kit, resumables: Arc<dyn ResumableRepo>) -> Sweeper {
             retry_interval: Duration::ZERO,
             max_retries: 3,
         },
+        deletions: kit.meta.clone(),
+        deletion_settle: Duration::ZERO,
     }
 }
 

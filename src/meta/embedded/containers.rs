@@ -9,7 +9,7 @@ use crate::{
         AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
         SessionRecord, Settled,
     },
-    vocab::{AgentId, OpId, Operation, SessionId, UserId},
+    vocab::{AgentId, FileId, OpId, Operation, SessionId, UserId},
 };
 
 /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
@@ -103,6 +103,30 @@ pub(super) fn write_op(
             check_room(&doc, op, max_items)?;
             set_member(&mut doc, kind.field(), link_id.as_str(), *connected);
             tx.put(&key, &doc)
+        }
+        Operation::Delete {
+            owner_id,
+            container,
+        } => {
+            let (collection, cid) = (container.collection(), container.id());
+            let ckey = format!("{collection}/{cid}");
+            let mut doc = owned(tx.get::<Value>(&ckey)?, owner_id)?;
+            apply_fence_value(&mut doc, fence)?;
+            // Every file it names loses its back-reference to it.
+            let files = doc["file_ids"].as_array().cloned().unwrap_or_default();
+            for file_id in files
+                .iter()
+                .filter_map(|f| f.as_str().and_then(FileId::parse))
+            {
+                let fkey = file_key(&file_id);
+                if let Some(mut file) = tx.get::<Value>(&fkey)? {
+                    set_member(&mut file, collection, &cid, false);
+                    tx.put(&fkey, &file)?;
+                }
+            }
+            tx.delete(&ckey);
+            tx.delete(&format!("{}{cid}", owner_index(collection, owner_id)));
+            Ok(())
         }
     }
 }

@@ -21,6 +21,56 @@ use crate::{
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
 
+/// Deletes the owner's file inside `tx` (see [`FileRepo::delete_file`]).
+pub(super) fn delete_file_in(
+    tx: &mut Txn,
+    owner: UserId,
+    id: FileId,
+    fence: Option<&Fence>,
+) -> MetaResult<Option<DeletedFile>> {
+    let Some(file) = tx
+        .get::<FileRecord>(&file_key(&id))?
+        .filter(|f| f.owner_id == owner)
+    else {
+        return Ok(None);
+    };
+    let ukey = user_key(&owner);
+    let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+    apply_fence(&mut user, fence)?;
+    user.file_count -= 1;
+    user.used_bytes -= file.size;
+    tx.put(&ukey, &user)?;
+    let sessions = file.sessions.iter().map(ToString::to_string);
+    let agents = file.agents.iter().map(ToString::to_string);
+    let attached: [(&str, Vec<String>); 2] = [
+        ("sessions", sessions.collect()),
+        ("agents", agents.collect()),
+    ];
+    for (collection, ids) in &attached {
+        for cid in ids {
+            let key = format!("{collection}/{cid}");
+            if let Some(mut doc) = tx.get::<Value>(&key)? {
+                set_member(&mut doc, "file_ids", &id.to_string(), false);
+                tx.put(&key, &doc)?;
+            }
+        }
+    }
+    tx.delete(&file_key(&id));
+    tx.delete(&format!("{}{}", owner_index("files", owner), id));
+    tx.delete(&format!("permissions/{id}:{owner}"));
+    // The key that created the file is free again.
+    if let Some(key_id) = tx.get::<String>(&key_of_file(&id))? {
+        tx.delete(&format!("idempotency/{key_id}"));
+        tx.delete(&key_of_file(&id));
+    }
+    let orphan = OrphanRecord::pending_for(&file);
+    tx.insert(&format!("orphans/{}", orphan.id), &orphan)?;
+    Ok(Some(DeletedFile {
+        file,
+        orphan_id: orphan.id,
+    }))
+}
+
 #[async_trait]
 impl FileRepo for EmbeddedStore {
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
@@ -148,50 +198,8 @@ impl FileRepo for EmbeddedStore {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
         let (owner, id, fence) = (*owner_id, *file_id, fence.cloned());
-        self.transaction(move |tx| {
-            let Some(file) = tx
-                .get::<FileRecord>(&file_key(&id))?
-                .filter(|f| f.owner_id == owner)
-            else {
-                return Ok(None);
-            };
-            let ukey = user_key(&owner);
-            let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
-            apply_fence(&mut user, fence.as_ref())?;
-            user.file_count -= 1;
-            user.used_bytes -= file.size;
-            tx.put(&ukey, &user)?;
-            let sessions = file.sessions.iter().map(ToString::to_string);
-            let agents = file.agents.iter().map(ToString::to_string);
-            let attached: [(&str, Vec<String>); 2] = [
-                ("sessions", sessions.collect()),
-                ("agents", agents.collect()),
-            ];
-            for (collection, ids) in &attached {
-                for cid in ids {
-                    let key = format!("{collection}/{cid}");
-                    if let Some(mut doc) = tx.get::<Value>(&key)? {
-                        set_member(&mut doc, "file_ids", &id.to_string(), false);
-                        tx.put(&key, &doc)?;
-                    }
-                }
-            }
-            tx.delete(&file_key(&id));
-            tx.delete(&format!("{}{}", owner_index("files", owner), id));
-            tx.delete(&format!("permissions/{id}:{owner}"));
-            // The key that created the file is free again.
-            if let Some(key_id) = tx.get::<String>(&key_of_file(&id))? {
-                tx.delete(&format!("idempotency/{key_id}"));
-                tx.delete(&key_of_file(&id));
-            }
-            let orphan = OrphanRecord::pending_for(&file);
-            tx.insert(&format!("orphans/{}", orphan.id), &orphan)?;
-            Ok(Some(DeletedFile {
-                file,
-                orphan_id: orphan.id,
-            }))
-        })
-        .await
+        self.transaction(move |tx| delete_file_in(tx, owner, id, fence.as_ref()))
+            .await
     }
 
     async fn rename_file(

@@ -14,6 +14,7 @@
 
 mod cleanup;
 mod containers;
+mod deletion;
 mod files;
 mod migrate;
 mod resumable;

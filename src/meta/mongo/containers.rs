@@ -11,7 +11,7 @@ use crate::{
         AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
         SessionRecord, Settled,
     },
-    vocab::{AgentId, LinkId, LinkKind, OpId, Operation, SessionId, UserId},
+    vocab::{AgentId, Container, LinkId, LinkKind, OpId, Operation, SessionId, UserId},
 };
 
 /// Connects and disconnects of one agent's list in a row, each link once.
@@ -204,7 +204,57 @@ impl MongoStore {
                 self.update_owned(s, "agents", filter, update, owned, fence, bound)
                     .await
             }
+            Operation::Delete {
+                owner_id,
+                container,
+            } => {
+                self.delete_container_in(s, owner_id, container, fence)
+                    .await
+            }
         }
+    }
+
+    /// Deletes a container (fenced) and, in the same transaction, every
+    /// back-reference to it on the files it names.
+    async fn delete_container_in(
+        &self,
+        s: &mut ClientSession,
+        owner_id: &UserId,
+        container: &Container,
+        fence: Option<&Fence>,
+    ) -> MetaResult<()> {
+        let (collection, cid) = (container.collection(), container.id());
+        let coll = self.db.collection::<Document>(collection);
+        let mut filter = doc! {"_id": &cid, "owner_id": owner_id};
+        add_fence(&mut filter, &mut Document::new(), "fence", fence);
+        let deleted = coll
+            .find_one_and_delete(filter)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        let Some(deleted) = deleted else {
+            let found = coll
+                .find_one(doc! {"_id": &cid, "owner_id": owner_id})
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+            return Err(match found {
+                Some(_) => MetaError::StaleFence,
+                None => MetaError::NotFound,
+            });
+        };
+        let files = deleted.get_array("file_ids").cloned().unwrap_or_default();
+        if !files.is_empty() {
+            self.files()
+                .update_many(
+                    doc! {"_id": {"$in": files}},
+                    doc! {"$pull": {collection: &cid}},
+                )
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+        }
+        Ok(())
     }
 
     /// Applies a fenced update to an owned document (`owned`: its owner and
@@ -419,7 +469,7 @@ impl ContainerRepo for MongoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocab::{Container, FileId};
+    use crate::vocab::FileId;
 
     /// Agents `a` and `b` of user `u`.
     fn id(name: &str) -> String {

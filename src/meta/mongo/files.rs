@@ -289,7 +289,7 @@ impl MongoStore {
         }
     }
 
-    async fn delete_file_in(
+    pub(super) async fn delete_file_in(
         &self,
         s: &mut ClientSession,
         owner: &UserId,

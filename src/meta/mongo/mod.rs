@@ -10,6 +10,7 @@
 
 mod cleanup;
 mod containers;
+mod deletion;
 mod errors;
 mod files;
 mod migrate;

@@ -1,0 +1,112 @@
+//! Users' deletions, carried on by every sweep pass: a deletion begun by
+//! `DELETE /v1/admin/users/{id}` marks the user (`deleting_since`) and
+//! deletes their keys and tokens in one transaction; each pass then
+//! deletes, in batches, their sessions and agents, their resumable uploads
+//! (aborted as an expired one is), their uploads in flight (intents turned
+//! into orphans, so that their commits are refused), and their files (each
+//! batch one transaction that records the blobs as pending orphans before
+//! any blob is deleted). Once the auth caches have forgotten the user and a
+//! request authenticated just before the mark had time to end, a pass
+//! deletes what is left under their blob prefix and, if nothing of theirs
+//! is left, the user document. Every step is idempotent and the mark is
+//! the job record: a crash anywhere only delays the deletion to the next
+//! pass (of any instance).
+
+use std::collections::HashSet;
+
+use chrono::Duration as ChronoDuration;
+
+use super::{BATCH, SweepReport, Sweeper};
+use crate::{
+    blob::BlobError,
+    lock::{LockKey, TryLock},
+    meta::{UserRecord, now},
+    vocab::BlobKey,
+};
+
+/// Files one transaction deletes: a step short enough to leave the
+/// user document (which each step writes) to others between steps.
+const FILES_PER_STEP: usize = 100;
+
+impl Sweeper {
+    /// Carries every marked user's deletion on; one user that fails stops
+    /// no other (it is counted in `failures` and left for the next pass).
+    pub(super) async fn delete_users(&self, report: &mut SweepReport) -> anyhow::Result<()> {
+        for user in self.deletions.users_being_deleted(BATCH).await? {
+            if let Err(e) = self.delete_user(&user, report).await {
+                report.failures += 1;
+                tracing::warn!(user_id = %user.id, error = %e, "user deletion interrupted; the next pass goes on");
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_user(&self, user: &UserRecord, report: &mut SweepReport) -> anyhow::Result<()> {
+        let id = &user.id;
+        let Some(since) = user.deleting_since else {
+            return Ok(());
+        };
+        while self.deletions.purge_containers(id, BATCH).await? > 0 {}
+        let mut tried = HashSet::new();
+        for upload in self.deletions.user_resumables(id, BATCH).await? {
+            // A PATCH in progress holds the upload's lock: the next pass.
+            let guard = match self
+                .locks
+                .try_acquire(&LockKey::resumable(&upload.id))
+                .await?
+            {
+                TryLock::Held(g) => Some(g),
+                TryLock::Degraded => None,
+                TryLock::Busy => continue,
+            };
+            let claimed = self
+                .resumables
+                .delete_resumable_if_expires(&upload.id, upload.expires_at)
+                .await;
+            let result = match claimed {
+                Ok(true) => self.abort_claimed(&upload, report, &mut tried).await,
+                Ok(false) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+            if let Some(g) = guard {
+                g.release().await;
+            }
+            result?;
+        }
+        // Uploads in flight: their intents go (as orphans), so that their
+        // commits are refused.
+        for intent in self.deletions.user_intents(id, BATCH).await? {
+            if let Some(orphan) = self.meta.abandon_intent(&intent.id, None).await? {
+                report.intents_abandoned += 1;
+                self.delete(orphan, report).await?;
+            }
+        }
+        loop {
+            let orphans = self.deletions.purge_files(id, FILES_PER_STEP).await?;
+            if orphans.is_empty() {
+                break;
+            }
+            report.user_files_deleted += orphans.len() as u64;
+            for orphan in orphans {
+                self.delete(orphan, report).await?;
+            }
+        }
+        if now() < since + ChronoDuration::from_std(self.deletion_settle)? {
+            return Ok(());
+        }
+        // Whatever an upload cut off mid-way left under the user's prefix.
+        for key in self.blobs.list_keys(&format!("files/{id}/")).await? {
+            if let Some(key) = BlobKey::parse(&key) {
+                match self.blobs.delete(&key).await {
+                    Ok(()) | Err(BlobError::NotFound) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        if self.deletions.finish_user_deletion(id).await? {
+            report.users_deleted += 1;
+            tracing::info!(user_id = %id, "user deleted");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! A user's deletion in the embedded store (see [`DeletionRepo`]).
+
+use async_trait::async_trait;
+
+use super::{EmbeddedStore, files::delete_file_in, owner_index, txn::Txn, user_key};
+use crate::{
+    meta::{
+        DeletionRepo, IntentRecord, MetaResult, OrphanRecord, OrphanStatus, ResumableRecord,
+        TokenRecord, UserRecord, now,
+    },
+    vocab::{ApiKeyHash, FileId, UserId},
+};
+
+/// Every document under `prefix` that `keep` accepts, at most `limit`.
+fn scan<T: serde::de::DeserializeOwned>(
+    tx: &mut Txn,
+    prefix: &str,
+    limit: usize,
+    keep: impl Fn(&T) -> bool,
+) -> MetaResult<Vec<(String, T)>> {
+    let mut found = Vec::new();
+    for k in tx.keys(prefix, None, usize::MAX)? {
+        if found.len() >= limit {
+            break;
+        }
+        if let Some(doc) = tx.get::<T>(&k)?
+            && keep(&doc)
+        {
+            found.push((k, doc));
+        }
+    }
+    Ok(found)
+}
+
+/// Deletes the user's keys and their tokens inside `tx`.
+fn delete_credentials(tx: &mut Txn, id: UserId) -> MetaResult<()> {
+    for k in tx.keys(&format!("user_keys/{id}/"), None, usize::MAX)? {
+        if let Some(hash) = tx.get::<ApiKeyHash>(&k)? {
+            tx.delete(&format!("keys/{}", hash.as_str()));
+        }
+        tx.delete(&k);
+    }
+    for (k, t) in scan::<TokenRecord>(tx, "tokens/", usize::MAX, |t| t.user_id == id)? {
+        tx.delete(&k);
+        tx.delete(&format!("key_tokens/{}/{}", t.key_id, t.hash.as_str()));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl DeletionRepo for EmbeddedStore {
+    async fn begin_user_deletion(&self, id: &UserId) -> MetaResult<Option<UserRecord>> {
+        let id = *id;
+        self.transaction(move |tx| {
+            let ukey = user_key(&id);
+            let Some(mut user) = tx.get::<UserRecord>(&ukey)? else {
+                return Ok(None);
+            };
+            user.deleting_since.get_or_insert_with(now);
+            tx.put(&ukey, &user)?;
+            delete_credentials(tx, id)?;
+            Ok(Some(user))
+        })
+        .await
+    }
+
+    async fn users_being_deleted(&self, limit: usize) -> MetaResult<Vec<UserRecord>> {
+        self.transaction(move |tx| {
+            let users = scan::<UserRecord>(tx, "users/", limit, |u| u.deleting_since.is_some())?;
+            Ok(users.into_iter().map(|(_, u)| u).collect())
+        })
+        .await
+    }
+
+    async fn user_resumables(&self, id: &UserId, limit: usize) -> MetaResult<Vec<ResumableRecord>> {
+        let id = *id;
+        self.transaction(move |tx| {
+            let found = scan::<ResumableRecord>(tx, "resumables/", limit, |r| r.user_id == id)?;
+            Ok(found.into_iter().map(|(_, r)| r).collect())
+        })
+        .await
+    }
+
+    async fn user_intents(&self, id: &UserId, limit: usize) -> MetaResult<Vec<IntentRecord>> {
+        let id = *id;
+        self.transaction(move |tx| {
+            let found = scan::<IntentRecord>(tx, "intents/", limit, |i| i.user_id == id)?;
+            Ok(found.into_iter().map(|(_, i)| i).collect())
+        })
+        .await
+    }
+
+    async fn purge_containers(&self, id: &UserId, limit: usize) -> MetaResult<usize> {
+        let id = *id;
+        self.transaction(move |tx| {
+            let mut purged = 0;
+            for collection in ["sessions", "agents"] {
+                let index = owner_index(collection, id);
+                for k in tx.keys(&index, None, limit)? {
+                    tx.delete(&format!("{collection}/{}", &k[index.len()..]));
+                    tx.delete(&k);
+                    purged += 1;
+                }
+            }
+            Ok(purged)
+        })
+        .await
+    }
+
+    async fn purge_files(&self, id: &UserId, limit: usize) -> MetaResult<Vec<OrphanRecord>> {
+        let id = *id;
+        self.transaction(move |tx| {
+            let prefix = owner_index("files", id);
+            let mut orphans = Vec::new();
+            for k in tx.keys(&prefix, None, limit)? {
+                let Some(file) = FileId::parse(&k[prefix.len()..]) else {
+                    continue;
+                };
+                if let Some(deleted) = delete_file_in(tx, id, file, None)? {
+                    orphans.push(OrphanRecord {
+                        id: deleted.orphan_id,
+                        ..OrphanRecord::pending_for(&deleted.file)
+                    });
+                }
+            }
+            Ok(orphans)
+        })
+        .await
+    }
+
+    async fn finish_user_deletion(&self, id: &UserId) -> MetaResult<bool> {
+        let id = *id;
+        self.transaction(move |tx| {
+            for collection in ["files", "sessions", "agents"] {
+                if !tx.keys(&owner_index(collection, id), None, 1)?.is_empty() {
+                    return Ok(false);
+                }
+            }
+            if !scan::<IntentRecord>(tx, "intents/", 1, |i| i.user_id == id)?.is_empty()
+                || !scan::<ResumableRecord>(tx, "resumables/", 1, |r| r.user_id == id)?.is_empty()
+            {
+                return Ok(false);
+            }
+            let ukey = user_key(&id);
+            match tx.get::<UserRecord>(&ukey)? {
+                Some(u) if u.deleting_since.is_some() => tx.delete(&ukey),
+                _ => return Ok(false),
+            }
+            delete_credentials(tx, id)?;
+            let of_user = format!("idempotency/{id}:");
+            for k in tx.keys(&of_user, None, usize::MAX)? {
+                tx.delete(&k);
+            }
+            // The history of their deleted blobs (pending ones stay: the
+            // sweeper still has to delete those).
+            let history = scan::<OrphanRecord>(tx, "orphans/", usize::MAX, |o| {
+                o.status == OrphanStatus::Deleted && o.key.user() == id
+            })?;
+            for (k, _) in history {
+                tx.delete(&k);
+            }
+            Ok(true)
+        })
+        .await
+    }
+}
