@@ -145,6 +145,9 @@ impl From<MetaError> for DomainError {
             MetaError::QuotaExceeded => Self::QuotaExceeded,
             MetaError::TooManyOpenUploads => Self::TooManyOpenUploads,
             MetaError::NotFound => Self::NotFound,
+            // The key that authenticated the request is gone with the
+            // user; another instance's cached authentication let it in.
+            MetaError::UserDeleting => Self::Unauthenticated,
             MetaError::ContainerFull(max)
             | MetaError::Refused(crate::meta::Refusal::ContainerFull(max)) => {
                 Self::ContainerFull(max)

@@ -49,7 +49,15 @@ pub struct SweepReport {
     pub user_files_deleted: u64,
     /// Users whose deletion ended in this pass.
     pub users_deleted: u64,
+    /// Users whose deletion is still under way after this pass (more files
+    /// than a pass deletes, or the auth caches not yet past the mark): the
+    /// worker's next pass comes after [`DELETION_PASS_DELAY`].
+    pub deletions_pending: u64,
 }
+
+/// How soon the worker passes again while a user's deletion is under way,
+/// rather than after its whole interval (ten minutes by default).
+pub const DELETION_PASS_DELAY: Duration = Duration::from_secs(2);
 
 /// The result of [`Sweeper::try_run_once`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -373,6 +381,10 @@ impl Worker for SweepWorker {
     async fn work(&mut self, _stop: &CancellationToken) -> WorkerState {
         let interval = self.interval;
         self.wait = match self.sweeper.try_run_once().await {
+            Ok(Outcome::Swept(r)) if r.deletions_pending > 0 => {
+                self.last = "ok, a deletion under way";
+                DELETION_PASS_DELAY.min(interval)
+            }
             Ok(_) => {
                 self.last = "ok";
                 interval

@@ -15,6 +15,10 @@ pub enum MetaError {
     TooManyOpenUploads,
     #[error("not found")]
     NotFound,
+    /// The user is being deleted (`deleting_since` is set): none of their
+    /// writes commits, whichever instance still takes their key.
+    #[error("the user is being deleted")]
+    UserDeleting,
     /// The session's or agent's list already holds its limit of members
     /// (`FILEDOCK_MAX_CONTAINER_ITEMS`); nothing was changed.
     #[error("the list already holds its limit of {0} items")]

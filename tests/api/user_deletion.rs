@@ -266,3 +266,144 @@ async fn a_user_deleted_through_two_kills_and_restarts_leaves_nothing() {
     drop(server);
     assert_nothing_left(&settings, &user, 1).await;
 }
+
+/// The status and `error.code` of `res`.
+async fn answer(res: reqwest::Response) -> (StatusCode, Value) {
+    let status = res.status();
+    let body: Value = res.json().await.unwrap_or(Value::Null);
+    (status, body["error"]["code"].clone())
+}
+
+/// Another instance still authenticates the user from its cache (600 s):
+/// every commit it tries checks the mark and is refused, nothing stored.
+#[tokio::test]
+async fn writes_another_instance_still_authenticates_are_refused_by_the_mark() {
+    if !real_backends() {
+        // The embedded store is one process's: there is no second instance.
+        return;
+    }
+    let mut settings = test_settings();
+    settings.auth_cache_ttl = Duration::from_secs(600);
+    let first = spawn_app_with(settings.clone()).await;
+    let second = spawn_app_with(settings).await;
+    let ann = first.create_user("ann").await;
+    // A tus upload begun before the mark, on the second instance: 8 of 16 bytes.
+    let bytes = crate::tus::data(16);
+    let upload = crate::tus::create(&second, &ann, bytes.len()).await;
+    let half = crate::tus::patch(&second, &ann, &upload, 0, &bytes[..8]).await;
+    assert_eq!(half.status(), StatusCode::NO_CONTENT);
+    // The second instance remembers the key.
+    let me = second
+        .client
+        .get(second.url("/v1/me"))
+        .bearer_auth(&ann.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(me.status(), StatusCode::OK);
+
+    let (status, _) = admin(&first.base, "DELETE", &format!("/v1/admin/users/{}", ann.id)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+
+    let unauthenticated = (StatusCode::UNAUTHORIZED, json!("unauthenticated"));
+    let plain = second.upload_raw(&ann, "late.txt", b"late".to_vec()).await;
+    assert_eq!(answer(plain).await, unauthenticated, "a plain upload");
+    let created = second
+        .client
+        .post(second.url("/v1/uploads"))
+        .bearer_auth(&ann.key)
+        .header("tus-resumable", crate::tus::TUS)
+        .header("upload-length", "4")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer(created).await, unauthenticated, "a tus creation");
+    let last = crate::tus::patch(&second, &ann, &upload, 8, &bytes[8..]).await;
+    assert_eq!(answer(last).await, unauthenticated, "the last PATCH");
+
+    let (status, v) = admin(&first.base, "GET", &format!("/v1/admin/users/{}", ann.id)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["files_left"], 0, "no file committed: {v}");
+    let id: UserId = ann.id.parse().unwrap();
+    let files = first.state.ports.meta.list_files(&id, None, 10).await;
+    assert!(files.unwrap().is_empty());
+    let stored = first.blob_keys(&ann).await;
+    assert!(stored.is_empty(), "blobs stored: {stored:?}");
+}
+
+/// Uploads racing the deletion: each is created before the mark (201, and
+/// then deleted by the job) or refused (401; or 503, nothing stored); the
+/// deletion ends and nothing of the user is left.
+#[tokio::test]
+async fn uploads_racing_a_users_deletion_are_refused_or_cleaned() {
+    const UPLOADERS: usize = 16;
+    let mut settings = test_settings();
+    settings.auth_cache_ttl = Duration::from_secs(1);
+    let app = spawn_app_with(settings).await;
+    let ann = app.create_user("ann").await;
+    let body = vec![5u8; 256 << 10];
+    let uploads = (0..UPLOADERS).map(|i| {
+        let (client, base, key, body) = (
+            app.client.clone(),
+            app.base.clone(),
+            ann.key.clone(),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            // Until refused (the mark, then the forgotten key), at most 500.
+            let mut statuses = Vec::new();
+            for j in 0..500 {
+                let name = format!("r{i}-{j}.bin");
+                let res = upload_raw_at(&client, &base, &key, &name, body.clone()).await;
+                statuses.push(res.status());
+                if res.status() == StatusCode::UNAUTHORIZED {
+                    break;
+                }
+            }
+            statuses
+        })
+    });
+    let uploads: Vec<_> = uploads.collect();
+    // The deletion begins among the uploads: once some have committed.
+    let started = Instant::now();
+    loop {
+        let (_, me) = app.json("GET", "/v1/me", &ann, None).await;
+        if me["usage"]["file_count"].as_u64() >= Some(UPLOADERS as u64) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{me}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _) = admin(&app.base, "DELETE", &format!("/v1/admin/users/{}", ann.id)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let mut counted = std::collections::BTreeMap::new();
+    for u in uploads {
+        let statuses = u.await.unwrap();
+        assert_eq!(statuses.last(), Some(&StatusCode::UNAUTHORIZED), "never refused");
+        for s in statuses {
+            *counted.entry(s.as_u16()).or_insert(0) += 1;
+        }
+    }
+    let allowed = [201, 401, 503];
+    assert!(
+        counted.keys().all(|s| allowed.contains(s)),
+        "answers: {counted:?}"
+    );
+    assert!(counted.get(&201).is_some(), "none created: {counted:?}");
+
+    let started = Instant::now();
+    loop {
+        app.state.sweeper.try_run_once().await.unwrap();
+        match admin(&app.base, "GET", &format!("/v1/admin/users/{}", ann.id)).await {
+            (StatusCode::NOT_FOUND, _) => break,
+            (StatusCode::OK, v) => assert_eq!(v["status"], "deleting", "{v}"),
+            (status, v) => panic!("{status} {v}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "stalled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left = app.blob_keys(&ann).await;
+    assert!(left.is_empty(), "{left:?}");
+    let settings = app.stop().await;
+    assert_nothing_left(&settings, &ann.id, 0).await;
+}

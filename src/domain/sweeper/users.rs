@@ -28,24 +28,41 @@ use crate::{
 /// user document (which each step writes) to others between steps.
 const FILES_PER_STEP: usize = 100;
 
+/// Files of one user a pass deletes at most: a user with millions of files
+/// does not hold the sweeper lock (and every other sweep) for hours; the
+/// worker passes again soon (`DELETION_PASS_DELAY`) while one is pending.
+pub const FILES_PER_PASS: u64 = 5_000;
+
 impl Sweeper {
     /// Carries every marked user's deletion on; one user that fails stops
     /// no other (it is counted in `failures` and left for the next pass).
     pub(super) async fn delete_users(&self, report: &mut SweepReport) -> anyhow::Result<()> {
         for user in self.deletions.users_being_deleted(BATCH).await? {
-            if let Err(e) = self.delete_user(&user, report).await {
-                report.failures += 1;
-                tracing::warn!(user_id = %user.id, error = %e, "user deletion interrupted; the next pass goes on");
+            match self.delete_user(&user, report).await {
+                Ok(true) => {}
+                Ok(false) => report.deletions_pending += 1,
+                Err(e) => {
+                    // Not counted pending: a failing store is not retried
+                    // every few seconds, but at the next regular pass.
+                    report.failures += 1;
+                    tracing::warn!(user_id = %user.id, error = %e, "user deletion interrupted; the next pass goes on");
+                }
             }
         }
         Ok(())
     }
 
-    async fn delete_user(&self, user: &UserRecord, report: &mut SweepReport) -> anyhow::Result<()> {
+    /// One pass's share of `user`'s deletion: whether it ended.
+    async fn delete_user(
+        &self,
+        user: &UserRecord,
+        report: &mut SweepReport,
+    ) -> anyhow::Result<bool> {
         let id = &user.id;
         let Some(since) = user.deleting_since else {
-            return Ok(());
+            return Ok(true);
         };
+        let mut deleted = 0_u64;
         while self.deletions.purge_containers(id, BATCH).await? > 0 {}
         let mut tried = HashSet::new();
         for upload in self.deletions.user_resumables(id, BATCH).await? {
@@ -87,12 +104,16 @@ impl Sweeper {
                 break;
             }
             report.user_files_deleted += orphans.len() as u64;
+            deleted += orphans.len() as u64;
             for orphan in orphans {
                 self.delete(orphan, report).await?;
             }
+            if deleted >= FILES_PER_PASS {
+                return Ok(false);
+            }
         }
         if now() < since + ChronoDuration::from_std(self.deletion_settle)? {
-            return Ok(());
+            return Ok(false);
         }
         // Whatever an upload cut off mid-way left under the user's prefix.
         for key in self.blobs.list_keys(&format!("files/{id}/")).await? {
@@ -106,7 +127,8 @@ impl Sweeper {
         if self.deletions.finish_user_deletion(id).await? {
             report.users_deleted += 1;
             tracing::info!(user_id = %id, "user deleted");
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 }

@@ -11,6 +11,14 @@ use crate::{
     vocab::{ApiKeyHash, FileId, UserId},
 };
 
+/// The index of the users being deleted: `deleting/{id}`, so that a sweep
+/// pass finds them without reading every user.
+const DELETING: &str = "deleting/";
+
+fn deleting_key(id: &UserId) -> String {
+    format!("{DELETING}{id}")
+}
+
 /// Every document under `prefix` that `keep` accepts, at most `limit`.
 fn scan<T: serde::de::DeserializeOwned>(
     tx: &mut Txn,
@@ -58,6 +66,7 @@ impl DeletionRepo for EmbeddedStore {
             };
             user.deleting_since.get_or_insert_with(now);
             tx.put(&ukey, &user)?;
+            tx.put(&deleting_key(&id), &id)?;
             delete_credentials(tx, id)?;
             Ok(Some(user))
         })
@@ -66,8 +75,16 @@ impl DeletionRepo for EmbeddedStore {
 
     async fn users_being_deleted(&self, limit: usize) -> MetaResult<Vec<UserRecord>> {
         self.transaction(move |tx| {
-            let users = scan::<UserRecord>(tx, "users/", limit, |u| u.deleting_since.is_some())?;
-            Ok(users.into_iter().map(|(_, u)| u).collect())
+            let mut users = Vec::new();
+            for k in tx.keys(DELETING, None, limit)? {
+                if let Some(id) = tx.get::<UserId>(&k)?
+                    && let Some(u) = tx.get::<UserRecord>(&user_key(&id))?
+                    && u.deleting_since.is_some()
+                {
+                    users.push(u);
+                }
+            }
+            Ok(users)
         })
         .await
     }
@@ -146,6 +163,7 @@ impl DeletionRepo for EmbeddedStore {
                 Some(u) if u.deleting_since.is_some() => tx.delete(&ukey),
                 _ => return Ok(false),
             }
+            tx.delete(&deleting_key(&id));
             delete_credentials(tx, id)?;
             let of_user = format!("idempotency/{id}:");
             for k in tx.keys(&of_user, None, usize::MAX)? {

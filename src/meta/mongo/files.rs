@@ -80,7 +80,8 @@ impl MongoStore {
             inc.insert("reserved_bytes", -freed.reserved);
             inc.insert("open_uploads", -i64::from(freed.open));
         }
-        let mut filter = doc! {"_id": &file.owner_id};
+        // A user being deleted commits nothing (`deleting_since` unset).
+        let mut filter = doc! {"_id": &file.owner_id, "deleting_since": null};
         let mut update = doc! {"$inc": inc};
         add_fence(&mut filter, &mut update, "upload_fence", c.fence.as_ref());
         // The quota is decided on the user document as this transaction
@@ -170,7 +171,7 @@ impl MongoStore {
         let ids: Vec<FileId> = plan.committing.iter().map(|c| c.file.id).collect();
         // The quota read above is in this transaction's snapshot: a write of
         // the user document since then makes this update a write conflict.
-        let mut filter = doc! {"_id": owner};
+        let mut filter = doc! {"_id": owner, "deleting_since": null};
         self.mark_released_in(s, &plan.freed).await?;
         let mut update = doc! {
             "$inc": {
@@ -188,10 +189,11 @@ impl MongoStore {
             .await
             .map_err(classify)?;
         if updated.matched_count == 0 {
-            let mut why = MetaError::QuotaExceeded;
+            let mut why = self.why_user_unmatched(s, owner, None).await;
             for f in &fences {
-                why = self.why_user_unmatched(s, owner, Some(f)).await;
-                if !matches!(why, MetaError::QuotaExceeded) {
+                let stale = self.why_user_unmatched(s, owner, Some(f)).await;
+                if matches!(stale, MetaError::StaleFence) {
+                    why = stale;
                     break;
                 }
             }
@@ -283,6 +285,7 @@ impl MongoStore {
                 Some(f) if u.upload_fence.get(&f.slot).is_some_and(|t| *t > f.token) => {
                     MetaError::StaleFence
                 }
+                _ if u.deleting_since.is_some() => MetaError::UserDeleting,
                 _ => MetaError::QuotaExceeded,
             },
             Err(e) => classify(e),

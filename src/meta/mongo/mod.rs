@@ -161,6 +161,10 @@ impl MongoStore {
         self.tokens()
             .create_index(index(doc! {"expires_at": 1}, false))
             .await?;
+        // A sweep pass finds the users being deleted by it.
+        self.users()
+            .create_index(index(doc! {"deleting_since": 1}, false))
+            .await?;
         self.files()
             .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
             .await?;

@@ -101,7 +101,12 @@ impl MongoStore {
             doc! {"$lt": [{"$ifNull": ["$open_uploads", 0]}, max_open]},
             fits_quota(limits.quota_bytes, upload.reserved),
         ];
-        let filter = doc! {"_id": &upload.user_id, "$expr": {"$and": conditions}};
+        // A user being deleted opens no upload (`deleting_since` unset).
+        let filter = doc! {
+            "_id": &upload.user_id,
+            "deleting_since": null,
+            "$expr": {"$and": conditions},
+        };
         let update = doc! {"$inc": {"reserved_bytes": upload.reserved, "open_uploads": 1_i64}};
         let updated = self
             .users()
@@ -145,7 +150,11 @@ impl MongoStore {
         let Some((next, more)) = what.apply(&upload) else {
             return Ok(Some(upload));
         };
-        let filter = doc! {"_id": &upload.user_id, "$expr": fits_quota(quota, more)};
+        let filter = doc! {
+            "_id": &upload.user_id,
+            "deleting_since": null,
+            "$expr": fits_quota(quota, more),
+        };
         let updated = self
             .users()
             .update_one(filter, doc! {"$inc": {"reserved_bytes": more}})
