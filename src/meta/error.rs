@@ -58,6 +58,20 @@ impl MetaError {
         matches!(self, Self::WriteConflict)
     }
 
+    /// A commit's file insert that met its own id: an earlier attempt of
+    /// the same commit (retried whole after an answer that said it had
+    /// not applied) may have stored it. Not a conflict to answer 500 on:
+    /// the caller settles it by reading the file back.
+    pub fn met_own_file(self) -> Self {
+        match self {
+            Self::Duplicate => Self::OutcomeUnknown(
+                "the file is stored already: an earlier attempt of this commit may have applied"
+                    .into(),
+            ),
+            e => e,
+        }
+    }
+
     /// Whether running the whole transaction again may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::WriteConflict | Self::Transient(_))

@@ -390,3 +390,39 @@ async fn a_multipart_upload_the_store_lost_while_completing_is_an_outage() {
     assert!(app.list_ids(&u).await.is_empty(), "nothing is stored");
     assert_bucket_matches_metadata(&app.state).await;
 }
+
+/// A commit run again whole after an attempt that applied (the store said
+/// it had not: a transient error, a stall) meets its own file. That is not
+/// a conflict to answer 500 on but an unknown outcome, which the upload
+/// settles by reading the file back; and the second run counts nothing.
+#[tokio::test]
+async fn a_commit_run_again_after_it_applied_is_an_unknown_outcome_not_a_conflict() {
+    use filedock::meta::{CommitUpload, MetaError};
+
+    let app = spawn_app().await;
+    let u = app.create_user("again").await;
+    let up = app.upload_json(&u, "once.txt", b"once".to_vec()).await;
+    let owner: filedock::vocab::UserId = u.id.parse().unwrap();
+    let id = up["id"].as_str().unwrap().parse().unwrap();
+    let meta = &app.state.ports.meta;
+    let file = meta.file(&owner, &id).await.unwrap().expect("the file");
+    let commit = CommitUpload {
+        file,
+        fence: None,
+        quota_bytes: None,
+        idempotency: None,
+        resumable: false,
+    };
+    let again = meta.commit_upload(&commit).await;
+    assert!(
+        matches!(again, Err(MetaError::OutcomeUnknown(_))),
+        "{again:?}"
+    );
+    let grouped = meta.commit_uploads(std::slice::from_ref(&commit)).await;
+    assert!(
+        matches!(grouped, Err(MetaError::OutcomeUnknown(_))),
+        "{grouped:?}"
+    );
+    let user = meta.user(&owner).await.unwrap().expect("the user");
+    assert_eq!((user.file_count, user.used_bytes), (1, 4), "counted once");
+}

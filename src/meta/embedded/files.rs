@@ -256,7 +256,8 @@ fn key_of_file(file_id: &FileId) -> String {
 /// Inserts a committed upload's file, its owner index entry and its owner
 /// permission, and deletes its intent (`IntentGone` if it was swept).
 fn insert_file(tx: &mut Txn, file: &FileRecord) -> MetaResult<()> {
-    tx.insert(&file_key(&file.id), file)?;
+    tx.insert(&file_key(&file.id), file)
+        .map_err(MetaError::met_own_file)?;
     tx.put(
         &format!("{}{}", owner_index("files", file.owner_id), file.id),
         &(),

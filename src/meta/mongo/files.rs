@@ -114,7 +114,7 @@ impl MongoStore {
             .insert_one(file)
             .session(&mut *s)
             .await
-            .map_err(classify)?;
+            .map_err(|e| classify(e).met_own_file())?;
         self.permissions()
             .insert_one(PermissionRecord::owner_of(file))
             .session(&mut *s)
@@ -203,7 +203,7 @@ impl MongoStore {
             .insert_many(plan.committing.iter().map(|c| &c.file))
             .session(&mut *s)
             .await
-            .map_err(classify)?;
+            .map_err(|e| classify(e).met_own_file())?;
         self.permissions()
             .insert_many(
                 plan.committing
