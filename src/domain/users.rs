@@ -85,14 +85,14 @@ impl UserService {
     /// forgets them). The sweeper deletes the rest, pass by pass. The
     /// user as marked.
     pub async fn begin_deletion(&self, id: &UserId) -> Result<UserRecord, DomainError> {
-        let user = self
-            .txns
-            .run("begin_user_deletion", || {
-                self.deletions.begin_user_deletion(id)
-            })
-            .await?
-            .value
-            .ok_or(DomainError::NotFound)?;
+        // Under the user's commit lock, as a quota change: ordered with
+        // their commits, not starved by them into write conflicts.
+        let user = user_commit(&self.locks, &self.txns, id, "begin_user_deletion", || {
+            self.deletions.begin_user_deletion(id)
+        })
+        .await?
+        .value
+        .ok_or(DomainError::NotFound)?;
         self.auth_cache.invalidate_all();
         Ok(user)
     }

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::error::{MetaError, MetaResult};
 use crate::vocab::{
     AgentId, BlobKey, FileId, IdempotencyKey, LinkId, OpId, OrphanId, SessionId, SizeCategory,
     UserId,
@@ -73,14 +72,6 @@ impl UserRecord {
             created_at: now(),
             quota_bytes: None,
             deleting_since: None,
-        }
-    }
-
-    /// Whether the user may still write: not once their deletion began.
-    pub fn may_write(&self) -> MetaResult<()> {
-        match self.deleting_since {
-            Some(_) => Err(MetaError::UserDeleting),
-            None => Ok(()),
         }
     }
 

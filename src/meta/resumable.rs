@@ -80,7 +80,7 @@ impl OpenLimits {
     /// Whether `user` may reserve `more` bytes (`QuotaExceeded` if not)
     /// under their own quota, else `default`.
     pub fn check_quota(default: Option<u64>, user: &UserRecord, more: i64) -> MetaResult<()> {
-        user.may_write()?;
+        Self::may_write(user)?;
         match effective_quota(user.quota_bytes, default) {
             Some(q) if (user.counted_bytes() + more).max(0) as u64 > q => {
                 Err(MetaError::QuotaExceeded)
@@ -89,9 +89,17 @@ impl OpenLimits {
         }
     }
 
+    /// Whether `user` may still write: not once their deletion began.
+    pub fn may_write(user: &UserRecord) -> MetaResult<()> {
+        match user.deleting_since {
+            Some(_) => Err(MetaError::UserDeleting),
+            None => Ok(()),
+        }
+    }
+
     /// Whether `user` may open one more upload reserving `reserved` bytes.
     pub fn check(&self, user: &UserRecord, reserved: i64) -> MetaResult<()> {
-        user.may_write()?;
+        Self::may_write(user)?;
         if user.open_uploads.max(0) as u64 >= self.max_open {
             return Err(MetaError::TooManyOpenUploads);
         }

@@ -132,7 +132,7 @@ impl FileRepo for EmbeddedStore {
             for f in group::fences(&group)? {
                 apply_fence(&mut user, Some(f))?;
             }
-            user.may_write()?;
+            OpenLimits::may_write(&user)?;
             let mut held = HashMap::new();
             for id in group::resumable_ids(&group) {
                 held.insert(id, resumable::held(tx, &id)?);

@@ -16,6 +16,13 @@ fn code(e: &mongodb::error::Error) -> Option<i32> {
         ErrorKind::Command(c) => Some(c.code),
         ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
         ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        // `insert_many`: its first failed write says why.
+        ErrorKind::InsertMany(m) => m
+            .write_errors
+            .as_ref()
+            .and_then(|w| w.first())
+            .map(|w| w.code)
+            .or(m.write_concern_error.as_ref().map(|w| w.code)),
         _ => None,
     }
 }
