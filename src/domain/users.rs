@@ -151,7 +151,10 @@ impl UserService {
 
     /// The user's keys, oldest first; `NotFound` if there is no such user.
     pub async fn keys(&self, user: &UserId) -> Result<Vec<ApiKeyRecord>, DomainError> {
-        self.user(user).await?;
+        // A user being deleted has none, and takes none: gone (404).
+        if self.user(user).await?.deleting_since.is_some() {
+            return Err(DomainError::NotFound);
+        }
         Ok(self.keys.keys(user).await?)
     }
 

@@ -180,6 +180,18 @@ async fn a_deleted_user_is_refused_at_once_reported_and_leaves_nothing() {
         .await
         .unwrap();
     assert_eq!(late.status(), StatusCode::UNAUTHORIZED);
+    // Nothing of theirs changes but by the deletion: not their quota.
+    let quota = app
+        .client
+        .patch(app.url(&format!("/v1/admin/users/{user}")))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"quota_bytes": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(quota.status(), StatusCode::NOT_FOUND);
+    let (status, _) = admin(&app.base, "GET", &format!("/v1/admin/users/{user}/keys")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "their keys");
     let (status, again) = admin(&app.base, "DELETE", &format!("/v1/admin/users/{user}")).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{again}");
     assert_eq!(again["deleting_since"], begun["deleting_since"], "one mark");

@@ -70,7 +70,11 @@ impl UserRepo for EmbeddedStore {
     async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>> {
         let key = user_key(id);
         self.transaction(move |tx| {
-            let Some(mut user) = tx.get::<UserRecord>(&key)? else {
+            // A user being deleted keeps the quota they had.
+            let Some(mut user) = tx
+                .get::<UserRecord>(&key)?
+                .filter(|u| u.deleting_since.is_none())
+            else {
                 return Ok(None);
             };
             user.quota_bytes = quota;

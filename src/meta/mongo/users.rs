@@ -66,7 +66,8 @@ impl UserRepo for MongoStore {
             None => doc! {"$unset": {"quota_bytes": ""}},
         };
         self.users()
-            .find_one_and_update(doc! {"_id": id}, update)
+            // A user being deleted keeps the quota they had.
+            .find_one_and_update(doc! {"_id": id, "deleting_since": null}, update)
             .return_document(mongodb::options::ReturnDocument::After)
             .await
             .map_err(classify)
