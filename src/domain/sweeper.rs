@@ -50,8 +50,7 @@ pub struct SweepReport {
     /// Users whose deletion ended in this pass.
     pub users_deleted: u64,
     /// Users whose deletion is still under way after this pass (more files
-    /// than a pass deletes, or the auth caches not yet past the mark): the
-    /// worker's next pass comes after [`DELETION_PASS_DELAY`].
+    /// than a pass deletes, or the auth caches not yet past the mark).
     pub deletions_pending: u64,
 }
 
@@ -97,6 +96,40 @@ pub struct Sweeper {
 impl Sweeper {
     /// One pass, unless another instance is sweeping.
     pub async fn try_run_once(&self) -> anyhow::Result<Outcome> {
+        let outcome = self.under_lock(self.pass()).await;
+        self.update_gauges().await;
+        outcome
+    }
+
+    /// Only the users' deletions (no orphans, intents, expiries or
+    /// staging): what the worker runs every [`DELETION_PASS_DELAY`] while
+    /// one is under way, between its full passes.
+    pub async fn try_run_deletions(&self) -> anyhow::Result<Outcome> {
+        self.under_lock(async {
+            let mut report = SweepReport::default();
+            self.delete_users(&mut report).await?;
+            Ok(report)
+        })
+        .await
+    }
+
+    /// Whether a user's deletion is under way (begun on any instance); an
+    /// index lookup. A store that does not answer says no.
+    pub async fn deletions_pending(&self) -> bool {
+        match self.deletions.users_being_deleted(1).await {
+            Ok(users) => !users.is_empty(),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not tell whether a deletion is under way");
+                false
+            }
+        }
+    }
+
+    /// Runs `work` under the sweeper lock, unless another instance holds it.
+    async fn under_lock(
+        &self,
+        work: impl Future<Output = anyhow::Result<SweepReport>>,
+    ) -> anyhow::Result<Outcome> {
         let guard = match self.locks.try_acquire(&LockKey::sweeper()).await? {
             TryLock::Held(g) => Some(g),
             TryLock::Degraded => None,
@@ -105,12 +138,11 @@ impl Sweeper {
                 return Ok(Outcome::Busy);
             }
         };
-        let result = self.pass().await;
+        let result = work.await;
         if let Some(g) = guard {
             g.release().await;
         }
         self.count(if result.is_ok() { "swept" } else { "error" });
-        self.update_gauges().await;
         result.map(Outcome::Swept)
     }
 
@@ -344,12 +376,18 @@ impl Sweeper {
     }
 }
 
-/// The sweeper as a background worker: a pass every `interval`; a pass
-/// that fails backs off (doubling, up to 8 intervals).
+/// The sweeper as a background worker: a full pass every `interval` (the
+/// first one `interval` after the start); a pass that fails backs off
+/// (doubling, up to 8 intervals). Between full passes, while a user's
+/// deletion is under way (begun by any instance, seen in the store), a
+/// pass of only the deletions every [`DELETION_PASS_DELAY`]: a deletion
+/// goes on within seconds of its `DELETE` and of a restart, without the
+/// full pass's cost.
 pub struct SweepWorker {
     sweeper: Arc<Sweeper>,
     interval: Duration,
-    wait: Duration,
+    backoff: Duration,
+    next_full: tokio::time::Instant,
     last: &'static str,
 }
 
@@ -358,7 +396,8 @@ impl SweepWorker {
         Self {
             sweeper,
             interval,
-            wait: interval,
+            backoff: interval,
+            next_full: tokio::time::Instant::now() + interval,
             last: "not run yet",
         }
     }
@@ -375,26 +414,47 @@ impl Worker for SweepWorker {
     }
 
     fn first_delay(&self) -> Duration {
-        self.interval
+        DELETION_PASS_DELAY.min(self.interval)
     }
 
     async fn work(&mut self, _stop: &CancellationToken) -> WorkerState {
         let interval = self.interval;
-        self.wait = match self.sweeper.try_run_once().await {
-            Ok(Outcome::Swept(r)) if r.deletions_pending > 0 => {
-                self.last = "ok, a deletion under way";
-                DELETION_PASS_DELAY.min(interval)
-            }
-            Ok(_) => {
-                self.last = "ok";
-                interval
-            }
-            Err(e) => {
+        let full = tokio::time::Instant::now() >= self.next_full;
+        let ran = if full {
+            Some(self.sweeper.try_run_once().await)
+        } else if self.sweeper.deletions_pending().await {
+            Some(self.sweeper.try_run_deletions().await)
+        } else {
+            None
+        };
+        let failed = match ran {
+            Some(Err(e)) => {
                 self.last = "failed";
                 tracing::warn!(error = %e, "sweep pass failed; backing off");
-                (self.wait * 2).min(interval * 8)
+                if full {
+                    self.backoff = (self.backoff * 2).min(interval * 8);
+                }
+                true
             }
+            Some(Ok(_)) => {
+                self.last = "ok";
+                if full {
+                    self.backoff = interval;
+                }
+                false
+            }
+            None => false,
         };
-        WorkerState::Idle(self.wait)
+        if full {
+            self.next_full = tokio::time::Instant::now() + self.backoff;
+        }
+        let until_full = self
+            .next_full
+            .saturating_duration_since(tokio::time::Instant::now());
+        // A failing store is not tried every few seconds.
+        if !failed && self.sweeper.deletions_pending().await {
+            return WorkerState::Idle(DELETION_PASS_DELAY.min(until_full));
+        }
+        WorkerState::Idle(until_full)
     }
 }

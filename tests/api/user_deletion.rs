@@ -297,6 +297,9 @@ async fn writes_another_instance_still_authenticates_are_refused_by_the_mark() {
     }
     let mut settings = test_settings();
     settings.auth_cache_ttl = Duration::from_secs(600);
+    // Only the pass the delete starts: no background pass abandons the
+    // uploads below before their commits meet the mark.
+    settings.sweep.interval = Duration::ZERO;
     let first = spawn_app_with(settings.clone()).await;
     let second = spawn_app_with(settings).await;
     let ann = first.create_user("ann").await;
@@ -323,8 +326,7 @@ async fn writes_another_instance_still_authenticates_are_refused_by_the_mark() {
     .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     // The pass the delete started aborts the open upload; once it has
-    // ended (a pass of our own gets the sweeper lock), no pass runs until
-    // the background one's interval.
+    // ended (a pass of our own gets the sweeper lock), no pass runs.
     let id: UserId = ann.id.parse().unwrap();
     let meta = &first.state.ports.meta;
     let started = Instant::now();
@@ -442,4 +444,39 @@ async fn uploads_racing_a_users_deletion_are_refused_or_cleaned() {
     assert!(left.is_empty(), "{left:?}");
     let settings = app.stop().await;
     assert_nothing_left(&settings, &ann.id, 0).await;
+}
+
+/// The deletion goes on by itself within seconds of its `DELETE`, on the
+/// background worker's deletion passes, not after the sweep interval; and
+/// ends with no orphan record of the user, whatever its status.
+#[tokio::test]
+async fn a_deletion_ends_by_itself_long_before_the_sweep_interval() {
+    let mut settings = test_settings();
+    settings.sweep.interval = Duration::from_secs(600);
+    settings.auth_cache_ttl = Duration::from_secs(1);
+    let app = spawn_app_with(settings).await;
+    let (user, _key) = busy_user(&app.base, 20).await;
+    // An orphan record no sweep retries (failed): the deletion removes it.
+    let id: UserId = user.parse().unwrap();
+    let key = filedock::vocab::BlobKey::file(id, filedock::vocab::FileId::new());
+    let mut failed = filedock::meta::OrphanRecord::pending("filedock", &key, None);
+    failed.status = filedock::meta::OrphanStatus::Failed;
+    app.state.ports.meta.record_orphan(&failed).await.unwrap();
+    let (status, _) = admin(&app.base, "DELETE", &format!("/v1/admin/users/{user}")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let started = Instant::now();
+    loop {
+        match admin(&app.base, "GET", &format!("/v1/admin/users/{user}")).await {
+            (StatusCode::NOT_FOUND, _) => break,
+            (StatusCode::OK, v) => assert_eq!(v["status"], "deleting", "{v}"),
+            (status, v) => panic!("{status} {v}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "still deleting after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let settings = app.stop().await;
+    assert_nothing_left(&settings, &user, 0).await;
 }

@@ -115,8 +115,11 @@ impl Sweeper {
         if now() < since + ChronoDuration::from_std(self.deletion_settle)? {
             return Ok(false);
         }
-        // Whatever an upload cut off mid-way left under the user's prefix.
-        for key in self.blobs.list_keys(&format!("files/{id}/")).await? {
+        // Whatever an upload cut off mid-way left under the user's
+        // prefixes (their files', their resumable uploads' staging).
+        let mut left = self.blobs.list_keys(&format!("files/{id}/")).await?;
+        left.extend(self.blobs.list_keys(&format!("tus/files/{id}/")).await?);
+        for key in left {
             if let Some(key) = BlobKey::parse(&key) {
                 match self.blobs.delete(&key).await {
                     Ok(()) | Err(BlobError::NotFound) => {}

@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use super::{EmbeddedStore, files::delete_file_in, owner_index, txn::Txn, user_key};
 use crate::{
     meta::{
-        DeletionRepo, IntentRecord, MetaResult, OrphanRecord, OrphanStatus, ResumableRecord,
-        TokenRecord, UserRecord, now,
+        DeletionRepo, IntentRecord, MetaResult, OrphanRecord, ResumableRecord, TokenRecord,
+        UserRecord, now,
     },
     vocab::{ApiKeyHash, FileId, UserId},
 };
@@ -64,7 +64,12 @@ impl DeletionRepo for EmbeddedStore {
             let Some(mut user) = tx.get::<UserRecord>(&ukey)? else {
                 return Ok(None);
             };
-            user.deleting_since.get_or_insert_with(now);
+            // Marked before: nothing to write (a write would conflict
+            // with the deletion's own steps, which write the user).
+            if user.deleting_since.is_some() {
+                return Ok(Some(user));
+            }
+            user.deleting_since = Some(now());
             tx.put(&ukey, &user)?;
             tx.put(&deleting_key(&id), &id)?;
             delete_credentials(tx, id)?;
@@ -169,11 +174,9 @@ impl DeletionRepo for EmbeddedStore {
             for k in tx.keys(&of_user, None, usize::MAX)? {
                 tx.delete(&k);
             }
-            // The history of their deleted blobs (pending ones stay: the
-            // sweeper still has to delete those).
-            let history = scan::<OrphanRecord>(tx, "orphans/", usize::MAX, |o| {
-                o.status == OrphanStatus::Deleted && o.key.user() == id
-            })?;
+            // Their orphan records, whatever their status: every blob under
+            // their prefixes is gone by now (the pass swept them first).
+            let history = scan::<OrphanRecord>(tx, "orphans/", usize::MAX, |o| o.key.user() == id)?;
             for (k, _) in history {
                 tx.delete(&k);
             }

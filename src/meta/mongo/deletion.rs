@@ -178,13 +178,14 @@ impl DeletionRepo for MongoStore {
             let leftovers = [
                 ("api_keys", doc! {"user_id": id}),
                 ("api_tokens", doc! {"user_id": id}),
-                ("permissions", doc! {"user_id": id}),
+                // (Their permissions went with each file: a user holds
+                // only their own, `PermissionRecord::owner_of`.)
                 ("idempotency", doc! {"_id": of_user}),
-                // The history of their deleted blobs (pending ones stay:
-                // the sweeper still has to delete those).
+                // Their orphan records, whatever their status: every blob
+                // under their prefixes is gone by now (the pass swept them).
                 (
                     "orphan_minio_objects",
-                    doc! {"status": "deleted", "key": {"$regex": format!("^files/{id}/")}},
+                    doc! {"key": {"$regex": format!("^(tus/)?files/{id}/")}},
                 ),
             ];
             for (collection, filter) in leftovers {

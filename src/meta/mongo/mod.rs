@@ -161,6 +161,13 @@ impl MongoStore {
         self.tokens()
             .create_index(index(doc! {"expires_at": 1}, false))
             .await?;
+        // A user's deletion finds their open uploads and tokens by these.
+        self.resumables()
+            .create_index(index(doc! {"user_id": 1, "_id": 1}, false))
+            .await?;
+        self.tokens()
+            .create_index(index(doc! {"user_id": 1}, false))
+            .await?;
         // A sweep pass finds the users being deleted by it.
         self.users()
             .create_index(index(doc! {"deleting_since": 1}, false))
