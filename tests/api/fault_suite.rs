@@ -30,13 +30,13 @@ use filedock::{
     http::AppState,
 };
 use rand::{SeedableRng, rngs::StdRng};
-use serde_json::{Value, json};
 
 use crate::{
     helpers::*,
     support::{
         checker::check,
         cluster::{Cluster, GRACE, TUS_EXPIRY},
+        history::Holder,
         nemesis::{Fault, nemesis},
         readback::read_final,
         workload::{UserWorld, World},
@@ -106,7 +106,7 @@ async fn maintenance(state: AppState, stop: tokio_util::sync::CancellationToken)
     up
 }
 
-/// A user with their sessions and agents, made through the API.
+/// A user, made through the API (its sessions and agents: `World::create_container`).
 async fn new_user(cluster: &Cluster, i: usize) -> UserWorld {
     let base = &cluster.instances[0].base;
     let key = create_user_at(base, ADMIN_KEY, &format!("jepsen{i}")).await;
@@ -120,22 +120,7 @@ async fn new_user(cluster: &Cluster, i: usize) -> UserWorld {
         .unwrap()
         .1
         .id;
-    let client = reqwest::Client::new();
-    let create = async |path: &str, body: Value| -> String {
-        let req = client
-            .post(format!("{base}{path}"))
-            .bearer_auth(&key)
-            .json(&body);
-        let v: Value = req.send().await.unwrap().json().await.unwrap();
-        v["id"].as_str().unwrap().to_owned()
-    };
-    let mut sessions = Vec::new();
-    let mut agents = Vec::new();
-    for _ in 0..CONTAINERS {
-        sessions.push(create("/v1/sessions", json!({})).await);
-        agents.push(create("/v1/agents", json!({"name": "a"})).await);
-    }
-    UserWorld::new(id.to_string(), key, sessions, agents)
+    UserWorld::new(id.to_string(), key)
 }
 
 /// The final sweeps: after the grace and the resumable uploads' expiry,
@@ -170,6 +155,15 @@ async fn run_suite(coordination: &str) {
     }
     let bases = cluster.instances.iter().map(|s| s.base.clone()).collect();
     let world = Arc::new(World::new(bases, users));
+    // Each user's first sessions and agents, in the history as creates.
+    let base0 = cluster.instances[0].base.clone();
+    for u in 0..USERS {
+        for _ in 0..CONTAINERS {
+            for kind in [Holder::Session, Holder::Agent] {
+                world.create_container(u, kind, &base0).await;
+            }
+        }
+    }
 
     let running = Arc::new(AtomicBool::new(true));
     let stop = tokio_util::sync::CancellationToken::new();
@@ -210,7 +204,6 @@ async fn run_suite(coordination: &str) {
     cluster.all_up().await;
     final_sweeps(&cluster.state).await;
     let history = world.history.lock().unwrap().clone();
-    let base0 = cluster.instances[0].base.clone();
     let fin = read_final(&cluster.state, &base0, &world.users, &history).await;
     let mut v = check(&history, &fin);
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();

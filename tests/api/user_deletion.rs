@@ -302,7 +302,12 @@ async fn writes_another_instance_still_authenticates_are_refused_by_the_mark() {
         .unwrap();
     assert_eq!(me.status(), StatusCode::OK);
 
-    let (status, _) = admin(&first.base, "DELETE", &format!("/v1/admin/users/{}", ann.id)).await;
+    let (status, _) = admin(
+        &first.base,
+        "DELETE",
+        &format!("/v1/admin/users/{}", ann.id),
+    )
+    .await;
     assert_eq!(status, StatusCode::ACCEPTED);
 
     let unauthenticated = (StatusCode::UNAUTHORIZED, json!("unauthenticated"));
@@ -379,7 +384,11 @@ async fn uploads_racing_a_users_deletion_are_refused_or_cleaned() {
     let mut counted = std::collections::BTreeMap::new();
     for u in uploads {
         let statuses = u.await.unwrap();
-        assert_eq!(statuses.last(), Some(&StatusCode::UNAUTHORIZED), "never refused");
+        assert_eq!(
+            statuses.last(),
+            Some(&StatusCode::UNAUTHORIZED),
+            "never refused"
+        );
         for s in statuses {
             *counted.entry(s.as_u16()).or_insert(0) += 1;
         }

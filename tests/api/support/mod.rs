@@ -4,6 +4,7 @@
 
 pub mod checker;
 pub mod cluster;
+pub mod container_workload;
 pub mod fault_proxy;
 pub mod faulty_blobs;
 pub mod history;
