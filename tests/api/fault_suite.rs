@@ -2,17 +2,22 @@
 //! Redis and S3; a workload of several users' uploads (across the S3 part
 //! size and the size categories, some resent with their `Idempotency-Key`
 //! after an unknown outcome, some resumable: tus in several PATCHes, cut,
-//! raced and empty ones among them, some with a deferred length), renames, deletes, attaches, detaches, and MCP
-//! and toolset connects and disconnects; a nemesis that deals a shuffled
-//! deck of every fault kind of the mode (link cuts, also right after a
-//! commit or an enqueue was answered and past the settle window, a pause
-//! past the leases and the grace, SIGKILL and restart, Redis restarted and
-//! flushed), while `reconcile --delete` and `sweep` run in a loop. After
-//! healing, the resumable uploads' expiry and a final sweep, the checker
-//! holds everything read back against the history (`support/checker.rs`),
-//! finds nothing of a resumable upload left (state, tail object,
-//! multipart upload on the S3 server's disk, intent), and every user's
-//! reservations (`reserved_bytes`, `open_uploads`) given back.
+//! raced and empty ones among them, some with a deferred length), renames,
+//! deletes, attaches, detaches, MCP and toolset connects and disconnects, and
+//! now and then a session's or an agent's delete (and a replacement made;
+//! attaches and links now and then name a deleted one and must find it gone);
+//! a nemesis that deals a shuffled deck of every fault kind of the mode (link
+//! cuts, also right after a commit or an enqueue was answered and past the
+//! settle window, a pause past the leases and the grace, SIGKILL and restart,
+//! Redis restarted and flushed), while `reconcile --delete` and `sweep` run
+//! in a loop. After healing, the resumable uploads' expiry and a final sweep,
+//! the checker holds everything read back against the history
+//! (`support/checker.rs`; a container deleted with a 204 is gone and no file
+//! names it, one whose delete's outcome is unknown either gone or as the
+//! model says: `support/lives.rs`), finds nothing of a resumable upload left
+//! (state, tail object, multipart upload on the S3 server's disk, intent),
+//! and every user's reservations (`reserved_bytes`, `open_uploads`) given
+//! back.
 //!
 //! `FILEDOCK_FAULT_SEED` replays a run; `FILEDOCK_FAULT_SECS` deals more
 //! decks until that many seconds have passed (a soak); by default one deck.
@@ -37,6 +42,7 @@ use crate::{
         checker::check,
         cluster::{Cluster, GRACE, TUS_EXPIRY},
         history::Holder,
+        lives::deletes_summary,
         nemesis::{Fault, nemesis},
         readback::read_final,
         workload::{UserWorld, World},
@@ -272,7 +278,7 @@ async fn run_suite(coordination: &str) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} fired={}",
+        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -285,6 +291,7 @@ async fn run_suite(coordination: &str) {
         v.unknown,
         fin.resumables,
         fin.staging,
+        deletes_summary(&history),
         fired.join(","),
     );
     if v.violations() + v.open_defects > 0 {

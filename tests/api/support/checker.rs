@@ -6,11 +6,13 @@
 //!
 //! What counts as what:
 //! - lost: an acknowledged write whose effect is not in the final state (an
-//!   upload gone or changed, a 2xx delete whose file is still there or still
-//!   downloads, an attach or connect missing);
+//!   upload gone or changed, a 2xx delete whose file or container is still
+//!   there or still answers, an attach or connect missing or acknowledged
+//!   on a container already deleted);
 //! - reordered: a value only an order other than the acknowledged one
-//!   explains (a container or link there after its acknowledged removal, a
-//!   name from an overtaken rename, an array listed out of order);
+//!   explains (a file in a container or a link there after its acknowledged
+//!   removal, a container after its acknowledged delete, a name from an
+//!   overtaken rename, an array listed out of order);
 //! - failed-but-applied: a value only a write answered as failed explains;
 //! - half-done: records that disagree (usage, file ids, permissions,
 //!   idempotency records, back-references, objects, intents, dangling ids);
@@ -21,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::support::{
     history::{Answer, Event, FinalFile, FinalState, FinalUser, Op},
+    lives,
     model::{Explained, Told, Write, explain},
     sets,
 };
@@ -318,6 +321,7 @@ fn check_user(history: &[&Event], fin: &FinalUser, all: &FinalState, v: &mut Ver
     check_user_document(fin, all, &uploads, v);
     sets::check_containers(history, fin, v);
     sets::check_links(history, fin, v);
+    lives::check_lives(history, fin, v);
 }
 
 fn check_bytes(id: &str, file: &FinalFile, up: &Upload<'_>, v: &mut Verdict) {

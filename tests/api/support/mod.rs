@@ -8,6 +8,7 @@ pub mod container_workload;
 pub mod fault_proxy;
 pub mod faulty_blobs;
 pub mod history;
+pub mod lives;
 pub mod model;
 pub mod nemesis;
 pub mod readback;
