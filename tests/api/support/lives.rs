@@ -12,9 +12,9 @@
 use std::collections::BTreeSet;
 
 use crate::support::{
-    checker::{Verdict, Wrong, whats, write},
     history::{Answer, Container, Event, FinalUser, Holder, Op},
     model::{Told, Write, explain},
+    verdict::{Verdict, Wrong, whats, write},
 };
 
 pub fn check_lives(history: &[&Event], fin: &FinalUser, v: &mut Verdict) {

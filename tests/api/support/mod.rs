@@ -15,4 +15,5 @@ pub mod readback;
 pub mod servers;
 pub mod sets;
 pub mod tus_workload;
+pub mod verdict;
 pub mod workload;
