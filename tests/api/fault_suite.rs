@@ -2,17 +2,22 @@
 //! Redis and S3; a workload of several users' uploads (across the S3 part
 //! size and the size categories, some resent with their `Idempotency-Key`
 //! after an unknown outcome, some resumable: tus in several PATCHes, cut,
-//! raced and empty ones among them, some with a deferred length), renames, deletes, attaches, detaches, and MCP
-//! and toolset connects and disconnects; a nemesis that deals a shuffled
-//! deck of every fault kind of the mode (link cuts, also right after a
-//! commit or an enqueue was answered and past the settle window, a pause
-//! past the leases and the grace, SIGKILL and restart, Redis restarted and
-//! flushed), while `reconcile --delete` and `sweep` run in a loop. After
-//! healing, the resumable uploads' expiry and a final sweep, the checker
-//! holds everything read back against the history (`support/checker.rs`),
-//! finds nothing of a resumable upload left (state, tail object,
-//! multipart upload on the S3 server's disk, intent), and every user's
-//! reservations (`reserved_bytes`, `open_uploads`) given back.
+//! raced and empty ones among them, some with a deferred length), renames,
+//! deletes, attaches, detaches, MCP and toolset connects and disconnects, and
+//! now and then a session's or an agent's delete (and a replacement made;
+//! attaches and links now and then name a deleted one and must find it gone);
+//! a nemesis that deals a shuffled deck of every fault kind of the mode (link
+//! cuts, also right after a commit or an enqueue was answered and past the
+//! settle window, a pause past the leases and the grace, SIGKILL and restart,
+//! Redis restarted and flushed), while `reconcile --delete` and `sweep` run
+//! in a loop. After healing, the resumable uploads' expiry and a final sweep,
+//! the checker holds everything read back against the history
+//! (`support/checker.rs`; a container deleted with a 204 is gone and no file
+//! names it, one whose delete's outcome is unknown either gone or as the
+//! model says: `support/lives.rs`), finds nothing of a resumable upload left
+//! (state, tail object, multipart upload on the S3 server's disk, intent),
+//! and every user's reservations (`reserved_bytes`, `open_uploads`) given
+//! back.
 //!
 //! `FILEDOCK_FAULT_SEED` replays a run; `FILEDOCK_FAULT_SECS` deals more
 //! decks until that many seconds have passed (a soak); by default one deck.
@@ -30,13 +35,14 @@ use filedock::{
     http::AppState,
 };
 use rand::{SeedableRng, rngs::StdRng};
-use serde_json::{Value, json};
 
 use crate::{
     helpers::*,
     support::{
         checker::check,
         cluster::{Cluster, GRACE, TUS_EXPIRY},
+        history::Holder,
+        lives::deletes_summary,
         nemesis::{Fault, nemesis},
         readback::read_final,
         workload::{UserWorld, World},
@@ -106,7 +112,7 @@ async fn maintenance(state: AppState, stop: tokio_util::sync::CancellationToken)
     up
 }
 
-/// A user with their sessions and agents, made through the API.
+/// A user, made through the API (its sessions and agents: `World::create_container`).
 async fn new_user(cluster: &Cluster, i: usize) -> UserWorld {
     let base = &cluster.instances[0].base;
     let key = create_user_at(base, ADMIN_KEY, &format!("jepsen{i}")).await;
@@ -120,22 +126,7 @@ async fn new_user(cluster: &Cluster, i: usize) -> UserWorld {
         .unwrap()
         .1
         .id;
-    let client = reqwest::Client::new();
-    let create = async |path: &str, body: Value| -> String {
-        let req = client
-            .post(format!("{base}{path}"))
-            .bearer_auth(&key)
-            .json(&body);
-        let v: Value = req.send().await.unwrap().json().await.unwrap();
-        v["id"].as_str().unwrap().to_owned()
-    };
-    let mut sessions = Vec::new();
-    let mut agents = Vec::new();
-    for _ in 0..CONTAINERS {
-        sessions.push(create("/v1/sessions", json!({})).await);
-        agents.push(create("/v1/agents", json!({"name": "a"})).await);
-    }
-    UserWorld::new(id.to_string(), key, sessions, agents)
+    UserWorld::new(id.to_string(), key)
 }
 
 /// The final sweeps: after the grace and the resumable uploads' expiry,
@@ -170,6 +161,15 @@ async fn run_suite(coordination: &str) {
     }
     let bases = cluster.instances.iter().map(|s| s.base.clone()).collect();
     let world = Arc::new(World::new(bases, users));
+    // Each user's first sessions and agents, in the history as creates.
+    let base0 = cluster.instances[0].base.clone();
+    for u in 0..USERS {
+        for _ in 0..CONTAINERS {
+            for kind in [Holder::Session, Holder::Agent] {
+                world.create_container(u, kind, &base0).await;
+            }
+        }
+    }
 
     let running = Arc::new(AtomicBool::new(true));
     let stop = tokio_util::sync::CancellationToken::new();
@@ -210,7 +210,6 @@ async fn run_suite(coordination: &str) {
     cluster.all_up().await;
     final_sweeps(&cluster.state).await;
     let history = world.history.lock().unwrap().clone();
-    let base0 = cluster.instances[0].base.clone();
     let fin = read_final(&cluster.state, &base0, &world.users, &history).await;
     let mut v = check(&history, &fin);
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
@@ -279,7 +278,7 @@ async fn run_suite(coordination: &str) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} fired={}",
+        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -292,6 +291,7 @@ async fn run_suite(coordination: &str) {
         v.unknown,
         fin.resumables,
         fin.staging,
+        deletes_summary(&history),
         fired.join(","),
     );
     if v.violations() + v.open_defects > 0 {

@@ -6,11 +6,13 @@
 //!
 //! What counts as what:
 //! - lost: an acknowledged write whose effect is not in the final state (an
-//!   upload gone or changed, a 2xx delete whose file is still there or still
-//!   downloads, an attach or connect missing);
+//!   upload gone or changed, a 2xx delete whose file or container is still
+//!   there or still answers, an attach or connect missing or acknowledged
+//!   on a container already deleted);
 //! - reordered: a value only an order other than the acknowledged one
-//!   explains (a container or link there after its acknowledged removal, a
-//!   name from an overtaken rename, an array listed out of order);
+//!   explains (a file in a container or a link there after its acknowledged
+//!   removal, a container after its acknowledged delete, a name from an
+//!   overtaken rename, an array listed out of order);
 //! - failed-but-applied: a value only a write answered as failed explains;
 //! - half-done: records that disagree (usage, file ids, permissions,
 //!   idempotency records, back-references, objects, intents, dangling ids);
@@ -21,85 +23,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::support::{
     history::{Answer, Event, FinalFile, FinalState, FinalUser, Op},
-    model::{Explained, Told, Write, explain},
+    lives,
+    model::{Told, Write, explain},
     sets,
+    verdict::{Verdict, Wrong, whats, write},
 };
-
-/// What the checker found; every count from `lost` on must be zero.
-#[derive(Debug, Default)]
-pub struct Verdict {
-    pub requests: usize,
-    pub acknowledged: usize,
-    pub failed: usize,
-    pub unknown: usize,
-    pub lost: usize,
-    pub half_done: usize,
-    pub reordered: usize,
-    pub failed_but_applied: usize,
-    pub duplicated: usize,
-    pub internal_errors: usize,
-    /// Leftovers of two open defects, counted and printed but not failing
-    /// the run (README "Guarantees", "Open"): strays reconcile found beside
-    /// the faults, and empty multipart uploads left after the resumable
-    /// uploads' expiry and a sweep (one holding a part is half-done).
-    pub open_defects: usize,
-    /// Per operation kind: sent, acknowledged.
-    pub kinds: BTreeMap<&'static str, (usize, usize)>,
-    /// How the answers that were not 2xx break down, by kind and code.
-    pub codes: BTreeMap<String, usize>,
-    pub notes: Vec<String>,
-}
-
-impl Verdict {
-    pub fn violations(&self) -> usize {
-        self.lost
-            + self.half_done
-            + self.reordered
-            + self.failed_but_applied
-            + self.duplicated
-            + self.internal_errors
-    }
-
-    /// Counts a key whose final value `explained` judged: `absent_or_value`
-    /// says which count a value nothing explains goes to.
-    pub fn judge(&mut self, explained: Explained, wrong: Wrong, note: impl FnOnce() -> String) {
-        let count = match (explained, wrong) {
-            (Explained::Yes, _) => return,
-            (Explained::ByFailedWrite, _) => &mut self.failed_but_applied,
-            (Explained::OutOfOrder, Wrong::Order) => &mut self.reordered,
-            (Explained::No, Wrong::Order) => &mut self.half_done,
-            (Explained::OutOfOrder | Explained::No, Wrong::Lost) => &mut self.lost,
-        };
-        *count += 1;
-        self.notes.push(note());
-    }
-
-    pub fn note(&mut self, count: fn(&mut Verdict) -> &mut usize, note: String) {
-        *count(self) += 1;
-        self.notes.push(note);
-    }
-}
-
-/// What an unexplained value means for a key.
-#[derive(Clone, Copy)]
-pub enum Wrong {
-    /// The effect of an acknowledged write is missing.
-    Lost,
-    /// Something is there that the acknowledged order removed (or nothing
-    /// put there: then the records disagree).
-    Order,
-}
-
-/// A write of the history, for the model.
-pub fn write<V>(e: &Event, value: V) -> Write<V> {
-    Write {
-        value,
-        invoked: e.invoked,
-        completed: e.completed,
-        told: e.answer.told(),
-        what: format!("{:?} → {:?}", e.op, e.answer),
-    }
-}
 
 /// One upload and its resends (same name, same key).
 struct Upload<'a> {
@@ -318,6 +246,7 @@ fn check_user(history: &[&Event], fin: &FinalUser, all: &FinalState, v: &mut Ver
     check_user_document(fin, all, &uploads, v);
     sets::check_containers(history, fin, v);
     sets::check_links(history, fin, v);
+    lives::check_lives(history, fin, v);
 }
 
 fn check_bytes(id: &str, file: &FinalFile, up: &Upload<'_>, v: &mut Verdict) {
@@ -490,12 +419,4 @@ fn check_user_document(
             ),
         }
     }
-}
-
-/// The writes of a key, for a note.
-pub fn whats<V: std::fmt::Debug>(writes: &[Write<V>]) -> Vec<String> {
-    writes
-        .iter()
-        .map(|w| format!("{:?}: {}", w.value, w.what))
-        .collect()
 }

@@ -50,6 +50,43 @@ impl Container {
             Self::Agent(id) => format!("/v1/agents/{id}"),
         }
     }
+
+    pub fn kind(&self) -> Holder {
+        match self {
+            Self::Session(_) => Holder::Session,
+            Self::Agent(_) => Holder::Agent,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Session(id) | Self::Agent(id) => id,
+        }
+    }
+}
+
+/// What kind of container a create makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Holder {
+    Session,
+    Agent,
+}
+
+impl Holder {
+    /// The collection's path (`/v1/sessions`, `/v1/agents`).
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Session => "/v1/sessions",
+            Self::Agent => "/v1/agents",
+        }
+    }
+
+    pub fn with(self, id: String) -> Container {
+        match self {
+            Self::Session => Container::Session(id),
+            Self::Agent => Container::Agent(id),
+        }
+    }
 }
 
 impl fmt::Display for Container {
@@ -116,6 +153,19 @@ pub enum Op {
         container: Container,
         file_id: String,
     },
+    /// `POST /v1/sessions` or `/v1/agents` (the suite's first containers
+    /// among them); `id` is the one its answer named (`None`: unknown).
+    Create {
+        user: usize,
+        kind: Holder,
+        id: Option<String>,
+    },
+    /// `DELETE /v1/sessions/{id}` or `/v1/agents/{id}`: the container goes,
+    /// with its links, and every file loses its back-reference to it.
+    DeleteContainer {
+        user: usize,
+        container: Container,
+    },
     /// Connect (PUT) or disconnect (DELETE) an MCP server or a toolset.
     Link {
         user: usize,
@@ -134,7 +184,21 @@ impl Op {
             | Self::Rename { user, .. }
             | Self::Attach { user, .. }
             | Self::Detach { user, .. }
+            | Self::Create { user, .. }
+            | Self::DeleteContainer { user, .. }
             | Self::Link { user, .. } => *user,
+        }
+    }
+
+    /// The container it names, if any (a create's only if its answer named it).
+    pub fn container(&self) -> Option<Container> {
+        match self {
+            Self::Attach { container, .. }
+            | Self::Detach { container, .. }
+            | Self::DeleteContainer { container, .. } => Some(container.clone()),
+            Self::Create { kind, id, .. } => Some(kind.with(id.clone()?)),
+            Self::Link { agent, .. } => Some(Container::Agent(agent.clone())),
+            Self::Upload { .. } | Self::Delete { .. } | Self::Rename { .. } => None,
         }
     }
 
@@ -150,6 +214,22 @@ impl Op {
             Self::Rename { .. } => "rename",
             Self::Attach { .. } => "attach",
             Self::Detach { .. } => "detach",
+            Self::Create {
+                kind: Holder::Session,
+                ..
+            } => "create_session",
+            Self::Create {
+                kind: Holder::Agent,
+                ..
+            } => "create_agent",
+            Self::DeleteContainer {
+                container: Container::Session(_),
+                ..
+            } => "delete_session",
+            Self::DeleteContainer {
+                container: Container::Agent(_),
+                ..
+            } => "delete_agent",
             Self::Link { connect: true, .. } => "connect",
             Self::Link { connect: false, .. } => "disconnect",
         }
@@ -210,6 +290,11 @@ pub struct FinalUser {
     pub held: (i64, i64),
     pub sessions: BTreeMap<String, Vec<String>>,
     pub agents: BTreeMap<String, FinalAgent>,
+    /// The ids `GET /v1/sessions` and `GET /v1/agents` list, every page.
+    pub listed_containers: Vec<Container>,
+    /// Containers of the user's history the store no longer holds: the
+    /// status of `GET /v1/sessions/{id}` (or `/v1/agents/{id}`).
+    pub gone_containers: BTreeMap<Container, u16>,
     /// Files of the user's history no longer listed: the status of
     /// `GET /v1/files/{id}` and of its content.
     pub gone: BTreeMap<String, (u16, u16)>,

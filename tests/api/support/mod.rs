@@ -4,13 +4,16 @@
 
 pub mod checker;
 pub mod cluster;
+pub mod container_workload;
 pub mod fault_proxy;
 pub mod faulty_blobs;
 pub mod history;
+pub mod lives;
 pub mod model;
 pub mod nemesis;
 pub mod readback;
 pub mod servers;
 pub mod sets;
 pub mod tus_workload;
+pub mod verdict;
 pub mod workload;

@@ -3,7 +3,7 @@
 //! idempotency records, objects, intents) and through the API (downloads,
 //! `GET /v1/files`, `/v1/me`, and the files that should be gone).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use filedock::{http::AppState, vocab::UserId};
 use mongodb::bson::{Document, doc};
@@ -14,7 +14,9 @@ use sha2::Digest;
 use crate::{
     helpers::bucket_against_metadata,
     support::{
-        history::{Answer, Event, FinalAgent, FinalFile, FinalState, FinalUser, Op},
+        history::{
+            Answer, Container, Event, FinalAgent, FinalFile, FinalState, FinalUser, Holder, Op,
+        },
         workload::UserWorld,
     },
 };
@@ -181,24 +183,12 @@ async fn read_user(
         };
         fin.files.insert(f.id.to_string(), file);
     }
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut url = format!("{base}/v1/files?limit=1000");
-        if let Some(c) = &cursor {
-            url.push_str(&format!("&cursor={c}"));
-        }
-        let page: Value = get(client, url, &user.key).await.json().await.unwrap();
-        fin.listed.extend(
-            page["files"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f["id"].as_str().unwrap().to_owned()),
-        );
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = Some(c.to_owned()),
-            None => break,
-        }
+    fin.listed = listed(client, base, "files", &user.key).await;
+    for kind in [Holder::Session, Holder::Agent] {
+        let name = &kind.path()["/v1/".len()..];
+        let ids = listed(client, base, name, &user.key).await;
+        fin.listed_containers
+            .extend(ids.into_iter().map(|id| kind.with(id)));
     }
     let record = meta.user(&uid).await.unwrap().unwrap();
     (fin.used_bytes, fin.file_count) = (record.used_bytes, record.file_count);
@@ -232,6 +222,18 @@ async fn read_user(
         };
         fin.agents.insert(a.id.to_string(), agent);
     }
+    let mine = history.iter().filter(|e| e.op.user() == u);
+    let containers: BTreeSet<Container> = mine.clone().filter_map(|e| e.op.container()).collect();
+    for c in containers {
+        let there = match &c {
+            Container::Session(id) => fin.sessions.contains_key(id),
+            Container::Agent(id) => fin.agents.contains_key(id),
+        };
+        if !there {
+            let status = get(client, format!("{base}{}", c.path()), &user.key).await;
+            fin.gone_containers.insert(c, status.status().as_u16());
+        }
+    }
     let acknowledged: BTreeMap<&str, ()> = history
         .iter()
         .filter(|e| e.op.user() == u && matches!(e.op, Op::Upload { .. }))
@@ -250,6 +252,30 @@ async fn read_user(
         );
     }
     fin
+}
+
+/// The ids `GET /v1/{name}` lists, every page.
+async fn listed(client: &reqwest::Client, base: &str, name: &str, key: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut url = format!("{base}/v1/{name}?limit=1000");
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={c}"));
+        }
+        let page: Value = get(client, url, key).await.json().await.unwrap();
+        ids.extend(
+            page[name]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["id"].as_str().unwrap().to_owned()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => return ids,
+        }
+    }
 }
 
 /// Ids as the checker keeps them: their text.

@@ -7,9 +7,9 @@
 use std::collections::BTreeSet;
 
 use crate::support::{
-    checker::{Verdict, Wrong, whats, write},
     history::{Container, Event, FinalUser, LinkKind, Op},
     model::{Write, explain, misordered},
+    verdict::{Verdict, Wrong, whats, write},
 };
 
 /// Checks one set: `array` as read back, `writes_of` an element's writes.

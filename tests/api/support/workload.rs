@@ -2,8 +2,10 @@
 //! (small, multipart and medium files; some streamed, so taking the large
 //! lock; some with an `Idempotency-Key`, sent again after an unknown
 //! outcome; some resumable, in several tus PATCHes: `tus_workload.rs`),
-//! rename, delete, attach and detach files, and connect and
-//! disconnect MCP servers and toolsets, recording every request and its
+//! rename, delete, attach and detach files, connect and
+//! disconnect MCP servers and toolsets, and now and then delete a session
+//! or an agent and make a replacement (`container_workload.rs`), recording
+//! every request and its
 //! answer. A new kind of operation is a row of [`KINDS`], a function below
 //! and its effects in the checker.
 
@@ -24,7 +26,7 @@ use crate::{
     helpers::*,
     support::{
         cluster::PART_SIZE,
-        history::{Answer, Container, Event, LinkKind, Op},
+        history::{Answer, Container, Event, Holder, LinkKind, Op},
     },
 };
 
@@ -35,6 +37,9 @@ const SHARED_LINKS: [(LinkKind, &str); 2] = [
 ];
 /// How often an upload whose outcome is unknown is sent again with its key.
 const RESENDS: u32 = 3;
+/// How often an attach, a detach or a link picks a container deleted
+/// before (it must answer 404 and leave nothing behind).
+const DEAD_PICK: f64 = 0.05;
 /// The largest small category (a declared length past it is medium).
 const SMALL_MAX: usize = 10 << 20;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
@@ -43,8 +48,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
 pub struct UserWorld {
     pub id: String,
     pub key: String,
-    pub sessions: Vec<String>,
-    pub agents: Vec<String>,
+    /// The sessions and agents made and not deleted (or maybe deleted).
+    sessions: Mutex<Vec<String>>,
+    agents: Mutex<Vec<String>>,
+    /// Those deleted (or maybe deleted): now and then an attach picks one.
+    deleted: Mutex<Vec<Container>>,
     /// Files whose upload was acknowledged (deletes and attaches pick from them).
     files: Mutex<Vec<String>>,
     /// Attaches that were acknowledged (detaches pick from them).
@@ -54,12 +62,13 @@ pub struct UserWorld {
 }
 
 impl UserWorld {
-    pub fn new(id: String, key: String, sessions: Vec<String>, agents: Vec<String>) -> Self {
+    pub fn new(id: String, key: String) -> Self {
         Self {
             id,
             key,
-            sessions,
-            agents,
+            sessions: Mutex::default(),
+            agents: Mutex::default(),
+            deleted: Mutex::default(),
             files: Mutex::default(),
             attached: Mutex::default(),
             own_links: Mutex::default(),
@@ -74,11 +83,43 @@ impl UserWorld {
         }
     }
 
+    /// The user's sessions or agents that are not deleted.
+    pub(super) fn live(&self, kind: Holder) -> &Mutex<Vec<String>> {
+        match kind {
+            Holder::Session => &self.sessions,
+            Holder::Agent => &self.agents,
+        }
+    }
+
+    /// A container that was deleted (or maybe was).
+    pub(super) fn buried(&self, container: Container) {
+        self.deleted.lock().unwrap().push(container);
+    }
+
+    /// A session or agent to attach to: now and then a deleted one.
     fn container(&self, rng: &mut StdRng) -> Container {
-        if rng.random_bool(0.5) {
-            Container::Session(self.sessions.choose(rng).unwrap().clone())
+        let kind = if rng.random_bool(0.5) {
+            Holder::Session
         } else {
-            Container::Agent(self.agents.choose(rng).unwrap().clone())
+            Holder::Agent
+        };
+        self.pick(kind, rng)
+    }
+
+    /// An agent to connect on: now and then a deleted one.
+    fn agent(&self, rng: &mut StdRng) -> String {
+        self.pick(Holder::Agent, rng).id().to_owned()
+    }
+
+    fn pick(&self, kind: Holder, rng: &mut StdRng) -> Container {
+        let dead: Vec<Container> = (self.deleted.lock().unwrap().iter())
+            .filter(|c| c.kind() == kind)
+            .cloned()
+            .collect();
+        let live = self.live(kind).lock().unwrap();
+        match dead.choose(rng) {
+            Some(c) if live.is_empty() || rng.random_bool(DEAD_PICK) => c.clone(),
+            _ => kind.with(live.choose(rng).expect("a container").clone()),
         }
     }
 }
@@ -105,10 +146,12 @@ enum Kind {
     SharedLink,
     OwnLink,
     OwnUnlink,
+    /// Deletes a session or an agent and makes a replacement.
+    DeleteContainer,
 }
 
 /// The operation kinds and their weights.
-const KINDS: [(Kind, u32); 9] = [
+const KINDS: [(Kind, u32); 10] = [
     (Kind::Upload, 32),
     (Kind::Tus, 8),
     (Kind::Rename, 6),
@@ -118,6 +161,7 @@ const KINDS: [(Kind, u32); 9] = [
     (Kind::SharedLink, 12),
     (Kind::OwnLink, 10),
     (Kind::OwnUnlink, 7),
+    (Kind::DeleteContainer, 3),
 ];
 
 /// A request to send: method, path, and its body.
@@ -153,7 +197,11 @@ impl World {
     }
 
     /// Sends one request and classifies the answer.
-    async fn send(&self, user: &UserWorld, req: reqwest::RequestBuilder) -> (Answer, Value) {
+    pub(super) async fn send(
+        &self,
+        user: &UserWorld,
+        req: reqwest::RequestBuilder,
+    ) -> (Answer, Value) {
         match req
             .bearer_auth(&user.key)
             .timeout(REQUEST_TIMEOUT)
@@ -210,6 +258,7 @@ impl World {
                 return self.upload(u, rng).await;
             }
             (Kind::Tus, _) => return self.tus_upload(u, rng).await,
+            (Kind::DeleteContainer, _) => return self.delete_container(u, rng).await,
             (Kind::Rename, Some(file_id)) => {
                 let name = format!("r{}.bin", self.next_name());
                 let req = Request {
@@ -270,12 +319,12 @@ impl World {
                 )
             }
             (Kind::SharedLink, _) => {
-                let agent = user.agents.choose(rng).unwrap().clone();
+                let agent = user.agent(rng);
                 let (kind, link) = *SHARED_LINKS.choose(rng).unwrap();
                 self.link_op(u, agent, kind, link.to_owned(), rng.random_bool(0.5))
             }
             (Kind::OwnLink, _) => {
-                let agent = user.agents.choose(rng).unwrap().clone();
+                let agent = user.agent(rng);
                 let kind = SHARED_LINKS.choose(rng).unwrap().0;
                 let link = format!("own{}", self.next_name());
                 self.link_op(u, agent, kind, link, true)
