@@ -223,7 +223,11 @@ impl AppState {
                 locks: locks.clone(),
                 txns,
             }),
-            containers: Arc::new(ContainerService::new(meta.clone(), coordinator)),
+            containers: Arc::new(ContainerService::new(
+                meta.clone(),
+                coordinator,
+                settings.settle_window,
+            )),
             reconciler: Arc::new(Reconciler {
                 files: meta.clone(),
                 cleanup: meta.clone(),

@@ -426,3 +426,44 @@ async fn a_commit_run_again_after_it_applied_is_an_unknown_outcome_not_a_conflic
     let user = meta.user(&owner).await.unwrap().expect("the user");
     assert_eq!((user.file_count, user.used_bytes), (1, 4), "counted once");
 }
+
+/// A session's create reaches the store, and its answer is lost with the
+/// link (cut for longer than the driver's own retry waits). It applied: it
+/// must not be answered failed (the fault suite found a 503 here). The
+/// create is sent again with the same id once the link is back, and its
+/// duplicate says it was created.
+#[tokio::test]
+async fn a_create_whose_answer_is_lost_is_answered_created() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    /// BSON of `"insert": "sessions"`.
+    const INSERT_SESSIONS: &[u8] = b"\x02insert\x00\x09\x00\x00\x00sessions\x00";
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    let app = spawn_app_with(through_mongo_proxy(&proxy, FAST_SELECTION)).await;
+    let u = app.create_user("unlucky").await;
+    proxy.cut_after(INSERT_SESSIONS, Duration::from_secs(3));
+    let res = app
+        .client
+        .post(app.url("/v1/sessions"))
+        .bearer_auth(&u.key)
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(proxy.triggered(), "the create never reached the store");
+    let status = res.status();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "it applied: {body}");
+    let id = body["id"].as_str().unwrap();
+    let (status, listed) = app.json("GET", "/v1/sessions", &u, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<_> = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec![id], "one session, the one answered");
+}

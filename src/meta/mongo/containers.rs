@@ -5,7 +5,12 @@ use async_trait::async_trait;
 use bson::{Bson, Document, bson, doc};
 use mongodb::ClientSession;
 
-use super::{MongoStore, errors::classify, find_sorted, owned_after, txn::add_fence};
+use super::{
+    MongoStore,
+    errors::{classify, classify_sent},
+    find_sorted, owned_after,
+    txn::add_fence,
+};
 use crate::{
     meta::{
         AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
@@ -309,7 +314,7 @@ impl ContainerRepo for MongoStore {
             .insert_one(session)
             .await
             .map(|_| ())
-            .map_err(classify)
+            .map_err(classify_sent)
     }
 
     async fn session(
@@ -328,7 +333,7 @@ impl ContainerRepo for MongoStore {
             .insert_one(agent)
             .await
             .map(|_| ())
-            .map_err(classify)
+            .map_err(classify_sent)
     }
 
     async fn agent(&self, owner_id: &UserId, id: &AgentId) -> MetaResult<Option<AgentRecord>> {

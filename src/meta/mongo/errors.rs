@@ -51,3 +51,16 @@ pub fn classify(e: mongodb::error::Error) -> MetaError {
         _ => MetaError::Other(e.to_string()),
     }
 }
+
+/// Maps the error of a single write outside a transaction: one that broke
+/// off on an open link may have reached the server and applied (the
+/// driver's own retry included), so its outcome is unknown; one that found
+/// no server was never sent.
+pub fn classify_sent(e: mongodb::error::Error) -> MetaError {
+    match e.kind.as_ref() {
+        ErrorKind::Io(_) | ErrorKind::ConnectionPoolCleared { .. } => {
+            MetaError::OutcomeUnknown(e.to_string())
+        }
+        _ => classify(e),
+    }
+}
