@@ -467,3 +467,50 @@ async fn a_create_whose_answer_is_lost_is_answered_created() {
         .collect();
     assert_eq!(ids, vec![id], "one session, the one answered");
 }
+
+/// A key's revocation whose tokens' delete loses its answer (the link cut
+/// once the server answered): the key is gone, so the revocation holds
+/// (a token's authentication checks its key). It was answered 503.
+#[tokio::test]
+async fn a_revocation_whose_tokens_delete_loses_its_answer_is_answered_revoked() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    /// BSON of `"delete": "api_tokens"`.
+    const DELETE_TOKENS: &[u8] = b"\x02delete\x00\x0b\x00\x00\x00api_tokens\x00";
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    let app = spawn_app_with(through_mongo_proxy(&proxy, FAST_SELECTION)).await;
+    let u = app.create_user("revoking").await;
+    let spare = crate::keys::admin_key_for(&app, &u, "spare").await;
+    let spare_key = spare["api_key"].as_str().unwrap().to_owned();
+    let spare_id = spare["id"].as_str().unwrap().to_owned();
+    proxy.cut_after(DELETE_TOKENS, Duration::from_secs(3));
+    let res = app
+        .client
+        .delete(app.url(&format!("/v1/me/keys/{spare_id}")))
+        .bearer_auth(&u.key)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        proxy.triggered(),
+        "the tokens' delete never reached the store"
+    );
+    let status = res.status();
+    assert_eq!(
+        status,
+        StatusCode::NO_CONTENT,
+        "{}",
+        res.text().await.unwrap()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let me = app
+        .client
+        .get(app.url("/v1/me"))
+        .bearer_auth(&spare_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(me.status(), StatusCode::UNAUTHORIZED, "the key is revoked");
+}

@@ -6,7 +6,10 @@ use bson::doc;
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 
-use super::{MongoStore, errors::classify};
+use super::{
+    MongoStore,
+    errors::{classify, classify_sent},
+};
 use crate::{
     meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
     vocab::{ApiKeyHash, KeyId, UserId},
@@ -139,16 +142,18 @@ impl KeyRepo for MongoStore {
     }
 
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
+        // A delete whose answer was lost may have applied: unknown, not failed.
         let deleted = self
             .keys()
             .delete_one(doc! {"_id": id, "user_id": user})
             .await
-            .map_err(classify)?;
-        // Its tokens die with it (authentication checks the key anyway).
-        self.tokens()
-            .delete_many(doc! {"key_id": id})
-            .await
-            .map_err(classify)?;
+            .map_err(classify_sent)?;
+        // Its tokens die with it: authentication checks a token's key, so
+        // the revocation holds from here, whatever this delete answers (a
+        // token left is swept when it expires).
+        if let Err(e) = self.tokens().delete_many(doc! {"key_id": id}).await {
+            tracing::warn!(key_id = %id, error = %e, "a revoked key's tokens are left to expire");
+        }
         Ok(deleted.deleted_count == 1)
     }
 
