@@ -14,6 +14,7 @@ mod deletion;
 mod errors;
 mod files;
 mod migrate;
+mod op_group;
 mod resumable;
 mod txn;
 mod users;
