@@ -2,9 +2,8 @@
 
 use async_trait::async_trait;
 use bson::{Document, doc};
-use futures::TryStreamExt;
 
-use super::{MongoStore, errors::classify};
+use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
     meta::{
         DeletionRepo, IntentRecord, MetaResult, OrphanRecord, ResumableRecord, UserRecord, now,
@@ -23,16 +22,8 @@ impl MongoStore {
     where
         T: serde::de::DeserializeOwned + Send + Sync,
     {
-        self.db
-            .collection::<T>(collection)
-            .find(filter)
-            .sort(doc! {"_id": 1})
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await
-            .map_err(classify)?
-            .try_collect()
-            .await
-            .map_err(classify)
+        let sort = doc! {"_id": 1};
+        find_sorted(self.db.collection::<T>(collection), filter, sort, limit).await
     }
 }
 

@@ -9,6 +9,7 @@ use futures::TryStreamExt;
 use super::{
     MongoStore,
     errors::{classify, classify_sent},
+    find_sorted,
 };
 use crate::{
     meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
@@ -52,15 +53,7 @@ impl UserRepo for MongoStore {
             Some(a) => doc! {"_id": {"$gt": a}},
             None => doc! {},
         };
-        self.users()
-            .find(filter)
-            .sort(doc! {"_id": 1})
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await
-            .map_err(classify)?
-            .try_collect()
-            .await
-            .map_err(classify)
+        find_sorted(self.users(), filter, doc! {"_id": 1}, limit).await
     }
 
     async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>> {
