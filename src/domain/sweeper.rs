@@ -378,11 +378,11 @@ impl Sweeper {
 
 /// The sweeper as a background worker: a full pass every `interval` (the
 /// first one `interval` after the start); a pass that fails backs off
-/// (doubling, up to 8 intervals). Between full passes, while a user's
-/// deletion is under way (begun by any instance, seen in the store), a
-/// pass of only the deletions every [`DELETION_PASS_DELAY`]: a deletion
-/// goes on within seconds of its `DELETE` and of a restart, without the
-/// full pass's cost.
+/// (doubling, up to 8 intervals). Between full passes it looks every
+/// [`DELETION_PASS_DELAY`] (one index lookup) whether a user's deletion is
+/// under way (begun by any instance, seen in the store), and if so runs a
+/// pass of only the deletions: a deletion goes on within seconds of its
+/// `DELETE` and of a restart, without the full pass's cost.
 pub struct SweepWorker {
     sweeper: Arc<Sweeper>,
     interval: Duration,
@@ -418,7 +418,6 @@ impl Worker for SweepWorker {
     }
 
     async fn work(&mut self, _stop: &CancellationToken) -> WorkerState {
-        let interval = self.interval;
         let full = tokio::time::Instant::now() >= self.next_full;
         let ran = if full {
             Some(self.sweeper.try_run_once().await)
@@ -431,30 +430,30 @@ impl Worker for SweepWorker {
             Some(Err(e)) => {
                 self.last = "failed";
                 tracing::warn!(error = %e, "sweep pass failed; backing off");
-                if full {
-                    self.backoff = (self.backoff * 2).min(interval * 8);
-                }
                 true
             }
             Some(Ok(_)) => {
                 self.last = "ok";
-                if full {
-                    self.backoff = interval;
-                }
                 false
             }
             None => false,
         };
         if full {
+            self.backoff = match failed {
+                true => (self.backoff * 2).min(self.interval * 8),
+                false => self.interval,
+            };
             self.next_full = tokio::time::Instant::now() + self.backoff;
         }
         let until_full = self
             .next_full
             .saturating_duration_since(tokio::time::Instant::now());
-        // A failing store is not tried every few seconds.
-        if !failed && self.sweeper.deletions_pending().await {
-            return WorkerState::Idle(DELETION_PASS_DELAY.min(until_full));
+        // A failing store is not tried every few seconds: the next full
+        // pass (backed off) tries again.
+        if failed {
+            return WorkerState::Idle(until_full);
         }
-        WorkerState::Idle(until_full)
+        // Every few seconds, one index lookup: is a deletion under way?
+        WorkerState::Idle(DELETION_PASS_DELAY.min(until_full))
     }
 }

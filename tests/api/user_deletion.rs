@@ -462,6 +462,10 @@ async fn a_deletion_ends_by_itself_long_before_the_sweep_interval() {
     let mut failed = filedock::meta::OrphanRecord::pending("filedock", &key, None);
     failed.status = filedock::meta::OrphanStatus::Failed;
     app.state.ports.meta.record_orphan(&failed).await.unwrap();
+    // The worker has looked once already and found no deletion: it must
+    // look again, not sleep until its full pass.
+    let delay = filedock::domain::sweeper::DELETION_PASS_DELAY;
+    tokio::time::sleep(delay + Duration::from_secs(1)).await;
     let (status, _) = admin(&app.base, "DELETE", &format!("/v1/admin/users/{user}")).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let started = Instant::now();
