@@ -4,23 +4,18 @@
 //! `agent_file_add_lock`, `agent_config_lock`) or through the ordered queue,
 //! and always inside a retried transaction that checks a fencing token.
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use super::{
     DomainError,
     page::{Page, PageRequest},
+    settle::insert_settled,
 };
 use crate::{
     coord::{Coordinator, QueueStats},
-    meta::{AgentRecord, ContainerRepo, MetaError, MetaResult, SessionRecord, UserRecord, now},
+    meta::{AgentRecord, ContainerRepo, SessionRecord, UserRecord, now},
     vocab::{AgentId, Container, FileId, LinkId, LinkKind, Operation, SessionId},
 };
-
-/// First and longest pause between tries at a create whose answer was lost.
-const CREATE_PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
 /// Sessions and agents, and the ports that takes.
 pub struct ContainerService {
@@ -44,37 +39,6 @@ impl ContainerService {
         }
     }
 
-    /// Runs `insert` of a new container (its id chosen here). An insert
-    /// whose answer was lost may have applied: it is sent again, with the
-    /// same id, until the store answers (created now, or a duplicate:
-    /// created by the earlier try, as only ours can have that id), for at
-    /// most the settle window; past it the outcome is unknown, at
-    /// `location`. Never answered failed once it may have applied.
-    async fn create<F, Fut>(&self, location: String, insert: F) -> Result<(), DomainError>
-    where
-        F: Fn() -> Fut,
-        Fut: Future<Output = MetaResult<()>>,
-    {
-        let deadline = Instant::now() + self.settle_window;
-        let mut pause = CREATE_PAUSE.0;
-        let mut sent = false;
-        loop {
-            match insert().await {
-                Ok(()) => return Ok(()),
-                Err(MetaError::Duplicate) if sent => return Ok(()),
-                Err(MetaError::OutcomeUnknown(_)) => sent = true,
-                Err(MetaError::Unavailable(_) | MetaError::Transient(_)) if sent => {}
-                Err(e) => return Err(e.into()),
-            }
-            if Instant::now() + pause > deadline {
-                tracing::warn!(location, "a create's outcome is still unknown");
-                return Err(DomainError::OutcomeUnknown(Some(location)));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(CREATE_PAUSE.1);
-        }
-    }
-
     /// The queue's figures (queue mode; lock mode has none).
     pub async fn queue_stats(&self) -> Option<QueueStats> {
         self.coordinator.stats().await
@@ -89,8 +53,10 @@ impl ContainerService {
             created_at: now(),
         };
         let location = format!("/v1/sessions/{}", session.id);
-        self.create(location, || self.meta.insert_session(&session))
-            .await?;
+        insert_settled(self.settle_window, Some(location), || {
+            self.meta.insert_session(&session)
+        })
+        .await?;
         Ok(session)
     }
 
@@ -154,8 +120,10 @@ impl ContainerService {
             created_at: now(),
         };
         let location = format!("/v1/agents/{}", agent.id);
-        self.create(location, || self.meta.insert_agent(&agent))
-            .await?;
+        insert_settled(self.settle_window, Some(location), || {
+            self.meta.insert_agent(&agent)
+        })
+        .await?;
         Ok(agent)
     }
 

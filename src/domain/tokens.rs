@@ -10,6 +10,7 @@ use std::{sync::Arc, time::Duration};
 use super::{
     DomainError,
     auth::Caller,
+    settle::insert_settled,
     users::{hash_key, secret_with_prefix},
 };
 use crate::{
@@ -41,18 +42,22 @@ pub struct TokenService {
     keys: Arc<dyn KeyRepo>,
     containers: Arc<dyn ContainerRepo>,
     max_lifetime: Duration,
+    /// How long an insert whose answer was lost is sent again
+    /// (`FILEDOCK_SETTLE_WINDOW_SECS`).
+    settle_window: Duration,
 }
 
 impl TokenService {
     pub fn new(
         keys: Arc<dyn KeyRepo>,
         containers: Arc<dyn ContainerRepo>,
-        max_lifetime: Duration,
+        (max_lifetime, settle_window): (Duration, Duration),
     ) -> Self {
         Self {
             keys,
             containers,
             max_lifetime,
+            settle_window,
         }
     }
 
@@ -106,7 +111,9 @@ impl TokenService {
             created_at: now,
             expires_at: now + chrono::Duration::seconds(secs as i64),
         };
-        self.keys.insert_token(&record).await?;
+        // Sent again with the same record while its outcome is unknown: a
+        // token answered as failed is never one that was stored.
+        insert_settled(self.settle_window, None, || self.keys.insert_token(&record)).await?;
         Ok(NewToken { record, secret })
     }
 }

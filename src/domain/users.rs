@@ -145,7 +145,11 @@ impl UserService {
     /// being deleted.
     pub async fn create_key(&self, user: &UserId, name: &str) -> Result<NewKey, DomainError> {
         let key = new_key(*user, name)?;
-        self.keys.insert_key(&key.record).await?;
+        // Its transaction writes the user document, as commits do: retried
+        // on a write conflict as theirs are.
+        (self.txns)
+            .run("insert_key", || self.keys.insert_key(&key.record))
+            .await?;
         Ok(key)
     }
 

@@ -202,7 +202,7 @@ impl AppState {
             tokens: Arc::new(TokenService::new(
                 meta.clone(),
                 meta.clone(),
-                settings.token_max_lifetime,
+                (settings.token_max_lifetime, settings.settle_window),
             )),
             links: Arc::new(links),
             users: Arc::new(UserService::new(

@@ -34,14 +34,16 @@ use filedock::{
     domain::{sweeper::Outcome, users},
     http::AppState,
 };
-use rand::{SeedableRng, rngs::StdRng};
+use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::{
     helpers::*,
     support::{
+        account_readback::{leftovers, read_account},
+        accounts::{check_account, check_deleted},
         checker::check,
-        cluster::{Cluster, GRACE, TUS_EXPIRY},
-        history::Holder,
+        cluster::{AUTH_CACHE, Cluster, GRACE, TUS_EXPIRY},
+        history::{Event, Holder},
         lives::deletes_summary,
         nemesis::{Fault, nemesis},
         readback::read_final,
@@ -50,6 +52,10 @@ use crate::{
 };
 
 const CLIENTS: usize = 12;
+/// The user deleted mid-run (after the live ones, `0..USERS`), between
+/// these many seconds after the start.
+const DOOMED: usize = USERS;
+const DELETE_AFTER: std::ops::Range<u64> = 3..12;
 /// Clients that write only for the first user.
 const HOT_CLIENTS: usize = 6;
 const USERS: usize = 3;
@@ -130,7 +136,7 @@ async fn new_user(cluster: &Cluster, i: usize) -> UserWorld {
 }
 
 /// The final sweeps: after the grace and the resumable uploads' expiry,
-/// until no intent is left (or the limit).
+/// until no intent is left and no user's deletion is pending (or the limit).
 async fn final_sweeps(state: &AppState) {
     tokio::time::sleep(GRACE.max(TUS_EXPIRY) + Duration::from_secs(1)).await;
     let deadline = Instant::now() + SETTLE_LIMIT;
@@ -138,7 +144,14 @@ async fn final_sweeps(state: &AppState) {
     loop {
         let swept = state.sweeper.try_run_once().await;
         let left = state.ports.meta.intents(far(), 10).await.map(|i| i.len());
-        if swept.is_ok() && matches!(left, Ok(0)) || Instant::now() > deadline {
+        let deleting = state
+            .ports
+            .meta
+            .users_being_deleted(1)
+            .await
+            .map(|u| u.len());
+        let settled = matches!((left, deleting), (Ok(0), Ok(0)));
+        if swept.is_ok() && settled || Instant::now() > deadline {
             return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -156,14 +169,14 @@ async fn run_suite(coordination: &str) {
     let started = Instant::now();
     let mut cluster = Cluster::start(coordination).await;
     let mut users = Vec::new();
-    for i in 0..USERS {
+    for i in 0..=DOOMED {
         users.push(new_user(&cluster, i).await);
     }
     let bases = cluster.instances.iter().map(|s| s.base.clone()).collect();
     let world = Arc::new(World::new(bases, users));
     // Each user's first sessions and agents, in the history as creates.
     let base0 = cluster.instances[0].base.clone();
-    for u in 0..USERS {
+    for u in 0..=DOOMED {
         for _ in 0..CONTAINERS {
             for kind in [Holder::Session, Holder::Agent] {
                 world.create_container(u, kind, &base0).await;
@@ -189,6 +202,13 @@ async fn run_suite(coordination: &str) {
         })
         .collect();
     let mut rng = StdRng::seed_from_u64(seed);
+    let doom = {
+        let (w, after) = (world.clone(), rng.random_range(DELETE_AFTER));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(after)).await;
+            w.delete_user(DOOMED).await;
+        })
+    };
     let until = Instant::now() + Duration::from_secs(secs);
     let faults = nemesis(&mut cluster, coordination, &mut rng, until).await;
     for proxy in [&cluster.mongo, &cluster.redis, &cluster.s3] {
@@ -199,6 +219,7 @@ async fn run_suite(coordination: &str) {
     for c in clients {
         c.await.unwrap();
     }
+    doom.await.unwrap();
     stop.cancel();
     let Upkeep {
         reconciles,
@@ -210,8 +231,15 @@ async fn run_suite(coordination: &str) {
     cluster.all_up().await;
     final_sweeps(&cluster.state).await;
     let history = world.history.lock().unwrap().clone();
-    let fin = read_final(&cluster.state, &base0, &world.users, &history).await;
+    let fin = read_final(&cluster.state, &base0, &world.users[..USERS], &history).await;
     let mut v = check(&history, &fin);
+    let mine = |u: usize| -> Vec<&Event> { history.iter().filter(|e| e.op.user() == u).collect() };
+    for (u, user) in world.users[..USERS].iter().enumerate() {
+        let account = read_account(&base0, &user.id).await;
+        check_account(&mine(u), u, &account, AUTH_CACHE, &mut v);
+    }
+    let left = leftovers(&cluster.state, &world.users[DOOMED].id).await;
+    check_deleted(&mine(DOOMED), DOOMED, &left, AUTH_CACHE, &mut v);
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
     // A young stray seen beside and gone by the end was a clean-up in flight.
     let mut strays = deleted;

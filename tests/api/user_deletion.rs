@@ -351,6 +351,16 @@ async fn writes_another_instance_still_authenticates_are_refused_by_the_mark() {
         .await
         .unwrap();
     assert_eq!(answer(created).await, unauthenticated, "a tus creation");
+    // Records of the user's own: none may outlive the user.
+    for (path, body) in [
+        ("/v1/sessions", json!({})),
+        ("/v1/agents", json!({"name": "late"})),
+        ("/v1/tokens", json!({"scopes": ["files:write"]})),
+    ] {
+        let res = second.client.post(second.url(path)).bearer_auth(&ann.key);
+        let res = res.json(&body).send().await.unwrap();
+        assert_eq!(answer(res).await, unauthenticated, "POST {path}");
+    }
     // The upload begun before the mark is gone with it.
     let last = crate::tus::patch(&second, &ann, &upload, 8, &bytes[8..]).await;
     let gone = (StatusCode::NOT_FOUND, json!("not_found"));
@@ -361,6 +371,8 @@ async fn writes_another_instance_still_authenticates_are_refused_by_the_mark() {
     assert_eq!(v["files_left"], 0, "no file committed: {v}");
     let files = meta.list_files(&id, None, 10).await;
     assert!(files.unwrap().is_empty());
+    assert!(meta.list_sessions(&id, None, 10).await.unwrap().is_empty());
+    assert!(meta.list_agents(&id, None, 10).await.unwrap().is_empty());
     let stored = first.blob_keys(&ann).await;
     assert!(stored.is_empty(), "blobs stored: {stored:?}");
 }

@@ -3,7 +3,10 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::{EmbeddedStore, apply_fence_value, file_key, owned, owned_page, owner_index, txn::Txn};
+use super::{
+    EmbeddedStore, apply_fence_value, file_key, owned, owned_page, owner_index, txn::Txn,
+    users::owner_may_write,
+};
 use crate::{
     meta::{
         AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
@@ -136,6 +139,7 @@ impl ContainerRepo for EmbeddedStore {
     async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
         let session = session.clone();
         self.transaction(move |tx| {
+            owner_may_write(tx, &session.owner_id)?;
             let index = owner_index("sessions", session.owner_id);
             tx.put(&format!("{index}{}", session.id), &())?;
             tx.insert(&format!("sessions/{}", session.id), &session)
@@ -160,6 +164,7 @@ impl ContainerRepo for EmbeddedStore {
     async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()> {
         let agent = agent.clone();
         self.transaction(move |tx| {
+            owner_may_write(tx, &agent.owner_id)?;
             tx.put(
                 &format!("{}{}", owner_index("agents", agent.owner_id), agent.id),
                 &(),

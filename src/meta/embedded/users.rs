@@ -9,7 +9,9 @@ use chrono::{DateTime, Utc};
 
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
-    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
+    meta::{
+        ApiKeyRecord, KeyRepo, MetaError, MetaResult, OpenLimits, TokenRecord, UserRecord, UserRepo,
+    },
     vocab::{ApiKeyHash, KeyId, UserId},
 };
 
@@ -33,6 +35,17 @@ fn key_tokens(key: &KeyId) -> String {
 pub(super) fn put_key(tx: &mut Txn, key: &ApiKeyRecord) -> MetaResult<()> {
     tx.insert(&hash_key(&key.hash), key)?;
     tx.put(&format!("{}{}", user_keys(&key.user_id), key.id), &key.hash)
+}
+
+/// Refuses a record of `owner`'s once their deletion began
+/// (`UserDeleting`) or if they are gone (`NotFound`). The user is written
+/// back, so that a deletion beginning or finishing meanwhile conflicts with
+/// the transaction instead of missing the record it inserts.
+pub(super) fn owner_may_write(tx: &mut Txn, owner: &UserId) -> MetaResult<()> {
+    let ukey = user_key(owner);
+    let user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+    OpenLimits::may_write(&user)?;
+    tx.put(&ukey, &user)
 }
 
 #[async_trait]
@@ -90,13 +103,11 @@ impl KeyRepo for EmbeddedStore {
     async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
         let key = key.clone();
         self.transaction(move |tx| {
-            let ukey = user_key(&key.user_id);
-            let user: UserRecord = tx
-                .get(&ukey)?
-                .filter(|u: &UserRecord| u.deleting_since.is_none())
-                .ok_or(MetaError::NotFound)?;
-            // Written, so that a deletion beginning meanwhile conflicts.
-            tx.put(&ukey, &user)?;
+            // A key is not made for a user being deleted: there is no such user.
+            match owner_may_write(tx, &key.user_id) {
+                Err(MetaError::UserDeleting) => return Err(MetaError::NotFound),
+                other => other?,
+            }
             put_key(tx, &key)
         })
         .await
@@ -163,6 +174,7 @@ impl KeyRepo for EmbeddedStore {
     async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
         let token = token.clone();
         self.transaction(move |tx| {
+            owner_may_write(tx, &token.user_id)?;
             tx.insert(&token_key(&token.hash), &token)?;
             tx.put(
                 &format!("{}{}", key_tokens(&token.key_id), token.hash.as_str()),

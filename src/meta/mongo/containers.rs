@@ -7,7 +7,7 @@ use mongodb::ClientSession;
 
 use super::{
     MongoStore,
-    errors::{classify, classify_sent},
+    errors::classify,
     find_sorted,
     op_group::{GroupStep, LinkRun, plan_group},
     owned_after,
@@ -285,11 +285,8 @@ impl MongoStore {
 #[async_trait]
 impl ContainerRepo for MongoStore {
     async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
-        self.sessions()
-            .insert_one(session)
+        self.insert_owned(&session.owner_id, &self.sessions(), session)
             .await
-            .map(|_| ())
-            .map_err(classify_sent)
     }
 
     async fn session(
@@ -304,11 +301,8 @@ impl ContainerRepo for MongoStore {
     }
 
     async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()> {
-        self.agents()
-            .insert_one(agent)
+        self.insert_owned(&agent.owner_id, &self.agents(), agent)
             .await
-            .map(|_| ())
-            .map_err(classify_sent)
     }
 
     async fn agent(&self, owner_id: &UserId, id: &AgentId) -> MetaResult<Option<AgentRecord>> {

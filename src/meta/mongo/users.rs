@@ -5,6 +5,8 @@ use async_trait::async_trait;
 use bson::doc;
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
+use mongodb::Collection;
+use serde::Serialize;
 
 use super::{
     MongoStore,
@@ -15,6 +17,52 @@ use crate::{
     meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
     vocab::{ApiKeyHash, KeyId, UserId},
 };
+
+impl MongoStore {
+    /// Inserts `record` into `into` in one transaction with a write to its
+    /// owner's user document, refused once the owner's deletion began
+    /// (`UserDeleting`) or the owner is gone (`NotFound`). Written, not only
+    /// read, so that a deletion beginning or finishing meanwhile conflicts
+    /// with this transaction instead of missing the record (which would
+    /// then outlive its owner).
+    pub(super) async fn insert_owned<T>(
+        &self,
+        owner: &UserId,
+        into: &Collection<T>,
+        record: &T,
+    ) -> MetaResult<()>
+    where
+        T: Serialize + Send + Sync,
+    {
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            let user = self
+                .users()
+                .update_one(
+                    doc! {"_id": owner, "deleting_since": null},
+                    doc! {"$inc": {"owned_seq": 1}},
+                )
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            if user.matched_count == 0 {
+                let users = self.users();
+                let found = users.find_one(doc! {"_id": owner}).session(&mut s);
+                return Err(match found.await.map_err(classify)? {
+                    Some(_) => MetaError::UserDeleting,
+                    None => MetaError::NotFound,
+                });
+            }
+            into.insert_one(record)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(())
+        }
+        .await;
+        self.txns.finish(s, None, result).await
+    }
+}
 
 #[async_trait]
 impl UserRepo for MongoStore {
@@ -73,31 +121,11 @@ impl UserRepo for MongoStore {
 #[async_trait]
 impl KeyRepo for MongoStore {
     async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
-        let mut s = self.txns.begin(None).await?;
-        let result = async {
-            // Written, not only read, so that a deletion beginning at the same
-            // time conflicts with this transaction instead of missing the key.
-            let user = self
-                .users()
-                .update_one(
-                    doc! {"_id": &key.user_id, "deleting_since": null},
-                    doc! {"$inc": {"key_seq": 1}},
-                )
-                .session(&mut s)
-                .await
-                .map_err(classify)?;
-            if user.matched_count == 0 {
-                return Err(MetaError::NotFound);
-            }
-            self.keys()
-                .insert_one(key)
-                .session(&mut s)
-                .await
-                .map_err(classify)?;
-            Ok(())
+        // A key is not made for a user being deleted: there is no such user.
+        match self.insert_owned(&key.user_id, &self.keys(), key).await {
+            Err(MetaError::UserDeleting) => Err(MetaError::NotFound),
+            other => other,
         }
-        .await;
-        self.txns.finish(s, None, result).await
     }
 
     async fn key_by_hash(
@@ -151,11 +179,8 @@ impl KeyRepo for MongoStore {
     }
 
     async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
-        self.tokens()
-            .insert_one(token)
+        self.insert_owned(&token.user_id, &self.tokens(), token)
             .await
-            .map(|_| ())
-            .map_err(classify)
     }
 
     async fn token_by_hash(

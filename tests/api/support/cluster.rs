@@ -24,6 +24,9 @@ pub const SETTLE_WINDOW: Duration = Duration::from_secs(3);
 pub const TUS_EXPIRY: Duration = Duration::from_secs(20);
 /// The S3 part size: uploads of a few MiB already go multipart.
 pub const PART_SIZE: usize = 5 << 20;
+/// How long an instance trusts a key it authenticated: a revocation or a
+/// user's deletion holds everywhere this long after it is answered.
+pub const AUTH_CACHE: Duration = Duration::from_secs(2);
 /// Each session's and agent's lists stop this short, so that some of the
 /// workload's attaches and connects are refused (409 `container_full`) under
 /// the faults too: the checker holds a refusal to "nothing applied".
@@ -102,6 +105,7 @@ impl Cluster {
         settings.sweep.intent_grace = GRACE;
         settings.sweep.retry_interval = Duration::ZERO;
         settings.max_container_items = CONTAINER_MAX_ITEMS;
+        settings.auth_cache_ttl = AUTH_CACHE;
         let dir = settings.data_dir.clone();
         std::fs::create_dir_all(&dir).unwrap();
         let state = AppState::build(settings.clone()).await.unwrap();
@@ -187,6 +191,7 @@ impl Cluster {
                     GRACE.as_secs().to_string(),
                 ),
                 ("FILEDOCK_SWEEP_RETRY_INTERVAL_SECS", "0".into()),
+                ("FILEDOCK_AUTH_CACHE_SECS", AUTH_CACHE.as_secs().to_string()),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );

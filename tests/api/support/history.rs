@@ -132,6 +132,9 @@ pub enum Op {
         attempt: u32,
         /// A resumable (tus) upload: all its PATCHes and HEADs as one write.
         resumable: bool,
+        /// Sent with another credential of the user's than their first key:
+        /// the name of a key or a token the workload minted.
+        via: Option<String>,
     },
     Delete {
         user: usize,
@@ -174,6 +177,32 @@ pub enum Op {
         link: String,
         connect: bool,
     },
+    /// `POST /v1/admin/users/{id}/keys` of a key named `name` (unique).
+    MintKey {
+        user: usize,
+        name: String,
+    },
+    /// `DELETE /v1/me/keys/{id}` or the admin's: the key and its tokens go.
+    RevokeKey {
+        user: usize,
+        name: String,
+    },
+    /// `POST /v1/tokens` with the key `parent` (a name; `None`: the user's
+    /// first key); `name` is the suite's for it.
+    MintToken {
+        user: usize,
+        name: String,
+        parent: Option<String>,
+    },
+    /// `PATCH /v1/admin/users/{id} {"quota_bytes"}` (`None`: the default).
+    SetQuota {
+        user: usize,
+        quota: Option<u64>,
+    },
+    /// `DELETE /v1/admin/users/{id}`: nothing of the user is left at the end.
+    DeleteUser {
+        user: usize,
+    },
 }
 
 impl Op {
@@ -186,7 +215,12 @@ impl Op {
             | Self::Detach { user, .. }
             | Self::Create { user, .. }
             | Self::DeleteContainer { user, .. }
-            | Self::Link { user, .. } => *user,
+            | Self::Link { user, .. }
+            | Self::MintKey { user, .. }
+            | Self::RevokeKey { user, .. }
+            | Self::MintToken { user, .. }
+            | Self::SetQuota { user, .. }
+            | Self::DeleteUser { user } => *user,
         }
     }
 
@@ -198,7 +232,7 @@ impl Op {
             | Self::DeleteContainer { container, .. } => Some(container.clone()),
             Self::Create { kind, id, .. } => Some(kind.with(id.clone()?)),
             Self::Link { agent, .. } => Some(Container::Agent(agent.clone())),
-            Self::Upload { .. } | Self::Delete { .. } | Self::Rename { .. } => None,
+            _ => None,
         }
     }
 
@@ -232,6 +266,11 @@ impl Op {
             } => "delete_agent",
             Self::Link { connect: true, .. } => "connect",
             Self::Link { connect: false, .. } => "disconnect",
+            Self::MintKey { .. } => "mint_key",
+            Self::RevokeKey { .. } => "revoke_key",
+            Self::MintToken { .. } => "mint_token",
+            Self::SetQuota { .. } => "set_quota",
+            Self::DeleteUser { .. } => "delete_user",
         }
     }
 }

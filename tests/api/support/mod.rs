@@ -2,6 +2,9 @@
 //! fault-injecting TCP proxy, and the fault suite's cluster, nemesis,
 //! workload, history, read-back and checker (with its per-key model).
 
+pub mod account_readback;
+pub mod account_workload;
+pub mod accounts;
 pub mod checker;
 pub mod cluster;
 pub mod container_workload;

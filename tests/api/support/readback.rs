@@ -131,7 +131,7 @@ fn multipart_uploads(ids: &[&str]) -> Option<(usize, usize)> {
     Some((with_parts, empty))
 }
 
-async fn documents(db: &mongodb::Database, collection: &str) -> Vec<Document> {
+pub(super) async fn documents(db: &mongodb::Database, collection: &str) -> Vec<Document> {
     use futures::TryStreamExt;
     db.collection::<Document>(collection)
         .find(doc! {})

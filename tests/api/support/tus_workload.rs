@@ -80,6 +80,7 @@ impl World {
             key: None,
             attempt: 0,
             resumable: true,
+            via: None,
         };
         let invoked = Instant::now();
         let mut internal = false;

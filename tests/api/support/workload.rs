@@ -44,6 +44,16 @@ const DEAD_PICK: f64 = 0.05;
 const SMALL_MAX: usize = 10 << 20;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// A key or a token the workload minted for a user.
+#[derive(Clone, Debug)]
+pub struct Cred {
+    pub name: String,
+    pub secret: String,
+    /// The key's id, or (a token) its key's: `None` for the user's first.
+    pub key_id: Option<String>,
+    pub token: bool,
+}
+
 /// One user of the workload and what its clients know.
 pub struct UserWorld {
     pub id: String,
@@ -59,6 +69,8 @@ pub struct UserWorld {
     attached: Mutex<Vec<(Container, String)>>,
     /// Links of their own that clients connected (disconnects pick from them).
     own_links: Mutex<Vec<(String, LinkKind, String)>>,
+    /// Keys and tokens minted for the user (`account_workload.rs`).
+    pub(super) creds: Mutex<Vec<Cred>>,
 }
 
 impl UserWorld {
@@ -72,6 +84,7 @@ impl UserWorld {
             files: Mutex::default(),
             attached: Mutex::default(),
             own_links: Mutex::default(),
+            creds: Mutex::default(),
         }
     }
 
@@ -148,10 +161,12 @@ enum Kind {
     OwnUnlink,
     /// Deletes a session or an agent and makes a replacement.
     DeleteContainer,
+    /// Keys, tokens and quotas: `account_workload.rs`.
+    Account,
 }
 
 /// The operation kinds and their weights.
-const KINDS: [(Kind, u32); 10] = [
+const KINDS: [(Kind, u32); 11] = [
     (Kind::Upload, 32),
     (Kind::Tus, 8),
     (Kind::Rename, 6),
@@ -162,6 +177,7 @@ const KINDS: [(Kind, u32); 10] = [
     (Kind::OwnLink, 10),
     (Kind::OwnUnlink, 7),
     (Kind::DeleteContainer, 3),
+    (Kind::Account, 4),
 ];
 
 /// A request to send: method, path, and its body.
@@ -196,14 +212,23 @@ impl World {
         });
     }
 
-    /// Sends one request and classifies the answer.
+    /// Sends one request with the user's first key and classifies the answer.
     pub(super) async fn send(
         &self,
         user: &UserWorld,
         req: reqwest::RequestBuilder,
     ) -> (Answer, Value) {
+        self.send_as(&user.key, req).await
+    }
+
+    /// Sends one request with `secret` and classifies the answer.
+    pub(super) async fn send_as(
+        &self,
+        secret: &str,
+        req: reqwest::RequestBuilder,
+    ) -> (Answer, Value) {
         match req
-            .bearer_auth(&user.key)
+            .bearer_auth(secret)
             .timeout(REQUEST_TIMEOUT)
             .send()
             .await
@@ -259,6 +284,7 @@ impl World {
             }
             (Kind::Tus, _) => return self.tus_upload(u, rng).await,
             (Kind::DeleteContainer, _) => return self.delete_container(u, rng).await,
+            (Kind::Account, _) => return self.account_op(u, rng).await,
             (Kind::Rename, Some(file_id)) => {
                 let name = format!("r{}.bin", self.next_name());
                 let req = Request {
@@ -417,6 +443,10 @@ impl World {
         let name = format!("u{n}.bin");
         let sha256 = sha256_hex(&body);
         let key = rng.random_bool(0.5).then(|| format!("k{n}"));
+        // A minted key or token (only without an `Idempotency-Key`: resends
+        // go with the key the first try went with).
+        let via = key.is_none().then(|| self.credential(u, rng)).flatten();
+        let secret = via.as_ref().map_or(&user.key, |c| &c.secret);
         for attempt in 0..=RESENDS {
             let base = self.base(rng);
             let mut req = self
@@ -436,7 +466,7 @@ impl World {
                 req = req.header("idempotency-key", k);
             }
             let invoked = Instant::now();
-            let (answer, res) = self.send(user, req).await;
+            let (answer, res) = self.send_as(secret, req).await;
             let id = res["id"].as_str().map(str::to_owned);
             if let (Answer::Ok, Some(id)) = (&answer, &id) {
                 user.add_file(id);
@@ -452,6 +482,7 @@ impl World {
                 key: key.clone(),
                 attempt,
                 resumable: false,
+                via: via.as_ref().map(|c| c.name.clone()),
             };
             self.record(op, invoked, answer, id);
             if !again {

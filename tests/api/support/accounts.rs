@@ -1,0 +1,230 @@
+//! The checker's account part (issue 25), for the writes of
+//! `account_workload.rs`:
+//! - a key is a register (listed or not) written by its mint and its
+//!   revocations; a user's own quota is one written by the quota changes;
+//! - a credential whose revocation was acknowledged is refused once the
+//!   auth cache has forgotten it (accepted later: the revocation is lost);
+//!   one never revoked is never refused (the mint is lost);
+//! - an upload past a quota that was in effect for the whole of it is
+//!   refused (acknowledged: the quota is lost);
+//! - a deleted user leaves nothing in any store, and no upload of theirs
+//!   sent after the deletion was acknowledged is acknowledged (nor any
+//!   other write once the auth cache has forgotten them).
+
+use std::{collections::BTreeSet, time::Duration};
+
+use crate::support::{
+    account_readback::FinalAccount,
+    history::{Answer, Event, Op},
+    model::{Told, Write, explain},
+    verdict::{Verdict, Wrong, whats},
+};
+
+/// How late past the auth cache's lifetime a credential may still pass:
+/// the cache's own clock, a request received a little after it was sent.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// A revocation that may have applied (a 404 to it: the key was gone).
+fn revoked(e: &Event) -> Told {
+    match &e.answer {
+        Answer::Failed(c) if c == "not_found" => Told::Ok,
+        a => a.told(),
+    }
+}
+
+/// Checks live user `u`'s keys, credentials and quota against `fin`.
+pub fn check_account(
+    history: &[&Event],
+    u: usize,
+    fin: &FinalAccount,
+    cache: Duration,
+    v: &mut Verdict,
+) {
+    check_keys(history, fin, v);
+    check_credentials(history, cache, v);
+    let quotas: Vec<Write<Option<u64>>> = history
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::SetQuota { quota, .. } => Some(crate::support::verdict::write(e, *quota)),
+            _ => None,
+        })
+        .collect();
+    let explained = explain(Some(&None), &quotas, &fin.quota);
+    v.judge(explained, Wrong::Lost, || {
+        format!(
+            "user {u}: quota {:?}, written by {:?}",
+            fin.quota,
+            whats(&quotas)
+        )
+    });
+    check_quota_held(history, &quotas, v);
+}
+
+/// Every key the workload minted: listed at the end iff some order of its
+/// mint and revocations the answers allow leaves it.
+fn check_keys(history: &[&Event], fin: &FinalAccount, v: &mut Verdict) {
+    let names: BTreeSet<&str> = history
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::MintKey { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    for name in names {
+        let writes: Vec<Write<bool>> = history
+            .iter()
+            .filter_map(|e| {
+                let (value, told) = match &e.op {
+                    Op::MintKey { name: n, .. } if n == name => (true, e.answer.told()),
+                    Op::RevokeKey { name: n, .. } if n == name => (false, revoked(e)),
+                    _ => return None,
+                };
+                let mut w = crate::support::verdict::write(e, value);
+                w.told = told;
+                Some(w)
+            })
+            .collect();
+        let listed = fin.keys.contains(name);
+        let wrong = if listed { Wrong::Order } else { Wrong::Lost };
+        v.judge(explain(Some(&false), &writes, &listed), wrong, || {
+            format!(
+                "key {name}: listed {listed}, written by {:?}",
+                whats(&writes)
+            )
+        });
+    }
+}
+
+/// Each upload sent with a minted key or token against that credential's
+/// mint and its key's revocations.
+fn check_credentials(history: &[&Event], cache: Duration, v: &mut Verdict) {
+    // A credential's key: itself, or the key a token was minted with.
+    let key_of = |cred: &str| -> Option<String> {
+        history.iter().find_map(|e| match &e.op {
+            Op::MintKey { name, .. } if name == cred => Some(name.clone()),
+            Op::MintToken { name, parent, .. } if name == cred => parent.clone(),
+            _ => None,
+        })
+    };
+    let revocations = |key: &str| -> Vec<&Event> {
+        (history.iter().copied())
+            .filter(|e| matches!(&e.op, Op::RevokeKey { name, .. } if name == key))
+            .collect()
+    };
+    for e in history {
+        let Op::Upload {
+            via: Some(cred), ..
+        } = &e.op
+        else {
+            continue;
+        };
+        let revokes = key_of(cred).map(|k| revocations(&k)).unwrap_or_default();
+        let acked = (revokes.iter())
+            .filter(|r| revoked(r) == Told::Ok)
+            .map(|r| r.completed)
+            .min();
+        let refused = matches!(&e.answer, Answer::Failed(c) if c == "unauthenticated");
+        if e.answer == Answer::Ok
+            && let Some(at) = acked
+            && e.invoked > at + cache + SLACK
+        {
+            let late = e.invoked - at;
+            v.note(
+                |v| &mut v.lost,
+                format!(
+                    "{cred}: accepted {late:?} after its revocation was acknowledged: {:?}",
+                    e.op
+                ),
+            );
+        }
+        let may_be_revoked =
+            (revokes.iter()).any(|r| revoked(r) != Told::Failed && r.invoked < e.completed);
+        if refused && !may_be_revoked {
+            v.note(
+                |v| &mut v.lost,
+                format!("{cred}: refused, though never revoked: {:?}", e.op),
+            );
+        }
+    }
+}
+
+/// No acknowledged upload larger than a quota in effect from before it
+/// was sent until it was answered (an acknowledged change, and no other
+/// that may have applied meanwhile).
+fn check_quota_held(history: &[&Event], quotas: &[Write<Option<u64>>], v: &mut Verdict) {
+    for e in history {
+        let Op::Upload { size, .. } = &e.op else {
+            continue;
+        };
+        if e.answer != Answer::Ok {
+            continue;
+        }
+        let in_effect = quotas.iter().find(|w| {
+            w.told == Told::Ok
+                && w.completed < e.invoked
+                && quotas.iter().all(|x| {
+                    std::ptr::eq(x, *w)
+                        || x.told == Told::Failed
+                        || x.invoked >= e.completed
+                        || (x.told == Told::Ok && x.completed < w.invoked)
+                })
+        });
+        if let Some(Write {
+            value: Some(q),
+            what,
+            ..
+        }) = in_effect
+            && size > q
+        {
+            v.note(
+                |v| &mut v.lost,
+                format!(
+                    "an upload of {size} bytes past the quota of {q} ({what}) acknowledged: {:?}",
+                    e.op
+                ),
+            );
+        }
+    }
+}
+
+/// Checks deleted user `u`: `left` is what still names them.
+pub fn check_deleted(
+    history: &[&Event],
+    u: usize,
+    left: &[String],
+    cache: Duration,
+    v: &mut Verdict,
+) {
+    // Surely deleting from the first 202 on (or a 404: already gone).
+    let sure = (history.iter())
+        .filter(|e| matches!(e.op, Op::DeleteUser { .. }))
+        .filter(|e| revoked(e) == Told::Ok)
+        .map(|e| e.completed)
+        .min();
+    let Some(sure) = sure else {
+        v.note(
+            |v| &mut v.half_done,
+            format!("user {u}: the deletion was never answered"),
+        );
+        return;
+    };
+    for l in left {
+        v.note(|v| &mut v.half_done, format!("user {u}, deleted, left {l}"));
+    }
+    for e in history {
+        if e.answer != Answer::Ok || matches!(e.op, Op::DeleteUser { .. }) {
+            continue;
+        }
+        let upload = matches!(e.op, Op::Upload { .. });
+        if e.invoked > sure && (upload || e.invoked > sure + cache + SLACK) {
+            let after = e.invoked - sure;
+            v.note(
+                |v| &mut v.lost,
+                format!(
+                    "user {u}: acknowledged {after:?} after their deletion was: {:?}",
+                    e.op
+                ),
+            );
+        }
+    }
+}
