@@ -5,7 +5,10 @@
 //! raced and empty ones among them, some with a deferred length), renames,
 //! deletes, attaches, detaches, MCP and toolset connects and disconnects, and
 //! now and then a session's or an agent's delete (and a replacement made;
-//! attaches and links now and then name a deleted one and must find it gone);
+//! attaches and links now and then name a deleted one and must find it gone),
+//! keys minted and revoked, tokens minted, uploads sent with them (revoked
+//! ones among them), one user's quota changed, and a user deleted mid-run
+//! (`support/account_workload.rs`, checked by `support/accounts.rs`);
 //! a nemesis that deals a shuffled deck of every fault kind of the mode (link
 //! cuts, also right after a commit or an enqueue was answered and past the
 //! settle window, a pause past the leases and the grace, SIGKILL and restart,
