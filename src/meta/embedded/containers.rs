@@ -267,7 +267,7 @@ impl ContainerRepo for EmbeddedStore {
 mod tests {
     use super::*;
     use crate::{
-        meta::now,
+        meta::{UserRecord, now},
         vocab::{LinkId, LinkKind},
     };
 
@@ -288,7 +288,14 @@ mod tests {
     async fn an_operation_settled_unapplied_never_applies_on_redelivery() {
         let dir = std::env::temp_dir().join(format!("filedock-ops-{}", uuid::Uuid::new_v4()));
         let store = EmbeddedStore::open(&dir).unwrap();
-        let (owner, agent) = (UserId::new(), AgentId::new());
+        let user = UserRecord::new("ann".into());
+        let (owner, agent) = (user.id, AgentId::new());
+        // The agent's owner, as a record of theirs needs one.
+        let key = super::super::user_key(&owner);
+        store
+            .transaction(move |tx| tx.insert(&key, &user))
+            .await
+            .unwrap();
         store
             .insert_agent(&AgentRecord {
                 id: agent,

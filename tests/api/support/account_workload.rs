@@ -1,5 +1,5 @@
-//! The fault suite's account writes (issue 25): the admin mints a user
-//! another key, a client mints a token with one of the user's keys, a key
+//! The fault suite's account writes (issue 25): the admin (or the user)
+//! mints the user another key, a client mints a token with one of the user's keys, a key
 //! is revoked (by its user or the admin), the admin changes a user's quota;
 //! and uploads go now and then with a minted key or token instead of the
 //! user's first key (`Op::Upload`'s `via`), revoked ones among them, which
@@ -61,11 +61,17 @@ impl World {
         let user = &self.users[u];
         let name = format!("key{}", self.next_name());
         let base = self.base(rng);
-        let req = (self.client)
-            .post(format!("{base}/v1/admin/users/{}/keys", user.id))
-            .json(&json!({ "name": name }));
+        let body = json!({ "name": name });
         let invoked = Instant::now();
-        let (answer, res) = self.admin(req).await;
+        // The admin's, or the user's own with their first key.
+        let (answer, res) = if rng.random_bool(0.5) {
+            let path = format!("/v1/admin/users/{}/keys", user.id);
+            self.admin(self.client.post(format!("{base}{path}")).json(&body))
+                .await
+        } else {
+            let req = self.client.post(format!("{base}/v1/me/keys")).json(&body);
+            self.send(user, req).await
+        };
         let key_id = res["id"].as_str().map(str::to_owned);
         if let (Answer::Ok, Some(id), Some(secret)) = (&answer, &key_id, res["api_key"].as_str()) {
             user.creds.lock().unwrap().push(Cred {

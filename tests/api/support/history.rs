@@ -177,7 +177,8 @@ pub enum Op {
         link: String,
         connect: bool,
     },
-    /// `POST /v1/admin/users/{id}/keys` of a key named `name` (unique).
+    /// `POST /v1/admin/users/{id}/keys` or `/v1/me/keys` of a key named
+    /// `name` (unique).
     MintKey {
         user: usize,
         name: String,
