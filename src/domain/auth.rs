@@ -3,7 +3,7 @@
 //! a revocation: an instance that remembers a key keeps accepting it until
 //! its entry expires, and the next request after that looks it up again.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -87,8 +87,11 @@ impl Caller {
     }
 }
 
-/// Authenticated callers by the hash of their secret, for a short time.
-pub type AuthCache = moka::sync::Cache<ApiKeyHash, Caller>;
+/// Authenticated callers by the hash of their secret, for a short time:
+/// each until the cache's time to live after its lookup began (not after
+/// it was cached, which a stalled lookup could put long after a key's
+/// revocation).
+pub type AuthCache = moka::sync::Cache<ApiKeyHash, (Caller, Instant)>;
 
 pub fn auth_cache(ttl: Duration) -> AuthCache {
     let capacity = if ttl.is_zero() {
@@ -113,7 +116,10 @@ pub async fn authenticate(
 ) -> Result<Caller, DomainError> {
     let hash = hash_key(presented);
     let now = crate::meta::now();
-    if let Some(caller) = cache.get(&hash) {
+    let looked_up = Instant::now();
+    if let Some((caller, until)) = cache.get(&hash)
+        && looked_up < until
+    {
         if caller.grant.expired(now) {
             cache.invalidate(&hash);
             return Err(DomainError::Unauthenticated);
@@ -152,6 +158,89 @@ pub async fn authenticate(
     {
         return Err(DomainError::Unauthenticated);
     }
-    cache.insert(hash, caller.clone());
+    let ttl = cache.policy().time_to_live().unwrap_or_default();
+    cache.insert(hash, (caller.clone(), looked_up + ttl));
     Ok(caller)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use chrono::{DateTime, Utc};
+
+    use super::*;
+    use crate::{
+        domain::{test_kit::Kit, users::create_user},
+        meta::{ApiKeyRecord, MetaResult, TokenRecord, UserRecord, embedded::EmbeddedStore},
+        vocab::{KeyId, UserId},
+    };
+
+    /// The store's keys, but a key's lookup stalls after it has read the
+    /// key (a pause, a slow link) before it answers.
+    struct Stalled(Arc<EmbeddedStore>, Duration);
+
+    #[async_trait]
+    impl KeyRepo for Stalled {
+        async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
+            self.0.insert_key(key).await
+        }
+        async fn key_by_hash(
+            &self,
+            hash: &ApiKeyHash,
+        ) -> MetaResult<Option<(ApiKeyRecord, UserRecord)>> {
+            let read = self.0.key_by_hash(hash).await;
+            tokio::time::sleep(self.1).await;
+            read
+        }
+        async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>> {
+            self.0.key(user, id).await
+        }
+        async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>> {
+            self.0.keys(user).await
+        }
+        async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
+            self.0.delete_key(user, id).await
+        }
+        async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
+            self.0.insert_token(token).await
+        }
+        async fn token_by_hash(
+            &self,
+            hash: &ApiKeyHash,
+        ) -> MetaResult<Option<(TokenRecord, UserRecord)>> {
+            self.0.token_by_hash(hash).await
+        }
+        async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
+            self.0.delete_expired_tokens(before).await
+        }
+    }
+
+    /// A key revoked while its lookup stalled (read before, answered
+    /// after) is refused once the cache's lifetime has passed since the
+    /// lookup began, not remembered for a lifetime from its answer.
+    #[tokio::test]
+    async fn a_stalled_lookup_does_not_stretch_the_caches_lifetime() {
+        const TTL: Duration = Duration::from_millis(200);
+        let kit = Kit::new(|_| {}).await;
+        let (user, key) = create_user(kit.meta.as_ref(), "ann").await.unwrap();
+        let stalled = Stalled(kit.meta.clone(), TTL + TTL / 2);
+        let cache = auth_cache(TTL);
+        let first = authenticate(&stalled, &cache, &key.secret);
+        let revoke = async {
+            tokio::time::sleep(TTL / 4).await;
+            kit.meta.delete_key(&user.id, &key.record.id).await.unwrap()
+        };
+        let (first, revoked) = tokio::join!(first, revoke);
+        assert!(revoked);
+        // Read before the revocation: accepted then.
+        assert!(first.is_ok(), "{first:?}");
+        // Past the lifetime since that lookup began: looked up again.
+        let again = authenticate(kit.meta.as_ref(), &cache, &key.secret).await;
+        assert!(
+            matches!(again, Err(DomainError::Unauthenticated)),
+            "{again:?}"
+        );
+    }
 }

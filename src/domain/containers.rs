@@ -4,12 +4,12 @@
 //! `agent_file_add_lock`, `agent_config_lock`) or through the ordered queue,
 //! and always inside a retried transaction that checks a fencing token.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use super::{
     DomainError,
     page::{Page, PageRequest},
-    settle::insert_settled,
+    settle::OwnedInserts,
 };
 use crate::{
     coord::{Coordinator, QueueStats},
@@ -21,21 +21,20 @@ use crate::{
 pub struct ContainerService {
     meta: Arc<dyn ContainerRepo>,
     coordinator: Arc<dyn Coordinator>,
-    /// How long a create whose answer was lost is sent again before its
-    /// outcome is answered unknown (`FILEDOCK_SETTLE_WINDOW_SECS`).
-    settle_window: Duration,
+    /// A create writes the owner's document, under their commit lock.
+    inserts: OwnedInserts,
 }
 
 impl ContainerService {
     pub fn new(
         meta: Arc<dyn ContainerRepo>,
         coordinator: Arc<dyn Coordinator>,
-        settle_window: Duration,
+        inserts: OwnedInserts,
     ) -> Self {
         Self {
             meta,
             coordinator,
-            settle_window,
+            inserts,
         }
     }
 
@@ -53,10 +52,10 @@ impl ContainerService {
             created_at: now(),
         };
         let location = format!("/v1/sessions/{}", session.id);
-        insert_settled(self.settle_window, Some(location), || {
-            self.meta.insert_session(&session)
-        })
-        .await?;
+        let what = ("insert_session", Some(location));
+        (self.inserts)
+            .insert(&user.id, what, || self.meta.insert_session(&session))
+            .await?;
         Ok(session)
     }
 
@@ -120,10 +119,10 @@ impl ContainerService {
             created_at: now(),
         };
         let location = format!("/v1/agents/{}", agent.id);
-        insert_settled(self.settle_window, Some(location), || {
-            self.meta.insert_agent(&agent)
-        })
-        .await?;
+        let what = ("insert_agent", Some(location));
+        (self.inserts)
+            .insert(&user.id, what, || self.meta.insert_agent(&agent))
+            .await?;
         Ok(agent)
     }
 

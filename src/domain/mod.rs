@@ -14,7 +14,7 @@ pub mod media;
 pub mod page;
 pub mod reconcile;
 pub mod resumable;
-mod settle;
+pub mod settle;
 pub mod sweeper;
 #[cfg(test)]
 mod test_kit;

@@ -1,54 +1,86 @@
-//! Inserting a new record (a session, an agent, a token) whose id is
-//! chosen here, so that an insert whose answer was lost can be sent again
-//! and settled: the store either creates it now or answers a duplicate,
-//! which proves the earlier try applied (only ours can have that id).
+//! Inserting a new record of a user's own (a session, an agent, a token)
+//! whose id is chosen here, so that an insert whose answer was lost can be
+//! sent again and settled: the store either creates it now or answers a
+//! duplicate, which proves the earlier try applied (only ours can have
+//! that id). The insert writes the user's document (so that their deletion
+//! cannot miss it), so it runs as every such write does: under the user's
+//! commit lock, retried on a write conflict (`super::commit`).
 
 use std::{
     future::Future,
     time::{Duration, Instant},
 };
 
-use super::DomainError;
-use crate::meta::{MetaError, MetaResult};
+use super::{
+    DomainError,
+    commit::{UserCommitError, user_commit},
+};
+use crate::{
+    lock::Locks,
+    meta::{MetaError, MetaResult, retry::Transactions},
+    vocab::UserId,
+};
 
 /// First and longest pause between tries.
 const PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
-/// Runs `insert` until the store answers: sent again while its outcome is
-/// unknown (or, once sent, the store is unavailable), and while it meets a
-/// write conflict (the owner's document is being written: by a commit, or
-/// by a deletion beginning), for at most `window`. Past it the outcome is
-/// unknown (at `location`) if a try may have applied, else the conflict.
-/// Never answered failed once it may have applied.
-pub async fn insert_settled<F, Fut>(
-    window: Duration,
-    location: Option<String>,
-    insert: F,
-) -> Result<(), DomainError>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = MetaResult<()>>,
-{
-    let deadline = Instant::now() + window;
-    let mut pause = PAUSE.0;
-    let mut sent = false;
-    loop {
-        match insert().await {
-            Ok(()) => return Ok(()),
-            Err(MetaError::Duplicate) if sent => return Ok(()),
-            Err(MetaError::OutcomeUnknown(_)) => sent = true,
-            Err(MetaError::Unavailable(_) | MetaError::Transient(_)) if sent => {}
-            Err(MetaError::WriteConflict) => {}
-            Err(e) => return Err(e.into()),
-        }
-        if Instant::now() + pause > deadline {
-            if !sent {
-                return Err(DomainError::WriteConflict);
+/// What an owned insert runs with: the user's commit lock and the
+/// transaction retry, and how long an insert whose answer was lost is sent
+/// again (`FILEDOCK_SETTLE_WINDOW_SECS`).
+#[derive(Clone)]
+pub struct OwnedInserts {
+    pub locks: std::sync::Arc<Locks>,
+    pub txns: Transactions,
+    pub settle_window: Duration,
+}
+
+impl OwnedInserts {
+    /// Runs `insert` (named `op` in the metrics) for `owner` until the store
+    /// answers: sent again while its outcome is unknown and, once a try may
+    /// have applied, while the store or the lock is unavailable, for at
+    /// most the settle window. Past it, or at any other error once a try
+    /// may have applied, the outcome is unknown (at `location`): never
+    /// answered failed once it may have applied. A user being deleted, or
+    /// gone, is `UserDeleting`.
+    pub async fn insert<F, Fut>(
+        &self,
+        owner: &UserId,
+        (op, location): (&str, Option<String>),
+        insert: F,
+    ) -> Result<(), DomainError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = MetaResult<()>>,
+    {
+        let deadline = Instant::now() + self.settle_window;
+        let mut pause = PAUSE.0;
+        let mut sent = false;
+        loop {
+            let tried = user_commit(&self.locks, &self.txns, owner, op, &insert).await;
+            let retry = match tried {
+                Ok(_) => return Ok(()),
+                Err(UserCommitError::Meta(MetaError::Duplicate)) if sent => return Ok(()),
+                Err(UserCommitError::Meta(MetaError::OutcomeUnknown(_))) => {
+                    sent = true;
+                    true
+                }
+                Err(UserCommitError::Meta(
+                    MetaError::Unavailable(_) | MetaError::Transient(_) | MetaError::WriteConflict,
+                ))
+                | Err(UserCommitError::Lock(_))
+                    if sent =>
+                {
+                    true
+                }
+                Err(_) if sent => false,
+                Err(e) => return Err(e.into()),
+            };
+            if !retry || Instant::now() + pause > deadline {
+                tracing::warn!(location, "an insert's outcome is still unknown");
+                return Err(DomainError::OutcomeUnknown(location));
             }
-            tracing::warn!(location, "an insert's outcome is still unknown");
-            return Err(DomainError::OutcomeUnknown(location));
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(PAUSE.1);
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(PAUSE.1);
     }
 }

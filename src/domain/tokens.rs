@@ -10,7 +10,7 @@ use std::{sync::Arc, time::Duration};
 use super::{
     DomainError,
     auth::Caller,
-    settle::insert_settled,
+    settle::OwnedInserts,
     users::{hash_key, secret_with_prefix},
 };
 use crate::{
@@ -42,22 +42,22 @@ pub struct TokenService {
     keys: Arc<dyn KeyRepo>,
     containers: Arc<dyn ContainerRepo>,
     max_lifetime: Duration,
-    /// How long an insert whose answer was lost is sent again
-    /// (`FILEDOCK_SETTLE_WINDOW_SECS`).
-    settle_window: Duration,
+    /// A mint writes the owner's document, under their commit lock.
+    inserts: OwnedInserts,
 }
 
 impl TokenService {
     pub fn new(
         keys: Arc<dyn KeyRepo>,
         containers: Arc<dyn ContainerRepo>,
-        (max_lifetime, settle_window): (Duration, Duration),
+        max_lifetime: Duration,
+        inserts: OwnedInserts,
     ) -> Self {
         Self {
             keys,
             containers,
             max_lifetime,
-            settle_window,
+            inserts,
         }
     }
 
@@ -113,7 +113,10 @@ impl TokenService {
         };
         // Sent again with the same record while its outcome is unknown: a
         // token answered as failed is never one that was stored.
-        insert_settled(self.settle_window, None, || self.keys.insert_token(&record)).await?;
+        let what = ("insert_token", None);
+        (self.inserts)
+            .insert(owner, what, || self.keys.insert_token(&record))
+            .await?;
         Ok(NewToken { record, secret })
     }
 }

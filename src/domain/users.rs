@@ -13,13 +13,13 @@ pub use super::auth::hash_key;
 use super::{
     DomainError, UserId,
     auth::{AuthCache, Caller, authenticate},
-    commit::user_commit,
+    commit::{UserCommitError, user_commit},
     page::{Page, PageRequest},
 };
 use crate::{
     lock::Locks,
     meta::{
-        ApiKeyRecord, DeletionRepo, FIRST_KEY_NAME, KeyRepo, UserRecord, UserRepo,
+        ApiKeyRecord, DeletionRepo, FIRST_KEY_NAME, KeyRepo, MetaError, UserRecord, UserRepo,
         group::effective_quota, retry::Transactions,
     },
     vocab::KeyId,
@@ -131,26 +131,29 @@ impl UserService {
             .transpose()?;
         // Under the user's commit lock: ordered with their commits, not
         // racing them into write conflicts.
-        let user = user_commit(&self.locks, &self.txns, id, "set_quota", || {
+        let set = user_commit(&self.locks, &self.txns, id, "set_quota", || {
             self.users.set_quota(id, quota)
         })
-        .await?
-        .value
-        .ok_or(DomainError::NotFound)?;
+        .await;
+        // Even if its answer was lost: it may have applied.
         self.auth_cache.invalidate_all();
-        Ok(user)
+        set?.value.ok_or(DomainError::NotFound)
     }
 
     /// Makes another key for `user`; `NotFound` if the user is gone or
     /// being deleted.
     pub async fn create_key(&self, user: &UserId, name: &str) -> Result<NewKey, DomainError> {
         let key = new_key(*user, name)?;
-        // Its transaction writes the user document, as commits do: retried
-        // on a write conflict as theirs are.
-        (self.txns)
-            .run("insert_key", || self.keys.insert_key(&key.record))
-            .await?;
-        Ok(key)
+        // Its transaction writes the user document, as commits do: under
+        // the user's commit lock, retried on a write conflict. A user being
+        // deleted (or gone) has no keys to make.
+        let made = user_commit(&self.locks, &self.txns, user, "insert_key", || {
+            self.keys.insert_key(&key.record)
+        });
+        match made.await {
+            Err(UserCommitError::Meta(MetaError::UserDeleting)) => Err(DomainError::NotFound),
+            other => other.map(|_| key).map_err(Into::into),
+        }
     }
 
     /// The user's keys, oldest first; `NotFound` if there is no such user.

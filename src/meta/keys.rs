@@ -57,8 +57,8 @@ pub struct TokenRecord {
 #[async_trait]
 pub trait KeyRepo: Send + Sync {
     /// Adds a key to its user, in one transaction with a write of the user
-    /// document (so that it cannot slip past the user's deletion); `NotFound`
-    /// if the user is gone or being deleted.
+    /// document (so that it cannot slip past the user's deletion);
+    /// `UserDeleting` if the user is gone or being deleted.
     async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()>;
 
     /// The key whose secret hashes to `hash`, and its user (without the
@@ -78,6 +78,8 @@ pub trait KeyRepo: Send + Sync {
     /// they have no such key.
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool>;
 
+    /// Adds a token, in one transaction with a write of its user's document,
+    /// as [`KeyRepo::insert_key`] does.
     async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()>;
 
     /// The token whose secret hashes to `hash` and its user (without the

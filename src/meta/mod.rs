@@ -187,6 +187,9 @@ pub trait CleanupRepo: Send + Sync {
 /// Sessions and agents, and the writes to them (commands).
 #[async_trait]
 pub trait ContainerRepo: Send + Sync {
+    /// Adds a session (or an agent, below) in one transaction with a write
+    /// of its owner's document, so that it cannot slip past the owner's
+    /// deletion; `UserDeleting` if the owner is gone or being deleted.
     async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()>;
 
     /// The session if `owner_id` owns it.

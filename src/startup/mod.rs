@@ -30,6 +30,7 @@ use crate::{
         links::LinkSigner,
         reconcile::Reconciler,
         resumable::ResumableService,
+        settle::OwnedInserts,
         sweeper::{SweepWorker, Sweeper},
         tokens::TokenService,
         upload::{Admission, Committer, Idempotency, UploadService},
@@ -197,12 +198,18 @@ impl AppState {
             locks.clone(),
             &settings,
         ));
+        let inserts = OwnedInserts {
+            locks: locks.clone(),
+            txns: txns.clone(),
+            settle_window: settings.settle_window,
+        };
         Ok(Self {
             audit: http::audit::Audit::new(metrics.clone()),
             tokens: Arc::new(TokenService::new(
                 meta.clone(),
                 meta.clone(),
-                (settings.token_max_lifetime, settings.settle_window),
+                settings.token_max_lifetime,
+                inserts.clone(),
             )),
             links: Arc::new(links),
             users: Arc::new(UserService::new(
@@ -223,11 +230,7 @@ impl AppState {
                 locks: locks.clone(),
                 txns,
             }),
-            containers: Arc::new(ContainerService::new(
-                meta.clone(),
-                coordinator,
-                settings.settle_window,
-            )),
+            containers: Arc::new(ContainerService::new(meta.clone(), coordinator, inserts)),
             reconciler: Arc::new(Reconciler {
                 files: meta.clone(),
                 cleanup: meta.clone(),

@@ -43,7 +43,7 @@ use crate::{
     helpers::*,
     support::{
         account_readback::{leftovers, read_account},
-        accounts::{check_account, check_deleted},
+        accounts::{accounts_summary, check_account, check_deleted},
         checker::check,
         cluster::{AUTH_CACHE, Cluster, GRACE, TUS_EXPIRY},
         history::{Event, Holder},
@@ -206,7 +206,9 @@ async fn run_suite(coordination: &str) {
         .collect();
     let mut rng = StdRng::seed_from_u64(seed);
     let doom = {
-        let (w, after) = (world.clone(), rng.random_range(DELETE_AFTER));
+        // Its own draw: the nemesis's deck stays what the seed deals.
+        let after = StdRng::seed_from_u64(!seed).random_range(DELETE_AFTER);
+        let w = world.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(after)).await;
             w.delete_user(DOOMED).await;
@@ -309,7 +311,7 @@ async fn run_suite(coordination: &str) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} fired={}",
+        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -323,6 +325,7 @@ async fn run_suite(coordination: &str) {
         fin.resumables,
         fin.staging,
         deletes_summary(&history),
+        accounts_summary(&v.kinds, left.len()),
         fired.join(","),
     );
     if v.violations() + v.open_defects > 0 {

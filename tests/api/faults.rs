@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::{helpers::*, support::fault_proxy::FaultProxy};
 
 /// The real MongoDB's address, from the URI scripts/test.sh exports.
-fn mongo_addr() -> SocketAddr {
+pub(crate) fn mongo_addr() -> SocketAddr {
     let uri = std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap();
     let host = uri
         .trim_start_matches("mongodb://")
@@ -25,7 +25,7 @@ fn mongo_addr() -> SocketAddr {
 /// Settings whose MongoDB link runs through `proxy`. `directConnection`
 /// keeps the driver from discovering the real address and going around it;
 /// `query` adds driver options.
-fn through_mongo_proxy(proxy: &FaultProxy, query: &str) -> filedock::config::Settings {
+pub(crate) fn through_mongo_proxy(proxy: &FaultProxy, query: &str) -> filedock::config::Settings {
     let mut s = test_settings();
     s.mongodb_uri =
         Some(format!("mongodb://{}/?directConnection=true{query}", proxy.addr()).into());
@@ -34,7 +34,7 @@ fn through_mongo_proxy(proxy: &FaultProxy, query: &str) -> filedock::config::Set
 
 /// A short server selection, so that a link cut for seconds outlasts the
 /// driver's and the store's own commit retries.
-const FAST_SELECTION: &str = "&serverSelectionTimeoutMS=500";
+pub(crate) const FAST_SELECTION: &str = "&serverSelectionTimeoutMS=500";
 
 #[tokio::test]
 async fn an_upload_whose_commit_answer_is_lost_keeps_its_bytes() {
@@ -427,11 +427,11 @@ async fn a_commit_run_again_after_it_applied_is_an_unknown_outcome_not_a_conflic
     assert_eq!((user.file_count, user.used_bytes), (1, 4), "counted once");
 }
 
-/// A session's create reaches the store, and its answer is lost with the
-/// link (cut for longer than the driver's own retry waits). It applied: it
-/// must not be answered failed (the fault suite found a 503 here). The
-/// create is sent again with the same id once the link is back, and its
-/// duplicate says it was created.
+/// A session's create reaches the store and commits, and the commit's
+/// answer is lost with the link (cut for longer than the driver's own
+/// retry waits). It applied: it must not be answered failed (the fault
+/// suite found a 503 here). The create is sent again with the same id once
+/// the link is back, and its duplicate says it was created.
 #[tokio::test]
 async fn a_create_whose_answer_is_lost_is_answered_created() {
     if !real_backends() {
@@ -443,7 +443,10 @@ async fn a_create_whose_answer_is_lost_is_answered_created() {
     let proxy = FaultProxy::start(mongo_addr()).await;
     let app = spawn_app_with(through_mongo_proxy(&proxy, FAST_SELECTION)).await;
     let u = app.create_user("unlucky").await;
-    proxy.cut_after(INSERT_SESSIONS, Duration::from_secs(3));
+    // The insert runs in a transaction with the user's document: the
+    // answer lost is its commit's.
+    let commit: &[u8] = b"commitTransaction";
+    proxy.cut_after_sequence(&[INSERT_SESSIONS, commit], 0, Duration::from_secs(3));
     let res = app
         .client
         .post(app.url("/v1/sessions"))

@@ -27,6 +27,7 @@ mod memory;
 mod memory_budget;
 mod openapi;
 mod orphans;
+mod owned_creates;
 mod platform;
 mod queue;
 mod queue_faults;

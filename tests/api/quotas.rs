@@ -312,3 +312,34 @@ async fn lowering_a_quota_under_concurrent_uploads_lets_no_upload_past_it() {
 async fn lowering_a_quota_under_concurrent_uploads_one_commit_each_lets_no_upload_past_it() {
     racing_quota_drop(false).await;
 }
+
+/// A quota change reaches the store and its answer is lost with the link:
+/// it may have applied, so it is never answered 503 (failed). It is 504
+/// `outcome_unknown`, and reading the user tells; or, if the driver's own
+/// retry got through, 200.
+#[tokio::test]
+async fn a_quota_change_whose_answer_is_lost_is_not_answered_failed() {
+    use crate::{faults::*, support::fault_proxy::FaultProxy};
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    /// BSON of `"findAndModify": "users"`.
+    const UPDATE_USERS: &[u8] = b"\x02findAndModify\x00\x06\x00\x00\x00users\x00";
+    let proxy = FaultProxy::start(mongo_addr()).await;
+    let app = spawn_app_with(through_mongo_proxy(&proxy, FAST_SELECTION)).await;
+    let u = app.create_user("unlucky").await;
+    let path = format!("/v1/admin/users/{}", u.id);
+    proxy.cut_after(UPDATE_USERS, Duration::from_secs(3));
+    let body = json!({"quota_bytes": 1234});
+    let (status, v) = app.json("PATCH", &path, &admin(), Some(body)).await;
+    assert!(proxy.triggered(), "the change never reached the store");
+    assert!(
+        matches!(status, StatusCode::OK | StatusCode::GATEWAY_TIMEOUT),
+        "{status} {v}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, v) = app.json("GET", &path, &admin(), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["quota_bytes"], 1234, "it applied: {v}");
+}

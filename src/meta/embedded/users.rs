@@ -37,13 +37,13 @@ pub(super) fn put_key(tx: &mut Txn, key: &ApiKeyRecord) -> MetaResult<()> {
     tx.put(&format!("{}{}", user_keys(&key.user_id), key.id), &key.hash)
 }
 
-/// Refuses a record of `owner`'s once their deletion began
-/// (`UserDeleting`) or if they are gone (`NotFound`). The user is written
+/// Refuses a record of `owner`'s (`UserDeleting`) once their deletion
+/// began or if they are gone. The user is written
 /// back, so that a deletion beginning or finishing meanwhile conflicts with
 /// the transaction instead of missing the record it inserts.
 pub(super) fn owner_may_write(tx: &mut Txn, owner: &UserId) -> MetaResult<()> {
     let ukey = user_key(owner);
-    let user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+    let user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::UserDeleting)?;
     OpenLimits::may_write(&user)?;
     tx.put(&ukey, &user)
 }
@@ -103,11 +103,7 @@ impl KeyRepo for EmbeddedStore {
     async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
         let key = key.clone();
         self.transaction(move |tx| {
-            // A key is not made for a user being deleted: there is no such user.
-            match owner_may_write(tx, &key.user_id) {
-                Err(MetaError::UserDeleting) => return Err(MetaError::NotFound),
-                other => other?,
-            }
+            owner_may_write(tx, &key.user_id)?;
             put_key(tx, &key)
         })
         .await

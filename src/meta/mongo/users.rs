@@ -20,8 +20,8 @@ use crate::{
 
 impl MongoStore {
     /// Inserts `record` into `into` in one transaction with a write to its
-    /// owner's user document, refused once the owner's deletion began
-    /// (`UserDeleting`) or the owner is gone (`NotFound`). Written, not only
+    /// owner's user document, refused (`UserDeleting`) once the owner's
+    /// deletion began or the owner is gone. Written, not only
     /// read, so that a deletion beginning or finishing meanwhile conflicts
     /// with this transaction instead of missing the record (which would
     /// then outlive its owner).
@@ -46,12 +46,7 @@ impl MongoStore {
                 .await
                 .map_err(classify)?;
             if user.matched_count == 0 {
-                let users = self.users();
-                let found = users.find_one(doc! {"_id": owner}).session(&mut s);
-                return Err(match found.await.map_err(classify)? {
-                    Some(_) => MetaError::UserDeleting,
-                    None => MetaError::NotFound,
-                });
+                return Err(MetaError::UserDeleting);
             }
             into.insert_one(record)
                 .session(&mut s)
@@ -114,18 +109,15 @@ impl UserRepo for MongoStore {
             .find_one_and_update(doc! {"_id": id, "deleting_since": null}, update)
             .return_document(mongodb::options::ReturnDocument::After)
             .await
-            .map_err(classify)
+            // Sent and its answer lost: it may have applied (unknown, not 503).
+            .map_err(classify_sent)
     }
 }
 
 #[async_trait]
 impl KeyRepo for MongoStore {
     async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
-        // A key is not made for a user being deleted: there is no such user.
-        match self.insert_owned(&key.user_id, &self.keys(), key).await {
-            Err(MetaError::UserDeleting) => Err(MetaError::NotFound),
-            other => other,
-        }
+        self.insert_owned(&key.user_id, &self.keys(), key).await
     }
 
     async fn key_by_hash(

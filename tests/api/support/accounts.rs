@@ -11,7 +11,10 @@
 //!   sent after the deletion was acknowledged is acknowledged (nor any
 //!   other write once the auth cache has forgotten them).
 
-use std::{collections::BTreeSet, time::Duration};
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
 
 use crate::support::{
     account_readback::FinalAccount,
@@ -24,7 +27,21 @@ use crate::support::{
 /// the cache's own clock, a request received a little after it was sent.
 const SLACK: Duration = Duration::from_secs(1);
 
-/// A revocation that may have applied (a 404 to it: the key was gone).
+/// When the upload `e` is one attempt of was first sent: a resend with its
+/// `Idempotency-Key` may be answered with what the first attempt did.
+fn first_sent(history: &[&Event], e: &Event) -> Instant {
+    let Op::Upload { name, .. } = &e.op else {
+        return e.invoked;
+    };
+    (history.iter())
+        .filter(|x| matches!(&x.op, Op::Upload { name: n, .. } if n == name))
+        .map(|x| x.invoked)
+        .min()
+        .unwrap_or(e.invoked)
+}
+
+/// A revocation (or a user's deletion) that may have applied: a 404 to it
+/// says the key (or the user) was already gone.
 fn revoked(e: &Event) -> Told {
     match &e.answer {
         Answer::Failed(c) if c == "not_found" => Told::Ok,
@@ -159,9 +176,10 @@ fn check_quota_held(history: &[&Event], quotas: &[Write<Option<u64>>], v: &mut V
         if e.answer != Answer::Ok {
             continue;
         }
+        let sent = first_sent(history, e);
         let in_effect = quotas.iter().find(|w| {
             w.told == Told::Ok
-                && w.completed < e.invoked
+                && w.completed < sent
                 && quotas.iter().all(|x| {
                     std::ptr::eq(x, *w)
                         || x.told == Told::Failed
@@ -216,8 +234,9 @@ pub fn check_deleted(
             continue;
         }
         let upload = matches!(e.op, Op::Upload { .. });
-        if e.invoked > sure && (upload || e.invoked > sure + cache + SLACK) {
-            let after = e.invoked - sure;
+        let sent = first_sent(history, e);
+        if sent > sure && (upload || sent > sure + cache + SLACK) {
+            let after = sent - sure;
             v.note(
                 |v| &mut v.lost,
                 format!(
@@ -227,4 +246,27 @@ pub fn check_deleted(
             );
         }
     }
+}
+
+/// The accounts' part of the run's line: each kind's (sent/acknowledged),
+/// and what the deleted user left.
+pub fn accounts_summary(
+    kinds: &std::collections::BTreeMap<&str, (usize, usize)>,
+    left: usize,
+) -> String {
+    let kind = |k: &str| {
+        let (sent, acked) = kinds.get(k).copied().unwrap_or_default();
+        format!("{k}={sent}/{acked}")
+    };
+    let kinds: Vec<String> = [
+        "mint_key",
+        "mint_token",
+        "revoke_key",
+        "set_quota",
+        "delete_user",
+    ]
+    .into_iter()
+    .map(kind)
+    .collect();
+    format!("{} deleted_user_left={left}", kinds.join(" "))
 }
