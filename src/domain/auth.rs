@@ -158,8 +158,11 @@ pub async fn authenticate(
     {
         return Err(DomainError::Unauthenticated);
     }
-    let ttl = cache.policy().time_to_live().unwrap_or_default();
-    cache.insert(hash, (caller.clone(), looked_up + ttl));
+    if let Some(ttl) = cache.policy().time_to_live()
+        && cache.policy().max_capacity() != Some(0)
+    {
+        cache.insert(hash, (caller.clone(), looked_up + ttl));
+    }
     Ok(caller)
 }
 
@@ -178,8 +181,9 @@ mod tests {
     };
 
     /// The store's keys, but a key's lookup stalls after it has read the
-    /// key (a pause, a slow link) before it answers.
-    struct Stalled(Arc<EmbeddedStore>, Duration);
+    /// key (a pause, a slow link) before it answers; `read` is told when
+    /// it has read.
+    struct Stalled(Arc<EmbeddedStore>, Duration, tokio::sync::Notify);
 
     #[async_trait]
     impl KeyRepo for Stalled {
@@ -191,6 +195,7 @@ mod tests {
             hash: &ApiKeyHash,
         ) -> MetaResult<Option<(ApiKeyRecord, UserRecord)>> {
             let read = self.0.key_by_hash(hash).await;
+            self.2.notify_one();
             tokio::time::sleep(self.1).await;
             read
         }
@@ -225,11 +230,11 @@ mod tests {
         const TTL: Duration = Duration::from_millis(200);
         let kit = Kit::new(|_| {}).await;
         let (user, key) = create_user(kit.meta.as_ref(), "ann").await.unwrap();
-        let stalled = Stalled(kit.meta.clone(), TTL + TTL / 2);
+        let stalled = Stalled(kit.meta.clone(), TTL + TTL / 2, Default::default());
         let cache = auth_cache(TTL);
         let first = authenticate(&stalled, &cache, &key.secret);
         let revoke = async {
-            tokio::time::sleep(TTL / 4).await;
+            stalled.2.notified().await;
             kit.meta.delete_key(&user.id, &key.record.id).await.unwrap()
         };
         let (first, revoked) = tokio::join!(first, revoke);

@@ -36,9 +36,10 @@ pub struct OwnedInserts {
 
 impl OwnedInserts {
     /// Runs `insert` (named `op` in the metrics) for `owner` until the store
-    /// answers: sent again while its outcome is unknown and, once a try may
-    /// have applied, while the store or the lock is unavailable, for at
-    /// most the settle window. Past it, or at any other error once a try
+    /// answers: sent again while its outcome is unknown or it meets a write
+    /// conflict and, once a try may have applied, while the store or the
+    /// lock is unavailable, for at most the settle window (past it, never
+    /// sent: the conflict). Past it, or at any other error once a try
     /// may have applied, the outcome is unknown (at `location`): never
     /// answered failed once it may have applied. A user being deleted, or
     /// gone, is `UserDeleting`.
@@ -64,9 +65,11 @@ impl OwnedInserts {
                     sent = true;
                     true
                 }
-                Err(UserCommitError::Meta(
-                    MetaError::Unavailable(_) | MetaError::Transient(_) | MetaError::WriteConflict,
-                ))
+                // Writers of the user's document outside the commit lock
+                // (a resumable upload's creation, a deletion's end) can
+                // still conflict: tried again, sent or not.
+                Err(UserCommitError::Meta(MetaError::WriteConflict)) => true,
+                Err(UserCommitError::Meta(MetaError::Unavailable(_) | MetaError::Transient(_)))
                 | Err(UserCommitError::Lock(_))
                     if sent =>
                 {
@@ -75,6 +78,9 @@ impl OwnedInserts {
                 Err(_) if sent => false,
                 Err(e) => return Err(e.into()),
             };
+            if !sent && Instant::now() + pause > deadline {
+                return Err(DomainError::WriteConflict);
+            }
             if !retry || Instant::now() + pause > deadline {
                 tracing::warn!(location, "an insert's outcome is still unknown");
                 return Err(DomainError::OutcomeUnknown(location));
