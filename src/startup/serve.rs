@@ -34,6 +34,13 @@ use tower::ServiceExt;
 
 use crate::config::Settings;
 
+/// The most an HTTP/1 connection buffers of what it reads (hyper's default
+/// is 400 KiB): an upload waiting for the memory budget stops reading
+/// (`blob::budget`), and what its connection had read ahead sits here, so
+/// many waiting connections hold this much each beside the budget. A
+/// request's head must fit in it.
+const HTTP1_READ_BUFFER: usize = 64 << 10;
+
 /// Serves `router` on `listener` until `shutdown` fires; then stops
 /// accepting and gives in-flight requests `shutdown_grace` to finish.
 pub(super) async fn serve(
@@ -46,7 +53,8 @@ pub(super) async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_timeout);
+        .header_read_timeout(settings.header_timeout)
+        .max_buf_size(HTTP1_READ_BUFFER);
     builder.http2().timer(TokioTimer::new());
     let builder = if settings.h2c {
         builder
