@@ -36,13 +36,13 @@ pub struct OwnedInserts {
 
 impl OwnedInserts {
     /// Runs `insert` (named `op` in the metrics) for `owner` until the store
-    /// answers: sent again while its outcome is unknown or it meets a write
-    /// conflict and, once a try may have applied, while the store or the
-    /// lock is unavailable, for at most the settle window (past it, never
-    /// sent: the conflict). Past it, or at any other error once a try
-    /// may have applied, the outcome is unknown (at `location`): never
-    /// answered failed once it may have applied. A user being deleted, or
-    /// gone, is `UserDeleting`.
+    /// answers, for at most the settle window: tried again on a write
+    /// conflict, and sent again while its outcome is unknown (then also
+    /// while the store or the lock is unavailable). Once a try may have
+    /// applied it is never answered failed: past the window, or at any
+    /// other error, its outcome is unknown (at `location`). Never sent and
+    /// past the window: the write conflict. A user being deleted, or gone,
+    /// is `Unauthenticated`.
     pub async fn insert<F, Fut>(
         &self,
         owner: &UserId,

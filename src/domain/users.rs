@@ -13,14 +13,14 @@ pub use super::auth::hash_key;
 use super::{
     DomainError, UserId,
     auth::{AuthCache, Caller, authenticate},
-    commit::{UserCommitError, user_commit},
+    commit::user_commit,
     page::{Page, PageRequest},
+    settle::OwnedInserts,
 };
 use crate::{
-    lock::Locks,
     meta::{
-        ApiKeyRecord, DeletionRepo, FIRST_KEY_NAME, KeyRepo, MetaError, UserRecord, UserRepo,
-        group::effective_quota, retry::Transactions,
+        ApiKeyRecord, DeletionRepo, FIRST_KEY_NAME, KeyRepo, UserRecord, UserRepo,
+        group::effective_quota,
     },
     vocab::KeyId,
 };
@@ -37,10 +37,11 @@ pub struct UserService {
     auth_cache: AuthCache,
     /// `FILEDOCK_USER_QUOTA_BYTES`: the quota of a user without their own.
     default_quota: Option<u64>,
-    /// A quota change takes the user's commit lock, as every upload commit
-    /// does, and its transaction is retried as theirs are.
-    locks: Arc<Locks>,
-    txns: Transactions,
+    /// A quota change, a deletion's mark and a new key take the user's
+    /// commit lock, as every upload commit does, and their transactions are
+    /// retried as theirs are (a new key is also sent again while its
+    /// outcome is unknown).
+    inserts: OwnedInserts,
 }
 
 /// A key just made: its record and its secret (shown once, never stored).
@@ -55,7 +56,7 @@ impl UserService {
         keys: Arc<dyn KeyRepo>,
         auth_cache: AuthCache,
         default_quota: Option<u64>,
-        (locks, txns): (Arc<Locks>, Transactions),
+        inserts: OwnedInserts,
     ) -> Self {
         Self {
             users,
@@ -63,8 +64,7 @@ impl UserService {
             keys,
             auth_cache,
             default_quota,
-            locks,
-            txns,
+            inserts,
         }
     }
 
@@ -87,9 +87,13 @@ impl UserService {
     pub async fn begin_deletion(&self, id: &UserId) -> Result<UserRecord, DomainError> {
         // Under the user's commit lock, as a quota change: ordered with
         // their commits, not starved by them into write conflicts.
-        let user = user_commit(&self.locks, &self.txns, id, "begin_user_deletion", || {
-            self.deletions.begin_user_deletion(id)
-        })
+        let user = user_commit(
+            &self.inserts.locks,
+            &self.inserts.txns,
+            id,
+            "begin_user_deletion",
+            || self.deletions.begin_user_deletion(id),
+        )
         .await?
         .value
         .ok_or(DomainError::NotFound)?;
@@ -131,9 +135,13 @@ impl UserService {
             .transpose()?;
         // Under the user's commit lock: ordered with their commits, not
         // racing them into write conflicts.
-        let set = user_commit(&self.locks, &self.txns, id, "set_quota", || {
-            self.users.set_quota(id, quota)
-        })
+        let set = user_commit(
+            &self.inserts.locks,
+            &self.inserts.txns,
+            id,
+            "set_quota",
+            || self.users.set_quota(id, quota),
+        )
         .await;
         // Even if its answer was lost: it may have applied.
         self.auth_cache.invalidate_all();
@@ -144,15 +152,14 @@ impl UserService {
     /// being deleted.
     pub async fn create_key(&self, user: &UserId, name: &str) -> Result<NewKey, DomainError> {
         let key = new_key(*user, name)?;
-        // Its transaction writes the user document, as commits do: under
-        // the user's commit lock, retried on a write conflict. A user being
-        // deleted (or gone) has no keys to make.
-        let made = user_commit(&self.locks, &self.txns, user, "insert_key", || {
+        // Its transaction writes the user document, as commits do. A user
+        // being deleted (or gone) has no keys to make.
+        let made = (self.inserts).insert(user, ("insert_key", None), || {
             self.keys.insert_key(&key.record)
         });
         match made.await {
-            Err(UserCommitError::Meta(MetaError::UserDeleting)) => Err(DomainError::NotFound),
-            other => other.map(|_| key).map_err(Into::into),
+            Err(DomainError::Unauthenticated) => Err(DomainError::NotFound),
+            other => other.map(|()| key),
         }
     }
 

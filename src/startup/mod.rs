@@ -217,7 +217,7 @@ impl AppState {
                 meta.clone(),
                 auth_cache(settings.auth_cache_ttl),
                 settings.user_quota_bytes,
-                (locks.clone(), txns.clone()),
+                inserts.clone(),
             )),
             // Each service gets the narrow repositories it uses; one store
             // serves them all.

@@ -38,9 +38,9 @@ pub(super) fn put_key(tx: &mut Txn, key: &ApiKeyRecord) -> MetaResult<()> {
 }
 
 /// Refuses a record of `owner`'s (`UserDeleting`) once their deletion
-/// began or if they are gone. The user is written
-/// back, so that a deletion beginning or finishing meanwhile conflicts with
-/// the transaction instead of missing the record it inserts.
+/// began or if they are gone. The user is written back, so that a deletion
+/// beginning or finishing meanwhile conflicts with the transaction instead
+/// of missing the record it inserts.
 pub(super) fn owner_may_write(tx: &mut Txn, owner: &UserId) -> MetaResult<()> {
     let ukey = user_key(owner);
     let user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::UserDeleting)?;
