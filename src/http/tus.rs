@@ -105,11 +105,14 @@ impl IntoResponse for TusError {
                 return res;
             }
             Self::Api(e) => return e.into_response(),
-            Self::OffsetMismatch(at) => (
-                StatusCode::CONFLICT,
-                "offset_mismatch",
-                ResumableError::OffsetMismatch(at).to_string(),
-            ),
+            Self::OffsetMismatch(at) => {
+                let message = ResumableError::OffsetMismatch(at).to_string();
+                let mut res = error_body(StatusCode::CONFLICT, "offset_mismatch", message);
+                // Where the upload is: the client resumes from it.
+                res.headers_mut()
+                    .insert(UPLOAD_OFFSET, HeaderValue::from(at));
+                return res;
+            }
             Self::Locked => (
                 StatusCode::LOCKED,
                 "upload_locked",

@@ -20,7 +20,7 @@ pub use self::deletion::DeletionRepo;
 pub use self::error::{MetaError, MetaResult};
 pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyRepo, TokenRecord};
 pub use self::records::*;
-pub use self::resumable::{OpenLimits, Reserve, ResumableRecord, ResumableRepo};
+pub use self::resumable::{OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo};
 use crate::vocab::{
     AgentId, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
     UserId,

@@ -130,6 +130,28 @@ impl ResumableRecord {
     pub fn all_stored(&self) -> bool {
         self.length == Some(self.offset)
     }
+
+    /// How far it has got.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            offset: self.offset,
+            parts: self.parts.len(),
+            committed: self.committed,
+        }
+    }
+}
+
+/// How far an upload has got: what a PATCH read before it stored anything,
+/// and what its state update expects to find still
+/// ([`ResumableRepo::advance_resumable`]). The offset alone does not tell:
+/// storing the staged tail as the last part, or committing the file,
+/// leaves the offset where it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub offset: i64,
+    /// How many whole parts are stored.
+    pub parts: usize,
+    pub committed: bool,
 }
 
 /// What a deferred upload (no `Upload-Length` yet) reserves against its
@@ -207,14 +229,14 @@ pub trait ResumableRepo: Send + Sync {
 
     /// Replaces the record with `upload` (keeping the stored `reserved`,
     /// `open` and `length`, which only the counting writes change) if its
-    /// offset is still `expected_offset` and its length (if declared) is
-    /// not below `upload`'s offset: `false` (nothing changed) if another
-    /// PATCH moved it first, declared a length it passes, or the upload is
-    /// gone.
+    /// progress is still `expected` and its length (if declared) is not
+    /// below `upload`'s offset: `false` (nothing changed) if another
+    /// request moved it first (its offset, its parts, or its commit),
+    /// declared a length it passes, or the upload is gone.
     async fn advance_resumable(
         &self,
         upload: &ResumableRecord,
-        expected_offset: i64,
+        expected: Progress,
     ) -> MetaResult<bool>;
 
     /// Deletes the upload and gives back what it still holds of its user's

@@ -192,7 +192,7 @@ async fn a_completed_upload_is_forgotten_when_it_expires_and_its_file_stays() {
     assert!(upload.committed, "the record says the file is committed");
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
-        meta.advance_resumable(&upload, upload.offset)
+        meta.advance_resumable(&upload, upload.progress())
             .await
             .unwrap()
     );

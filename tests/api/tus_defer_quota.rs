@@ -131,8 +131,54 @@ async fn a_length_below_the_offset_is_never_set_and_never_passed() {
     let mut past = declared.clone();
     past.offset = 200;
     assert!(
-        !meta.advance_resumable(&past, 100).await.unwrap(),
+        !meta
+            .advance_resumable(&past, declared.progress())
+            .await
+            .unwrap(),
         "advanced past the length"
     );
     assert_eq!(head(&app, &user, &id).await.1, Some(100));
+}
+
+/// A request that read an upload before another finished it (the offset
+/// unchanged: the staged tail became the last part, the file committed)
+/// cannot write back what it read: the state's update is conditional on
+/// the whole progress (offset, parts, commit), not the offset alone.
+#[tokio::test]
+async fn a_state_read_before_the_last_part_was_stored_is_never_written_back() {
+    let app = spawn_app_with(test_settings()).await;
+    let user = app.create_user("defer-stale").await;
+    let id = create_deferred(&app, &user).await;
+    let res = patch(&app, &user, &id, 0, b"staged").await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let meta = &app.state.ports.meta;
+    let file_id = id.parse().unwrap();
+    let stale = meta.resumable(&file_id).await.unwrap().unwrap();
+
+    let res = patch_declaring(&app, &user, &id, 6, 6, b"").await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let done = meta.resumable(&file_id).await.unwrap().unwrap();
+    assert!(done.committed);
+    assert_eq!((done.offset, done.parts.len()), (6, 1));
+
+    assert!(
+        !meta
+            .advance_resumable(&stale, stale.progress())
+            .await
+            .unwrap(),
+        "written back over the finished upload"
+    );
+    let now = meta.resumable(&file_id).await.unwrap().unwrap();
+    assert_eq!(now, done, "unchanged");
+    // Nor once only its commit is left to mark.
+    let mut unmarked = done.clone();
+    unmarked.committed = false;
+    assert!(
+        !meta
+            .advance_resumable(&unmarked, unmarked.progress())
+            .await
+            .unwrap(),
+        "unmarked the commit"
+    );
+    assert_eq!(head(&app, &user, &id).await.1, Some(6));
 }

@@ -226,7 +226,7 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
     assert!(upload.completed);
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
-        meta.advance_resumable(&upload, upload.offset)
+        meta.advance_resumable(&upload, upload.progress())
             .await
             .unwrap()
     );

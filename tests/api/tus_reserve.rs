@@ -34,7 +34,7 @@ pub(crate) async fn expire_and_sweep(
     let mut upload = meta.resumable(&file_id).await.unwrap().unwrap();
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
-        meta.advance_resumable(&upload, upload.offset)
+        meta.advance_resumable(&upload, upload.progress())
             .await
             .unwrap()
     );

@@ -153,7 +153,11 @@ async fn the_sweeper_claims_an_upload_only_at_the_expiry_it_read() {
     // A PATCH renews it after the sweeper read it.
     let mut renewed = read.clone();
     renewed.expires_at = read.expires_at + chrono::Duration::seconds(60);
-    assert!(meta.advance_resumable(&renewed, 0).await.unwrap());
+    assert!(
+        meta.advance_resumable(&renewed, read.progress())
+            .await
+            .unwrap()
+    );
     assert!(
         !meta
             .delete_resumable_if_expires(&id, read.expires_at)

@@ -102,7 +102,7 @@ impl ResumableService {
             upload.completed = true;
             if let Err(e) = self
                 .resumables
-                .advance_resumable(&upload, upload.offset)
+                .advance_resumable(&upload, upload.progress())
                 .await
             {
                 tracing::warn!(upload = %upload.id, error = %e, "could not record the completion; the next try completes again");
@@ -210,17 +210,14 @@ impl ResumableService {
         if let Err(e) = self.parts.clear_staging(&upload.key, &upload.handle).await {
             tracing::warn!(upload = %upload.id, error = %e, "could not clear a finished upload's staging");
         }
+        let before = upload.progress();
         upload.committed = true;
         // Answerable for a whole expiry from now: a client that missed this
         // answer asks HEAD, and must not find it expired (and upload again).
         upload.expires_at = upload.expires_at.max(self.expires_at());
-        match self
-            .resumables
-            .advance_resumable(&upload, upload.offset)
-            .await
-        {
+        match self.resumables.advance_resumable(&upload, before).await {
             Ok(true) => {}
-            // Gone (expired meanwhile): nothing to mark.
+            // Gone (expired meanwhile), or marked by another request.
             Ok(false) => {}
             // Its HEAD and PATCH still find the file committed.
             Err(e) => {

@@ -31,7 +31,7 @@ use crate::{
     },
     domain::DomainError,
     lock::{Asked, LockGuard, LockKey, ReleaseListener},
-    meta::{ResumableRecord, UserRecord},
+    meta::{Progress, ResumableRecord, UserRecord},
     vocab::FileId,
 };
 
@@ -183,27 +183,42 @@ impl ResumableService {
         result
     }
 
-    /// A blob write of this PATCH (before it advanced the state) that the
-    /// store refused, not for being away: the upload may have moved on
-    /// without it. Another PATCH from the same offset may have won the race
-    /// (with the lock backend down nothing keeps two out; with the lease
-    /// lost, another request held the upload), or the sweeper expired it,
-    /// and the store no longer knows the write. The state tells: moved, the
-    /// client is answered where it is now; gone, not found; else the error
-    /// stands.
-    async fn write_failed(&self, id: &FileId, offset: i64, error: BlobError) -> ResumableError {
-        let error = match DomainError::from(error) {
-            DomainError::Internal(e) => e,
-            e => return e.into(),
+    /// A PATCH that found the upload moved on under it: a blob write of
+    /// its (before it advanced the state) that the store refused, not for
+    /// being away (`error`), or a state update whose condition no longer
+    /// held (`None`). Another request from the same progress may have won
+    /// the race (with the lock backend down nothing keeps two out; with the
+    /// lease lost, another request held the upload), or the sweeper expired
+    /// it. The state tells, against `read` (what this PATCH started from):
+    /// gone, not found; not moved, the store's error stands; moved to the
+    /// end from where this PATCH was (another request stored the last part
+    /// from the staged tail), finished, as this request would have; else
+    /// the client is answered where it is now.
+    async fn lost_race(
+        &self,
+        user: &UserRecord,
+        read: &ResumableRecord,
+        error: Option<BlobError>,
+    ) -> Result<Patched> {
+        let error = match error.map(DomainError::from) {
+            Some(DomainError::Internal(e)) => Some(e),
+            Some(e) => return Err(e.into()),
+            None => None,
         };
-        match self.resumables.resumable(id).await {
-            Ok(Some(now)) if now.offset != offset => {
-                tracing::info!(upload = %id, error = %error, "a PATCH lost a race to another from its offset");
-                ResumableError::OffsetMismatch(now.offset as u64)
+        let now = match (self.resumables.resumable(&read.id).await, error) {
+            (Ok(Some(now)), Some(e)) if same_progress(&now, read) => {
+                return Err(DomainError::Internal(e).into());
             }
-            Ok(None) => DomainError::NotFound.into(),
-            _ => DomainError::Internal(error).into(),
+            (Ok(Some(now)), _) => now,
+            (Ok(None), _) => return Err(DomainError::NotFound.into()),
+            (Err(_), Some(e)) => return Err(DomainError::Internal(e).into()),
+            (Err(e), None) => return Err(DomainError::from(e).into()),
+        };
+        tracing::info!(upload = %read.id, "a PATCH lost a race to another request on its upload");
+        if now.last_part_stored() && (now.offset, now.length) == (read.offset, read.length) {
+            return self.finish(user, now).await;
         }
+        Err(ResumableError::OffsetMismatch(now.offset as u64))
     }
 
     pub(super) async fn append(
@@ -257,7 +272,7 @@ impl ResumableService {
             };
             match appended {
                 Ok(appended) => appended,
-                Err(e) => return Err(self.write_failed(&upload.id, upload.offset, e).await),
+                Err(e) => return self.lost_race(user, &upload, Some(e)).await,
             }
         };
         if lost.as_ref().is_some_and(CancellationToken::is_cancelled) {
@@ -300,7 +315,7 @@ impl ResumableService {
             (before.offset as u64 > old_tail).then_some((old_tail, before.offset as u64));
         if upload.all_stored() {
             return self
-                .store_last(user, upload, before.offset, tail, hasher, old_tail)
+                .store_last(user, upload, &before, tail, hasher, old_tail)
                 .await;
         }
         if upload.offset == before.offset {
@@ -308,12 +323,8 @@ impl ResumableService {
             // byte): the stored tail is the one the state names. Writing it
             // again under that name and then dropping the old one would drop
             // it, so only the expiry is renewed.
-            if !self
-                .resumables
-                .advance_resumable(&upload, before.offset)
-                .await?
-            {
-                return Err(ResumableError::OffsetMismatch(before.offset as u64));
+            if !self.advance(&upload, before.progress()).await? {
+                return self.lost_race(user, &before, None).await;
             }
             return match cut {
                 Some(cut) => Err(cut_error(cut, released)),
@@ -329,12 +340,12 @@ impl ResumableService {
                 .parts
                 .put_tail(&upload.key, &upload.handle, tail_start, tail);
             if let Err(e) = put.await {
-                return Err(self.write_failed(&before.id, before.offset, e).await);
+                return self.lost_race(user, &before, Some(e)).await;
             }
         }
         upload.sha256_state = hash::save(&hasher);
-        if !self.advance(&upload, before.offset).await? {
-            return Err(ResumableError::OffsetMismatch(before.offset as u64));
+        if !self.advance(&upload, before.progress()).await? {
+            return self.lost_race(user, &before, None).await;
         }
         if let Some((start, end)) = old_tail {
             // The new state no longer points at it; a failure leaves it to
@@ -358,7 +369,7 @@ impl ResumableService {
         &self,
         user: &UserRecord,
         mut upload: ResumableRecord,
-        before_offset: i64,
+        before: &ResumableRecord,
         last: Bytes,
         hasher: sha2_state::Sha256,
         old_tail: Option<(u64, u64)>,
@@ -376,7 +387,7 @@ impl ResumableService {
                 let tail = self.parts.get_tail(&upload.key, &upload.handle, start, end);
                 match tail.await {
                     Ok(tail) => tail,
-                    Err(e) => return Err(self.write_failed(&upload.id, before_offset, e).await),
+                    Err(e) => return self.lost_race(user, before, Some(e)).await,
                 }
             }
             false => last,
@@ -388,13 +399,13 @@ impl ResumableService {
                 .put_part(&upload.key, &upload.handle, number, start, last);
             let tag = match put.await {
                 Ok(tag) => tag,
-                Err(e) => return Err(self.write_failed(&upload.id, before_offset, e).await),
+                Err(e) => return self.lost_race(user, before, Some(e)).await,
             };
             upload.parts.push(tag);
         }
         upload.sha256_state = hash::save(&hasher);
-        if !self.advance(&upload, before_offset).await? {
-            return Err(ResumableError::OffsetMismatch(before_offset as u64));
+        if !self.advance(&upload, before.progress()).await? {
+            return self.lost_race(user, before, None).await;
         }
         if let Some((start, end)) = old_tail
             && let Err(e) = self
@@ -415,7 +426,7 @@ impl ResumableService {
     /// client's HEAD tells).
     ///
     /// [`ResumableRepo::advance_resumable`]: crate::meta::ResumableRepo::advance_resumable
-    async fn advance(&self, upload: &ResumableRecord, expected: i64) -> Result<bool> {
+    async fn advance(&self, upload: &ResumableRecord, expected: Progress) -> Result<bool> {
         let error = match self.resumables.advance_resumable(upload, expected).await {
             Ok(advanced) => return Ok(advanced),
             Err(e) => e,
@@ -423,7 +434,7 @@ impl ResumableService {
         tracing::warn!(upload = %upload.id, error = %error, "the state's update went unanswered; reading it back");
         match self.resumables.resumable(&upload.id).await {
             Ok(Some(now)) if same_progress(&now, upload) => Ok(true),
-            Ok(Some(now)) if now.offset == expected => Err(error.into()),
+            Ok(Some(now)) if now.progress() == expected => Err(error.into()),
             // Another request moved it, or it is gone.
             Ok(_) => Ok(false),
             Err(_) => {
@@ -433,9 +444,9 @@ impl ResumableService {
     }
 }
 
-/// Whether `stored` holds the bytes `sent` records (the same offset, parts
-/// and hash state): the write of `sent` applied.
+/// Whether `stored` holds the bytes `sent` records (the same progress,
+/// parts and hash state): the write of `sent` applied.
 fn same_progress(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
-    (stored.offset, &stored.parts, &stored.sha256_state)
-        == (sent.offset, &sent.parts, &sent.sha256_state)
+    (stored.progress(), &stored.parts, &stored.sha256_state)
+        == (sent.progress(), &sent.parts, &sent.sha256_state)
 }

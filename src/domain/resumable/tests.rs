@@ -132,3 +132,84 @@ async fn terminating_an_upload_drops_its_write_intent_and_state() {
     assert!(kit.resumables.find(&user, &up.id).await.is_err());
     assert!(kit.objects(&user).await.is_empty());
 }
+
+/// An upload of deferred length with "staged" (6 bytes) stored as its
+/// tail, and the state a slow request read then.
+async fn staged(kit: &Kit, user: &UserRecord) -> ResumableRecord {
+    let new = NewResumable {
+        length: None,
+        filename: Filename::parse("d.bin").unwrap(),
+        content_type: "text/plain".into(),
+        metadata: String::new(),
+    };
+    let up = kit.resumables.create(user, new).await.unwrap();
+    let staged = kit
+        .resumables
+        .patch(user, &up.id, 0, None, None, body(&[b"staged"]))
+        .await;
+    assert!(matches!(staged, Ok(Patched::Partial(_))), "{staged:?}");
+    kit.resumables.find(user, &up.id).await.unwrap()
+}
+
+/// The final PATCH (length 6 declared at offset 6, no body): the tail
+/// becomes the last part and the file commits.
+async fn finish(kit: &Kit, user: &UserRecord, up: &ResumableRecord) {
+    let empty = Box::pin(futures::stream::empty());
+    let first = kit
+        .resumables
+        .patch(user, &up.id, 6, Some(6), None, empty)
+        .await;
+    assert!(matches!(first, Ok(Patched::Done { .. })), "{first:?}");
+}
+
+/// Two requests finishing one upload at once (the lock backend down, or a
+/// lease lost): the one that read the state before the other stored the
+/// last part finds the staged tail gone. It is answered as the winner was,
+/// finished, not 500 (nor 409, which would send its client to resume an
+/// upload that is complete).
+#[tokio::test]
+async fn a_request_that_lost_the_race_to_store_the_last_part_is_answered_finished() {
+    let kit = Kit::new(|_| {}).await;
+    let user = kit.user("eve").await;
+    let mut stale = staged(&kit, &user).await;
+    // Its length declared, as the PATCH's was.
+    stale.length = Some(6);
+    finish(&kit, &user, &stale).await;
+    let empty = Box::pin(futures::stream::empty());
+    let late = kit
+        .resumables
+        .append(&user, stale.clone(), None, empty, None, None)
+        .await;
+    let Ok(Patched::Done { upload, file }) = late else {
+        panic!("answered finished: {late:?}")
+    };
+    assert!(upload.committed);
+    assert_eq!((upload.offset, file.id), (6, stale.id));
+    assert_eq!(kit.read(&file.key).await, b"staged");
+    assert_eq!(kit.files(&user).await.len(), 1, "one file");
+}
+
+/// An empty PATCH that read the state before another request finished the
+/// upload (its offset unchanged, its tail now its last part, its file
+/// committed) must not write back what it read: that would drop the last
+/// part from the state and unmark the commit.
+#[tokio::test]
+async fn a_stale_empty_patch_does_not_write_back_the_state_it_read() {
+    let kit = Kit::new(|_| {}).await;
+    let user = kit.user("fay").await;
+    let stale = staged(&kit, &user).await;
+    finish(&kit, &user, &stale).await;
+    let empty = Box::pin(futures::stream::empty());
+    let late = kit
+        .resumables
+        .append(&user, stale.clone(), None, empty, None, None)
+        .await;
+    assert!(
+        matches!(late, Err(ResumableError::OffsetMismatch(6))),
+        "answered where the upload is: {late:?}"
+    );
+    let now = kit.resumables.head(&user, &stale.id).await.unwrap();
+    assert!(now.committed, "still committed");
+    assert_eq!((now.offset, now.parts.len()), (6, 1));
+    assert_eq!(kit.files(&user).await.len(), 1, "one file");
+}

@@ -21,7 +21,8 @@ use crate::{
         test_kit::{Kit, body, stalled},
     },
     meta::{
-        MetaError, MetaResult, OpenLimits, Reserve, ResumableRecord, ResumableRepo, UserRecord,
+        MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo,
+        UserRecord,
     },
     vocab::{FileId, Filename, LockKey},
 };
@@ -81,7 +82,7 @@ impl ResumableRepo for LosesAdvanceAnswer {
         self.inner.resumable(id).await
     }
 
-    async fn advance_resumable(&self, upload: &ResumableRecord, at: i64) -> MetaResult<bool> {
+    async fn advance_resumable(&self, upload: &ResumableRecord, at: Progress) -> MetaResult<bool> {
         let advanced = self.inner.advance_resumable(upload, at).await?;
         if self.lose.swap(false, Ordering::SeqCst) {
             self.lost.store(true, Ordering::SeqCst);

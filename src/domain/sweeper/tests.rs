@@ -15,8 +15,8 @@ use crate::{
         test_kit::{Kit, body},
     },
     meta::{
-        CleanupRepo, IntentRecord, MetaResult, OpenLimits, Reserve, ResumableRecord, ResumableRepo,
-        UserRecord, embedded::EmbeddedStore,
+        CleanupRepo, IntentRecord, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
+        ResumableRepo, UserRecord, embedded::EmbeddedStore,
     },
     metrics::Metrics,
     vocab::{FileId, Filename, WriteHandle},
@@ -53,7 +53,7 @@ impl ResumableRepo for StaleListing {
         self.0.resumable(id).await
     }
 
-    async fn advance_resumable(&self, upload: &ResumableRecord, at: i64) -> MetaResult<bool> {
+    async fn advance_resumable(&self, upload: &ResumableRecord, at: Progress) -> MetaResult<bool> {
         self.0.advance_resumable(upload, at).await
     }
 
@@ -129,7 +129,7 @@ async fn expire_now(kit: &Kit, id: &FileId) -> ResumableRecord {
     assert!(touched.await.unwrap());
     assert!(
         kit.meta
-            .advance_resumable(&upload, upload.offset)
+            .advance_resumable(&upload, upload.progress())
             .await
             .unwrap()
     );
@@ -172,7 +172,12 @@ async fn one_expiry_that_fails_stops_no_other_step_of_the_pass() {
     let mut upload = expire_now(&kit, &broken.id).await;
     upload.expires_at -= chrono::Duration::seconds(10);
     upload.handle = WriteHandle::new("not/a/handle");
-    assert!(kit.meta.advance_resumable(&upload, 0).await.unwrap());
+    assert!(
+        kit.meta
+            .advance_resumable(&upload, upload.progress())
+            .await
+            .unwrap()
+    );
     expire_now(&kit, &fine.id).await;
     // A plain upload that died.
     let dead = IntentRecord::new(user.id, FileId::new(), "local");

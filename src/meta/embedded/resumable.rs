@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
     meta::{
-        MetaError, MetaResult, OpenLimits, Reserve, ResumableRecord, ResumableRepo, UserRecord,
-        group::Held, resumable::uncounted,
+        MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo,
+        UserRecord, group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -134,7 +134,7 @@ impl ResumableRepo for EmbeddedStore {
     async fn advance_resumable(
         &self,
         upload: &ResumableRecord,
-        expected_offset: i64,
+        expected: Progress,
     ) -> MetaResult<bool> {
         let upload = upload.clone();
         let advanced = self
@@ -142,7 +142,7 @@ impl ResumableRepo for EmbeddedStore {
                 let key = resumable_key(&upload.id);
                 match tx.get::<ResumableRecord>(&key)? {
                     Some(now)
-                        if now.offset == expected_offset
+                        if now.progress() == expected
                             && now.length.is_none_or(|l| l >= upload.offset) =>
                     {
                         let kept = ResumableRecord {

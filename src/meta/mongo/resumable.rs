@@ -11,8 +11,8 @@ use mongodb::ClientSession;
 use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
     meta::{
-        MetaError, MetaResult, OpenLimits, Reserve, ResumableRecord, ResumableRepo, group::Held,
-        resumable::uncounted,
+        MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo,
+        group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -252,20 +252,26 @@ impl ResumableRepo for MongoStore {
     async fn advance_resumable(
         &self,
         upload: &ResumableRecord,
-        expected_offset: i64,
+        expected: Progress,
     ) -> MetaResult<bool> {
         let mut fields = bson::to_document(upload).map_err(|e| MetaError::Other(e.to_string()))?;
         fields.remove("_id");
         for kept in COUNTED_FIELDS {
             fields.remove(kept);
         }
-        // One conditional write: of two PATCHes from the same offset, one matches.
+        // One conditional write: of two requests from the same progress, one matches.
+        let committed = match expected.committed {
+            true => bson::Bson::Boolean(true),
+            false => doc! {"$ne": true}.into(),
+        };
         let updated = self
             .resumables()
             .update_one(
                 doc! {
                     "_id": &upload.id,
-                    "offset": expected_offset,
+                    "offset": expected.offset,
+                    "parts": {"$size": expected.parts as i64},
+                    "committed": committed,
                     "$or": [{"length": null}, {"length": {"$gte": upload.offset}}],
                 },
                 doc! {"$set": fields},
