@@ -52,6 +52,10 @@ pub struct Settings {
     pub auth_cache_ttl: Duration,
     /// The longest lifetime a token minted by `POST /v1/tokens` may have.
     pub token_max_lifetime: Duration,
+    /// The most API keys one user may hold.
+    pub max_keys_per_user: usize,
+    /// The most tokens one user may hold that have not expired.
+    pub max_tokens_per_user: usize,
     /// After SIGTERM, how long in-flight requests may take to finish.
     pub shutdown_grace: Duration,
     /// Uploads one user may have in flight on one instance.
@@ -342,6 +346,8 @@ impl Settings {
             settle_window: vars.secs("SETTLE_WINDOW_SECS")?,
             auth_cache_ttl: vars.secs("AUTH_CACHE_SECS")?,
             token_max_lifetime: vars.secs("TOKEN_MAX_SECS")?,
+            max_keys_per_user: vars.value("MAX_KEYS_PER_USER")?,
+            max_tokens_per_user: vars.value("MAX_TOKENS_PER_USER")?,
             shutdown_grace: vars.secs("SHUTDOWN_GRACE_SECS")?,
             max_uploads_per_user: vars.value("MAX_UPLOADS_PER_USER")?,
             max_container_items: vars.value("MAX_CONTAINER_ITEMS")?,
@@ -411,6 +417,9 @@ impl Settings {
         }
         if s.upload_group_max == 0 {
             bail!("FILEDOCK_UPLOAD_GROUP_MAX must be at least 1");
+        }
+        if s.max_keys_per_user == 0 || s.max_tokens_per_user == 0 {
+            bail!("FILEDOCK_MAX_KEYS_PER_USER and FILEDOCK_MAX_TOKENS_PER_USER must be at least 1");
         }
         if s.max_container_items == 0 {
             bail!("FILEDOCK_MAX_CONTAINER_ITEMS must be at least 1");

@@ -259,6 +259,18 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_MAX_KEYS_PER_USER",
+        meaning: "API keys one user may hold (more get 409 too_many_keys)",
+        value: Some("100"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_MAX_TOKENS_PER_USER",
+        meaning: "tokens one user may hold that have not expired (more get 409 too_many_tokens)",
+        value: Some("1000"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_MAX_UPLOADS_PER_USER",
         meaning: "uploads one user may have in flight on one instance (more get 429)",
         value: Some("2048"),

@@ -3,14 +3,12 @@
 //! a revocation: an instance that remembers a key keeps accepting it until
 //! its entry expires, and the next request after that looks it up again.
 
-use std::time::{Duration, Instant};
-
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use chrono::{DateTime, Utc};
 
-use super::DomainError;
+use super::{DomainError, auth_cache::AuthCache};
 use crate::{
     meta::{KeyRepo, TokenRecord, UserRecord},
     vocab::{AgentId, ApiKeyHash, KeyId, Scope, SessionId},
@@ -23,9 +21,6 @@ pub fn hash_key(key: &str) -> ApiKeyHash {
 
 /// What every token's secret starts with (a key's is `fdk_`).
 pub const TOKEN_PREFIX: &str = "fdt_";
-
-/// The most authentications an instance remembers.
-const AUTH_CACHE_CAPACITY: u64 = 100_000;
 
 /// Who made a request: the user, and the key they presented.
 #[derive(Clone, Debug)]
@@ -87,24 +82,6 @@ impl Caller {
     }
 }
 
-/// Authenticated callers by the hash of their secret, for a short time:
-/// each until the cache's time to live after its lookup began (not after
-/// it was cached, which a stalled lookup could put long after a key's
-/// revocation).
-pub type AuthCache = moka::sync::Cache<ApiKeyHash, (Caller, Instant)>;
-
-pub fn auth_cache(ttl: Duration) -> AuthCache {
-    let capacity = if ttl.is_zero() {
-        0
-    } else {
-        AUTH_CACHE_CAPACITY
-    };
-    moka::sync::Cache::builder()
-        .max_capacity(capacity)
-        .time_to_live(ttl.max(Duration::from_millis(1)))
-        .build()
-}
-
 /// The caller a bearer key or token belongs to. Callers found are
 /// remembered for the cache's time to live, so a request costs no metadata
 /// round trip to authenticate; a token's expiry is checked on every request.
@@ -116,16 +93,14 @@ pub async fn authenticate(
 ) -> Result<Caller, DomainError> {
     let hash = hash_key(presented);
     let now = crate::meta::now();
-    let looked_up = Instant::now();
-    if let Some((caller, until)) = cache.get(&hash)
-        && looked_up < until
-    {
+    if let Some(caller) = cache.caller(&hash) {
         if caller.grant.expired(now) {
-            cache.invalidate(&hash);
+            cache.forget_caller(&hash);
             return Err(DomainError::Unauthenticated);
         }
         return Ok(caller);
     }
+    let start = cache.lookup_start();
     let (stored, caller) = if presented.starts_with(TOKEN_PREFIX) {
         let (token, user) = keys
             .token_by_hash(&hash)
@@ -158,17 +133,16 @@ pub async fn authenticate(
     {
         return Err(DomainError::Unauthenticated);
     }
-    if let Some(ttl) = cache.policy().time_to_live()
-        && cache.policy().max_capacity() != Some(0)
-    {
-        cache.insert(hash, (caller.clone(), looked_up + ttl));
-    }
+    // Found, so its key existed when the lookup read it (a token's lookup
+    // checks its key).
+    cache.remember_key_alive(caller.key_id, start);
+    cache.remember_caller(hash, caller.clone(), start);
     Ok(caller)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::{sync::Arc, time::Duration};
 
     use async_trait::async_trait;
     use chrono::{DateTime, Utc};
@@ -176,7 +150,7 @@ mod tests {
     use super::*;
     use crate::{
         domain::{test_kit::Kit, users::create_user},
-        meta::{ApiKeyRecord, MetaResult, TokenRecord, UserRecord, embedded::EmbeddedStore},
+        meta::{ApiKeyRecord, KeyMint, MetaResult, TokenRecord, UserRecord, embedded::EmbeddedStore},
         vocab::{KeyId, UserId},
     };
 
@@ -187,8 +161,8 @@ mod tests {
 
     #[async_trait]
     impl KeyRepo for Stalled {
-        async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
-            self.0.insert_key(key).await
+        async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()> {
+            self.0.insert_key(key, mint).await
         }
         async fn key_by_hash(
             &self,
@@ -202,14 +176,19 @@ mod tests {
         async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>> {
             self.0.key(user, id).await
         }
-        async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>> {
-            self.0.keys(user).await
+        async fn keys(
+            &self,
+            user: &UserId,
+            after: Option<&KeyId>,
+            limit: usize,
+        ) -> MetaResult<Vec<ApiKeyRecord>> {
+            self.0.keys(user, after, limit).await
         }
         async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
             self.0.delete_key(user, id).await
         }
-        async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
-            self.0.insert_token(token).await
+        async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
+            self.0.insert_token(token, max_live).await
         }
         async fn token_by_hash(
             &self,
@@ -231,7 +210,7 @@ mod tests {
         let kit = Kit::new(|_| {}).await;
         let (user, key) = create_user(kit.meta.as_ref(), "ann").await.unwrap();
         let stalled = Stalled(kit.meta.clone(), TTL + TTL / 2, Default::default());
-        let cache = auth_cache(TTL);
+        let cache = AuthCache::new(TTL);
         let first = authenticate(&stalled, &cache, &key.secret);
         let revoke = async {
             stalled.2.notified().await;
@@ -247,5 +226,34 @@ mod tests {
             matches!(again, Err(DomainError::Unauthenticated)),
             "{again:?}"
         );
+    }
+
+    /// A key revoked on this instance while a lookup of it stalled (read
+    /// before the delete, answered after the revocation forgot the cache)
+    /// is not remembered by that lookup: the next request looks it up
+    /// again and is refused, though the cache's lifetime is long.
+    #[tokio::test]
+    async fn a_lookup_answering_after_a_revocation_leaves_nothing_remembered() {
+        let kit = Kit::new(|_| {}).await;
+        let (user, key) = create_user(kit.meta.as_ref(), "bea").await.unwrap();
+        let stalled = Stalled(kit.meta.clone(), Duration::from_millis(300), Default::default());
+        let cache = AuthCache::new(Duration::from_secs(600));
+        let first = authenticate(&stalled, &cache, &key.secret);
+        let revoke = async {
+            stalled.2.notified().await;
+            // What `UserService::revoke_key` does.
+            let deleted = kit.meta.delete_key(&user.id, &key.record.id).await.unwrap();
+            cache.forget_all();
+            deleted
+        };
+        let (first, revoked) = tokio::join!(first, revoke);
+        assert!(revoked);
+        assert!(first.is_ok(), "read before the revocation: {first:?}");
+        let again = authenticate(kit.meta.as_ref(), &cache, &key.secret).await;
+        assert!(
+            matches!(again, Err(DomainError::Unauthenticated)),
+            "remembered past its revocation: {again:?}"
+        );
+        assert!(!cache.key_alive(&key.record.id));
     }
 }

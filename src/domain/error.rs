@@ -57,6 +57,12 @@ pub enum DomainError {
     OutcomeUnknown(Option<String>),
     #[error("storage quota exceeded")]
     QuotaExceeded,
+    /// The user holds `FILEDOCK_MAX_KEYS_PER_USER` keys.
+    #[error("this user already holds their limit of {0} API keys; revoke one first")]
+    TooManyKeys(usize),
+    /// The user holds `FILEDOCK_MAX_TOKENS_PER_USER` live tokens.
+    #[error("this user already holds their limit of {0} live tokens; let one expire first")]
+    TooManyTokens(usize),
     /// A session's or agent's list is at `FILEDOCK_MAX_CONTAINER_ITEMS`.
     #[error("this list already holds its limit of {0} items; remove one first")]
     ContainerFull(usize),
@@ -109,6 +115,8 @@ impl DomainError {
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::QuotaExceeded => "quota_exceeded",
             Self::ContainerFull(_) => "container_full",
+            Self::TooManyKeys(_) => "too_many_keys",
+            Self::TooManyTokens(_) => "too_many_tokens",
             Self::DigestMismatch(_) => "digest_mismatch",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::LinkInvalid => "link_invalid",
@@ -145,9 +153,12 @@ impl From<MetaError> for DomainError {
             MetaError::QuotaExceeded => Self::QuotaExceeded,
             MetaError::TooManyOpenUploads => Self::TooManyOpenUploads,
             MetaError::NotFound => Self::NotFound,
-            // The key that authenticated the request is gone with the
-            // user; another instance's cached authentication let it in.
-            MetaError::UserDeleting => Self::Unauthenticated,
+            // The user is being deleted, or the caller's key was revoked
+            // (perhaps while the request ran; another instance's cached
+            // authentication let it in): the credential holds no more.
+            MetaError::UserDeleting | MetaError::MinterRevoked => Self::Unauthenticated,
+            MetaError::TooManyKeys(max) => Self::TooManyKeys(max),
+            MetaError::TooManyTokens(max) => Self::TooManyTokens(max),
             MetaError::ContainerFull(max)
             | MetaError::Refused(crate::meta::Refusal::ContainerFull(max)) => {
                 Self::ContainerFull(max)

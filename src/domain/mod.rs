@@ -4,6 +4,7 @@
 //! HTTP layer or the application state.
 
 pub mod auth;
+pub mod auth_cache;
 mod commit;
 pub mod containers;
 pub mod digest;

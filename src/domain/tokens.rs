@@ -42,6 +42,8 @@ pub struct TokenService {
     keys: Arc<dyn KeyRepo>,
     containers: Arc<dyn ContainerRepo>,
     max_lifetime: Duration,
+    /// `FILEDOCK_MAX_TOKENS_PER_USER`: live tokens one user may hold.
+    max_live: usize,
     /// A mint writes the owner's document, under their commit lock.
     inserts: OwnedInserts,
 }
@@ -50,13 +52,14 @@ impl TokenService {
     pub fn new(
         keys: Arc<dyn KeyRepo>,
         containers: Arc<dyn ContainerRepo>,
-        max_lifetime: Duration,
+        (max_lifetime, max_live): (Duration, usize),
         inserts: OwnedInserts,
     ) -> Self {
         Self {
             keys,
             containers,
             max_lifetime,
+            max_live,
             inserts,
         }
     }
@@ -112,10 +115,14 @@ impl TokenService {
             expires_at: now + chrono::Duration::seconds(secs as i64),
         };
         // Sent again with the same record while its outcome is unknown: a
-        // token answered as failed is never one that was stored.
+        // token answered as failed is never one that was stored. Refused if
+        // the caller's key was revoked meanwhile (another instance may still
+        // remember it): the check is in the transaction that inserts.
         let what = ("insert_token", None);
         (self.inserts)
-            .insert(owner, what, || self.keys.insert_token(&record))
+            .insert(owner, what, || {
+                self.keys.insert_token(&record, self.max_live)
+            })
             .await?;
         Ok(NewToken { record, secret })
     }

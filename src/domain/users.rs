@@ -12,14 +12,15 @@ use subtle::ConstantTimeEq;
 pub use super::auth::hash_key;
 use super::{
     DomainError, UserId,
-    auth::{AuthCache, Caller, authenticate},
+    auth::{Caller, authenticate},
+    auth_cache::AuthCache,
     commit::user_commit,
     page::{Page, PageRequest},
     settle::OwnedInserts,
 };
 use crate::{
     meta::{
-        ApiKeyRecord, DeletionRepo, FIRST_KEY_NAME, KeyRepo, UserRecord, UserRepo,
+        ApiKeyRecord, DeletionRepo, FIRST_KEY_NAME, KeyMint, KeyRepo, UserRecord, UserRepo,
         group::effective_quota,
     },
     vocab::KeyId,
@@ -37,6 +38,8 @@ pub struct UserService {
     auth_cache: AuthCache,
     /// `FILEDOCK_USER_QUOTA_BYTES`: the quota of a user without their own.
     default_quota: Option<u64>,
+    /// `FILEDOCK_MAX_KEYS_PER_USER`.
+    max_keys: usize,
     /// A quota change, a deletion's mark and a new key take the user's
     /// commit lock, as every upload commit does, and their transactions are
     /// retried as theirs are (a new key is also sent again while its
@@ -55,7 +58,7 @@ impl UserService {
         (users, deletions): (Arc<dyn UserRepo>, Arc<dyn DeletionRepo>),
         keys: Arc<dyn KeyRepo>,
         auth_cache: AuthCache,
-        default_quota: Option<u64>,
+        (default_quota, max_keys): (Option<u64>, usize),
         inserts: OwnedInserts,
     ) -> Self {
         Self {
@@ -64,6 +67,7 @@ impl UserService {
             keys,
             auth_cache,
             default_quota,
+            max_keys,
             inserts,
         }
     }
@@ -97,7 +101,7 @@ impl UserService {
         .await?
         .value
         .ok_or(DomainError::NotFound)?;
-        self.auth_cache.invalidate_all();
+        self.auth_cache.forget_all();
         Ok(user)
     }
 
@@ -144,32 +148,54 @@ impl UserService {
         )
         .await;
         // Even if its answer was lost: it may have applied.
-        self.auth_cache.invalidate_all();
+        self.auth_cache.forget_all();
         set?.value.ok_or(DomainError::NotFound)
     }
 
-    /// Makes another key for `user`; `NotFound` if the user is gone or
-    /// being deleted.
-    pub async fn create_key(&self, user: &UserId, name: &str) -> Result<NewKey, DomainError> {
+    /// Makes another key for `user`, asked for by their key `by` (`None`:
+    /// the admin). `NotFound` if the user is gone or being deleted (asked
+    /// by the admin), `Unauthenticated` if so or if `by` was revoked (even
+    /// while this ran: checked in the transaction that inserts, so a
+    /// revoked key that another instance still remembers mints nothing),
+    /// `TooManyKeys` at `FILEDOCK_MAX_KEYS_PER_USER`.
+    pub async fn create_key(
+        &self,
+        user: &UserId,
+        name: &str,
+        by: Option<&KeyId>,
+    ) -> Result<NewKey, DomainError> {
         let key = new_key(*user, name)?;
+        let mint = KeyMint {
+            by,
+            max: self.max_keys,
+        };
         // Its transaction writes the user document, as commits do. A user
         // being deleted (or gone) has no keys to make.
         let made = (self.inserts).insert(user, ("insert_key", None), || {
-            self.keys.insert_key(&key.record)
+            self.keys.insert_key(&key.record, mint)
         });
         match made.await {
-            Err(DomainError::Unauthenticated) => Err(DomainError::NotFound),
+            Err(DomainError::Unauthenticated) if by.is_none() => Err(DomainError::NotFound),
             other => other.map(|()| key),
         }
     }
 
-    /// The user's keys, oldest first; `NotFound` if there is no such user.
-    pub async fn keys(&self, user: &UserId) -> Result<Vec<ApiKeyRecord>, DomainError> {
+    /// A page of the user's keys, oldest first; `NotFound` if there is no
+    /// such user.
+    pub async fn keys(
+        &self,
+        user: &UserId,
+        page: &PageRequest,
+    ) -> Result<Page<ApiKeyRecord>, DomainError> {
         // A user being deleted has none, and takes none: gone (404).
         if self.user(user).await?.deleting_since.is_some() {
             return Err(DomainError::NotFound);
         }
-        Ok(self.keys.keys(user).await?)
+        page.fetch(
+            |after: Option<KeyId>, n| async move { self.keys.keys(user, after.as_ref(), n).await },
+            |k: &ApiKeyRecord| k.id,
+        )
+        .await
     }
 
     /// Revokes the user's key `id` (and every token it minted). This
@@ -182,12 +208,14 @@ impl UserService {
             .key(user, id)
             .await?
             .ok_or(DomainError::NotFound)?;
-        if !self.keys.delete_key(user, id).await? {
+        let deleted = self.keys.delete_key(user, id).await;
+        // Even if its answer was lost: it may have applied. Revocations are
+        // rare: forgetting everything is simpler than finding the entries
+        // the key (and its tokens) authenticated.
+        self.auth_cache.forget_all();
+        if !deleted? {
             return Err(DomainError::NotFound);
         }
-        // Revocations are rare: forgetting everything is simpler than
-        // finding the entries the key (and its tokens) authenticated.
-        self.auth_cache.invalidate_all();
         Ok(key)
     }
 
@@ -198,7 +226,7 @@ impl UserService {
 
     /// Forgets every remembered authentication on this instance.
     pub fn forget_authentications(&self) {
-        self.auth_cache.invalidate_all();
+        self.auth_cache.forget_all();
     }
 }
 

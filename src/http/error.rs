@@ -65,7 +65,10 @@ impl ApiError {
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
             D::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            D::IdempotencyKeyInFlight | D::ContainerFull(_) => StatusCode::CONFLICT,
+            D::IdempotencyKeyInFlight
+            | D::ContainerFull(_)
+            | D::TooManyKeys(_)
+            | D::TooManyTokens(_) => StatusCode::CONFLICT,
             D::Internal(_) | D::DeadLettered(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -13,11 +13,12 @@ use serde_json::{Value, json};
 
 use super::{
     error::{ApiResult, ok},
-    extract::{Admin, AppJson, AuthCaller, path_id},
+    extract::{Admin, AppJson, AppQuery, AuthCaller, path_id},
+    listing::{ListQuery, page_response},
     state::AppState,
 };
 use crate::{
-    domain::users::NewKey,
+    domain::{page::Page, users::NewKey},
     meta::ApiKeyRecord,
     vocab::{KeyId, UserId},
 };
@@ -43,18 +44,15 @@ fn created(key: NewKey) -> ApiResult {
         .into_response())
 }
 
-fn list(keys: &[ApiKeyRecord], current: Option<&KeyId>) -> ApiResult {
-    let keys: Vec<Value> = keys
-        .iter()
-        .map(|k| {
-            let mut v = view(k);
-            if let Some(c) = current {
-                v["current"] = (c == &k.id).into();
-            }
-            v
-        })
-        .collect();
-    ok(Json(json!({ "keys": keys })))
+/// A page of keys; `current` marks the one in use.
+fn list(keys: Page<ApiKeyRecord>, current: Option<&KeyId>) -> ApiResult {
+    page_response("keys", keys, |k| {
+        let mut v = view(&k);
+        if let Some(c) = current {
+            v["current"] = (c == &k.id).into();
+        }
+        v
+    })
 }
 
 /// `POST /v1/admin/users/{id}/keys {"name"}` → 201 with the secret (once).
@@ -65,18 +63,19 @@ pub async fn admin_create(
     AppJson(body): AppJson<KeyRequest>,
 ) -> ApiResult {
     let user: UserId = path_id(&id)?;
-    let key = state.users.create_key(&user, &body.name).await?;
+    let key = state.users.create_key(&user, &body.name, None).await?;
     state.audit.key_created("admin", &user, &key.record.id);
     created(key)
 }
 
-/// `GET /v1/admin/users/{id}/keys`.
+/// `GET /v1/admin/users/{id}/keys?limit=&cursor=`.
 pub async fn admin_list(
     _: Admin,
     State(state): State<AppState>,
     Path(id): Path<String>,
+    AppQuery(q): AppQuery<ListQuery>,
 ) -> ApiResult {
-    list(&state.users.keys(&path_id(&id)?).await?, None)
+    list(state.users.keys(&path_id(&id)?, &q.page()?).await?, None)
 }
 
 /// `DELETE /v1/admin/users/{id}/keys/{key_id}` → 204.
@@ -98,19 +97,24 @@ pub async fn my_create(
     AppJson(body): AppJson<KeyRequest>,
 ) -> ApiResult {
     let me = caller.user.id;
-    let key = state.users.create_key(&me, &body.name).await?;
+    let key = (state.users)
+        .create_key(&me, &body.name, Some(&caller.key_id))
+        .await?;
     state
         .audit
         .key_created(&caller.actor(), &me, &key.record.id);
     created(key)
 }
 
-/// `GET /v1/me/keys`: the caller's keys; `current` marks the one in use.
-pub async fn my_list(AuthCaller(caller): AuthCaller, State(state): State<AppState>) -> ApiResult {
-    list(
-        &state.users.keys(&caller.user.id).await?,
-        Some(&caller.key_id),
-    )
+/// `GET /v1/me/keys?limit=&cursor=`: the caller's keys; `current` marks
+/// the one in use.
+pub async fn my_list(
+    AuthCaller(caller): AuthCaller,
+    State(state): State<AppState>,
+    AppQuery(q): AppQuery<ListQuery>,
+) -> ApiResult {
+    let page = state.users.keys(&caller.user.id, &q.page()?).await?;
+    list(page, Some(&caller.key_id))
 }
 
 /// `DELETE /v1/me/keys/{key_id}` → 204 (the key in use too: the next

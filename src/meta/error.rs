@@ -23,6 +23,17 @@ pub enum MetaError {
     /// (`FILEDOCK_MAX_CONTAINER_ITEMS`); nothing was changed.
     #[error("the list already holds its limit of {0} items")]
     ContainerFull(usize),
+    /// The key that asked for a new key or token no longer exists (it was
+    /// revoked, perhaps while the request ran); nothing was stored.
+    #[error("the minting key is revoked")]
+    MinterRevoked,
+    /// The user holds `FILEDOCK_MAX_KEYS_PER_USER` keys; nothing was stored.
+    #[error("the user holds their limit of {0} keys")]
+    TooManyKeys(usize),
+    /// The user holds `FILEDOCK_MAX_TOKENS_PER_USER` live tokens; nothing
+    /// was stored.
+    #[error("the user holds their limit of {0} live tokens")]
+    TooManyTokens(usize),
     #[error("duplicate key")]
     Duplicate,
     /// The upload's intent was swept before it committed (it ran past the grace period).

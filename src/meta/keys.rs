@@ -53,13 +53,27 @@ pub struct TokenRecord {
     pub expires_at: DateTime<Utc>,
 }
 
+/// What the insert of a key checks in its transaction, besides its user.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyMint<'a> {
+    /// The key that asks for it (`None`: the admin): `MinterRevoked` if it
+    /// no longer exists. The insert writes it, so that its revocation
+    /// committing meanwhile conflicts with the insert instead of missing it.
+    pub by: Option<&'a KeyId>,
+    /// The most keys the user may hold: `TooManyKeys` past it.
+    pub max: usize,
+}
+
 /// Keys and the users they belong to.
 #[async_trait]
 pub trait KeyRepo: Send + Sync {
     /// Adds a key to its user, in one transaction with a write of the user
-    /// document (so that it cannot slip past the user's deletion);
-    /// `UserDeleting` if the user is gone or being deleted.
-    async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()>;
+    /// document (so that it cannot slip past the user's deletion, and
+    /// concurrent inserts count one another); `UserDeleting` if the user is
+    /// gone or being deleted, `MinterRevoked` or `TooManyKeys` as
+    /// [`KeyMint`] says, `Duplicate` if a key with its id is stored (checked
+    /// first: a resend of an insert that applied).
+    async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()>;
 
     /// The key whose secret hashes to `hash`, and its user (without the
     /// user's file list).
@@ -71,16 +85,24 @@ pub trait KeyRepo: Send + Sync {
     /// The key `id`, if it is `user`'s.
     async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>>;
 
-    /// The user's keys, oldest first.
-    async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>>;
+    /// The user's keys, oldest first: at most `limit`, after the key
+    /// `after` if given.
+    async fn keys(
+        &self,
+        user: &UserId,
+        after: Option<&KeyId>,
+        limit: usize,
+    ) -> MetaResult<Vec<ApiKeyRecord>>;
 
     /// Deletes the user's key `id` and the tokens it minted; `false` if
     /// they have no such key.
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool>;
 
-    /// Adds a token, in one transaction with a write of its user's document,
-    /// as [`KeyRepo::insert_key`] does.
-    async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()>;
+    /// Adds a token, in one transaction with a write of its user's document
+    /// and of the key that mints it, as [`KeyRepo::insert_key`] does:
+    /// `MinterRevoked` if that key is gone, `TooManyTokens` if the user
+    /// would hold more than `max_live` tokens that have not expired.
+    async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()>;
 
     /// The token whose secret hashes to `hash` and its user (without the
     /// file list), if the key that minted it still exists (expired or not:

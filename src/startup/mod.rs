@@ -24,7 +24,7 @@ use crate::{
     config::{Coordination, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
-        auth::auth_cache,
+        auth_cache::AuthCache,
         containers::ContainerService,
         files::FileService,
         links::LinkSigner,
@@ -208,15 +208,15 @@ impl AppState {
             tokens: Arc::new(TokenService::new(
                 meta.clone(),
                 meta.clone(),
-                settings.token_max_lifetime,
+                (settings.token_max_lifetime, settings.max_tokens_per_user),
                 inserts.clone(),
             )),
             links: Arc::new(links),
             users: Arc::new(UserService::new(
                 (meta.clone(), meta.clone()),
                 meta.clone(),
-                auth_cache(settings.auth_cache_ttl),
-                settings.user_quota_bytes,
+                AuthCache::new(settings.auth_cache_ttl),
+                (settings.user_quota_bytes, settings.max_keys_per_user),
                 inserts.clone(),
             )),
             // Each service gets the narrow repositories it uses; one store

@@ -134,7 +134,7 @@ async fn assert_nothing_left(settings: &filedock::config::Settings, user: &str, 
     let id: UserId = user.parse().unwrap();
     let meta = &state.ports.meta;
     assert!(meta.user(&id).await.unwrap().is_none(), "the user record");
-    assert!(meta.keys(&id).await.unwrap().is_empty(), "keys");
+    assert!(meta.keys(&id, None, 1000).await.unwrap().is_empty(), "keys");
     assert!(meta.list_files(&id, None, 10).await.unwrap().is_empty());
     assert!(meta.list_sessions(&id, None, 10).await.unwrap().is_empty());
     assert!(meta.list_agents(&id, None, 10).await.unwrap().is_empty());

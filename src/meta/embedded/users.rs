@@ -10,7 +10,8 @@ use chrono::{DateTime, Utc};
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
     meta::{
-        ApiKeyRecord, KeyRepo, MetaError, MetaResult, OpenLimits, TokenRecord, UserRecord, UserRepo,
+        ApiKeyRecord, KeyMint, KeyRepo, MetaError, MetaResult, OpenLimits, TokenRecord, UserRecord,
+        UserRepo,
     },
     vocab::{ApiKeyHash, KeyId, UserId},
 };
@@ -46,6 +47,40 @@ pub(super) fn owner_may_write(tx: &mut Txn, owner: &UserId) -> MetaResult<()> {
     let user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::UserDeleting)?;
     OpenLimits::may_write(&user)?;
     tx.put(&ukey, &user)
+}
+
+/// Checks that `owner`'s key `minter` still exists, and writes it back, so
+/// that its revocation committing meanwhile conflicts with this
+/// transaction instead of missing what it inserts.
+fn minter_alive(tx: &mut Txn, owner: &UserId, minter: &KeyId) -> MetaResult<()> {
+    let index = format!("{}{minter}", user_keys(owner));
+    let hash: ApiKeyHash = tx.get(&index)?.ok_or(MetaError::MinterRevoked)?;
+    let key: ApiKeyRecord = tx
+        .get(&hash_key(&hash))?
+        .ok_or(MetaError::MinterRevoked)?;
+    tx.put(&hash_key(&hash), &key)
+}
+
+/// How many of `user`'s tokens have not expired at `now`, reading at most
+/// `max` of them past the expired ones: through the user's keys'
+/// token indexes (a token lives under the key that minted it).
+fn live_tokens(tx: &mut Txn, user: &UserId, now: DateTime<Utc>, max: usize) -> MetaResult<usize> {
+    let mut live = 0;
+    for index in tx.keys(&user_keys(user), None, usize::MAX)? {
+        let id = &index[user_keys(user).len()..];
+        for k in tx.keys(&format!("key_tokens/{id}/"), None, usize::MAX)? {
+            let hash = &k[k.rfind('/').map_or(0, |i| i + 1)..];
+            if let Some(t) = tx.get::<TokenRecord>(&format!("tokens/{hash}"))?
+                && t.expires_at > now
+            {
+                live += 1;
+                if live >= max {
+                    return Ok(live);
+                }
+            }
+        }
+    }
+    Ok(live)
 }
 
 #[async_trait]
@@ -100,10 +135,22 @@ impl UserRepo for EmbeddedStore {
 
 #[async_trait]
 impl KeyRepo for EmbeddedStore {
-    async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
-        let key = key.clone();
+    async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()> {
+        let (key, by, max) = (key.clone(), mint.by.copied(), mint.max);
         self.transaction(move |tx| {
             owner_may_write(tx, &key.user_id)?;
+            let index = format!("{}{}", user_keys(&key.user_id), key.id);
+            if tx.get::<ApiKeyHash>(&index)?.is_some() {
+                return Err(MetaError::Duplicate);
+            }
+            if let Some(by) = &by {
+                minter_alive(tx, &key.user_id, by)?;
+            }
+            // The user document written above orders concurrent inserts:
+            // the snapshot's count is the count.
+            if tx.keys(&user_keys(&key.user_id), None, max)?.len() >= max {
+                return Err(MetaError::TooManyKeys(max));
+            }
             put_key(tx, &key)
         })
         .await
@@ -133,11 +180,16 @@ impl KeyRepo for EmbeddedStore {
         .await
     }
 
-    async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>> {
-        let prefix = user_keys(user);
+    async fn keys(
+        &self,
+        user: &UserId,
+        after: Option<&KeyId>,
+        limit: usize,
+    ) -> MetaResult<Vec<ApiKeyRecord>> {
+        let (prefix, after) = (user_keys(user), after.map(ToString::to_string));
         self.transaction(move |tx| {
             let mut keys = Vec::new();
-            for index in tx.keys(&prefix, None, usize::MAX)? {
+            for index in tx.keys(&prefix, after.as_deref(), limit)? {
                 if let Some(hash) = tx.get::<ApiKeyHash>(&index)?
                     && let Some(key) = tx.get(&hash_key(&hash))?
                 {
@@ -167,10 +219,17 @@ impl KeyRepo for EmbeddedStore {
         .await
     }
 
-    async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
+    async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
         let token = token.clone();
         self.transaction(move |tx| {
             owner_may_write(tx, &token.user_id)?;
+            if tx.get::<TokenRecord>(&token_key(&token.hash))?.is_some() {
+                return Err(MetaError::Duplicate);
+            }
+            minter_alive(tx, &token.user_id, &token.key_id)?;
+            if live_tokens(tx, &token.user_id, crate::meta::now(), max_live)? >= max_live {
+                return Err(MetaError::TooManyTokens(max_live));
+            }
             tx.insert(&token_key(&token.hash), &token)?;
             tx.put(
                 &format!("{}{}", key_tokens(&token.key_id), token.hash.as_str()),

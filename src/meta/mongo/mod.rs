@@ -162,12 +162,13 @@ impl MongoStore {
         self.tokens()
             .create_index(index(doc! {"expires_at": 1}, false))
             .await?;
-        // A user's deletion finds their open uploads and tokens by these.
+        // A user's deletion finds their open uploads and tokens by these;
+        // a mint counts the user's live tokens by the second.
         self.resumables()
             .create_index(index(doc! {"user_id": 1, "_id": 1}, false))
             .await?;
         self.tokens()
-            .create_index(index(doc! {"user_id": 1}, false))
+            .create_index(index(doc! {"user_id": 1, "expires_at": 1}, false))
             .await?;
         // A sweep pass finds the users being deleted by it.
         self.users()

@@ -14,7 +14,7 @@ use super::{
     find_sorted,
 };
 use crate::{
-    meta::{ApiKeyRecord, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
+    meta::{ApiKeyRecord, KeyMint, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
     vocab::{ApiKeyHash, KeyId, UserId},
 };
 
@@ -30,6 +30,26 @@ impl MongoStore {
         owner: &UserId,
         into: &Collection<T>,
         record: &T,
+    ) -> MetaResult<()>
+    where
+        T: Serialize + Send + Sync,
+    {
+        self.insert_minted(owner, into, record, None).await
+    }
+
+    /// [`MongoStore::insert_owned`], and in the same transaction: the key
+    /// `check.by` of the owner's still exists (`MinterRevoked`; written,
+    /// so that its delete committing meanwhile conflicts with this
+    /// transaction), and at most `check.max` documents of `into` match
+    /// `check.count` once `record` is in (else `check.too_many`). The
+    /// owner's document, written first, orders concurrent inserts, so
+    /// the count is exact.
+    pub(super) async fn insert_minted<T>(
+        &self,
+        owner: &UserId,
+        into: &Collection<T>,
+        record: &T,
+        check: Option<MintCheck<'_>>,
     ) -> MetaResult<()>
     where
         T: Serialize + Send + Sync,
@@ -52,11 +72,44 @@ impl MongoStore {
                 .session(&mut s)
                 .await
                 .map_err(classify)?;
+            let Some(check) = check else {
+                return Ok(());
+            };
+            if let Some(by) = check.by {
+                let minter = self
+                    .keys()
+                    .update_one(
+                        doc! {"_id": by, "user_id": owner},
+                        doc! {"$inc": {"minted": 1}},
+                    )
+                    .session(&mut s)
+                    .await
+                    .map_err(classify)?;
+                if minter.matched_count == 0 {
+                    return Err(MetaError::MinterRevoked);
+                }
+            }
+            let held = into
+                .count_documents(check.count)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            if held > check.max as u64 {
+                return Err(check.too_many);
+            }
             Ok(())
         }
         .await;
         self.txns.finish(s, None, result).await
     }
+}
+
+/// What [`MongoStore::insert_minted`] checks besides the owner.
+pub(super) struct MintCheck<'a> {
+    by: Option<&'a KeyId>,
+    count: bson::Document,
+    max: usize,
+    too_many: MetaError,
 }
 
 #[async_trait]
@@ -116,8 +169,14 @@ impl UserRepo for MongoStore {
 
 #[async_trait]
 impl KeyRepo for MongoStore {
-    async fn insert_key(&self, key: &ApiKeyRecord) -> MetaResult<()> {
-        self.insert_owned(&key.user_id, &self.keys(), key).await
+    async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()> {
+        let check = MintCheck {
+            by: mint.by,
+            count: doc! {"user_id": &key.user_id},
+            max: mint.max,
+            too_many: MetaError::TooManyKeys(mint.max),
+        };
+        (self.insert_minted(&key.user_id, &self.keys(), key, Some(check))).await
     }
 
     async fn key_by_hash(
@@ -143,15 +202,17 @@ impl KeyRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn keys(&self, user: &UserId) -> MetaResult<Vec<ApiKeyRecord>> {
-        self.keys()
-            .find(doc! {"user_id": user})
-            .sort(doc! {"_id": 1})
-            .await
-            .map_err(classify)?
-            .try_collect()
-            .await
-            .map_err(classify)
+    async fn keys(
+        &self,
+        user: &UserId,
+        after: Option<&KeyId>,
+        limit: usize,
+    ) -> MetaResult<Vec<ApiKeyRecord>> {
+        let filter = match after {
+            Some(a) => doc! {"user_id": user, "_id": {"$gt": a}},
+            None => doc! {"user_id": user},
+        };
+        find_sorted(self.keys(), filter, doc! {"_id": 1}, limit).await
     }
 
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
@@ -170,9 +231,15 @@ impl KeyRepo for MongoStore {
         Ok(deleted.deleted_count == 1)
     }
 
-    async fn insert_token(&self, token: &TokenRecord) -> MetaResult<()> {
-        self.insert_owned(&token.user_id, &self.tokens(), token)
-            .await
+    async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
+        let now = bson::DateTime::from_chrono(crate::meta::now());
+        let check = MintCheck {
+            by: Some(&token.key_id),
+            count: doc! {"user_id": &token.user_id, "expires_at": {"$gt": now}},
+            max: max_live,
+            too_many: MetaError::TooManyTokens(max_live),
+        };
+        (self.insert_minted(&token.user_id, &self.tokens(), token, Some(check))).await
     }
 
     async fn token_by_hash(
