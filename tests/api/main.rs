@@ -8,6 +8,7 @@ mod bounded;
 mod cli;
 mod clients;
 mod content;
+mod credentials;
 mod crash;
 mod deletion;
 mod fault_suite;
