@@ -91,18 +91,17 @@ impl UserService {
     pub async fn begin_deletion(&self, id: &UserId) -> Result<UserRecord, DomainError> {
         // Under the user's commit lock, as a quota change: ordered with
         // their commits, not starved by them into write conflicts.
-        let user = user_commit(
+        let marked = user_commit(
             &self.inserts.locks,
             &self.inserts.txns,
             id,
             "begin_user_deletion",
             || self.deletions.begin_user_deletion(id),
         )
-        .await?
-        .value
-        .ok_or(DomainError::NotFound)?;
+        .await;
+        // Even if its answer was lost: it may have applied.
         self.auth_cache.forget_all();
-        Ok(user)
+        marked?.value.ok_or(DomainError::NotFound)
     }
 
     /// A page of every user, oldest first (without their file lists).
@@ -208,12 +207,22 @@ impl UserService {
             .key(user, id)
             .await?
             .ok_or(DomainError::NotFound)?;
-        let deleted = self.keys.delete_key(user, id).await;
+        // Under the user's commit lock, as the mints are (each writes the
+        // key that mints): a burst of mints with the key cannot starve its
+        // revocation into write conflicts.
+        let deleted = user_commit(
+            &self.inserts.locks,
+            &self.inserts.txns,
+            user,
+            "delete_key",
+            || self.keys.delete_key(user, id),
+        )
+        .await;
         // Even if its answer was lost: it may have applied. Revocations are
         // rare: forgetting everything is simpler than finding the entries
         // the key (and its tokens) authenticated.
         self.auth_cache.forget_all();
-        if !deleted? {
+        if !deleted?.value {
             return Err(DomainError::NotFound);
         }
         Ok(key)

@@ -206,7 +206,9 @@ impl ResumableService {
             None => None,
         };
         let now = match (self.resumables.resumable(&read.id).await, error) {
-            (Ok(Some(now)), Some(e)) if same_progress(&now, read) => {
+            (Ok(Some(now)), Some(e))
+                if now.progress() == read.progress() && same_bytes(&now, read) =>
+            {
                 return Err(DomainError::Internal(e).into());
             }
             (Ok(Some(now)), _) => now,
@@ -433,7 +435,10 @@ impl ResumableService {
         };
         tracing::warn!(upload = %upload.id, error = %error, "the state's update went unanswered; reading it back");
         match self.resumables.resumable(&upload.id).await {
-            Ok(Some(now)) if same_progress(&now, upload) => Ok(true),
+            // Committed since by another request (a HEAD finishing it) is
+            // still this write, applied: a commit is a later state of the
+            // same bytes.
+            Ok(Some(now)) if same_bytes(&now, upload) => Ok(true),
             Ok(Some(now)) if now.progress() == expected => Err(error.into()),
             // Another request moved it, or it is gone.
             Ok(_) => Ok(false),
@@ -444,9 +449,9 @@ impl ResumableService {
     }
 }
 
-/// Whether `stored` holds the bytes `sent` records (the same progress,
-/// parts and hash state): the write of `sent` applied.
-fn same_progress(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
-    (stored.progress(), &stored.parts, &stored.sha256_state)
-        == (sent.progress(), &sent.parts, &sent.sha256_state)
+/// Whether `stored` holds the bytes `sent` records (the same offset,
+/// parts and hash state; committed or not): the write of `sent` applied.
+fn same_bytes(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
+    (stored.offset, &stored.parts, &stored.sha256_state)
+        == (sent.offset, &sent.parts, &sent.sha256_state)
 }
