@@ -4,7 +4,6 @@
 use async_trait::async_trait;
 use bson::doc;
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
 use mongodb::Collection;
 use serde::Serialize;
 
