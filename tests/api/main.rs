@@ -20,6 +20,7 @@ mod idempotency;
 mod key_upgrade;
 mod keys;
 mod lifecycle;
+mod link_revocation;
 mod links;
 mod lock_faults;
 mod lock_waiters;
