@@ -10,6 +10,7 @@ mod clients;
 mod content;
 mod crash;
 mod deletion;
+mod deletion_trickle;
 mod fault_suite;
 mod faults;
 mod files;
