@@ -53,7 +53,8 @@ impl ResumableService {
         self.find(user, id).await?;
         let guard = self.lock(id, super::TAKE_OVER_WAIT).await?;
         // Another request's ask to let go (a client resuming after its link
-        // died silently) ends the body here as a cut would.
+        // died silently) ends the body here as a cut would; the deletion
+        // of its user, asking too, ends the PATCH (`stop.rs`).
         let listener = guard
             .as_ref()
             .map(|_| self.locks.listen_for_release(&LockKey::resumable(id)));
