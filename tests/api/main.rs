@@ -11,6 +11,7 @@ mod content;
 mod crash;
 mod credentials;
 mod deletion;
+mod deletion_trickle;
 mod fault_suite;
 mod faults;
 mod files;
