@@ -53,6 +53,10 @@ pub struct TokenRecord {
     pub expires_at: DateTime<Utc>,
 }
 
+/// How long a revoked key's id is kept (see [`KeyRepo::insert_key`]):
+/// far longer than any resend of an insert lasts (the settle window).
+pub const REVOKED_KEPT: chrono::Duration = chrono::Duration::hours(1);
+
 /// What the insert of a key checks in its transaction, besides its user.
 #[derive(Clone, Copy, Debug)]
 pub struct KeyMint<'a> {
@@ -71,8 +75,9 @@ pub trait KeyRepo: Send + Sync {
     /// document (so that it cannot slip past the user's deletion, and
     /// concurrent inserts count one another); `UserDeleting` if the user is
     /// gone or being deleted, `MinterRevoked` or `TooManyKeys` as
-    /// [`KeyMint`] says, `Duplicate` if a key with its id is stored (checked
-    /// first: a resend of an insert that applied).
+    /// [`KeyMint`] says, `Duplicate` if a key with its id is stored or was
+    /// revoked within [`REVOKED_KEPT`] (a resend of an insert that applied:
+    /// it is never stored again once revoked).
     async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()>;
 
     /// The key whose secret hashes to `hash`, and its user (without the
@@ -112,6 +117,7 @@ pub trait KeyRepo: Send + Sync {
         hash: &ApiKeyHash,
     ) -> MetaResult<Option<(TokenRecord, UserRecord)>>;
 
-    /// Deletes the tokens that expired before `before`; how many.
+    /// Deletes the tokens that expired before `before`, and the ids of keys
+    /// revoked [`REVOKED_KEPT`] before it; how many tokens.
     async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64>;
 }

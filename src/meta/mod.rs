@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 
 pub use self::deletion::DeletionRepo;
 pub use self::error::{MetaError, MetaResult};
-pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyMint, KeyRepo, TokenRecord};
+pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyMint, KeyRepo, REVOKED_KEPT, TokenRecord};
 pub use self::records::*;
 pub use self::resumable::{OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo};
 use crate::vocab::{

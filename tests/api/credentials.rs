@@ -273,3 +273,41 @@ async fn key_lists_are_paged() {
         (StatusCode::BAD_REQUEST, &json!("invalid_request"))
     );
 }
+
+/// The resend of a key's insert whose answer was lost (it applied) runs
+/// after the key was listed and revoked: it must not store the key again.
+/// The store keeps a revoked key's id for `REVOKED_KEPT` (then forgets it,
+/// so the ids kept do not grow with history) and answers the resend as a
+/// duplicate: applied before.
+#[tokio::test]
+async fn a_resent_key_insert_never_brings_back_a_key_revoked_meanwhile() {
+    use filedock::{
+        meta::{ApiKeyRecord, KeyMint, MetaError, REVOKED_KEPT},
+        vocab::{ApiKeyHash, KeyId},
+    };
+    let app = spawn_app().await;
+    let ann = app.create_user("ann").await;
+    let meta = &app.state.ports.meta;
+    let record = ApiKeyRecord {
+        id: KeyId::new(),
+        user_id: ann.user_id(),
+        name: "resent".into(),
+        hash: ApiKeyHash::from_hex(sha256_hex(b"fdk_resent")),
+        created_at: filedock::meta::now(),
+    };
+    let mint = KeyMint { by: None, max: 100 };
+    meta.insert_key(&record, mint).await.unwrap();
+    assert!(meta.delete_key(&ann.user_id(), &record.id).await.unwrap());
+    let resent = meta.insert_key(&record, mint).await;
+    assert!(matches!(resent, Err(MetaError::Duplicate)), "{resent:?}");
+    assert!(
+        meta.key(&ann.user_id(), &record.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Forgotten once REVOKED_KEPT has passed (the sweeper's token pass).
+    let later = filedock::meta::now() + REVOKED_KEPT + chrono::Duration::seconds(1);
+    meta.delete_expired_tokens(later).await.unwrap();
+    meta.insert_key(&record, mint).await.unwrap();
+}

@@ -49,6 +49,13 @@ fn user_token_index(t: &TokenRecord) -> String {
     format!("{user}{at}/{}", t.hash.as_str())
 }
 
+/// `revoked_keys/{key id}` → when: the keys revoked within
+/// [`crate::meta::REVOKED_KEPT`], so that the resend of a key's insert
+/// whose answer was lost cannot bring back a key revoked meanwhile.
+fn revoked_key(id: &KeyId) -> String {
+    format!("revoked_keys/{id}")
+}
+
 /// Deletes a token and its index entries inside `tx`.
 pub(super) fn drop_token(tx: &mut Txn, t: &TokenRecord) {
     tx.delete(&token_key(&t.hash));
@@ -149,7 +156,10 @@ impl KeyRepo for EmbeddedStore {
         self.transaction(move |tx| {
             owner_may_write(tx, &key.user_id)?;
             let index = format!("{}{}", user_keys(&key.user_id), key.id);
-            if tx.get::<ApiKeyHash>(&index)?.is_some() {
+            // Stored, or stored and revoked since: a resend.
+            if tx.get::<ApiKeyHash>(&index)?.is_some()
+                || tx.get::<DateTime<Utc>>(&revoked_key(&key.id))?.is_some()
+            {
                 return Err(MetaError::Duplicate);
             }
             if let Some(by) = &by {
@@ -218,6 +228,7 @@ impl KeyRepo for EmbeddedStore {
             };
             tx.delete(&index);
             tx.delete(&hash_key(&hash));
+            tx.put(&revoked_key(&id), &crate::meta::now())?;
             // Its tokens die with it (authentication checks the key anyway).
             for k in tx.keys(&key_tokens(&id), None, usize::MAX)? {
                 let hash = &k[key_tokens(&id).len()..];
@@ -273,6 +284,14 @@ impl KeyRepo for EmbeddedStore {
 
     async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
         self.transaction(move |tx| {
+            for k in tx.keys("revoked_keys/", None, usize::MAX)? {
+                if tx
+                    .get::<DateTime<Utc>>(&k)?
+                    .is_some_and(|at| at < before - crate::meta::REVOKED_KEPT)
+                {
+                    tx.delete(&k);
+                }
+            }
             let mut deleted = 0;
             for k in tx.keys("tokens/", None, usize::MAX)? {
                 if let Some(t) = tx.get::<TokenRecord>(&k)?

@@ -162,6 +162,9 @@ impl MongoStore {
         self.tokens()
             .create_index(index(doc! {"expires_at": 1}, false))
             .await?;
+        self.revoked_keys()
+            .create_index(index(doc! {"at": 1}, false))
+            .await?;
         // A user's deletion finds their open uploads and tokens by these;
         // a mint counts the user's live tokens by the second.
         self.resumables()
@@ -237,6 +240,13 @@ impl MongoStore {
 
     fn tokens(&self) -> Collection<TokenRecord> {
         self.db.collection("api_tokens")
+    }
+
+    /// `revoked_keys {_id: key id, at}`: the ids of keys revoked within
+    /// [`crate::meta::REVOKED_KEPT`], so that the resend of a key's insert
+    /// whose answer was lost cannot bring back a key revoked meanwhile.
+    fn revoked_keys(&self) -> Collection<Document> {
+        self.db.collection("revoked_keys")
     }
 
     fn files(&self) -> Collection<FileRecord> {

@@ -69,6 +69,18 @@ impl MongoStore {
             if user.matched_count == 0 {
                 return Err(MetaError::UserDeleting);
             }
+            if let Some(id) = check.as_ref().and_then(|c| c.new_key)
+                && self
+                    .revoked_keys()
+                    .find_one(doc! {"_id": id})
+                    .session(&mut s)
+                    .await
+                    .map_err(classify)?
+                    .is_some()
+            {
+                // Inserted before, then revoked: this is a resend.
+                return Err(MetaError::Duplicate);
+            }
             into.insert_one(record)
                 .session(&mut s)
                 .await
@@ -107,6 +119,9 @@ impl MongoStore {
 
 /// What [`MongoStore::insert_minted`] checks besides the owner.
 pub(super) struct MintCheck<'a> {
+    /// The id of the key inserted, if a key: `Duplicate` if it was revoked
+    /// (a resend of an insert that applied, then was revoked).
+    new_key: Option<&'a KeyId>,
     by: Option<&'a KeyId>,
     count: bson::Document,
     max: usize,
@@ -172,6 +187,7 @@ impl UserRepo for MongoStore {
 impl KeyRepo for MongoStore {
     async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()> {
         let check = MintCheck {
+            new_key: Some(&key.id),
             by: mint.by,
             count: doc! {"user_id": &key.user_id},
             max: mint.max,
@@ -217,6 +233,17 @@ impl KeyRepo for MongoStore {
     }
 
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
+        // Its id is kept first: a resend of its insert (whose answer was
+        // lost) that runs after the delete finds it, and stores nothing.
+        let at = bson::DateTime::from_chrono(crate::meta::now());
+        self.revoked_keys()
+            .update_one(
+                doc! {"_id": id},
+                doc! {"$setOnInsert": {"user_id": user, "at": at}},
+            )
+            .upsert(true)
+            .await
+            .map_err(classify)?;
         // A delete whose answer was lost may have applied: unknown, not failed.
         let deleted = self
             .keys()
@@ -235,6 +262,7 @@ impl KeyRepo for MongoStore {
     async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
         let now = bson::DateTime::from_chrono(crate::meta::now());
         let check = MintCheck {
+            new_key: None,
             by: Some(&token.key_id),
             count: doc! {"user_id": &token.user_id, "expires_at": {"$gt": now}},
             max: max_live,
@@ -266,6 +294,11 @@ impl KeyRepo for MongoStore {
     }
 
     async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
+        let kept_from = bson::DateTime::from_chrono(before - crate::meta::REVOKED_KEPT);
+        self.revoked_keys()
+            .delete_many(doc! {"at": {"$lt": kept_from}})
+            .await
+            .map_err(classify)?;
         let deleted = self
             .tokens()
             .delete_many(doc! {"expires_at": {"$lt": bson::DateTime::from_chrono(before)}})
