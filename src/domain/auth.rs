@@ -150,7 +150,9 @@ mod tests {
     use super::*;
     use crate::{
         domain::{test_kit::Kit, users::create_user},
-        meta::{ApiKeyRecord, KeyMint, MetaResult, TokenRecord, UserRecord, embedded::EmbeddedStore},
+        meta::{
+            ApiKeyRecord, KeyMint, MetaResult, TokenRecord, UserRecord, embedded::EmbeddedStore,
+        },
         vocab::{KeyId, UserId},
     };
 
@@ -236,7 +238,11 @@ mod tests {
     async fn a_lookup_answering_after_a_revocation_leaves_nothing_remembered() {
         let kit = Kit::new(|_| {}).await;
         let (user, key) = create_user(kit.meta.as_ref(), "bea").await.unwrap();
-        let stalled = Stalled(kit.meta.clone(), Duration::from_millis(300), Default::default());
+        let stalled = Stalled(
+            kit.meta.clone(),
+            Duration::from_millis(300),
+            Default::default(),
+        );
         let cache = AuthCache::new(Duration::from_secs(600));
         let first = authenticate(&stalled, &cache, &key.secret);
         let revoke = async {

@@ -71,7 +71,10 @@ async fn a_revoked_key_mints_nothing_on_an_instance_that_still_remembers_it() {
     let first = spawn_app_with(settings.clone()).await;
     let second = spawn_app_with(settings).await;
     let ann = first.create_user("ann").await;
-    let leaked = holding(&ann, &admin_key_for(&first, &ann, "leaked").await["api_key"]);
+    let leaked = holding(
+        &ann,
+        &admin_key_for(&first, &ann, "leaked").await["api_key"],
+    );
     let (status, before) = mint_token(&second, &leaked, 600).await;
     assert_eq!(status, StatusCode::CREATED, "{before}");
     let before = holding(&ann, &before["token"]);
@@ -154,8 +157,14 @@ async fn mints_racing_their_keys_revocation_answer_what_was_stored() {
     assert!(!stored.contains(&doomed_id));
     assert_eq!(made + refused, 24);
     // After the revocation: refused, on this instance at once.
-    assert_eq!(mint_key(&app, &doomed, "late").await.0, StatusCode::UNAUTHORIZED);
-    assert_eq!(mint_token(&app, &doomed, 60).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        mint_key(&app, &doomed, "late").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        mint_token(&app, &doomed, 60).await.0,
+        StatusCode::UNAUTHORIZED
+    );
 }
 
 /// 20 key mints and 30 token mints at once against caps of 5 keys and 10
@@ -190,7 +199,10 @@ async fn concurrent_mints_never_pass_the_caps_on_keys_and_live_tokens() {
             Some(json!({"name": "by the admin"})),
         )
         .await;
-    assert_eq!((status, &body["error"]["code"]), (StatusCode::CONFLICT, &json!("too_many_keys")));
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::CONFLICT, &json!("too_many_keys"))
+    );
 
     // Two that expire in a second, then 30 racing for the 8 places left.
     for _ in 0..2 {
@@ -212,8 +224,15 @@ async fn concurrent_mints_never_pass_the_caps_on_keys_and_live_tokens() {
     let later = join_all((0..3).map(|_| mint_token(&app, &ann, 600))).await;
     assert_eq!(count(&later, StatusCode::CREATED), 2, "{later:?}");
     // Every token answered 201 works.
-    for (_, t) in tokens.iter().chain(&later).filter(|(s, _)| *s == StatusCode::CREATED) {
-        assert_eq!(status_of_me(&app, &holding(&ann, &t["token"])).await, StatusCode::OK);
+    for (_, t) in tokens
+        .iter()
+        .chain(&later)
+        .filter(|(s, _)| *s == StatusCode::CREATED)
+    {
+        assert_eq!(
+            status_of_me(&app, &holding(&ann, &t["token"])).await,
+            StatusCode::OK
+        );
     }
 }
 
@@ -224,7 +243,10 @@ async fn key_lists_are_paged() {
     let app = spawn_app().await;
     let ann = app.create_user("ann").await;
     for i in 0..6 {
-        assert_eq!(mint_key(&app, &ann, &format!("k{i}")).await.0, StatusCode::CREATED);
+        assert_eq!(
+            mint_key(&app, &ann, &format!("k{i}")).await.0,
+            StatusCode::CREATED
+        );
     }
     let ids = key_ids(&app, &ann).await;
     assert_eq!(ids.len(), 7);
@@ -236,10 +258,18 @@ async fn key_lists_are_paged() {
     assert_eq!(page["keys"].as_array().unwrap().len(), 4);
     let cursor = page["next_cursor"].as_str().unwrap();
     let (_, rest) = app
-        .json("GET", format!("/v1/me/keys?limit=4&cursor={cursor}"), &ann, None)
+        .json(
+            "GET",
+            format!("/v1/me/keys?limit=4&cursor={cursor}"),
+            &ann,
+            None,
+        )
         .await;
     assert_eq!(rest["keys"].as_array().unwrap().len(), 3);
     assert!(rest["next_cursor"].is_null());
     let (status, body) = app.json("GET", "/v1/me/keys?limit=0", &ann, None).await;
-    assert_eq!((status, &body["error"]["code"]), (StatusCode::BAD_REQUEST, &json!("invalid_request")));
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::BAD_REQUEST, &json!("invalid_request"))
+    );
 }

@@ -86,7 +86,13 @@ async fn create_old_index(settings: &filedock::config::Settings) {
 
 /// The names of `user`'s keys as the store holds them.
 async fn stored_keys(app: &TestApp, user: &TestUser) -> Vec<String> {
-    let keys = app.state.ports.meta.keys(&user.user_id(), None, 1000).await.unwrap();
+    let keys = app
+        .state
+        .ports
+        .meta
+        .keys(&user.user_id(), None, 1000)
+        .await
+        .unwrap();
     keys.into_iter().map(|k| k.name).collect()
 }
 

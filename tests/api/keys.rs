@@ -76,7 +76,13 @@ async fn a_user_holds_several_keys_lists_them_without_secrets_and_revokes_one_at
     }
 
     // Stored hashed: the store has the secret's SHA-256, not the secret.
-    let stored = app.state.ports.meta.keys(&ann.user_id(), None, 1000).await.unwrap();
+    let stored = app
+        .state
+        .ports
+        .meta
+        .keys(&ann.user_id(), None, 1000)
+        .await
+        .unwrap();
     assert_eq!(stored.len(), 2);
     assert_eq!(
         stored[1].hash.as_str(),

@@ -55,9 +55,7 @@ pub(super) fn owner_may_write(tx: &mut Txn, owner: &UserId) -> MetaResult<()> {
 fn minter_alive(tx: &mut Txn, owner: &UserId, minter: &KeyId) -> MetaResult<()> {
     let index = format!("{}{minter}", user_keys(owner));
     let hash: ApiKeyHash = tx.get(&index)?.ok_or(MetaError::MinterRevoked)?;
-    let key: ApiKeyRecord = tx
-        .get(&hash_key(&hash))?
-        .ok_or(MetaError::MinterRevoked)?;
+    let key: ApiKeyRecord = tx.get(&hash_key(&hash))?.ok_or(MetaError::MinterRevoked)?;
     tx.put(&hash_key(&hash), &key)
 }
 

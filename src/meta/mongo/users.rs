@@ -13,7 +13,9 @@ use super::{
     find_sorted,
 };
 use crate::{
-    meta::{ApiKeyRecord, KeyMint, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo},
+    meta::{
+        ApiKeyRecord, KeyMint, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo,
+    },
     vocab::{ApiKeyHash, KeyId, UserId},
 };
 
