@@ -77,7 +77,7 @@ after_links() {
   local sha
   sha=$(sha256sum <hello.txt | cut -d' ' -f1)
   check "the checksummed upload stored" is "$(api "/v1/files/$ID" | json 'd["sha256"]')" "$sha"
-  check "a link URL as the comment shows it" like "$URL" "$RT_BASE/v1/links/$ID?user=*&expires=*&signature=*"
+  check "a link URL as the comment shows it" like "$URL" "$RT_BASE/v1/links/$ID?user=*&key=*&expires=*&signature=*"
   check "the link to download hello filedock (no key)" is "$(cat "$RT_DIR/out/links.out")" "hello filedock"
   local files refused
   files=$(api /v1/me | json 'd["usage"]["file_count"]')

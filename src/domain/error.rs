@@ -78,6 +78,9 @@ pub enum DomainError {
     LinkInvalid,
     #[error("this link has expired")]
     LinkExpired,
+    /// The key that made the link (or minted the token that did) was revoked.
+    #[error("the key that made this link has been revoked")]
+    LinkRevoked,
     /// The `Idempotency-Key` was used before for a different request (body,
     /// filename or content type).
     #[error(
@@ -121,6 +124,7 @@ impl DomainError {
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::LinkInvalid => "link_invalid",
             Self::LinkExpired => "link_expired",
+            Self::LinkRevoked => "link_revoked",
             Self::IdempotencyKeyMismatch => "idempotency_key_mismatch",
             Self::IdempotencyKeyInFlight => "idempotency_key_in_flight",
             Self::DeadLettered(_) => "dead_lettered",

@@ -1,7 +1,10 @@
-//! Signed links: an HMAC-SHA256 over the owner, the file and the expiry
-//! lets whoever holds the link download that one file until it expires,
-//! without an API key. Nothing is stored per link: a deleted file's links
-//! die with it, because the download looks the file up (ids are never reused).
+//! Signed links: an HMAC-SHA256 over the owner, the file, the key that made
+//! the link and the expiry lets whoever holds the link download that one
+//! file until it expires, without an API key. Nothing is stored per link: a
+//! deleted file's links die with it, because the download looks the file up
+//! (ids are never reused), and a revoked key's links with the key, because
+//! the download asks whether it is alive (as S3's presigned URLs stop
+//! working when their access key is deactivated).
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use chrono::{DateTime, Utc};
@@ -17,8 +20,12 @@ pub const MAX_LINK_SECS: u64 = 7 * 24 * 3600;
 /// strength is reached at 32 bytes).
 pub const MIN_SECRET_BYTES: usize = 32;
 /// Bound into every signature, so that a signature made for something else
-/// with the same secret can never pass for a link.
-const CONTEXT: &str = "filedock-link-v1";
+/// with the same secret can never pass for a link. A link without a key
+/// (made before links carried one) is signed under v1, one with a key under
+/// v2: a v1 signature can never pass with a key added, nor a v2 one with
+/// its key removed.
+const CONTEXT_V1: &str = "filedock-link-v1";
+const CONTEXT_V2: &str = "filedock-link-v2";
 
 /// Makes and checks link signatures with the server's secret.
 pub struct LinkSigner {
@@ -32,6 +39,9 @@ pub struct LinkSigner {
 pub struct SignedLink<'a> {
     pub owner_id: &'a str,
     pub file_id: &'a str,
+    /// The id of the key that made the link (or minted the token that did);
+    /// `None` for a link made before links carried one.
+    pub key_id: Option<&'a str>,
     /// Unix seconds, as the URL carries them: only the form [`LinkSigner::sign`]
     /// writes (no sign, no leading zero) is a link.
     pub expires: &'a str,
@@ -59,16 +69,34 @@ impl LinkSigner {
         Ok(Self { mac, ephemeral })
     }
 
-    fn mac_of(&self, owner_id: &str, file_id: &str, expires: i64) -> Hmac<Sha256> {
+    fn mac_of(
+        &self,
+        owner_id: &str,
+        file_id: &str,
+        key_id: Option<&str>,
+        expires: i64,
+    ) -> Hmac<Sha256> {
         let mut mac = self.mac.clone();
-        mac.update(format!("{CONTEXT}\n{owner_id}\n{file_id}\n{expires}").as_bytes());
+        let signed = match key_id {
+            None => format!("{CONTEXT_V1}\n{owner_id}\n{file_id}\n{expires}"),
+            Some(key) => format!("{CONTEXT_V2}\n{owner_id}\n{file_id}\n{key}\n{expires}"),
+        };
+        mac.update(signed.as_bytes());
         mac
     }
 
-    /// The signature of a link to `file_id` of `owner_id` expiring at `expires`.
-    pub fn sign(&self, owner_id: &str, file_id: &str, expires: DateTime<Utc>) -> String {
+    /// The signature of a link to `file_id` of `owner_id`, made with the key
+    /// `key_id` (`None`: a v1 link, as made before links carried their key;
+    /// the server makes none now), expiring at `expires`.
+    pub fn sign(
+        &self,
+        owner_id: &str,
+        file_id: &str,
+        key_id: Option<&str>,
+        expires: DateTime<Utc>,
+    ) -> String {
         let tag = self
-            .mac_of(owner_id, file_id, expires.timestamp())
+            .mac_of(owner_id, file_id, key_id, expires.timestamp())
             .finalize();
         URL_SAFE_NO_PAD.encode(tag.into_bytes())
     }
@@ -86,7 +114,7 @@ impl LinkSigner {
         let tag = URL_SAFE_NO_PAD
             .decode(link.signature)
             .map_err(|_| DomainError::LinkInvalid)?;
-        self.mac_of(link.owner_id, link.file_id, expires)
+        self.mac_of(link.owner_id, link.file_id, link.key_id, expires)
             .verify_slice(&tag)
             .map_err(|_| DomainError::LinkInvalid)?;
         if now.timestamp() >= expires {
@@ -96,16 +124,30 @@ impl LinkSigner {
     }
 }
 
-/// When a link asked for `expires_in` seconds from `now` expires, or why it may not.
-pub fn expiry(now: DateTime<Utc>, expires_in: u64) -> Result<DateTime<Utc>, DomainError> {
+/// When a link asked for `expires_in` seconds from `now` expires, or why it
+/// may not. A link made with a token expires with the token at the latest
+/// (`not_after`, the token's expiry), as a presigned URL signed with
+/// temporary credentials dies with them: clamped, not refused, since a
+/// client cannot know to the second how long its token has left (the answer
+/// names the expiry the link got).
+pub fn expiry(
+    now: DateTime<Utc>,
+    expires_in: u64,
+    not_after: Option<DateTime<Utc>>,
+) -> Result<DateTime<Utc>, DomainError> {
     if !(1..=MAX_LINK_SECS).contains(&expires_in) {
         return Err(DomainError::InvalidRequest(format!(
             "expires_in must be between 1 and {MAX_LINK_SECS} seconds"
         )));
     }
-    // Whole seconds, as the URL carries them.
-    let now = DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now);
-    Ok(now + chrono::Duration::seconds(expires_in as i64))
+    // Whole seconds, as the URL carries them; a cap rounds down, so the
+    // link never outlives it.
+    let whole = |t: DateTime<Utc>| DateTime::from_timestamp(t.timestamp(), 0).unwrap_or(t);
+    let asked = whole(now) + chrono::Duration::seconds(expires_in as i64);
+    Ok(match not_after {
+        Some(cap) => asked.min(whole(cap)),
+        None => asked,
+    })
 }
 
 #[cfg(test)]
@@ -116,55 +158,103 @@ mod tests {
         LinkSigner::new(Some(&SecretString::from("k".repeat(MIN_SECRET_BYTES)))).unwrap()
     }
 
+    fn link<'a>(
+        owner: &'a str,
+        file: &'a str,
+        key: Option<&'a str>,
+        expires: &'a str,
+        sig: &'a str,
+    ) -> SignedLink<'a> {
+        SignedLink {
+            owner_id: owner,
+            file_id: file,
+            key_id: key,
+            expires,
+            signature: sig,
+        }
+    }
+
     #[test]
     fn a_link_verifies_until_it_expires_and_only_as_signed() {
         let s = signer();
         let now = Utc::now();
-        let at = expiry(now, 60).unwrap();
-        let sig = s.sign("u1", "f1", at);
-        fn link<'a>(
-            owner: &'a str,
-            file: &'a str,
-            expires: &'a str,
-            sig: &'a str,
-        ) -> SignedLink<'a> {
-            SignedLink {
-                owner_id: owner,
-                file_id: file,
-                expires,
-                signature: sig,
-            }
-        }
+        let at = expiry(now, 60, None).unwrap();
+        let sig = s.sign("u1", "f1", Some("k1"), at);
         let t = at.timestamp().to_string();
         let t = t.as_str();
         assert_eq!(
-            s.verify(&link("u1", "f1", t, &sig), now).ok(),
+            s.verify(&link("u1", "f1", Some("k1"), t, &sig), now).ok(),
             Some(at.timestamp())
         );
         assert!(matches!(
-            s.verify(&link("u1", "f1", t, &sig), at),
+            s.verify(&link("u1", "f1", Some("k1"), t, &sig), at),
             Err(DomainError::LinkExpired)
         ));
         let later = (at.timestamp() + 1).to_string();
         let (zero, plus) = (format!("0{t}"), format!("+{t}"));
+        let k = Some("k1");
         for bad in [
-            link("u2", "f1", t, &sig),
-            link("u1", "f2", t, &sig),
-            link("u1", "f1", &later, &sig),
-            link("u1", "f1", &zero, &sig),
-            link("u1", "f1", &plus, &sig),
-            link("u1", "f1", t, "AAAA"),
-            link("u1", "f1", t, "not base64!"),
+            link("u2", "f1", k, t, &sig),
+            link("u1", "f2", k, t, &sig),
+            link("u1", "f1", k, &later, &sig),
+            link("u1", "f1", k, &zero, &sig),
+            link("u1", "f1", k, &plus, &sig),
+            link("u1", "f1", k, t, "AAAA"),
+            link("u1", "f1", k, t, "not base64!"),
+            // Another key's id, an empty one, or none (a v1 link's form).
+            link("u1", "f1", Some("k2"), t, &sig),
+            link("u1", "f1", Some(""), t, &sig),
+            link("u1", "f1", None, t, &sig),
         ] {
             assert!(matches!(s.verify(&bad, now), Err(DomainError::LinkInvalid)));
         }
+    }
+
+    /// A link made before links carried their key (v1) still verifies
+    /// until it expires; a key added to it does not.
+    #[test]
+    fn a_v1_link_verifies_until_it_expires_and_takes_no_key() {
+        let s = signer();
+        let now = Utc::now();
+        let at = expiry(now, 60, None).unwrap();
+        let sig = s.sign("u1", "f1", None, at);
+        let t = at.timestamp().to_string();
+        assert_eq!(
+            s.verify(&link("u1", "f1", None, &t, &sig), now).ok(),
+            Some(at.timestamp())
+        );
+        assert!(matches!(
+            s.verify(&link("u1", "f1", None, &t, &sig), at),
+            Err(DomainError::LinkExpired)
+        ));
+        for key in ["k1", ""] {
+            assert!(matches!(
+                s.verify(&link("u1", "f1", Some(key), &t, &sig), now),
+                Err(DomainError::LinkInvalid)
+            ));
+        }
+    }
+
+    /// A token's link expires with the token at the latest, rounded down
+    /// to the second the URL carries.
+    #[test]
+    fn a_tokens_link_never_outlives_the_token() {
+        let now = DateTime::from_timestamp(1_000, 250_000_000).unwrap();
+        let token_ends = DateTime::from_timestamp(1_060, 900_000_000).unwrap();
+        let at = expiry(now, MAX_LINK_SECS, Some(token_ends)).unwrap();
+        assert_eq!(at, DateTime::from_timestamp(1_060, 0).unwrap());
+        let shorter = expiry(now, 10, Some(token_ends)).unwrap();
+        assert_eq!(shorter, DateTime::from_timestamp(1_010, 0).unwrap());
+        // The bounds hold whatever the cap.
+        assert!(expiry(now, 0, Some(token_ends)).is_err());
+        assert!(expiry(now, MAX_LINK_SECS + 1, Some(token_ends)).is_err());
     }
 
     #[test]
     fn short_secrets_and_unbounded_expiries_are_refused() {
         assert!(LinkSigner::new(Some(&SecretString::from("short"))).is_err());
         assert!(LinkSigner::new(None).unwrap().ephemeral);
-        assert!(expiry(Utc::now(), 0).is_err());
-        assert!(expiry(Utc::now(), MAX_LINK_SECS + 1).is_err());
+        assert!(expiry(Utc::now(), 0, None).is_err());
+        assert!(expiry(Utc::now(), MAX_LINK_SECS + 1, None).is_err());
     }
 }

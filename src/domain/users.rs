@@ -91,18 +91,17 @@ impl UserService {
     pub async fn begin_deletion(&self, id: &UserId) -> Result<UserRecord, DomainError> {
         // Under the user's commit lock, as a quota change: ordered with
         // their commits, not starved by them into write conflicts.
-        let user = user_commit(
+        let marked = user_commit(
             &self.inserts.locks,
             &self.inserts.txns,
             id,
             "begin_user_deletion",
             || self.deletions.begin_user_deletion(id),
         )
-        .await?
-        .value
-        .ok_or(DomainError::NotFound)?;
+        .await;
+        // Even if its answer was lost: it may have applied.
         self.auth_cache.forget_all();
-        Ok(user)
+        marked?.value.ok_or(DomainError::NotFound)
     }
 
     /// A page of every user, oldest first (without their file lists).
@@ -208,15 +207,43 @@ impl UserService {
             .key(user, id)
             .await?
             .ok_or(DomainError::NotFound)?;
-        let deleted = self.keys.delete_key(user, id).await;
+        // Under the user's commit lock, as the mints are (each writes the
+        // key that mints): a burst of mints with the key cannot starve its
+        // revocation into write conflicts.
+        let deleted = user_commit(
+            &self.inserts.locks,
+            &self.inserts.txns,
+            user,
+            "delete_key",
+            || self.keys.delete_key(user, id),
+        )
+        .await;
         // Even if its answer was lost: it may have applied. Revocations are
         // rare: forgetting everything is simpler than finding the entries
         // the key (and its tokens) authenticated.
         self.auth_cache.forget_all();
-        if !deleted? {
+        if !deleted?.value {
             return Err(DomainError::NotFound);
         }
         Ok(key)
+    }
+
+    /// Whether `owner`'s key `id` still exists (a signed link's download
+    /// asks). A key this instance authenticated within the auth cache's
+    /// lifetime is alive without a round trip; any other is read from the
+    /// store and, if there, remembered. So a revocation holds here at once
+    /// and elsewhere within `FILEDOCK_AUTH_CACHE_SECS`, as it does for the
+    /// key itself.
+    pub async fn key_alive(&self, owner: &UserId, id: &KeyId) -> Result<bool, DomainError> {
+        if self.auth_cache.key_alive(id) {
+            return Ok(true);
+        }
+        let start = self.auth_cache.lookup_start();
+        let alive = self.keys.key(owner, id).await?.is_some();
+        if alive {
+            self.auth_cache.remember_key_alive(*id, start);
+        }
+        Ok(alive)
     }
 
     /// Who a bearer secret belongs to (see [`authenticate`]).
@@ -286,7 +313,110 @@ pub async fn create_user(
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        sync::atomic::{AtomicUsize, Ordering},
+        time::Duration,
+    };
+
+    use async_trait::async_trait;
+    use chrono::{DateTime, Utc};
+
     use super::*;
+    use crate::{
+        config::Settings,
+        domain::test_kit::Kit,
+        meta::{MetaResult, TokenRecord, embedded::EmbeddedStore, retry::Transactions},
+        metrics::Metrics,
+        vocab::{ApiKeyHash, UserId},
+    };
+
+    /// The store's keys, counting the reads of one key by id.
+    struct Counted(Arc<EmbeddedStore>, AtomicUsize);
+
+    #[async_trait]
+    impl KeyRepo for Counted {
+        async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()> {
+            self.0.insert_key(key, mint).await
+        }
+        async fn key_by_hash(
+            &self,
+            hash: &ApiKeyHash,
+        ) -> MetaResult<Option<(ApiKeyRecord, UserRecord)>> {
+            self.0.key_by_hash(hash).await
+        }
+        async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.key(user, id).await
+        }
+        async fn keys(
+            &self,
+            user: &UserId,
+            after: Option<&KeyId>,
+            limit: usize,
+        ) -> MetaResult<Vec<ApiKeyRecord>> {
+            self.0.keys(user, after, limit).await
+        }
+        async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
+            self.0.delete_key(user, id).await
+        }
+        async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
+            self.0.insert_token(token, max_live).await
+        }
+        async fn token_by_hash(
+            &self,
+            hash: &ApiKeyHash,
+        ) -> MetaResult<Option<(TokenRecord, UserRecord)>> {
+            self.0.token_by_hash(hash).await
+        }
+        async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
+            self.0.delete_expired_tokens(before).await
+        }
+    }
+
+    /// A signed link's key check: a key this instance authenticated is
+    /// alive without a read; another is read once and then remembered; a
+    /// key deleted elsewhere stays alive here until the cache forgets it
+    /// (the documented bound), and is dead at once once it does.
+    #[tokio::test]
+    async fn a_keys_liveness_comes_from_the_auth_cache_when_it_can() {
+        let kit = Kit::new(|_| {}).await;
+        let defaults = Settings::embedded(std::env::temp_dir());
+        let keys = Arc::new(Counted(kit.meta.clone(), AtomicUsize::new(0)));
+        let users = UserService::new(
+            (kit.meta.clone(), kit.meta.clone()),
+            keys.clone(),
+            AuthCache::new(Duration::from_secs(600)),
+            (None, 100),
+            OwnedInserts {
+                locks: kit.locks.clone(),
+                txns: Transactions::new(defaults.txn_retry, Arc::new(Metrics::default())),
+                settle_window: defaults.settle_window,
+            },
+        );
+        let reads = || keys.1.load(Ordering::SeqCst);
+        let (ann, first) = create_user(kit.meta.as_ref(), "ann").await.unwrap();
+        let (bob, second) = create_user(kit.meta.as_ref(), "bob").await.unwrap();
+        users.authenticate(&first.secret).await.unwrap();
+        assert!(users.key_alive(&ann.id, &first.record.id).await.unwrap());
+        assert_eq!(reads(), 0, "authenticated here: no read");
+        assert!(users.key_alive(&bob.id, &second.record.id).await.unwrap());
+        assert!(users.key_alive(&bob.id, &second.record.id).await.unwrap());
+        assert_eq!(reads(), 1, "read once, then remembered");
+        assert!(!users.key_alive(&ann.id, &KeyId::new()).await.unwrap());
+        // Revoked by another instance: alive here until the cache forgets.
+        assert!(
+            kit.meta
+                .delete_key(&bob.id, &second.record.id)
+                .await
+                .unwrap()
+        );
+        assert!(users.key_alive(&bob.id, &second.record.id).await.unwrap());
+        users.forget_authentications();
+        assert!(!users.key_alive(&bob.id, &second.record.id).await.unwrap());
+        // Revoked here: dead at once.
+        users.revoke_key(&ann.id, &first.record.id).await.unwrap();
+        assert!(!users.key_alive(&ann.id, &first.record.id).await.unwrap());
+    }
 
     #[test]
     fn keys_are_random_and_hashes_stable() {

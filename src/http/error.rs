@@ -51,7 +51,9 @@ impl ApiError {
             D::NotFound => StatusCode::NOT_FOUND,
             D::InvalidRequest(_) | D::DigestMismatch(_) => StatusCode::BAD_REQUEST,
             D::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            D::LinkInvalid | D::LinkExpired | D::Forbidden(_) => StatusCode::FORBIDDEN,
+            D::LinkInvalid | D::LinkExpired | D::LinkRevoked | D::Forbidden(_) => {
+                StatusCode::FORBIDDEN
+            }
             D::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             D::TooManyUploads(_) => StatusCode::TOO_MANY_REQUESTS,
             // Not retried after a pause (no `Retry-After`): an open upload has to end first.

@@ -1,7 +1,7 @@
 //! Signed links: `POST /v1/files/{id}/links` makes one; `GET /v1/links/{id}`
-//! downloads the file with it, without an API key, until it expires — by
-//! streaming it, or (`FILEDOCK_SIGNED_LINKS=redirect`, S3) by a redirect to
-//! a presigned GET.
+//! downloads the file with it, without an API key, until it expires or the
+//! key that made it is revoked — by streaming it, or
+//! (`FILEDOCK_SIGNED_LINKS=redirect`, S3) by a redirect to a presigned GET.
 
 use axum::{
     Json,
@@ -15,13 +15,18 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     error::{ApiError, ApiResult, ok},
-    extract::{AppJson, AppQuery, AuthUser, path_id},
+    extract::{AppJson, AppQuery, AuthCaller, path_id},
     files,
     state::AppState,
 };
 use crate::{
     config::SignedLinks,
-    domain::links::{SignedLink, expiry},
+    domain::{
+        DomainError,
+        auth::Grant,
+        links::{SignedLink, expiry},
+    },
+    vocab::KeyId,
 };
 
 /// The longest a redirect's presigned URL lives (never past the link's own
@@ -42,22 +47,33 @@ struct LinkView {
 }
 
 /// `POST /v1/files/{id}/links {"expires_in": seconds}` → 201 `{url, expires_at}`.
+/// The link carries the caller's key (a token's: the key that minted it)
+/// and, made with a token, expires with the token at the latest.
 pub async fn create(
-    AuthUser(user): AuthUser,
+    AuthCaller(caller): AuthCaller,
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
     AppJson(body): AppJson<NewLink>,
 ) -> ApiResult {
-    let expires_at = expiry(Utc::now(), body.expires_in)?;
-    let file = state.files.find(&user, &path_id(&id)?).await?;
-    let (owner_id, file_id) = (user.id.to_string(), file.id.to_string());
-    let signature = state.links.sign(&owner_id, &file_id, expires_at);
+    let token_expiry = match &caller.grant {
+        Grant::Token(t) => Some(t.expires_at),
+        Grant::Key => None,
+    };
+    let expires_at = expiry(Utc::now(), body.expires_in, token_expiry)?;
+    let user = &caller.user;
+    let file = state.files.find(user, &path_id(&id)?).await?;
+    let (owner_id, file_id, key_id) = (
+        user.id.to_string(),
+        file.id.to_string(),
+        caller.key_id.to_string(),
+    );
+    let signature = state
+        .links
+        .sign(&owner_id, &file_id, Some(&key_id), expires_at);
     let url = format!(
-        "{}/v1/links/{}?user={}&expires={}&signature={signature}",
+        "{}/v1/links/{file_id}?user={owner_id}&key={key_id}&expires={}&signature={signature}",
         base_url(&state, &headers)?,
-        file.id,
-        user.id,
         expires_at.timestamp(),
     );
     ok((StatusCode::CREATED, Json(LinkView { url, expires_at })))
@@ -79,12 +95,15 @@ fn base_url(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
 #[derive(Deserialize)]
 pub struct LinkQuery {
     user: String,
+    /// Absent on links made before links carried their key.
+    key: Option<String>,
     expires: String,
     signature: String,
 }
 
-/// `GET /v1/links/{id}?user=&expires=&signature=`: the file, as
-/// `GET /v1/files/{id}/content` serves it (ranges and conditionals too).
+/// `GET /v1/links/{id}?user=&key=&expires=&signature=`: the file, as
+/// `GET /v1/files/{id}/content` serves it (ranges and conditionals too),
+/// while the link's key is alive (checked before a redirect too).
 pub async fn download(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -94,12 +113,23 @@ pub async fn download(
     let link = SignedLink {
         owner_id: &q.user,
         file_id: &id,
+        key_id: q.key.as_deref(),
         expires: &q.expires,
         signature: &q.signature,
     };
     let expires = state.links.verify(&link, Utc::now())?;
-    // Looked up every time: a deleted file's links die with it.
     let (owner, id) = (path_id(&q.user)?, path_id(&id)?);
+    // A link made with a key dies with it (from the auth cache when this
+    // instance knows the key alive, so usually without a round trip); a
+    // link from before links carried their key lives until it expires.
+    if let Some(key) = &q.key {
+        // Signed, so made by this server from a key id: never unparsable.
+        let key: KeyId = key.parse().map_err(|_| DomainError::LinkInvalid)?;
+        if !state.users.key_alive(&owner, &key).await? {
+            return Err(DomainError::LinkRevoked.into());
+        }
+    }
+    // Looked up every time: a deleted file's links die with it.
     let file = state.files.find_owned(&owner, &id).await?;
     if state.settings.signed_links == SignedLinks::Redirect {
         let left = (expires - Utc::now().timestamp()).max(1) as u64;

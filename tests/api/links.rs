@@ -10,7 +10,17 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 /// Makes a link to `id` living `expires_in` seconds; returns its URL.
-async fn make_link(app: &TestApp, u: &TestUser, id: &str, expires_in: u64) -> String {
+pub async fn make_link(app: &TestApp, u: &TestUser, id: &str, expires_in: u64) -> String {
+    make_link_at(app, u, id, expires_in).await.0
+}
+
+/// Makes a link to `id` asking for `expires_in` seconds; its URL and expiry.
+pub async fn make_link_at(
+    app: &TestApp,
+    u: &TestUser,
+    id: &str,
+    expires_in: u64,
+) -> (String, chrono::DateTime<chrono::Utc>) {
     let (status, body) = app
         .json(
             "POST",
@@ -27,11 +37,15 @@ async fn make_link(app: &TestApp, u: &TestUser, id: &str, expires_in: u64) -> St
         url.contains(&format!("expires={}", expires_at.timestamp())),
         "the URL carries the expiry the answer names: {url}"
     );
-    url
+    (url, expires_at)
 }
 
 /// `url` with no API key, plus `headers`.
-async fn get_without_key(app: &TestApp, url: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+pub async fn get_without_key(
+    app: &TestApp,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
     let mut req = app.client.get(url);
     for (k, v) in headers {
         req = req.header(*k, *v);
@@ -39,7 +53,7 @@ async fn get_without_key(app: &TestApp, url: &str, headers: &[(&str, &str)]) -> 
     req.send().await.unwrap()
 }
 
-async fn upload(app: &TestApp, u: &TestUser, bytes: Vec<u8>) -> String {
+pub async fn upload(app: &TestApp, u: &TestUser, bytes: Vec<u8>) -> String {
     app.upload_json(u, "shared.bin", bytes).await["id"]
         .as_str()
         .unwrap()
@@ -112,7 +126,12 @@ async fn a_tampered_link_is_refused() {
             .unwrap()
             .to_owned()
     };
-    let (user, expires, sig) = (param("user"), param("expires"), param("signature"));
+    let (user, key, expires, sig) = (
+        param("user"),
+        param("key"),
+        param("expires"),
+        param("signature"),
+    );
     let flipped = {
         let mut s = sig.clone().into_bytes();
         s[0] = if s[0] == b'A' { b'B' } else { b'A' };
@@ -120,36 +139,33 @@ async fn a_tampered_link_is_refused() {
     };
     let later = (expires.parse::<i64>().unwrap() + 3600).to_string();
     let second_path = path.replace(&id, &second);
+    // Another key of the same user (issue 42: a link carries its key).
+    let spare = crate::keys::admin_key_for(&app, &u, "spare").await;
+    let spare_id = spare["id"].as_str().unwrap();
+    let link = |path: &str, user: &str, key: Option<&str>, expires: &str, sig: &str| {
+        let key = key.map(|k| format!("&key={k}")).unwrap_or_default();
+        format!("{path}?user={user}{key}&expires={expires}&signature={sig}")
+    };
+    let k = Some(key.as_str());
     for (what, tampered) in [
-        (
-            "signature",
-            format!("{path}?user={user}&expires={expires}&signature={flipped}"),
-        ),
-        (
-            "expiry",
-            format!("{path}?user={user}&expires={later}&signature={sig}"),
-        ),
-        (
-            "user",
-            format!("{path}?user={}&expires={expires}&signature={sig}", other.id),
-        ),
-        (
-            "file",
-            format!("{second_path}?user={user}&expires={expires}&signature={sig}"),
-        ),
-        (
-            "no signature",
-            format!("{path}?user={user}&expires={expires}&signature="),
-        ),
+        ("signature", link(path, &user, k, &expires, &flipped)),
+        ("expiry", link(path, &user, k, &later, &sig)),
+        ("user", link(path, &other.id, k, &expires, &sig)),
+        ("file", link(&second_path, &user, k, &expires, &sig)),
+        ("no signature", link(path, &user, k, &expires, "")),
         // The signed number spelt otherwise (issue 20).
         (
             "expiry with a leading zero",
-            format!("{path}?user={user}&expires=0{expires}&signature={sig}"),
+            link(path, &user, k, &format!("0{expires}"), &sig),
         ),
         (
             "expiry with a plus sign",
-            format!("{path}?user={user}&expires=%2B{expires}&signature={sig}"),
+            link(path, &user, k, &format!("%2B{expires}"), &sig),
         ),
+        // The key: another of the user's, none (a v1 link's form), empty.
+        ("key", link(path, &user, Some(spare_id), &expires, &sig)),
+        ("no key", link(path, &user, None, &expires, &sig)),
+        ("empty key", link(path, &user, Some(""), &expires, &sig)),
     ] {
         let res = get_without_key(&app, &tampered, &[]).await;
         assert_eq!(

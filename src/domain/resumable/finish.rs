@@ -9,7 +9,7 @@
 
 use super::{Patched, Result, ResumableError, ResumableService, hash, release};
 use crate::{
-    blob::ByteStream,
+    blob::{BlobError, ByteStream},
     domain::{
         DomainError, Filename, SizeCategory, media,
         upload::{Commit, Hold, OnDrop, Refusal, StoredBlob},
@@ -159,10 +159,7 @@ impl ResumableService {
                     // Swept while finishing: the sweeper may have deleted
                     // the blob before it was completed, so the object goes
                     // here too (nobody owns it: no intent, no file).
-                    if let Err(d) = self.blobs.delete(&upload.key).await {
-                        tracing::warn!(upload = %upload.id, error = %d, "a swept upload's completed object is left to reconcile");
-                    }
-                    self.forget(&upload).await;
+                    self.drop_unowned(&upload).await;
                 }
                 Err(e.into())
             }
@@ -193,13 +190,44 @@ impl ResumableService {
 
     /// An upload whose intent is gone: its commit (which deletes the intent
     /// too) applied since the file was read (another request's, the lock
-    /// lost or degraded), or the sweeper took it (expired: it has the blob).
+    /// lost or degraded), or the sweeper took it (expired, or its user being
+    /// deleted: the intent's orphan covers the object's key, but not the
+    /// blob store's write, which the state alone names).
     async fn taken(&self, user: &UserRecord, upload: ResumableRecord) -> Result<Patched> {
         if let Some(file) = self.files.file(&user.id, &upload.id).await? {
             return Ok(self.done(upload, file).await);
         }
-        self.forget(&upload).await;
+        self.drop_unowned(&upload).await;
         Err(DomainError::UploadExpired.into())
+    }
+
+    /// Ends an upload nobody will own (no file, no intent): its blob store
+    /// write (aborted, or its staging cleared once completed) and the
+    /// object under its key (the intent's orphan may have been deleted
+    /// before the completion made it), then its state. A write that cannot
+    /// be dropped keeps the state, which names it, for the sweeper to abort
+    /// when it expires (or the user's deletion).
+    async fn drop_unowned(&self, upload: &ResumableRecord) {
+        if let Err(e) = self.drop_write(upload).await {
+            tracing::warn!(upload = %upload.id, error = %e, "could not drop an unowned upload's write; the sweeper aborts it");
+            return;
+        }
+        self.forget(upload).await;
+    }
+
+    pub(super) async fn drop_write(
+        &self,
+        upload: &ResumableRecord,
+    ) -> std::result::Result<(), BlobError> {
+        let (key, handle) = (&upload.key, &upload.handle);
+        match upload.completed {
+            true => self.parts.clear_staging(key, handle).await?,
+            false => self.parts.abort(key, handle).await?,
+        }
+        match self.blobs.delete(key).await {
+            Ok(()) | Err(BlobError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The upload is over: its blob is the file's; what is left in staging

@@ -12,10 +12,13 @@ mod finish;
 mod hash;
 mod length;
 mod patch;
+mod stop;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_answers;
+#[cfg(test)]
+mod tests_leaving;
 
 use std::sync::Arc;
 
@@ -284,14 +287,21 @@ impl ResumableService {
             }
             // Every byte stored, the commit failed (or is unknown): a file
             // committed since is the user's now; else the object goes too.
+            // The intent is read first: a commit deletes it and inserts the
+            // file at once, so neither after it means swept, never to commit.
+            let intent = self.cleanup.intent(id).await?;
             if self.files.file(&user.id, id).await?.is_some() {
                 self.drop_state(&user.id, id).await?;
                 return Err(DomainError::NotFound.into());
             }
-            match self.cleanup.intent(id).await? {
+            match intent {
                 Some(intent) => self.discard(&record, intent).await?,
-                // Swept: the sweeper has the blob.
-                None => self.drop_state(&user.id, id).await?,
+                // Swept: the sweeper has the object's key, not the blob
+                // store's write (a multipart upload, staging).
+                None => {
+                    self.drop_write(&record).await?;
+                    self.drop_state(&user.id, id).await?;
+                }
             }
             Ok(())
         }

@@ -6,37 +6,27 @@
 //! parts are overwritten by the next PATCH or dropped by the abort). Memory:
 //! one part being filled plus the parts in flight, whatever the file size.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use sha2_state::Digest;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Checksum, Patched, RELEASE_IDLE, Result, ResumableError, ResumableService, hash, release,
+    Checksum, Patched, Result, ResumableError, ResumableService, hash, release,
+    stop::{Stopped, UserLeaving, let_go, until_released},
 };
 use crate::{
     blob::{
         BlobError, BodyError, ByteStream, bounded,
-        budget::LetGo,
         resumable::{Appended, WriteAt, append},
     },
     domain::DomainError,
     lock::{Asked, LockGuard, LockKey, ReleaseListener},
-    meta::{Progress, ResumableRecord, UserRecord},
+    meta::{MetaError, Progress, ResumableRecord, UserRecord},
     vocab::FileId,
 };
-
-/// What a PATCH's body reads as once another request asked for the upload.
-const RELEASED: &str = "another request on this upload asked this PATCH to stop";
 
 /// A cut body's error: `Released` when another request's ask cut it.
 fn cut_error(cut: BodyError, released: bool) -> ResumableError {
@@ -44,83 +34,6 @@ fn cut_error(cut: BodyError, released: bool) -> ResumableError {
         true => ResumableError::Released,
         false => cut.into(),
     }
-}
-
-/// How recent the newest release request must be for a PATCH to honour
-/// it: a requester that still waits asks again every
-/// [`crate::lock::RELEASE_ASKED_EVERY`]; one that gave up (a HEAD after its wait) no
-/// longer counts, so it cannot cut the PATCH later.
-const RELEASE_FRESH: Duration = Duration::from_secs(1);
-
-/// `body` until a release request is fresh while the body has been silent
-/// for [`RELEASE_IDLE`] (measured from when this PATCH last waited for it,
-/// not from a stall of its own), then a cut, and `released` set: what
-/// arrived is stored as a cut PATCH's is, and the lock is let go. A body
-/// still flowing is read on.
-fn until_released(
-    body: ByteStream<'static>,
-    asked: Option<Asked>,
-    released: Arc<AtomicBool>,
-) -> ByteStream<'static> {
-    let Some(asked) = asked else { return body };
-    let start = (body, asked, released, false);
-    futures::stream::unfold(start, |(mut body, mut asked, released, cut)| async move {
-        if cut {
-            return None;
-        }
-        let waiting_since = Instant::now();
-        tokio::select! {
-            biased;
-            chunk = body.next() => chunk.map(|c| (c, (body, asked, released, false))),
-            () = asked_while_silent(&mut asked, waiting_since) => {
-                released.store(true, Ordering::SeqCst);
-                let cut = Err(BodyError::Read(std::io::Error::other(RELEASED)));
-                Some((cut, (body, asked, released, true)))
-            }
-        }
-    })
-    .boxed()
-}
-
-/// Once a fresh release request stands and the body has been silent since
-/// `waiting_since` for [`RELEASE_IDLE`].
-async fn asked_while_silent(asked: &mut Asked, waiting_since: Instant) {
-    asked_by(asked, waiting_since + RELEASE_IDLE).await;
-}
-
-/// Resolves once a fresh release request stands at or after `silent_at`.
-async fn asked_by(asked: &mut Asked, silent_at: Instant) {
-    loop {
-        let last = *asked.borrow_and_update();
-        let now = Instant::now();
-        match last {
-            Some(at) if now.duration_since(at) <= RELEASE_FRESH => {
-                if now >= silent_at {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep_until(silent_at) => {}
-                    _ = asked.changed() => {}
-                }
-            }
-            _ => {
-                if asked.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
-    }
-}
-
-/// A wait for upload memory stops as soon as a fresh release request
-/// stands: nothing is read from the body while it waits, so it need not be
-/// silent first.
-fn let_go(asked: &Asked) -> LetGo {
-    let asked = asked.clone();
-    Arc::new(move || {
-        let mut asked = asked.clone();
-        async move { asked_by(&mut asked, Instant::now()).await }.boxed()
-    })
 }
 
 impl ResumableService {
@@ -140,7 +53,8 @@ impl ResumableService {
         self.find(user, id).await?;
         let guard = self.lock(id, super::TAKE_OVER_WAIT).await?;
         // Another request's ask to let go (a client resuming after its link
-        // died silently) ends the body here as a cut would.
+        // died silently) ends the body here as a cut would; the deletion
+        // of its user, asking too, ends the PATCH (`stop.rs`).
         let listener = guard
             .as_ref()
             .map(|_| self.locks.listen_for_release(&LockKey::resumable(id)));
@@ -206,7 +120,9 @@ impl ResumableService {
             None => None,
         };
         let now = match (self.resumables.resumable(&read.id).await, error) {
-            (Ok(Some(now)), Some(e)) if same_progress(&now, read) => {
+            (Ok(Some(now)), Some(e))
+                if now.progress() == read.progress() && same_bytes(&now, read) =>
+            {
                 return Err(DomainError::Internal(e).into());
             }
             (Ok(Some(now)), _) => now,
@@ -230,9 +146,9 @@ impl ResumableService {
         lost: Option<CancellationToken>,
         asked: Option<Asked>,
     ) -> Result<Patched> {
-        let stopped = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::new(Stopped::default());
         let let_go = asked.as_ref().map(let_go);
-        let body = until_released(body, asked, stopped.clone());
+        let body = until_released(body, asked, self.leaving(user), stopped.clone());
         let owner = user.id.to_string();
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
@@ -278,6 +194,12 @@ impl ResumableService {
         if lost.as_ref().is_some_and(CancellationToken::is_cancelled) {
             return Err(DomainError::LockLost.into());
         }
+        if stopped.user_leaving() {
+            // Bytes of a user being deleted: nothing of them is recorded
+            // (the parts stored go with the write the deletion aborts once
+            // this PATCH lets go), and the answer is a deleted user's.
+            return Err(DomainError::from(MetaError::UserDeleting).into());
+        }
         // `_held`: the tail's memory stays reserved until it is stored.
         let Appended {
             tags,
@@ -287,8 +209,8 @@ impl ResumableService {
             cut,
         } = appended;
         // Cut by another request's ask, not by the client.
-        let released = matches!(cut, Some(BodyError::LetGo))
-            || (cut.is_some() && stopped.load(Ordering::SeqCst));
+        let released =
+            matches!(cut, Some(BodyError::LetGo)) || (cut.is_some() && stopped.released());
         if let Some(BodyError::TooLarge(_)) = cut {
             // Nothing of it counts.
             return Err(limit.past.into());
@@ -418,6 +340,16 @@ impl ResumableService {
         self.finish(user, upload).await
     }
 
+    /// Whether `user` is being deleted, read when another request asks for
+    /// the upload (a deletion pass does): then the PATCH stops at once.
+    fn leaving(&self, user: &UserRecord) -> UserLeaving {
+        let (admission, user) = (self.admission.clone(), user.id);
+        Arc::new(move || {
+            let admission = admission.clone();
+            async move { admission.user_leaving(&user).await }.boxed()
+        })
+    }
+
     /// Advances the state to `upload` if it is still at `expected`
     /// ([`ResumableRepo::advance_resumable`]), its answer settled: a write
     /// whose answer was lost is read back, so that an offset that moved is
@@ -433,7 +365,10 @@ impl ResumableService {
         };
         tracing::warn!(upload = %upload.id, error = %error, "the state's update went unanswered; reading it back");
         match self.resumables.resumable(&upload.id).await {
-            Ok(Some(now)) if same_progress(&now, upload) => Ok(true),
+            // Committed since by another request (a HEAD finishing it) is
+            // still this write, applied: a commit is a later state of the
+            // same bytes.
+            Ok(Some(now)) if same_bytes(&now, upload) => Ok(true),
             Ok(Some(now)) if now.progress() == expected => Err(error.into()),
             // Another request moved it, or it is gone.
             Ok(_) => Ok(false),
@@ -444,9 +379,9 @@ impl ResumableService {
     }
 }
 
-/// Whether `stored` holds the bytes `sent` records (the same progress,
-/// parts and hash state): the write of `sent` applied.
-fn same_progress(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
-    (stored.progress(), &stored.parts, &stored.sha256_state)
-        == (sent.progress(), &sent.parts, &sent.sha256_state)
+/// Whether `stored` holds the bytes `sent` records (the same offset,
+/// parts and hash state; committed or not): the write of `sent` applied.
+fn same_bytes(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
+    (stored.offset, &stored.parts, &stored.sha256_state)
+        == (sent.offset, &sent.parts, &sent.sha256_state)
 }

@@ -2,17 +2,18 @@
 //! `DELETE /v1/admin/users/{id}` marks the user (`deleting_since`) and
 //! deletes their keys and tokens in one transaction; each pass then
 //! deletes, in batches, their sessions and agents, their resumable uploads
-//! (aborted as an expired one is), their uploads in flight (intents turned
-//! into orphans, so that their commits are refused), and their files (each
-//! batch one transaction that records the blobs as pending orphans before
-//! any blob is deleted). Once the auth caches have forgotten the user and a
-//! request authenticated just before the mark had time to end, a pass
-//! deletes what is left under their blob prefix and, if nothing of theirs
-//! is left, the user document. Every step is idempotent and the mark is
-//! the job record: a crash anywhere only delays the deletion to the next
-//! pass (of any instance).
+//! (a PATCH in progress is asked to let go, which a PATCH of a user being
+//! deleted does at once; then each is aborted as an expired one is), their
+//! uploads in flight (intents turned into orphans, so that their commits
+//! are refused), and their files (each batch one transaction that records
+//! the blobs as pending orphans before any blob is deleted). Once the auth
+//! caches have forgotten the user and a request authenticated just before
+//! the mark had time to end, a pass deletes what is left under their blob
+//! prefix and, if nothing of theirs is left, the user document. Every step
+//! is idempotent and the mark is the job record: a crash anywhere only
+//! delays the deletion to the next pass (of any instance).
 
-use std::collections::HashSet;
+use std::{collections::HashSet, time::Duration};
 
 use chrono::Duration as ChronoDuration;
 
@@ -23,6 +24,12 @@ use crate::{
     meta::{UserRecord, now},
     vocab::BlobKey,
 };
+
+/// How long a pass waits for the request holding one of the user's
+/// resumable uploads to let go: a PATCH asked stops at once, once its
+/// parts in flight are stored; a holder that does not let go by then is
+/// asked again by the next pass (a few seconds later while one is pending).
+const UPLOAD_TAKE_OVER_WAIT: Duration = Duration::from_secs(5);
 
 /// Files one transaction deletes: a step short enough to leave the
 /// user document (which each step writes) to others between steps.
@@ -65,26 +72,33 @@ impl Sweeper {
         let mut deleted = 0_u64;
         while self.deletions.purge_containers(id, BATCH).await? > 0 {}
         let mut tried = HashSet::new();
-        for upload in self.deletions.user_resumables(id, BATCH).await? {
-            // A PATCH in progress holds the upload's lock: the next pass.
-            let guard = match self
-                .locks
-                .try_acquire(&LockKey::resumable(&upload.id))
-                .await?
-            {
+        for listed in self.deletions.user_resumables(id, BATCH).await? {
+            // A PATCH in progress holds the upload's lock: asked to let go,
+            // it stops at once (its user is being deleted). One that does
+            // not listen (a HEAD finishing the upload, a stalled process)
+            // is left to the next pass.
+            let key = LockKey::resumable(&listed.id);
+            let guard = match self.locks.take_over(&key, UPLOAD_TAKE_OVER_WAIT).await? {
                 TryLock::Held(g) => Some(g),
                 TryLock::Degraded => None,
                 TryLock::Busy => continue,
             };
-            let claimed = self
-                .resumables
-                .delete_resumable_if_expires(&upload.id, upload.expires_at)
-                .await;
-            let result = match claimed {
-                Ok(true) => self.abort_claimed(&upload, report, &mut tried).await,
-                Ok(false) => Ok(()),
-                Err(e) => Err(e.into()),
-            };
+            // Read again under the lock: the PATCH that let go may have
+            // renewed it (the claim below expects the expiry it reads).
+            let result = async {
+                let Some(upload) = self.resumables.resumable(&listed.id).await? else {
+                    return anyhow::Ok(());
+                };
+                let claimed = self
+                    .resumables
+                    .delete_resumable_if_expires(&upload.id, upload.expires_at)
+                    .await?;
+                match claimed {
+                    true => self.abort_claimed(&upload, report, &mut tried).await,
+                    false => Ok(()),
+                }
+            }
+            .await;
             if let Some(g) = guard {
                 g.release().await;
             }

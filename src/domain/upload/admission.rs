@@ -18,7 +18,7 @@ use crate::{
     domain::DomainError,
     meta::{CleanupRepo, UserRecord, UserRepo, group::effective_quota},
     metrics::{Metrics, OutcomeLabel},
-    vocab::FileId,
+    vocab::{FileId, UserId},
 };
 
 /// How many times per sweeper grace period a streaming upload refreshes its
@@ -199,6 +199,20 @@ impl Admission {
             Some((Ok(chunk), s))
         })
         .boxed()
+    }
+
+    /// Whether `user` is being deleted or gone, as the store has it now (the
+    /// record a request authenticated with may be older than the mark). A
+    /// store that does not answer says no: the caller asks again later.
+    pub async fn user_leaving(&self, user: &UserId) -> bool {
+        match self.users.user(user).await {
+            Ok(Some(u)) => u.deleting_since.is_some(),
+            Ok(None) => true,
+            Err(e) => {
+                tracing::debug!(user_id = %user, error = %e, "could not tell whether a user is being deleted");
+                false
+            }
+        }
     }
 
     /// Refreshes the upload's intent until the upload is done, so that the

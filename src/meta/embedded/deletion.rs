@@ -2,7 +2,9 @@
 
 use async_trait::async_trait;
 
-use super::{EmbeddedStore, files::delete_file_in, owner_index, txn::Txn, user_key};
+use super::{
+    EmbeddedStore, files::delete_file_in, owner_index, txn::Txn, user_key, users::drop_token,
+};
 use crate::{
     meta::{
         DeletionRepo, IntentRecord, MetaResult, OrphanRecord, ResumableRecord, TokenRecord,
@@ -48,9 +50,8 @@ fn delete_credentials(tx: &mut Txn, id: UserId) -> MetaResult<()> {
         }
         tx.delete(&k);
     }
-    for (k, t) in scan::<TokenRecord>(tx, "tokens/", usize::MAX, |t| t.user_id == id)? {
-        tx.delete(&k);
-        tx.delete(&format!("key_tokens/{}/{}", t.key_id, t.hash.as_str()));
+    for (_, t) in scan::<TokenRecord>(tx, "tokens/", usize::MAX, |t| t.user_id == id)? {
+        drop_token(tx, &t);
     }
     Ok(())
 }

@@ -33,6 +33,29 @@ fn key_tokens(key: &KeyId) -> String {
     format!("key_tokens/{key}/")
 }
 
+/// The index of a user's tokens by expiry:
+/// `user_tokens/{user}/{expiry, ms, 20 digits}/{token hash}`, so that a
+/// mint counts the live ones without reading the expired ones.
+fn user_tokens(user: &UserId) -> String {
+    format!("user_tokens/{user}/")
+}
+
+fn expiry_ms(at: DateTime<Utc>) -> String {
+    format!("{:020}", at.timestamp_millis().max(0))
+}
+
+fn user_token_index(t: &TokenRecord) -> String {
+    let (user, at) = (user_tokens(&t.user_id), expiry_ms(t.expires_at));
+    format!("{user}{at}/{}", t.hash.as_str())
+}
+
+/// Deletes a token and its index entries inside `tx`.
+pub(super) fn drop_token(tx: &mut Txn, t: &TokenRecord) {
+    tx.delete(&token_key(&t.hash));
+    tx.delete(&format!("{}{}", key_tokens(&t.key_id), t.hash.as_str()));
+    tx.delete(&user_token_index(t));
+}
+
 pub(super) fn put_key(tx: &mut Txn, key: &ApiKeyRecord) -> MetaResult<()> {
     tx.insert(&hash_key(&key.hash), key)?;
     tx.put(&format!("{}{}", user_keys(&key.user_id), key.id), &key.hash)
@@ -59,26 +82,14 @@ fn minter_alive(tx: &mut Txn, owner: &UserId, minter: &KeyId) -> MetaResult<()> 
     tx.put(&hash_key(&hash), &key)
 }
 
-/// How many of `user`'s tokens have not expired at `now`, reading at most
-/// `max` of them past the expired ones: through the user's keys'
-/// token indexes (a token lives under the key that minted it).
-fn live_tokens(tx: &mut Txn, user: &UserId, now: DateTime<Utc>, max: usize) -> MetaResult<usize> {
-    let mut live = 0;
-    for index in tx.keys(&user_keys(user), None, usize::MAX)? {
-        let id = &index[user_keys(user).len()..];
-        for k in tx.keys(&format!("key_tokens/{id}/"), None, usize::MAX)? {
-            let hash = &k[k.rfind('/').map_or(0, |i| i + 1)..];
-            if let Some(t) = tx.get::<TokenRecord>(&format!("tokens/{hash}"))?
-                && t.expires_at > now
-            {
-                live += 1;
-                if live >= max {
-                    return Ok(live);
-                }
-            }
-        }
-    }
-    Ok(live)
+/// How many of `user`'s tokens have not expired at `now`, counting to
+/// `max` at most: the expiry index read from `now` on, never an expired
+/// token. (A token minted before the index was kept is not counted; it
+/// expires within `FILEDOCK_TOKEN_MAX_SECS`.)
+fn live_tokens(tx: &Txn, user: &UserId, now: DateTime<Utc>, max: usize) -> MetaResult<usize> {
+    Ok(tx
+        .keys(&user_tokens(user), Some(&expiry_ms(now)), max)?
+        .len())
 }
 
 #[async_trait]
@@ -209,8 +220,11 @@ impl KeyRepo for EmbeddedStore {
             tx.delete(&hash_key(&hash));
             // Its tokens die with it (authentication checks the key anyway).
             for k in tx.keys(&key_tokens(&id), None, usize::MAX)? {
-                tx.delete(&format!("tokens/{}", &k[key_tokens(&id).len()..]));
-                tx.delete(&k);
+                let hash = &k[key_tokens(&id).len()..];
+                match tx.get::<TokenRecord>(&format!("tokens/{hash}"))? {
+                    Some(t) => drop_token(tx, &t),
+                    None => tx.delete(&k),
+                }
             }
             Ok(true)
         })
@@ -229,6 +243,7 @@ impl KeyRepo for EmbeddedStore {
                 return Err(MetaError::TooManyTokens(max_live));
             }
             tx.insert(&token_key(&token.hash), &token)?;
+            tx.put(&user_token_index(&token), &())?;
             tx.put(
                 &format!("{}{}", key_tokens(&token.key_id), token.hash.as_str()),
                 &(),
@@ -263,8 +278,7 @@ impl KeyRepo for EmbeddedStore {
                 if let Some(t) = tx.get::<TokenRecord>(&k)?
                     && t.expires_at < before
                 {
-                    tx.delete(&k);
-                    tx.delete(&format!("{}{}", key_tokens(&t.key_id), t.hash.as_str()));
+                    drop_token(tx, &t);
                     deleted += 1;
                 }
             }

@@ -102,7 +102,7 @@ pub async fn read_final(
 /// metadata file naming the upload's key. `None` without its data
 /// directory (`FILEDOCK_TEST_S3_DIR`, which scripts/stack.sh sets). Those
 /// holding a part (`.upload_id-{id}.part-{n}`) and the empty ones, apart.
-fn multipart_uploads(ids: &[&str]) -> Option<(usize, usize)> {
+pub fn multipart_uploads(ids: &[&str]) -> Option<(usize, usize)> {
     use base64::Engine;
     let dir = std::env::var("FILEDOCK_TEST_S3_DIR").ok()?;
     let names: Vec<String> = std::fs::read_dir(dir)
