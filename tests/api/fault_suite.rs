@@ -7,8 +7,12 @@
 //! now and then a session's or an agent's delete (and a replacement made;
 //! attaches and links now and then name a deleted one and must find it gone),
 //! keys minted and revoked, tokens minted, uploads sent with them (revoked
-//! ones among them), one user's quota changed, and a user deleted mid-run
-//! (`support/account_workload.rs`, checked by `support/accounts.rs`);
+//! ones among them), keys and tokens minted with keys after or while they
+//! are revoked (on the instance that still trusts them too), one user's
+//! quota changed, and a user deleted mid-run (`support/account_workload.rs`,
+//! checked by `support/accounts.rs` and `support/mints.rs`: nothing a
+//! revoked key mints is stored or works, every credential answered 201
+//! works until its key is revoked);
 //! a nemesis that deals a shuffled deck of every fault kind of the mode (link
 //! cuts, also right after a commit or an enqueue was answered and past the
 //! settle window, a pause past the leases and the grace, SIGKILL and restart,
@@ -42,12 +46,13 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use crate::{
     helpers::*,
     support::{
-        account_readback::{leftovers, read_account},
+        account_readback::{leftovers, probe, read_account},
         accounts::{accounts_summary, check_account, check_deleted},
         checker::check,
         cluster::{AUTH_CACHE, Cluster, GRACE, TUS_EXPIRY},
         history::{Event, Holder},
         lives::deletes_summary,
+        mints::{check_deleted_creds, mints_summary},
         nemesis::{Fault, nemesis},
         readback::read_final,
         workload::{UserWorld, World},
@@ -240,11 +245,13 @@ async fn run_suite(coordination: &str) {
     let mut v = check(&history, &fin);
     let mine = |u: usize| -> Vec<&Event> { history.iter().filter(|e| e.op.user() == u).collect() };
     for (u, user) in world.users[..USERS].iter().enumerate() {
-        let account = read_account(&base0, &user.id).await;
+        let account = read_account(&world.bases, user).await;
         check_account(&mine(u), u, &account, AUTH_CACHE, &mut v);
     }
     let left = leftovers(&cluster.state, &world.users[DOOMED].id).await;
     check_deleted(&mine(DOOMED), DOOMED, &left, AUTH_CACHE, &mut v);
+    let probed = probe(&world.bases, &world.users[DOOMED]).await;
+    check_deleted_creds(DOOMED, &probed, &mut v);
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
     // A young stray seen beside and gone by the end was a clean-up in flight.
     let mut strays = deleted;
@@ -311,7 +318,7 @@ async fn run_suite(coordination: &str) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} fired={}",
+        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -326,6 +333,7 @@ async fn run_suite(coordination: &str) {
         fin.staging,
         deletes_summary(&history),
         accounts_summary(&v.kinds, left.len()),
+        mints_summary(&history),
         fired.join(","),
     );
     if v.violations() + v.open_defects > 0 {

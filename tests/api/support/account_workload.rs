@@ -4,8 +4,11 @@
 //! and uploads go now and then with a minted key or token instead of the
 //! user's first key (`Op::Upload`'s `via`), revoked ones among them, which
 //! must be refused once the revocation is acknowledged and the auth cache
-//! has forgotten it. One user is deleted mid-run (`delete_user`). The
-//! checker's side is `accounts.rs`.
+//! has forgotten it. Keys and tokens are minted with minted keys too,
+//! revoked ones among them, and now and then a key's revocation is raced
+//! by its mints on an instance that still trusts it (`race_revocation`).
+//! One user is deleted mid-run (`delete_user`). The checker's side is
+//! `accounts.rs` and `mints.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -30,13 +33,23 @@ const TOKEN_SECS: u64 = 3600;
 /// How long an admin delete of a user is sent again until it is answered.
 const DELETE_USER_FOR: Duration = Duration::from_secs(120);
 
+/// Who mints a key.
+enum Minter {
+    Admin,
+    /// The user, with their first key.
+    FirstKey,
+    /// The user, with a key minted before (maybe revoked since).
+    Key(Cred),
+}
+
 impl World {
     /// One account write for user `u`, of a random kind.
     pub(super) async fn account_op(&self, u: usize, rng: &mut StdRng) {
-        match rng.random_range(0..10) {
+        match rng.random_range(0..12) {
             0..3 => self.mint_key(u, rng).await,
             3..6 => self.mint_token(u, rng).await,
             6..8 => self.revoke_key(u, rng).await,
+            8..10 => self.race_revocation(u, rng).await,
             _ if u == QUOTA_USER => self.set_quota(u, rng).await,
             _ => self.mint_token(u, rng).await,
         }
@@ -48,29 +61,55 @@ impl World {
         if !rng.random_bool(0.3) {
             return None;
         }
+        self.minted(u, rng, false)
+    }
+
+    /// One of the newest credentials minted for user `u` (a key only if
+    /// `key`), revoked ones too.
+    fn minted(&self, u: usize, rng: &mut StdRng, key: bool) -> Option<Cred> {
         let creds = self.users[u].creds.lock().unwrap();
+        let creds: Vec<&Cred> = creds.iter().filter(|c| !(key && c.token)).collect();
         let newest = &creds[creds.len().saturating_sub(CREDS_KEPT)..];
-        newest.choose(rng).cloned()
+        newest.choose(rng).map(|c| (*c).clone())
     }
 
     async fn admin(&self, req: reqwest::RequestBuilder) -> (Answer, serde_json::Value) {
         self.send_as(ADMIN_KEY, req).await
     }
 
+    /// A key minted by the admin, by the user with their first key, or
+    /// with a key minted before (one that may have been revoked: refused).
     async fn mint_key(&self, u: usize, rng: &mut StdRng) {
+        let base = self.base(rng);
+        match rng.random_range(0..3) {
+            0 => self.mint_key_with(u, Minter::Admin, &base).await,
+            1 => self.mint_key_with(u, Minter::FirstKey, &base).await,
+            _ => match self.minted(u, rng, true) {
+                Some(p) => self.mint_key_with(u, Minter::Key(p), &base).await,
+                None => self.mint_key_with(u, Minter::FirstKey, &base).await,
+            },
+        }
+    }
+
+    async fn mint_key_with(&self, u: usize, by: Minter, base: &str) {
         let user = &self.users[u];
         let name = format!("key{}", self.next_name());
-        let base = self.base(rng);
         let body = json!({ "name": name });
         let invoked = Instant::now();
-        // The admin's, or the user's own with their first key.
-        let (answer, res) = if rng.random_bool(0.5) {
-            let path = format!("/v1/admin/users/{}/keys", user.id);
-            self.admin(self.client.post(format!("{base}{path}")).json(&body))
-                .await
-        } else {
-            let req = self.client.post(format!("{base}/v1/me/keys")).json(&body);
-            self.send(user, req).await
+        let (answer, res) = match &by {
+            Minter::Admin => {
+                let path = format!("/v1/admin/users/{}/keys", user.id);
+                self.admin(self.client.post(format!("{base}{path}")).json(&body))
+                    .await
+            }
+            Minter::FirstKey => {
+                let req = self.client.post(format!("{base}/v1/me/keys")).json(&body);
+                self.send(user, req).await
+            }
+            Minter::Key(p) => {
+                let req = self.client.post(format!("{base}/v1/me/keys")).json(&body);
+                self.send_as(&p.secret, req).await
+            }
         };
         let key_id = res["id"].as_str().map(str::to_owned);
         if let (Answer::Ok, Some(id), Some(secret)) = (&answer, &key_id, res["api_key"].as_str()) {
@@ -81,17 +120,29 @@ impl World {
                 token: false,
             });
         }
-        let op = Op::MintKey { user: u, name };
+        let parent = match by {
+            Minter::Key(p) => Some(p.name),
+            _ => None,
+        };
+        let op = Op::MintKey {
+            user: u,
+            name,
+            parent,
+        };
         self.record(op, invoked, answer, None);
     }
 
     /// A token with `files:write`, minted with a minted key of the user's
     /// (one that may have been revoked, too) or their first one.
     async fn mint_token(&self, u: usize, rng: &mut StdRng) {
-        let user = &self.users[u];
         let parent = self.credential(u, rng).filter(|c| !c.token);
-        let name = format!("token{}", self.next_name());
         let base = self.base(rng);
+        self.mint_token_with(u, parent, &base).await;
+    }
+
+    async fn mint_token_with(&self, u: usize, parent: Option<Cred>, base: &str) {
+        let user = &self.users[u];
+        let name = format!("token{}", self.next_name());
         let req = (self.client)
             .post(format!("{base}/v1/tokens"))
             .json(&json!({"scopes": ["files:write"], "expires_in": TOKEN_SECS}));
@@ -119,23 +170,31 @@ impl World {
     /// Revokes a minted key of the user's (theirs or the admin's call); it
     /// stays among the credentials uploads pick, to be refused.
     async fn revoke_key(&self, u: usize, rng: &mut StdRng) {
-        let user = &self.users[u];
         let key = {
-            let creds = user.creds.lock().unwrap();
+            let creds = self.users[u].creds.lock().unwrap();
             let keys: Vec<&Cred> = creds.iter().filter(|c| !c.token).collect();
             keys.choose(rng).map(|c| (*c).clone())
         };
-        let Some(Cred {
+        let Some(key) = key else {
+            return;
+        };
+        let (base, own) = (self.base(rng), rng.random_bool(0.5));
+        self.revoke(u, key, &base, own).await;
+    }
+
+    /// Revokes `key` at `base`, with the user's first key (`own`) or the admin's.
+    async fn revoke(&self, u: usize, key: Cred, base: &str, own: bool) {
+        let user = &self.users[u];
+        let Cred {
             name,
             key_id: Some(key_id),
             ..
-        }) = key
+        } = key
         else {
             return;
         };
-        let base = self.base(rng);
         let invoked = Instant::now();
-        let (answer, _) = if rng.random_bool(0.5) {
+        let (answer, _) = if own {
             let req = (self.client).delete(format!("{base}/v1/me/keys/{key_id}"));
             self.send(user, req).await
         } else {
@@ -145,6 +204,37 @@ impl World {
         };
         let op = Op::RevokeKey { user: u, name };
         self.record(op, invoked, answer, None);
+    }
+
+    /// Issue 42's leak, raced: a minted key mints a token on one instance
+    /// (which then remembers the key), is revoked on an instance while it
+    /// mints a key or a token on the first, and mints once more there after
+    /// the revocation was answered, while that instance may still trust it
+    /// (`FILEDOCK_AUTH_CACHE_SECS`). What a revoked key may mint: nothing.
+    async fn race_revocation(&self, u: usize, rng: &mut StdRng) {
+        let Some(key) = self.minted(u, rng, true) else {
+            return self.mint_key(u, rng).await;
+        };
+        let (minting, revoking) = (self.base(rng), self.base(rng));
+        let own = rng.random_bool(0.5);
+        let [racing_key, later_key] = [(); 2].map(|_| rng.random_bool(0.5));
+        let lag = Duration::from_millis(rng.random_range(0..30));
+        self.mint_token_with(u, Some(key.clone()), &minting).await;
+        let mint = async {
+            tokio::time::sleep(lag).await;
+            self.mint_with(u, &key, &minting, racing_key).await
+        };
+        tokio::join!(self.revoke(u, key.clone(), &revoking, own), mint);
+        self.mint_with(u, &key, &minting, later_key).await;
+    }
+
+    /// A key (`as_key`) or a token minted with `key` at `base`.
+    async fn mint_with(&self, u: usize, key: &Cred, base: &str, as_key: bool) {
+        if as_key {
+            self.mint_key_with(u, Minter::Key(key.clone()), base).await;
+        } else {
+            self.mint_token_with(u, Some(key.clone()), base).await;
+        }
     }
 
     /// Sets the user's quota: the default again, far above anything they

@@ -3,8 +3,10 @@
 //! - a key is a register (listed or not) written by its mint and its
 //!   revocations; a user's own quota is one written by the quota changes;
 //! - a credential whose revocation was acknowledged is refused once the
-//!   auth cache has forgotten it (accepted later: the revocation is lost);
-//!   one never revoked is never refused (the mint is lost);
+//!   auth cache has forgotten it (accepted later: the revocation is lost),
+//!   and mints nothing from the moment it was (`mints.rs` holds what was
+//!   minted, and what every credential answers at the end); one never
+//!   revoked is never refused (the mint is lost);
 //! - an upload past a quota that was in effect for the whole of it is
 //!   refused (acknowledged: the quota is lost);
 //! - a deleted user leaves nothing in any store, and no upload of theirs
@@ -19,6 +21,7 @@ use std::{
 use crate::support::{
     account_readback::FinalAccount,
     history::{Answer, Event, Op},
+    mints::check_minted,
     model::{Told, Write, explain},
     verdict::{Verdict, Wrong, whats},
 };
@@ -42,7 +45,7 @@ fn first_sent(history: &[&Event], e: &Event) -> Instant {
 
 /// A revocation (or a user's deletion) that may have applied: a 404 to it
 /// says the key (or the user) was already gone.
-fn revoked(e: &Event) -> Told {
+pub(super) fn revoked(e: &Event) -> Told {
     match &e.answer {
         Answer::Failed(c) if c == "not_found" => Told::Ok,
         a => a.told(),
@@ -59,6 +62,7 @@ pub fn check_account(
 ) {
     check_keys(history, fin, v);
     check_credentials(history, cache, v);
+    check_minted(history, u, fin, v);
     let quotas: Vec<Write<Option<u64>>> = history
         .iter()
         .filter_map(|e| match &e.op {
@@ -112,8 +116,11 @@ fn check_keys(history: &[&Event], fin: &FinalAccount, v: &mut Verdict) {
     }
 }
 
-/// Each upload sent with a minted key or token against that credential's
-/// mint and its key's revocations.
+/// Each use of a minted key or token (an upload sent with it, a key or a
+/// token minted with it) against that credential's mint and its key's
+/// revocations. An upload may pass for the auth cache's lifetime after the
+/// revocation was acknowledged; a mint may not pass at all: its
+/// transaction finds the key gone, whatever an instance remembers.
 fn check_credentials(history: &[&Event], cache: Duration, v: &mut Verdict) {
     // A credential's key: itself, or the key a token was minted with.
     let key_of = |cred: &str| -> Option<String> {
@@ -123,19 +130,20 @@ fn check_credentials(history: &[&Event], cache: Duration, v: &mut Verdict) {
             _ => None,
         })
     };
-    let revocations = |key: &str| -> Vec<&Event> {
-        (history.iter().copied())
-            .filter(|e| matches!(&e.op, Op::RevokeKey { name, .. } if name == key))
-            .collect()
-    };
     for e in history {
-        let Op::Upload {
-            via: Some(cred), ..
-        } = &e.op
-        else {
-            continue;
+        let (cred, allowed) = match &e.op {
+            Op::Upload { via: Some(c), .. } => (c, cache + SLACK),
+            Op::MintKey {
+                parent: Some(c), ..
+            }
+            | Op::MintToken {
+                parent: Some(c), ..
+            } => (c, Duration::ZERO),
+            _ => continue,
         };
-        let revokes = key_of(cred).map(|k| revocations(&k)).unwrap_or_default();
+        let revokes = key_of(cred)
+            .map(|k| revocations(history, &k))
+            .unwrap_or_default();
         let acked = (revokes.iter())
             .filter(|r| revoked(r) == Told::Ok)
             .map(|r| r.completed)
@@ -143,7 +151,7 @@ fn check_credentials(history: &[&Event], cache: Duration, v: &mut Verdict) {
         let refused = matches!(&e.answer, Answer::Failed(c) if c == "unauthenticated");
         if e.answer == Answer::Ok
             && let Some(at) = acked
-            && e.invoked > at + cache + SLACK
+            && e.invoked > at + allowed
         {
             let late = e.invoked - at;
             v.note(
@@ -163,6 +171,13 @@ fn check_credentials(history: &[&Event], cache: Duration, v: &mut Verdict) {
             );
         }
     }
+}
+
+/// The revocations of the key named `key`.
+pub(super) fn revocations<'a>(history: &[&'a Event], key: &str) -> Vec<&'a Event> {
+    (history.iter().copied())
+        .filter(|e| matches!(&e.op, Op::RevokeKey { name, .. } if name == key))
+        .collect()
 }
 
 /// No acknowledged upload larger than a quota in effect from before it

@@ -31,6 +31,10 @@ pub const AUTH_CACHE: Duration = Duration::from_secs(2);
 /// workload's attaches and connects are refused (409 `container_full`) under
 /// the faults too: the checker holds a refusal to "nothing applied".
 pub const CONTAINER_MAX_ITEMS: usize = 3;
+/// The caps on a user's keys and live tokens, low enough that the
+/// hot user's mints meet them (409, and nothing stored) now and then.
+pub const MAX_KEYS: usize = 5;
+pub const MAX_TOKENS: usize = 8;
 const INSTANCES: usize = 2;
 /// What the suite reads from the instances' `/metrics` (summed over
 /// restarts): panics, and how often the grouped paths ran.
@@ -192,6 +196,8 @@ impl Cluster {
                 ),
                 ("FILEDOCK_SWEEP_RETRY_INTERVAL_SECS", "0".into()),
                 ("FILEDOCK_AUTH_CACHE_SECS", AUTH_CACHE.as_secs().to_string()),
+                ("FILEDOCK_MAX_KEYS_PER_USER", MAX_KEYS.to_string()),
+                ("FILEDOCK_MAX_TOKENS_PER_USER", MAX_TOKENS.to_string()),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );

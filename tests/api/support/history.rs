@@ -178,10 +178,12 @@ pub enum Op {
         connect: bool,
     },
     /// `POST /v1/admin/users/{id}/keys` or `/v1/me/keys` of a key named
-    /// `name` (unique).
+    /// `name` (unique), the latter with the key `parent` (a name; `None`:
+    /// the admin's or the user's first key).
     MintKey {
         user: usize,
         name: String,
+        parent: Option<String>,
     },
     /// `DELETE /v1/me/keys/{id}` or the admin's: the key and its tokens go.
     RevokeKey {

@@ -12,6 +12,7 @@ pub mod fault_proxy;
 pub mod faulty_blobs;
 pub mod history;
 pub mod lives;
+pub mod mints;
 pub mod model;
 pub mod nemesis;
 pub mod readback;
