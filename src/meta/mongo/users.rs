@@ -233,30 +233,42 @@ impl KeyRepo for MongoStore {
     }
 
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
-        // Its id is kept first: a resend of its insert (whose answer was
-        // lost) that runs after the delete finds it, and stores nothing.
+        // One transaction: the key, its tokens, and its id kept (so that a
+        // resend of its insert whose answer was lost cannot store it again).
+        // Plain writes here met a mint's transaction left open by a killed
+        // process and were retried by the server (SecantusDB) without end;
+        // in a transaction a conflict comes back, and is retried (or
+        // answered 409) by the caller.
         let at = bson::DateTime::from_chrono(crate::meta::now());
-        self.revoked_keys()
-            .update_one(
-                doc! {"_id": id},
-                doc! {"$setOnInsert": {"user_id": user, "at": at}},
-            )
-            .upsert(true)
-            .await
-            .map_err(classify)?;
-        // A delete whose answer was lost may have applied: unknown, not failed.
-        let deleted = self
-            .keys()
-            .delete_one(doc! {"_id": id, "user_id": user})
-            .await
-            .map_err(classify_sent)?;
-        // Its tokens die with it: authentication checks a token's key, so
-        // the revocation holds from here, whatever this delete answers (a
-        // token left is swept when it expires).
-        if let Err(e) = self.tokens().delete_many(doc! {"key_id": id}).await {
-            tracing::warn!(key_id = %id, error = %e, "a revoked key's tokens are left to expire");
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            let deleted = self
+                .keys()
+                .delete_one(doc! {"_id": id, "user_id": user})
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            if deleted.deleted_count == 0 {
+                return Ok(false);
+            }
+            self.revoked_keys()
+                .update_one(
+                    doc! {"_id": id},
+                    doc! {"$setOnInsert": {"user_id": user, "at": at}},
+                )
+                .upsert(true)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            self.tokens()
+                .delete_many(doc! {"key_id": id})
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(true)
         }
-        Ok(deleted.deleted_count == 1)
+        .await;
+        self.txns.finish(s, None, result).await
     }
 
     async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
