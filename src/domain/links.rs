@@ -144,10 +144,12 @@ pub fn expiry(
     // link never outlives it.
     let whole = |t: DateTime<Utc>| DateTime::from_timestamp(t.timestamp(), 0).unwrap_or(t);
     let asked = whole(now) + chrono::Duration::seconds(expires_in as i64);
-    Ok(match not_after {
-        Some(cap) => asked.min(whole(cap)),
-        None => asked,
-    })
+    match not_after {
+        // A token with less than a second left makes no link that works.
+        Some(cap) if whole(cap) <= now => Err(DomainError::Unauthenticated),
+        Some(cap) => Ok(asked.min(whole(cap))),
+        None => Ok(asked),
+    }
 }
 
 #[cfg(test)]

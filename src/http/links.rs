@@ -30,8 +30,9 @@ use crate::{
 };
 
 /// The longest a redirect's presigned URL lives (never past the link's own
-/// expiry): it is followed at once, and a file deleted meanwhile is gone
-/// from the store anyway.
+/// expiry, nor past the auth cache's lifetime, the bound a key's
+/// revocation promises): it is followed at once, and a file deleted
+/// meanwhile is gone from the store anyway.
 const PRESIGNED_SECS: u64 = 300;
 
 #[derive(Deserialize)]
@@ -133,7 +134,8 @@ pub async fn download(
     let file = state.files.find_owned(&owner, &id).await?;
     if state.settings.signed_links == SignedLinks::Redirect {
         let left = (expires - Utc::now().timestamp()).max(1) as u64;
-        let ttl = Duration::from_secs(left.min(PRESIGNED_SECS));
+        let bound = PRESIGNED_SECS.min(state.settings.auth_cache_ttl.as_secs().max(1));
+        let ttl = Duration::from_secs(left.min(bound));
         let presigned = files::presigned_headers(&file);
         if let Some(url) = state.files.presigned(&file, ttl, &presigned).await? {
             let no_store = "private, no-store".to_owned();

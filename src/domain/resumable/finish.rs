@@ -152,7 +152,16 @@ impl ResumableService {
             }
             Commit::Refused(Refusal::Error(e)) => {
                 // An earlier commit whose answer was lost may have applied.
-                if let Ok(Some(file)) = self.files.file(&user.id, &upload.id).await {
+                let file = match self.files.file(&user.id, &upload.id).await {
+                    Ok(file) => file,
+                    // Not knowing whether another request committed it,
+                    // nothing is dropped: its object may be a file's.
+                    Err(_) => {
+                        let at = format!("/v1/uploads/{}", upload.id);
+                        return Err(DomainError::OutcomeUnknown(Some(at)).into());
+                    }
+                };
+                if let Some(file) = file {
                     return Ok(self.done(upload, file).await);
                 }
                 if matches!(e, DomainError::UploadExpired) {

@@ -67,24 +67,34 @@ pub(super) fn until_released(
     stopped: Arc<Stopped>,
 ) -> ByteStream<'static> {
     let Some(asked) = asked else { return body };
-    // Its own receiver: each arm marks the asks it has seen.
-    let deletion = asked.clone();
-    let start = (body, asked, deletion, false);
-    futures::stream::unfold(start, move |(mut body, mut asked, mut deletion, cut)| {
-        let (leaving, stopped) = (leaving.clone(), stopped.clone());
+    // The user's check runs beside the body, not in the race with each
+    // chunk: a body that flows fast would otherwise drop every check (its
+    // store read) for its next chunk, and never be stopped. Its own
+    // receiver: it marks the asks it has seen.
+    let (found, gone) = tokio::sync::watch::channel(false);
+    let mut deletion = asked.clone();
+    let watcher = tokio::spawn(async move {
+        asked_while_leaving(&mut deletion, &leaving).await;
+        let _ = found.send(true);
+    });
+    let watcher = AbortOnDrop(watcher.abort_handle());
+    let start = (body, asked, gone, watcher, false);
+    futures::stream::unfold(start, move |(mut body, mut asked, gone, watcher, cut)| {
+        let stopped = stopped.clone();
         async move {
             if cut {
                 return None;
             }
             let waiting_since = Instant::now();
+            let mut user_check = gone.clone();
             let why = tokio::select! {
                 biased;
-                chunk = body.next() => {
-                    return chunk.map(|c| (c, (body, asked, deletion, false)));
-                }
-                () = asked_while_leaving(&mut deletion, &leaving) => {
+                Ok(_) = user_check.wait_for(|found| *found) => {
                     stopped.user_leaving.store(true, Ordering::SeqCst);
                     USER_DELETED
+                }
+                chunk = body.next() => {
+                    return chunk.map(|c| (c, (body, asked, gone, watcher, false)));
                 }
                 () = asked_while_silent(&mut asked, waiting_since) => {
                     stopped.released.store(true, Ordering::SeqCst);
@@ -92,16 +102,24 @@ pub(super) fn until_released(
                 }
             };
             let cut = Err(BodyError::Read(std::io::Error::other(why)));
-            Some((cut, (body, asked, deletion, true)))
+            Some((cut, (body, asked, gone, watcher, true)))
         }
     })
     .boxed()
 }
 
+/// Ends the user's check when the body it watches is dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Once a fresh release request finds the user being deleted. Each ask is
 /// checked once (one read of the user); the deletion asks again every
-/// [`crate::lock::RELEASE_ASKED_EVERY`] while it waits, so an ask whose
-/// check a chunk interrupted is followed by another.
+/// [`crate::lock::RELEASE_ASKED_EVERY`] while it waits.
 async fn asked_while_leaving(asked: &mut Asked, leaving: &UserLeaving) {
     loop {
         if asked.changed().await.is_err() {

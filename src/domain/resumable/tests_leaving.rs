@@ -96,6 +96,46 @@ async fn a_trickling_patch_of_a_user_being_deleted_lets_go_when_asked() {
     assert_eq!(now.unwrap().offset, 0, "none of its bytes recorded");
 }
 
+/// A byte each time it is polled, after yielding once: a body flowing far
+/// faster than a store read answers.
+fn flood() -> ByteStream<'static> {
+    futures::stream::unfold((), |()| async {
+        tokio::task::yield_now().await;
+        Some((Ok(Bytes::from_static(b"x")), ()))
+    })
+    .boxed()
+}
+
+/// The same for a body that flows fast: the check of its user runs beside
+/// it, so a chunk arriving before the store answers does not cancel the
+/// check (it did: a body sending faster than a read took was never
+/// stopped, and held its user's deletion up).
+#[tokio::test]
+async fn a_flowing_patch_of_a_user_being_deleted_lets_go_when_asked() {
+    let kit = Kit::new(|_| {}).await;
+    let user = kit.user("ida").await;
+    let up = create(&kit, &user, 1 << 33).await;
+    let key = LockKey::resumable(&up.id);
+    let patch = kit.resumables.patch(&user, &up.id, 0, None, None, flood());
+    let deletion = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        kit.meta.begin_user_deletion(&user.id).await.unwrap();
+        let got = kit.locks.take_over(&key, Duration::from_secs(3)).await;
+        let Ok(TryLock::Held(guard)) = got else {
+            panic!("a flowing PATCH of a user being deleted did not let go in 3 s")
+        };
+        guard.release().await;
+    };
+    let (patched, ()) = tokio::join!(patch, deletion);
+    assert!(
+        matches!(
+            patched,
+            Err(ResumableError::Domain(DomainError::Unauthenticated))
+        ),
+        "{patched:?}"
+    );
+}
+
 /// A final PATCH whose intent the sweeper abandoned while its body
 /// streamed (the user's deletion, or an expiry): its completion finds the
 /// intent gone and drops the upload, its blob store write too (the

@@ -13,7 +13,10 @@
 //! is idempotent and the mark is the job record: a crash anywhere only
 //! delays the deletion to the next pass (of any instance).
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
 use chrono::Duration as ChronoDuration;
 
@@ -31,6 +34,12 @@ use crate::{
 /// asked again by the next pass (a few seconds later while one is pending).
 const UPLOAD_TAKE_OVER_WAIT: Duration = Duration::from_secs(5);
 
+/// The most one pass waits for holders to let go, all users' uploads
+/// together: past it an upload is only tried (and asked, for the next
+/// pass), so holders that do not listen cannot keep the sweeper lock (and
+/// every other sweep) for minutes.
+const TAKE_OVER_BUDGET: Duration = Duration::from_secs(10);
+
 /// Files one transaction deletes: a step short enough to leave the
 /// user document (which each step writes) to others between steps.
 const FILES_PER_STEP: usize = 100;
@@ -44,8 +53,9 @@ impl Sweeper {
     /// Carries every marked user's deletion on; one user that fails stops
     /// no other (it is counted in `failures` and left for the next pass).
     pub(super) async fn delete_users(&self, report: &mut SweepReport) -> anyhow::Result<()> {
+        let waits_until = Instant::now() + TAKE_OVER_BUDGET;
         for user in self.deletions.users_being_deleted(BATCH).await? {
-            match self.delete_user(&user, report).await {
+            match self.delete_user(&user, waits_until, report).await {
                 Ok(true) => {}
                 Ok(false) => report.deletions_pending += 1,
                 Err(e) => {
@@ -59,10 +69,12 @@ impl Sweeper {
         Ok(())
     }
 
-    /// One pass's share of `user`'s deletion: whether it ended.
+    /// One pass's share of `user`'s deletion: whether it ended. It waits
+    /// for holders of the user's uploads to let go until `waits_until`.
     async fn delete_user(
         &self,
         user: &UserRecord,
+        waits_until: Instant,
         report: &mut SweepReport,
     ) -> anyhow::Result<bool> {
         let id = &user.id;
@@ -78,7 +90,13 @@ impl Sweeper {
             // not listen (a HEAD finishing the upload, a stalled process)
             // is left to the next pass.
             let key = LockKey::resumable(&listed.id);
-            let guard = match self.locks.take_over(&key, UPLOAD_TAKE_OVER_WAIT).await? {
+            // Past the pass's budget, only tried: the next pass asks.
+            let wait = waits_until.saturating_duration_since(Instant::now());
+            let taken = match wait.min(UPLOAD_TAKE_OVER_WAIT) {
+                Duration::ZERO => self.locks.try_acquire(&key).await?,
+                wait => self.locks.take_over(&key, wait).await?,
+            };
+            let guard = match taken {
                 TryLock::Held(g) => Some(g),
                 TryLock::Degraded => None,
                 TryLock::Busy => continue,
