@@ -12,7 +12,11 @@
 //! quota changed, and a user deleted mid-run (`support/account_workload.rs`,
 //! checked by `support/accounts.rs` and `support/mints.rs`: nothing a
 //! revoked key mints is stored or works, every credential answered 201
-//! works until its key is revoked);
+//! works until its key is revoked), signed links made with minted keys
+//! and tokens, revoked ones among them, whose keys are now and then revoked
+//! right after (`support/signed_links.rs`: a link of a revoked key is
+//! refused at every instance at the end, one of a listed key gives its
+//! file's bytes; no link of the deleted user's downloads);
 //! a nemesis that deals a shuffled deck of every fault kind of the mode (link
 //! cuts, also right after a commit or an enqueue was answered and past the
 //! settle window, a pause past the leases and the grace, SIGKILL and restart,
@@ -55,6 +59,7 @@ use crate::{
         mints::{check_deleted_creds, mints_summary},
         nemesis::{Fault, nemesis},
         readback::read_final,
+        signed_links::{LinkTally, check_deleted_links, check_links, links_summary, probe_links},
         workload::{UserWorld, World},
     },
 };
@@ -244,14 +249,27 @@ async fn run_suite(coordination: &str) {
     let fin = read_final(&cluster.state, &base0, &world.users[..USERS], &history).await;
     let mut v = check(&history, &fin);
     let mine = |u: usize| -> Vec<&Event> { history.iter().filter(|e| e.op.user() == u).collect() };
+    let mut links = LinkTally::default();
     for (u, user) in world.users[..USERS].iter().enumerate() {
         let account = read_account(&world.bases, user).await;
         check_account(&mine(u), u, &account, AUTH_CACHE, &mut v);
+        let probed = probe_links(&world.bases, &mine(u)).await;
+        check_links(
+            &mine(u),
+            u,
+            &account,
+            &fin.users[u],
+            &probed,
+            &mut links,
+            &mut v,
+        );
     }
     let left = leftovers(&cluster.state, &world.users[DOOMED].id).await;
     check_deleted(&mine(DOOMED), DOOMED, &left, AUTH_CACHE, &mut v);
     let probed = probe(&world.bases, &world.users[DOOMED]).await;
     check_deleted_creds(DOOMED, &probed, &mut v);
+    let probed = probe_links(&world.bases, &mine(DOOMED)).await;
+    check_deleted_links(DOOMED, &probed, &mut v);
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
     // A young stray seen beside and gone by the end was a clean-up in flight.
     let mut strays = deleted;
@@ -318,7 +336,7 @@ async fn run_suite(coordination: &str) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} fired={}",
+        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -334,6 +352,7 @@ async fn run_suite(coordination: &str) {
         deletes_summary(&history),
         accounts_summary(&v.kinds, left.len()),
         mints_summary(&history),
+        links_summary(&history, links),
         fired.join(","),
     );
     if v.violations() + v.open_defects > 0 {

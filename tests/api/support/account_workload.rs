@@ -66,7 +66,7 @@ impl World {
 
     /// One of the newest credentials minted for user `u` (a key only if
     /// `key`), revoked ones too.
-    fn minted(&self, u: usize, rng: &mut StdRng, key: bool) -> Option<Cred> {
+    pub(super) fn minted(&self, u: usize, rng: &mut StdRng, key: bool) -> Option<Cred> {
         let creds = self.users[u].creds.lock().unwrap();
         let creds: Vec<&Cred> = creds.iter().filter(|c| !(key && c.token)).collect();
         let newest = &creds[creds.len().saturating_sub(CREDS_KEPT)..];
@@ -132,7 +132,7 @@ impl World {
         self.record(op, invoked, answer, None);
     }
 
-    /// A token with `files:write`, minted with a minted key of the user's
+    /// A token with `files:write` and `files:read` (links), minted with a minted key of the user's
     /// (one that may have been revoked, too) or their first one.
     async fn mint_token(&self, u: usize, rng: &mut StdRng) {
         let parent = self.credential(u, rng).filter(|c| !c.token);
@@ -145,7 +145,7 @@ impl World {
         let name = format!("token{}", self.next_name());
         let req = (self.client)
             .post(format!("{base}/v1/tokens"))
-            .json(&json!({"scopes": ["files:write"], "expires_in": TOKEN_SECS}));
+            .json(&json!({"scopes": ["files:write", "files:read"], "expires_in": TOKEN_SECS}));
         let invoked = Instant::now();
         let (answer, res) = match &parent {
             Some(p) => self.send_as(&p.secret, req).await,
@@ -183,7 +183,7 @@ impl World {
     }
 
     /// Revokes `key` at `base`, with the user's first key (`own`) or the admin's.
-    async fn revoke(&self, u: usize, key: Cred, base: &str, own: bool) {
+    pub(super) async fn revoke(&self, u: usize, key: Cred, base: &str, own: bool) {
         let user = &self.users[u];
         let Cred {
             name,

@@ -28,7 +28,7 @@ use crate::support::{
 
 /// How late past the auth cache's lifetime a credential may still pass:
 /// the cache's own clock, a request received a little after it was sent.
-const SLACK: Duration = Duration::from_secs(1);
+pub(super) const SLACK: Duration = Duration::from_secs(1);
 
 /// When the upload `e` is one attempt of was first sent: a resend with its
 /// `Idempotency-Key` may be answered with what the first attempt did.
@@ -132,7 +132,9 @@ fn check_credentials(history: &[&Event], cache: Duration, v: &mut Verdict) {
     };
     for e in history {
         let (cred, allowed) = match &e.op {
-            Op::Upload { via: Some(c), .. } => (c, cache + SLACK),
+            // A link too: an instance that still trusts a revoked key
+            // within the window signs one (refused at download).
+            Op::Upload { via: Some(c), .. } | Op::MakeLink { via: c, .. } => (c, cache + SLACK),
             Op::MintKey {
                 parent: Some(c), ..
             }

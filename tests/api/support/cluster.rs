@@ -35,6 +35,8 @@ pub const CONTAINER_MAX_ITEMS: usize = 3;
 /// hot user's mints meet them (409, and nothing stored) now and then.
 pub const MAX_KEYS: usize = 5;
 pub const MAX_TOKENS: usize = 8;
+/// The instances' shared link secret (`FILEDOCK_LINK_SECRET`).
+const LINK_SECRET: &str = "fault-suite-link-secret-shared-by-both-instances";
 const INSTANCES: usize = 2;
 /// What the suite reads from the instances' `/metrics` (summed over
 /// restarts): panics, and how often the grouped paths ran.
@@ -198,6 +200,9 @@ impl Cluster {
                 ("FILEDOCK_AUTH_CACHE_SECS", AUTH_CACHE.as_secs().to_string()),
                 ("FILEDOCK_MAX_KEYS_PER_USER", MAX_KEYS.to_string()),
                 ("FILEDOCK_MAX_TOKENS_PER_USER", MAX_TOKENS.to_string()),
+                // Shared, as every instance behind one URL needs: a link
+                // made at one downloads at the other, and after a restart.
+                ("FILEDOCK_LINK_SECRET", LINK_SECRET.into()),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );

@@ -206,6 +206,14 @@ pub enum Op {
     DeleteUser {
         user: usize,
     },
+    /// `POST /v1/files/{file_id}/links` with the minted key or token `via`
+    /// (a name); `url` is the link a 201 answered (`signed_links.rs`).
+    MakeLink {
+        user: usize,
+        file_id: String,
+        via: String,
+        url: Option<String>,
+    },
 }
 
 impl Op {
@@ -223,7 +231,8 @@ impl Op {
             | Self::RevokeKey { user, .. }
             | Self::MintToken { user, .. }
             | Self::SetQuota { user, .. }
-            | Self::DeleteUser { user } => *user,
+            | Self::DeleteUser { user }
+            | Self::MakeLink { user, .. } => *user,
         }
     }
 
@@ -274,6 +283,7 @@ impl Op {
             Self::MintToken { .. } => "mint_token",
             Self::SetQuota { .. } => "set_quota",
             Self::DeleteUser { .. } => "delete_user",
+            Self::MakeLink { .. } => "make_link",
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::support::{
 
 /// When the revocation of the key named `key` was first acknowledged (a
 /// 404 to one: it was gone already).
-fn revoked_at(history: &[&Event], key: &str) -> Option<Instant> {
+pub(super) fn revoked_at(history: &[&Event], key: &str) -> Option<Instant> {
     (revocations(history, key).into_iter())
         .filter(|r| revoked(r) == Told::Ok)
         .map(|r| r.completed)

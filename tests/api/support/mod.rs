@@ -18,6 +18,7 @@ pub mod nemesis;
 pub mod readback;
 pub mod servers;
 pub mod sets;
+pub mod signed_links;
 pub mod tus_workload;
 pub mod verdict;
 pub mod workload;

@@ -96,6 +96,11 @@ impl UserWorld {
         }
     }
 
+    /// A file whose upload was acknowledged (maybe deleted since).
+    pub(super) fn some_file(&self, rng: &mut StdRng) -> Option<String> {
+        self.files.lock().unwrap().choose(rng).cloned()
+    }
+
     /// The user's sessions or agents that are not deleted.
     pub(super) fn live(&self, kind: Holder) -> &Mutex<Vec<String>> {
         match kind {
@@ -163,10 +168,12 @@ enum Kind {
     DeleteContainer,
     /// Keys, tokens and quotas: `account_workload.rs`.
     Account,
+    /// A signed link made with a minted credential: `signed_links.rs`.
+    SignedLink,
 }
 
 /// The operation kinds and their weights.
-const KINDS: [(Kind, u32); 11] = [
+const KINDS: [(Kind, u32); 12] = [
     (Kind::Upload, 32),
     (Kind::Tus, 8),
     (Kind::Rename, 6),
@@ -178,6 +185,7 @@ const KINDS: [(Kind, u32); 11] = [
     (Kind::OwnUnlink, 7),
     (Kind::DeleteContainer, 3),
     (Kind::Account, 4),
+    (Kind::SignedLink, 3),
 ];
 
 /// A request to send: method, path, and its body.
@@ -285,6 +293,7 @@ impl World {
             (Kind::Tus, _) => return self.tus_upload(u, rng).await,
             (Kind::DeleteContainer, _) => return self.delete_container(u, rng).await,
             (Kind::Account, _) => return self.account_op(u, rng).await,
+            (Kind::SignedLink, _) => return self.make_link(u, rng).await,
             (Kind::Rename, Some(file_id)) => {
                 let name = format!("r{}.bin", self.next_name());
                 let req = Request {
