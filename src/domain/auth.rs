@@ -88,7 +88,7 @@ impl Caller {
 /// A user being deleted is refused.
 pub async fn authenticate(
     keys: &dyn KeyRepo,
-    cache: &AuthCache,
+    cache: &AuthCache<Caller>,
     presented: &str,
 ) -> Result<Caller, DomainError> {
     let hash = hash_key(presented);

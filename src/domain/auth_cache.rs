@@ -13,7 +13,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::auth::Caller;
 use crate::vocab::{ApiKeyHash, KeyId};
 
 /// The most entries of each kind an instance remembers.
@@ -38,10 +37,12 @@ pub struct LookupStart {
     generation: u64,
 }
 
-/// The instance's authentication cache; cheap to clone (shared).
+/// The instance's authentication cache of callers `C` (the domain's
+/// `Caller`; generic so that this module needs nothing of `auth`'s); cheap
+/// to clone (shared).
 #[derive(Clone)]
-pub struct AuthCache {
-    callers: moka::sync::Cache<ApiKeyHash, Entry<Caller>>,
+pub struct AuthCache<C> {
+    callers: moka::sync::Cache<ApiKeyHash, Entry<C>>,
     /// Keys known to exist (a link's download checks its key here).
     live_keys: moka::sync::Cache<KeyId, Entry<()>>,
     /// Bumped by every revocation (and every forgetting) on this instance.
@@ -49,7 +50,7 @@ pub struct AuthCache {
     ttl: Duration,
 }
 
-impl AuthCache {
+impl<C: Clone + Send + Sync + 'static> AuthCache<C> {
     /// A cache whose entries last `ttl` (zero: nothing is remembered).
     pub fn new(ttl: Duration) -> Self {
         let capacity = if ttl.is_zero() { 0 } else { CAPACITY };
@@ -102,7 +103,7 @@ impl AuthCache {
     }
 
     /// The caller remembered for `hash`, if any still holds.
-    pub fn caller(&self, hash: &ApiKeyHash) -> Option<Caller> {
+    pub fn caller(&self, hash: &ApiKeyHash) -> Option<C> {
         let entry = self.callers.get(hash)?;
         if self.valid(&entry) {
             return Some(entry.value);
@@ -112,7 +113,7 @@ impl AuthCache {
     }
 
     /// Remembers `caller` for `hash`, found by a lookup that began at `start`.
-    pub fn remember_caller(&self, hash: ApiKeyHash, caller: Caller, start: LookupStart) {
+    pub fn remember_caller(&self, hash: ApiKeyHash, caller: C, start: LookupStart) {
         if let Some(e) = self.entry(caller, start) {
             self.callers.insert(hash, e);
         }

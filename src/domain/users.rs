@@ -35,7 +35,7 @@ pub struct UserService {
     /// A user's deletion begins here; the sweeper carries it on.
     deletions: Arc<dyn DeletionRepo>,
     keys: Arc<dyn KeyRepo>,
-    auth_cache: AuthCache,
+    auth_cache: AuthCache<Caller>,
     /// `FILEDOCK_USER_QUOTA_BYTES`: the quota of a user without their own.
     default_quota: Option<u64>,
     /// `FILEDOCK_MAX_KEYS_PER_USER`.
@@ -57,7 +57,7 @@ impl UserService {
     pub fn new(
         (users, deletions): (Arc<dyn UserRepo>, Arc<dyn DeletionRepo>),
         keys: Arc<dyn KeyRepo>,
-        auth_cache: AuthCache,
+        auth_cache: AuthCache<Caller>,
         (default_quota, max_keys): (Option<u64>, usize),
         inserts: OwnedInserts,
     ) -> Self {
