@@ -34,6 +34,8 @@ use redis::{
 };
 use tokio::sync::Notify;
 
+use crate::redis_link::{Fault, fault_of};
+
 use super::{Lease, LockError, LockManager, ReleaseBoard, owner_token, waiters::RESUBSCRIBE_AFTER};
 
 /// How long a waiter's ticket lives without a re-poll.
@@ -170,8 +172,12 @@ impl Drop for RedisLocks {
     }
 }
 
-fn unavailable(e: redis::RedisError) -> LockError {
-    LockError::Unavailable(e.to_string())
+/// A Redis error as the lock port's: a topology answer is not an outage.
+fn lock_error(e: redis::RedisError) -> LockError {
+    match fault_of(&e) {
+        Fault::Topology => LockError::Misrouted(e.to_string()),
+        Fault::Outage => LockError::Unavailable(e.to_string()),
+    }
 }
 
 /// The names of one lock's keys.
@@ -270,7 +276,7 @@ impl RedisLocks {
             .arg(TICKET_TTL.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)
+            .map_err(lock_error)
     }
 
     async fn leave_queue(&self, keys: &Keys, ticket: &str) {
@@ -343,7 +349,7 @@ impl LockManager for RedisLocks {
             .arg(ttl.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(lock_error)?;
         Ok((fence > 0).then(|| Lease {
             key: key.to_owned(),
             owner,
@@ -406,7 +412,7 @@ impl LockManager for RedisLocks {
             .arg(TICKET_TTL.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(lock_error)?;
         Ok(released == 1)
     }
 
@@ -420,7 +426,7 @@ impl LockManager for RedisLocks {
             .arg(ttl.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(lock_error)?;
         Ok(renewed == 1)
     }
 
@@ -431,7 +437,7 @@ impl LockManager for RedisLocks {
             .clone()
             .publish(channel, 1)
             .await
-            .map_err(unavailable)?;
+            .map_err(lock_error)?;
         Ok(())
     }
 
@@ -440,7 +446,7 @@ impl LockManager for RedisLocks {
     }
 
     async fn ping(&self) -> Result<(), LockError> {
-        let _: String = self.conn.clone().ping().await.map_err(unavailable)?;
+        let _: String = self.conn.clone().ping().await.map_err(lock_error)?;
         Ok(())
     }
 }

@@ -42,6 +42,7 @@ use crate::{
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
     ports::Ports,
+    redis_link,
     worker::Workers,
 };
 
@@ -104,10 +105,13 @@ impl Ports {
             }
         };
         let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
-            Some(url) => Arc::new(RedisLocks::connect(
-                url.expose_secret(),
-                &settings.redis_prefix,
-            )?),
+            Some(url) => {
+                redis_link::refuse_cluster_node(url.expose_secret()).await?;
+                Arc::new(RedisLocks::connect(
+                    url.expose_secret(),
+                    &settings.redis_prefix,
+                )?)
+            }
             None => Arc::new(MemoryLocks::new()),
         };
         let locks = Arc::new(Locks::new(

@@ -45,9 +45,10 @@ use super::{
     wait_timeout,
 };
 use crate::{
-    lock::{Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
+    lock::{LockError, Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
     meta::{MetaError, Refusal, Settled},
     metrics::Metrics,
+    redis_link::{Fault, fault_of},
     vocab::{OpId, Operation},
 };
 
@@ -295,6 +296,12 @@ impl Coordinator for RedisQueue {
         let _waiting = self.waiters.register(&op_id.to_string(), tx);
         let ahead = match self.enqueue(&op, &op_id).await {
             Ok(n) => n,
+            // A topology answer (MOVED…) came before XADD ran: nothing was
+            // enqueued and Redis is up, so no breaker and no direct path.
+            Err(e) if fault_of(&e) == Fault::Topology => {
+                tracing::error!(error = %e, "enqueue misrouted; refusing the operation");
+                return Err(CoordError::Lock(LockError::Misrouted(e.to_string())));
+            }
             Err(e) => {
                 // The entry may be in the stream all the same (a lost
                 // reply): the direct path applies it under its id, so the
