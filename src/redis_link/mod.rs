@@ -1,10 +1,77 @@
-//! How the Redis adapters (locks, the queue) reach Redis, and what a Redis
-//! error means for them: an outage to degrade around, or a topology answer
-//! (MOVED, ASK…) that says the request went to the wrong node and nothing ran.
+//! How the Redis adapters (locks, the queue, release requests) reach Redis:
+//! [`RedisLink`] hands out their connections and subscriptions, so the
+//! topology (one node today; a cluster next, issue 43) is known here only;
+//! and what a Redis error means for them: an outage to degrade around, or a
+//! topology answer (MOVED, ASK…) that says the request went to the wrong
+//! node and nothing ran.
 
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::{
+    Client, ErrorKind, RedisError, RedisResult, ServerErrorKind,
+    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection, PubSub},
+};
+
+/// The connection every caller shares: multiplexed, reconnecting, lazy.
+/// One node's today; a cluster's becomes another variant behind this name.
+pub type RedisConn = ConnectionManager;
+
+/// A connection of one caller's own, for a command that blocks it
+/// (`XREADGROUP … BLOCK`): on the shared one it would stall everyone.
+pub type DedicatedConn = MultiplexedConnection;
+
+/// One Redis deployment, as the adapters see it. Cheap to clone; each clone
+/// shares the connection.
+#[derive(Clone)]
+pub struct RedisLink {
+    client: Client,
+    conn: ConnectionManager,
+}
+
+impl RedisLink {
+    /// Connects lazily, so a development server starts with Redis down.
+    pub fn connect(url: &str) -> anyhow::Result<Self> {
+        let client = Client::open(url)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
+        Ok(Self { client, conn })
+    }
+
+    /// The shared connection.
+    pub fn conn(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
+    /// A new connection of the caller's own (see [`DedicatedConn`]).
+    pub async fn dedicated(&self) -> RedisResult<DedicatedConn> {
+        self.client.get_multiplexed_async_connection().await
+    }
+
+    /// A new connection for (pattern) subscriptions.
+    pub async fn pubsub(&self) -> RedisResult<PubSub> {
+        self.client.get_async_pubsub().await
+    }
+
+    /// The command that publishes a notice, in scripts and outside them
+    /// (a cluster's sharded pub/sub will answer `SPUBLISH`).
+    pub fn publish_command(&self) -> &'static str {
+        "PUBLISH"
+    }
+
+    /// Refuses a Redis this link cannot serve (see [`refuse_cluster_node`]).
+    pub async fn probe(&self) -> anyhow::Result<()> {
+        refuse_cluster_node(&self.client).await
+    }
+}
+
+/// How filedock talks to Redis: fail fast (an unreachable Redis is an
+/// outage to degrade around, not something to wait for).
+pub fn connection_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_millis(500)))
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(500))
+}
 
 /// What a failed Redis call says about Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,8 +107,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Refuses to start on a Redis Cluster node with a single-node client: it
 /// would get MOVED for about two keys in three, and every such request would
 /// answer 503. An unreachable Redis passes (its connections stay lazy).
-pub async fn refuse_cluster_node(url: &str) -> anyhow::Result<()> {
-    let client = redis::Client::open(url)?;
+async fn refuse_cluster_node(client: &Client) -> anyhow::Result<()> {
     let info = tokio::time::timeout(PROBE_TIMEOUT, async {
         let mut conn = client.get_multiplexed_async_connection().await?;
         redis::cmd("INFO")

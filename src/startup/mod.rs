@@ -42,7 +42,7 @@ use crate::{
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
     ports::Ports,
-    redis_link,
+    redis_link::RedisLink,
     worker::Workers,
 };
 
@@ -106,11 +106,9 @@ impl Ports {
         };
         let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
             Some(url) => {
-                redis_link::refuse_cluster_node(url.expose_secret()).await?;
-                Arc::new(RedisLocks::connect(
-                    url.expose_secret(),
-                    &settings.redis_prefix,
-                )?)
+                let link = RedisLink::connect(url.expose_secret())?;
+                link.probe().await?;
+                Arc::new(RedisLocks::on(&link, &settings.redis_prefix))
             }
             None => Arc::new(MemoryLocks::new()),
         };
@@ -150,8 +148,9 @@ impl AppState {
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
         let applier = Applier::new(meta.clone(), txns.clone(), settings.max_container_items);
         let queue = match (settings.coordination, &settings.redis_url) {
+            // A link of its own: its own connections and subscription.
             (Coordination::Queue, Some(url)) => Some(Arc::new(RedisQueue::connect(
-                url.expose_secret(),
+                RedisLink::connect(url.expose_secret())?,
                 &settings.redis_prefix,
                 locks.clone(),
                 applier.clone(),

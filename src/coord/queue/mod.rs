@@ -36,7 +36,7 @@ mod worker;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use redis::{AsyncCommands, Client, aio::ConnectionManager};
+use redis::AsyncCommands;
 use tokio::{sync::oneshot, task::JoinHandle};
 
 use self::stats::Recent;
@@ -45,10 +45,10 @@ use super::{
     wait_timeout,
 };
 use crate::{
-    lock::{LockError, Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
+    lock::{LockError, Locks, waiters::RESUBSCRIBE_AFTER},
     meta::{MetaError, Refusal, Settled},
     metrics::Metrics,
-    redis_link::{Fault, fault_of},
+    redis_link::{Fault, RedisConn, RedisLink, fault_of},
     vocab::{OpId, Operation},
 };
 
@@ -69,8 +69,8 @@ const SETTLE_WAIT: Duration = Duration::from_secs(5);
 type Waiters = crate::lock::waiters::Waiters<oneshot::Sender<OpOutcome>>;
 
 pub struct RedisQueue {
-    client: Client,
-    conn: ConnectionManager,
+    link: RedisLink,
+    conn: RedisConn,
     prefix: String,
     /// Unique consumer name of this process.
     instance: String,
@@ -101,28 +101,29 @@ fn now_ms() -> u64 {
 }
 
 impl RedisQueue {
+    /// The queue on `link` (its own: connections are lazy, so a development
+    /// server starts with Redis down).
     pub fn connect(
-        url: &str,
+        link: RedisLink,
         prefix: &str,
         locks: Arc<Locks>,
         applier: Applier,
         metrics: Arc<Metrics>,
         wait: Duration,
     ) -> anyhow::Result<Self> {
-        let client = Client::open(url)?;
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
+        let conn = link.conn();
         let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
         let waiters = Waiters::default();
         let channel = format!("{prefix}filedock_queue_done:{instance}");
         let subscriber = tokio::spawn(listen(
-            client.clone(),
+            link.clone(),
             channel,
             conn.clone(),
             prefix.to_owned(),
             waiters.clone(),
         ));
         Ok(Self {
-            client,
+            link,
             conn,
             prefix: prefix.to_owned(),
             instance,
@@ -210,14 +211,14 @@ impl RedisQueue {
 
 /// Wakes local waiters when a worker (in any instance) publishes their result.
 async fn listen(
-    client: Client,
+    link: RedisLink,
     channel: String,
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     waiters: Waiters,
 ) {
     loop {
-        if let Ok(mut pubsub) = client.get_async_pubsub().await
+        if let Ok(mut pubsub) = link.pubsub().await
             && pubsub.subscribe(&channel).await.is_ok()
         {
             let mut messages = pubsub.on_message();
@@ -247,7 +248,7 @@ fn result_key(prefix: &str, op_id: &impl std::fmt::Display) -> String {
 }
 
 async fn read_result(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     prefix: &str,
     op_id: &impl std::fmt::Display,
 ) -> Option<OpOutcome> {
