@@ -102,6 +102,58 @@ stack_start() {
   log "redis :$redis_port (pid $STACK_REDIS_PID), mongo :$mongo_port (pid $STACK_MONGO_PID), s3 :$s3_port (pid $STACK_S3_PID)"
 }
 
+# stack_cluster_start: a Redis Cluster on loopback, three masters with a
+# replica each (DESIGN.md §9), each redis-server in the foreground with its own
+# directory and recorded PID; waits until all six report cluster_state:ok (each
+# learns the slot map by gossip) and exports FILEDOCK_TEST_REDIS_CLUSTER_URL,
+# the six nodes comma-separated. About 2 s here. stack_cluster_stop stops them.
+stack_cluster_start() {
+  stack_install || return 1
+  STACK_CLUSTER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/filedock-cluster.XXXXXX")
+  STACK_CLUSTER_PIDS=()
+  local ports=() port dir urls=() i
+  for i in 1 2 3 4 5 6; do
+    port=$(free_port)
+    # free_port draws at random: a repeat would make two nodes fight for one port.
+    while [[ " ${ports[*]} " == *" $port "* ]]; do port=$(free_port); done
+    ports+=("$port")
+    dir="$STACK_CLUSTER_DIR/$port"
+    mkdir -p "$dir"
+    redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes \
+      --cluster-config-file nodes.conf --cluster-node-timeout 2000 --save "" \
+      --appendonly no --dir "$dir" >"$dir/redis.log" 2>&1 &
+    STACK_CLUSTER_PIDS+=("$!")
+    urls+=("redis://127.0.0.1:$port/")
+  done
+  for i in "${!ports[@]}"; do
+    STACK_DIR="$STACK_CLUSTER_DIR/${ports[$i]}" wait_for redis "${STACK_CLUSTER_PIDS[$i]}" \
+      redis-cli -p "${ports[$i]}" ping || return 1
+  done
+  local nodes=()
+  for port in "${ports[@]}"; do nodes+=("127.0.0.1:$port"); done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
+    >"$STACK_CLUSTER_DIR/create.log" 2>&1 || {
+    log "redis-cli --cluster create failed:"; cat "$STACK_CLUSTER_DIR/create.log" >&2; return 1
+  }
+  for i in "${!ports[@]}"; do
+    STACK_DIR="$STACK_CLUSTER_DIR/${ports[$i]}" wait_for redis "${STACK_CLUSTER_PIDS[$i]}" \
+      sh -c "redis-cli -p ${ports[$i]} cluster info | grep -q '^cluster_state:ok'" || return 1
+  done
+  export FILEDOCK_TEST_REDIS_CLUSTER_URL
+  FILEDOCK_TEST_REDIS_CLUSTER_URL=$(IFS=,; echo "${urls[*]}")
+  log "redis cluster ${ports[*]} (pids ${STACK_CLUSTER_PIDS[*]})"
+}
+
+stack_cluster_stop() {
+  local pid
+  for pid in "${STACK_CLUSTER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${STACK_CLUSTER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  [ -n "${STACK_CLUSTER_DIR:-}" ] && rm -rf "$STACK_CLUSTER_DIR"
+  STACK_CLUSTER_PIDS=()
+  STACK_CLUSTER_DIR=
+  unset FILEDOCK_TEST_REDIS_CLUSTER_URL
+}
+
 # cargo_build ARGS...: `cargo build ARGS...`, then prints the path of each
 # executable it built, one per line (wherever cargo's target or build dir is).
 cargo_build() {
@@ -152,6 +204,7 @@ stack_env() {
 
 stack_stop() {
   local pid
+  stack_cluster_stop
   for pid in ${STACK_S3_PID:-} ${STACK_MONGO_PID:-} ${STACK_REDIS_PID:-}; do
     kill "$pid" 2>/dev/null || true
   done

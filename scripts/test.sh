@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: unit tests and the API suite on the embedded adapters, then
 # the API suite again against real Redis, MongoDB (SecantusDB) and S3 (s3s-fs),
-# which it installs (once, into ~/.cache/filedock), starts and stops itself.
+# which it installs (once, into ~/.cache/filedock), starts and stops itself;
+# and the tests that need a Redis Cluster on one (stack.sh starts six nodes).
 # The session/agent tests (and the other suites that write to agents) run
 # once more in queue mode on each backend.
 # First, scripts/layers.sh checks that src/ keeps its dependency rule. The
@@ -36,6 +37,10 @@ echo "== filedock tests: real Redis, MongoDB and S3"
 trap stack_stop EXIT
 stack_start
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api -- --skip fault_suite::
+echo "== filedock tests: beside a Redis Cluster (3 masters, a replica each): MOVED is never an outage"
+stack_cluster_start
+FILEDOCK_TEST_BACKEND=real cargo test --locked --test api redis_cluster::
+stack_cluster_stop
 echo "== filedock tests: tus interoperability, real Redis, MongoDB and S3"
 bash scripts/tus-interop.sh
 echo "== filedock tests: the fault suite, lock and queue mode (one summary line per run)"

@@ -11,6 +11,8 @@
 //! - The ports ([`meta`], [`blob`], [`lock`], [`coord`]) are narrow traits,
 //!   each with its adapters underneath; they never import a service, HTTP
 //!   or the wiring.
+//! - [`redis_link`] is how the Redis adapters reach Redis and read its
+//!   errors (an outage, or a topology answer such as MOVED).
 //! - [`startup`] wires adapters ([`ports::Ports`]) into services and runs
 //!   the server and the background [`worker`]s.
 
@@ -23,6 +25,7 @@ pub mod lock;
 pub mod meta;
 pub mod metrics;
 pub mod ports;
+pub mod redis_link;
 pub mod startup;
 pub mod telemetry;
 #[cfg(feature = "testing")]

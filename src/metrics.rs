@@ -68,6 +68,8 @@ pub struct Metrics {
     pub lock_wait: Family<LevelLabel, Histogram>,
     pub lock_timeouts: Family<LevelLabel, Counter>,
     pub lock_degraded: Family<LevelLabel, Counter>,
+    /// Lock calls Redis answered with a topology redirect (MOVED, ASK…): 503, never degraded.
+    pub lock_misrouted: Family<LevelLabel, Counter>,
     pub lock_lost: Family<LevelLabel, Counter>,
     pub txn_attempts: Family<OpLabel, Counter>,
     pub txn_write_conflicts: Family<OpLabel, Counter>,
@@ -119,6 +121,7 @@ impl Default for Metrics {
             lock_wait: Family::new_with_constructor(latency_histogram),
             lock_timeouts: Family::default(),
             lock_degraded: Family::default(),
+            lock_misrouted: Family::default(),
             lock_lost: Family::default(),
             txn_attempts: Family::default(),
             txn_write_conflicts: Family::default(),
@@ -186,6 +189,11 @@ impl Default for Metrics {
             m.lock_timeouts.clone(),
         );
         r.register("filedock_lock_degraded", "Operations that ran without a lock because the lock backend was down (development only)", m.lock_degraded.clone());
+        r.register(
+            "filedock_lock_misrouted",
+            "Lock calls refused with 503 because Redis answered with a topology redirect (MOVED, ASK, TRYAGAIN, CROSSSLOT, READONLY), by lock level",
+            m.lock_misrouted.clone(),
+        );
         r.register(
             "filedock_lock_lost",
             "Leases lost while held (renewal failed), by lock level",

@@ -212,7 +212,11 @@ impl From<LockError> for DomainError {
     fn from(e: LockError) -> Self {
         match e {
             LockError::Timeout(_) => Self::LockTimeout,
-            LockError::Unavailable(_) => Self::DependencyUnavailable("lock backend"),
+            // Misrouted: Redis refused before running anything, so a 503
+            // (nothing happened, try again) is the truthful answer.
+            LockError::Unavailable(_) | LockError::Misrouted(_) => {
+                Self::DependencyUnavailable("lock backend")
+            }
         }
     }
 }

@@ -49,6 +49,13 @@ pub enum LockError {
     Timeout(Duration),
     #[error("lock backend unavailable: {0}")]
     Unavailable(String),
+    /// Redis answered from a node that does not own the key (MOVED, ASK…):
+    /// the call did not run. Never degraded around, and no breaker: the
+    /// backend is up, the request went to the wrong place.
+    #[error(
+        "Redis answered with a topology redirect ({0}): FILEDOCK_REDIS_URL points at a Redis Cluster node, or a slot is moving"
+    )]
+    Misrouted(String),
 }
 
 /// A lock backend. Implementations must be owner-safe (release and renew
@@ -298,6 +305,7 @@ impl Locks {
                 Err(LockError::Timeout(w))
             }
             Err(LockError::Unavailable(why)) => self.degrade(key, why).map(|()| Held::Degraded),
+            Err(e @ LockError::Misrouted(_)) => Err(self.misrouted(key, e)),
         }
     }
 
@@ -328,6 +336,7 @@ impl Locks {
             Ok(Some(lease)) => Ok(TryLock::Held(self.guard(lease, key.level()))),
             Ok(None) => Ok(TryLock::Busy),
             Err(LockError::Unavailable(why)) => self.degrade(key, why).map(|()| TryLock::Degraded),
+            Err(e @ LockError::Misrouted(_)) => Err(self.misrouted(key, e)),
             Err(e) => Err(e),
         }
     }
@@ -360,6 +369,7 @@ impl Locks {
                 Err(LockError::Unavailable(why)) => {
                     return self.degrade(key, why).map(|()| TryLock::Degraded);
                 }
+                Err(e @ LockError::Misrouted(_)) => return Err(self.misrouted(key, e)),
             }
         }
     }
@@ -402,6 +412,17 @@ impl Locks {
             .inc();
         tracing::warn!(key = key.as_str(), reason = %why, "lock backend down; proceeding without a lock (development mode)");
         Ok(())
+    }
+
+    /// A topology answer: counted and logged, then refused as it is, with
+    /// no breaker (the backend answered) and no lock-free path.
+    fn misrouted(&self, key: &LockKey, e: LockError) -> LockError {
+        self.metrics
+            .lock_misrouted
+            .get_or_create(&Metrics::level(key.level()))
+            .inc();
+        tracing::error!(key = key.as_str(), error = %e, "lock call misrouted; refusing the request");
+        e
     }
 
     fn guard(&self, lease: Lease, level: &str) -> LockGuard {

@@ -28,11 +28,10 @@ use std::{
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use redis::{
-    AsyncCommands, Client, Script,
-    aio::{ConnectionManager, ConnectionManagerConfig},
-};
+use redis::{AsyncCommands, Script};
 use tokio::sync::Notify;
+
+use crate::redis_link::{Fault, RedisConn, RedisLink, fault_of};
 
 use super::{Lease, LockError, LockManager, ReleaseBoard, owner_token, waiters::RESUBSCRIBE_AFTER};
 
@@ -155,7 +154,9 @@ struct Waiter {
 type Waiters = super::waiters::Waiters<Arc<Waiter>>;
 
 pub struct RedisLocks {
-    conn: ConnectionManager,
+    conn: RedisConn,
+    /// `PUBLISH`, or what the link's topology publishes with.
+    publish: &'static str,
     prefix: String,
     scripts: Scripts,
     waiters: Waiters,
@@ -170,8 +171,12 @@ impl Drop for RedisLocks {
     }
 }
 
-fn unavailable(e: redis::RedisError) -> LockError {
-    LockError::Unavailable(e.to_string())
+/// A Redis error as the lock port's: a topology answer is not an outage.
+fn lock_error(e: redis::RedisError) -> LockError {
+    match fault_of(&e) {
+        Fault::Topology => LockError::Misrouted(e.to_string()),
+        Fault::Outage => LockError::Unavailable(e.to_string()),
+    }
 }
 
 /// The names of one lock's keys.
@@ -217,33 +222,28 @@ impl Keys {
     }
 }
 
-/// How filedock talks to Redis: fail fast (an unreachable Redis is an
-/// outage to degrade around, not something to wait for).
-pub fn connection_config() -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_millis(500)))
-        .set_response_timeout(Some(Duration::from_secs(2)))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(500))
-}
-
 impl RedisLocks {
-    /// Connects lazily (so a development server starts with Redis down) and
-    /// starts the one pattern subscription that wakes this process's waiters.
+    /// Connects lazily to the Redis at `url` (tests and the bench; the
+    /// server goes through [`Self::on`]).
     pub fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
-        let client = Client::open(url)?;
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
+        Ok(Self::on(&RedisLink::connect(url)?, prefix))
+    }
+
+    /// Locks on `link` (lazy: a development server starts with Redis down);
+    /// starts the one pattern subscription that wakes this process's waiters.
+    pub fn on(link: &RedisLink, prefix: &str) -> Self {
         let waiters = Waiters::default();
         let release = ReleaseBoard::default();
         let subscriber = tokio::spawn(subscribe(
-            client,
+            link.clone(),
             prefix.to_owned(),
             waiters.clone(),
             release.clone(),
         ));
         let script = |body: &str| Script::new(&format!("{PRUNE}{TAKE}{body}"));
-        Ok(Self {
-            conn,
+        Self {
+            conn: link.conn(),
+            publish: link.publish_command(),
             prefix: prefix.to_owned(),
             scripts: Scripts {
                 acquire_fair: script(ACQUIRE_FAIR),
@@ -255,7 +255,7 @@ impl RedisLocks {
             waiters,
             release,
             subscriber,
-        })
+        }
     }
 
     async fn fair_attempt(
@@ -270,7 +270,7 @@ impl RedisLocks {
             .arg(TICKET_TTL.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)
+            .map_err(lock_error)
     }
 
     async fn leave_queue(&self, keys: &Keys, ticket: &str) {
@@ -292,13 +292,13 @@ const RELEASE_SUFFIX: &str = ":release";
 /// Keeps one connection's pattern subscriptions open (reconnecting as
 /// needed): it wakes the local waiter each hand-off notice names, and tells
 /// local holders of a lock that another request asked for it.
-async fn subscribe(client: Client, prefix: String, waiters: Waiters, release: ReleaseBoard) {
+async fn subscribe(link: RedisLink, prefix: String, waiters: Waiters, release: ReleaseBoard) {
     let patterns = [
         format!("{prefix}*:notify"),
         format!("{prefix}*{RELEASE_SUFFIX}"),
     ];
     loop {
-        match client.get_async_pubsub().await {
+        match link.pubsub().await {
             Ok(mut pubsub) => match pubsub.psubscribe(&patterns).await {
                 Ok(()) => {
                     let mut messages = pubsub.on_message();
@@ -343,7 +343,7 @@ impl LockManager for RedisLocks {
             .arg(ttl.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(lock_error)?;
         Ok((fence > 0).then(|| Lease {
             key: key.to_owned(),
             owner,
@@ -406,7 +406,7 @@ impl LockManager for RedisLocks {
             .arg(TICKET_TTL.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(lock_error)?;
         Ok(released == 1)
     }
 
@@ -420,18 +420,18 @@ impl LockManager for RedisLocks {
             .arg(ttl.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(lock_error)?;
         Ok(renewed == 1)
     }
 
     async fn request_release(&self, key: &str) -> Result<(), LockError> {
         let channel = Keys::new(&self.prefix, key).release_channel();
-        let _: i64 = self
-            .conn
-            .clone()
-            .publish(channel, 1)
+        let _: i64 = redis::cmd(self.publish)
+            .arg(channel)
+            .arg(1)
+            .query_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(lock_error)?;
         Ok(())
     }
 
@@ -440,7 +440,7 @@ impl LockManager for RedisLocks {
     }
 
     async fn ping(&self) -> Result<(), LockError> {
-        let _: String = self.conn.clone().ping().await.map_err(unavailable)?;
+        let _: String = self.conn.clone().ping().await.map_err(lock_error)?;
         Ok(())
     }
 }

@@ -42,6 +42,7 @@ use crate::{
     meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
     ports::Ports,
+    redis_link::RedisLink,
     worker::Workers,
 };
 
@@ -104,10 +105,11 @@ impl Ports {
             }
         };
         let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
-            Some(url) => Arc::new(RedisLocks::connect(
-                url.expose_secret(),
-                &settings.redis_prefix,
-            )?),
+            Some(url) => {
+                let link = RedisLink::connect(url.expose_secret())?;
+                link.probe().await?;
+                Arc::new(RedisLocks::on(&link, &settings.redis_prefix))
+            }
             None => Arc::new(MemoryLocks::new()),
         };
         let locks = Arc::new(Locks::new(
@@ -146,8 +148,9 @@ impl AppState {
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
         let applier = Applier::new(meta.clone(), txns.clone(), settings.max_container_items);
         let queue = match (settings.coordination, &settings.redis_url) {
+            // A link of its own: its own connections and subscription.
             (Coordination::Queue, Some(url)) => Some(Arc::new(RedisQueue::connect(
-                url.expose_secret(),
+                RedisLink::connect(url.expose_secret())?,
                 &settings.redis_prefix,
                 locks.clone(),
                 applier.clone(),

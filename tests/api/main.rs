@@ -36,6 +36,7 @@ mod queue;
 mod queue_faults;
 mod quotas;
 mod real;
+mod redis_cluster;
 mod rename;
 mod same_user;
 mod support;

@@ -1,16 +1,17 @@
 //! The dead-letter stream: where a queued operation that kept failing goes,
 //! listed by `GET /v1/admin/queue` (its count) and kept for an operator.
 
-use redis::{aio::MultiplexedConnection, streams::StreamId};
+use redis::streams::StreamId;
 
 use super::RedisQueue;
+use crate::redis_link::DedicatedConn;
 
 impl RedisQueue {
     /// Moves a queued operation that kept failing to the dead-letter stream
     /// (`…:dlq`), with why and how often it failed.
     pub(super) async fn dead_letter(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut DedicatedConn,
         entry: &StreamId,
         error: &str,
         attempts: u32,

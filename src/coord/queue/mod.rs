@@ -36,7 +36,7 @@ mod worker;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use redis::{AsyncCommands, Client, aio::ConnectionManager};
+use redis::AsyncCommands;
 use tokio::{sync::oneshot, task::JoinHandle};
 
 use self::stats::Recent;
@@ -45,9 +45,10 @@ use super::{
     wait_timeout,
 };
 use crate::{
-    lock::{Locks, redis::connection_config, waiters::RESUBSCRIBE_AFTER},
+    lock::{LockError, Locks, waiters::RESUBSCRIBE_AFTER},
     meta::{MetaError, Refusal, Settled},
     metrics::Metrics,
+    redis_link::{Fault, RedisConn, RedisLink, fault_of},
     vocab::{OpId, Operation},
 };
 
@@ -68,8 +69,8 @@ const SETTLE_WAIT: Duration = Duration::from_secs(5);
 type Waiters = crate::lock::waiters::Waiters<oneshot::Sender<OpOutcome>>;
 
 pub struct RedisQueue {
-    client: Client,
-    conn: ConnectionManager,
+    link: RedisLink,
+    conn: RedisConn,
     prefix: String,
     /// Unique consumer name of this process.
     instance: String,
@@ -100,28 +101,29 @@ fn now_ms() -> u64 {
 }
 
 impl RedisQueue {
+    /// The queue on `link` (its own: connections are lazy, so a development
+    /// server starts with Redis down).
     pub fn connect(
-        url: &str,
+        link: RedisLink,
         prefix: &str,
         locks: Arc<Locks>,
         applier: Applier,
         metrics: Arc<Metrics>,
         wait: Duration,
     ) -> anyhow::Result<Self> {
-        let client = Client::open(url)?;
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
+        let conn = link.conn();
         let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
         let waiters = Waiters::default();
         let channel = format!("{prefix}filedock_queue_done:{instance}");
         let subscriber = tokio::spawn(listen(
-            client.clone(),
+            link.clone(),
             channel,
             conn.clone(),
             prefix.to_owned(),
             waiters.clone(),
         ));
         Ok(Self {
-            client,
+            link,
             conn,
             prefix: prefix.to_owned(),
             instance,
@@ -209,14 +211,14 @@ impl RedisQueue {
 
 /// Wakes local waiters when a worker (in any instance) publishes their result.
 async fn listen(
-    client: Client,
+    link: RedisLink,
     channel: String,
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     waiters: Waiters,
 ) {
     loop {
-        if let Ok(mut pubsub) = client.get_async_pubsub().await
+        if let Ok(mut pubsub) = link.pubsub().await
             && pubsub.subscribe(&channel).await.is_ok()
         {
             let mut messages = pubsub.on_message();
@@ -246,7 +248,7 @@ fn result_key(prefix: &str, op_id: &impl std::fmt::Display) -> String {
 }
 
 async fn read_result(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     prefix: &str,
     op_id: &impl std::fmt::Display,
 ) -> Option<OpOutcome> {
@@ -295,6 +297,12 @@ impl Coordinator for RedisQueue {
         let _waiting = self.waiters.register(&op_id.to_string(), tx);
         let ahead = match self.enqueue(&op, &op_id).await {
             Ok(n) => n,
+            // A topology answer (MOVED…) came before XADD ran: nothing was
+            // enqueued and Redis is up, so no breaker and no direct path.
+            Err(e) if fault_of(&e) == Fault::Topology => {
+                tracing::error!(error = %e, "enqueue misrouted; refusing the operation");
+                return Err(CoordError::Lock(LockError::Misrouted(e.to_string())));
+            }
             Err(e) => {
                 // The entry may be in the stream all the same (a lost
                 // reply): the direct path applies it under its id, so the

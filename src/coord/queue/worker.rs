@@ -11,7 +11,6 @@ use async_trait::async_trait;
 use rand::seq::SliceRandom;
 use redis::{
     AsyncCommands, Value,
-    aio::MultiplexedConnection,
     streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply},
 };
 use tokio::task::JoinHandle;
@@ -23,6 +22,7 @@ use crate::{
     lock::{LockGuard, LockKey},
     meta::{Fence, MetaError, Refusal, Settled},
     metrics::OutcomeLabel,
+    redis_link::DedicatedConn,
     vocab::{OpId, Operation},
     worker::{self, WorkerState},
 };
@@ -248,8 +248,7 @@ impl Consumer<'_> {
     async fn consume(&self, stop: &CancellationToken) -> redis::RedisResult<()> {
         let (queue, stream) = (self.queue, self.stream);
         // A connection of its own: XREADGROUP blocks it.
-        let mut conn: MultiplexedConnection =
-            queue.client.get_multiplexed_async_connection().await?;
+        let mut conn = queue.link.dedicated().await?;
         let created: redis::RedisResult<()> = conn.xgroup_create_mkstream(stream, GROUP, "0").await;
         if let Err(e) = created
             && e.code() != Some("BUSYGROUP")
@@ -275,7 +274,7 @@ impl Consumer<'_> {
     }
 
     /// Takes over and applies every entry pending in the group, oldest first.
-    async fn claim_pending(&self, conn: &mut MultiplexedConnection) -> redis::RedisResult<Step> {
+    async fn claim_pending(&self, conn: &mut DedicatedConn) -> redis::RedisResult<Step> {
         let mut start = "0-0".to_owned();
         loop {
             let claimed: redis::streams::StreamAutoClaimReply = conn
@@ -300,7 +299,7 @@ impl Consumer<'_> {
     }
 
     /// Applies what one read returned, in order: as a group if it can.
-    async fn handle(&self, conn: &mut MultiplexedConnection, entries: &[Entry<'_>]) -> Step {
+    async fn handle(&self, conn: &mut DedicatedConn, entries: &[Entry<'_>]) -> Step {
         if entries.len() > 1
             && let Some(step) = self.process_group(conn, entries).await
         {
@@ -360,11 +359,7 @@ impl Consumer<'_> {
     /// at a time. `None` if the group was refused (an operation that fails,
     /// or one applied before): the caller applies them one at a time, so each
     /// gets its own answer.
-    async fn process_group(
-        &self,
-        conn: &mut MultiplexedConnection,
-        entries: &[Entry<'_>],
-    ) -> Option<Step> {
+    async fn process_group(&self, conn: &mut DedicatedConn, entries: &[Entry<'_>]) -> Option<Step> {
         let ops = entries
             .iter()
             .map(|e| Some((e.op.clone().ok()?, e.op_id?)))
@@ -396,7 +391,7 @@ impl Consumer<'_> {
     }
 
     /// Applies one entry, retrying, dead-lettering what keeps failing.
-    async fn process(&self, conn: &mut MultiplexedConnection, entry: &Entry<'_>) -> Step {
+    async fn process(&self, conn: &mut DedicatedConn, entry: &Entry<'_>) -> Step {
         let (mut attempts, mut transient) = (0, 0u32);
         let outcome = loop {
             if self.lost.is_cancelled() {
@@ -494,7 +489,7 @@ impl Consumer<'_> {
 
     /// Stores each result, tells its waiter's instance, acknowledges the
     /// entries (one round trip), and counts them.
-    async fn deliver(&self, conn: &mut MultiplexedConnection, done: &[(&Entry<'_>, &OpOutcome)]) {
+    async fn deliver(&self, conn: &mut DedicatedConn, done: &[(&Entry<'_>, &OpOutcome)]) {
         let prefix = &self.queue.prefix;
         let mut pipe = redis::pipe();
         for (entry, outcome) in done {
