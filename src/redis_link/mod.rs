@@ -79,10 +79,12 @@ pub enum Fault {
     /// Redis is unreachable, slow or failing: the adapters degrade around it.
     Outage,
     /// Redis answered, but from a node that does not own the key (MOVED,
-    /// ASK, READONLY), while a slot moves (TRYAGAIN), or refused keys in
-    /// several slots (CROSSSLOT). The command did not run. Not an outage: a
-    /// lock taken "without Redis" here would run beside a holder that the
-    /// right node knows about (issue 43: 66 uploads ran unlocked this way).
+    /// ASK, READONLY), while a slot moves (TRYAGAIN), refused keys in
+    /// several slots (CROSSSLOT), or from a node cut off from its cluster or
+    /// its master (CLUSTERDOWN, MASTERDOWN) while the rest may still grant
+    /// locks. The command did not run. Not an outage: a lock taken "without
+    /// Redis" here would run beside a holder that the right node knows about
+    /// (issue 43: 66 uploads ran unlocked this way).
     Topology,
 }
 
@@ -94,7 +96,9 @@ pub fn fault_of(e: &RedisError) -> Fault {
             | ServerErrorKind::Ask
             | ServerErrorKind::TryAgain
             | ServerErrorKind::CrossSlot
-            | ServerErrorKind::ReadOnly,
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown,
         ) => Fault::Topology,
         _ => Fault::Outage,
     }
@@ -159,13 +163,14 @@ mod tests {
             b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
             b"-CROSSSLOT Keys in request don't hash to the same slot\r\n",
             b"-READONLY You can't write against a read only replica.\r\n",
+            b"-CLUSTERDOWN The cluster is down\r\n",
+            b"-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n",
         ] {
             assert_eq!(fault_of(&error_of(reply)), Fault::Topology, "{reply:?}");
         }
         for reply in [
             &b"-ERR unknown command\r\n"[..],
             b"-LOADING Redis is loading the dataset in memory\r\n",
-            b"-CLUSTERDOWN The cluster is down\r\n",
         ] {
             assert_eq!(fault_of(&error_of(reply)), Fault::Outage, "{reply:?}");
         }
