@@ -142,66 +142,10 @@ pub async fn authenticate(
 
 #[cfg(test)]
 mod tests {
-    use std::{sync::Arc, time::Duration};
-
-    use async_trait::async_trait;
-    use chrono::{DateTime, Utc};
+    use std::time::Duration;
 
     use super::*;
-    use crate::{
-        domain::{test_kit::Kit, users::create_user},
-        meta::{
-            ApiKeyRecord, KeyMint, MetaResult, TokenRecord, UserRecord, embedded::EmbeddedStore,
-        },
-        vocab::{KeyId, UserId},
-    };
-
-    /// The store's keys, but a key's lookup stalls after it has read the
-    /// key (a pause, a slow link) before it answers; `read` is told when
-    /// it has read.
-    struct Stalled(Arc<EmbeddedStore>, Duration, tokio::sync::Notify);
-
-    #[async_trait]
-    impl KeyRepo for Stalled {
-        async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()> {
-            self.0.insert_key(key, mint).await
-        }
-        async fn key_by_hash(
-            &self,
-            hash: &ApiKeyHash,
-        ) -> MetaResult<Option<(ApiKeyRecord, UserRecord)>> {
-            let read = self.0.key_by_hash(hash).await;
-            self.2.notify_one();
-            tokio::time::sleep(self.1).await;
-            read
-        }
-        async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>> {
-            self.0.key(user, id).await
-        }
-        async fn keys(
-            &self,
-            user: &UserId,
-            after: Option<&KeyId>,
-            limit: usize,
-        ) -> MetaResult<Vec<ApiKeyRecord>> {
-            self.0.keys(user, after, limit).await
-        }
-        async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
-            self.0.delete_key(user, id).await
-        }
-        async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
-            self.0.insert_token(token, max_live).await
-        }
-        async fn token_by_hash(
-            &self,
-            hash: &ApiKeyHash,
-        ) -> MetaResult<Option<(TokenRecord, UserRecord)>> {
-            self.0.token_by_hash(hash).await
-        }
-        async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
-            self.0.delete_expired_tokens(before).await
-        }
-    }
+    use crate::domain::{test_keys::WatchedKeys, test_kit::Kit, users::create_user};
 
     /// A key revoked while its lookup stalled (read before, answered
     /// after) is refused once the cache's lifetime has passed since the
@@ -211,11 +155,11 @@ mod tests {
         const TTL: Duration = Duration::from_millis(200);
         let kit = Kit::new(|_| {}).await;
         let (user, key) = create_user(kit.meta.as_ref(), "ann").await.unwrap();
-        let stalled = Stalled(kit.meta.clone(), TTL + TTL / 2, Default::default());
+        let stalled = WatchedKeys::new(kit.meta.clone(), TTL + TTL / 2);
         let cache = AuthCache::new(TTL);
         let first = authenticate(&stalled, &cache, &key.secret);
         let revoke = async {
-            stalled.2.notified().await;
+            stalled.read.notified().await;
             kit.meta.delete_key(&user.id, &key.record.id).await.unwrap()
         };
         let (first, revoked) = tokio::join!(first, revoke);
@@ -238,15 +182,11 @@ mod tests {
     async fn a_lookup_answering_after_a_revocation_leaves_nothing_remembered() {
         let kit = Kit::new(|_| {}).await;
         let (user, key) = create_user(kit.meta.as_ref(), "bea").await.unwrap();
-        let stalled = Stalled(
-            kit.meta.clone(),
-            Duration::from_millis(300),
-            Default::default(),
-        );
+        let stalled = WatchedKeys::new(kit.meta.clone(), Duration::from_millis(300));
         let cache = AuthCache::new(Duration::from_secs(600));
         let first = authenticate(&stalled, &cache, &key.secret);
         let revoke = async {
-            stalled.2.notified().await;
+            stalled.read.notified().await;
             // What `UserService::revoke_key` does.
             let deleted = kit.meta.delete_key(&user.id, &key.record.id).await.unwrap();
             cache.forget_all();

@@ -18,6 +18,8 @@ pub mod resumable;
 pub mod settle;
 pub mod sweeper;
 #[cfg(test)]
+mod test_keys;
+#[cfg(test)]
 mod test_kit;
 pub mod tokens;
 pub mod upload;

@@ -313,65 +313,15 @@ pub async fn create_user(
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        sync::atomic::{AtomicUsize, Ordering},
-        time::Duration,
-    };
-
-    use async_trait::async_trait;
-    use chrono::{DateTime, Utc};
+    use std::time::Duration;
 
     use super::*;
     use crate::{
         config::Settings,
-        domain::test_kit::Kit,
-        meta::{MetaResult, TokenRecord, embedded::EmbeddedStore, retry::Transactions},
+        domain::{test_keys::WatchedKeys, test_kit::Kit},
+        meta::retry::Transactions,
         metrics::Metrics,
-        vocab::{ApiKeyHash, UserId},
     };
-
-    /// The store's keys, counting the reads of one key by id.
-    struct Counted(Arc<EmbeddedStore>, AtomicUsize);
-
-    #[async_trait]
-    impl KeyRepo for Counted {
-        async fn insert_key(&self, key: &ApiKeyRecord, mint: KeyMint<'_>) -> MetaResult<()> {
-            self.0.insert_key(key, mint).await
-        }
-        async fn key_by_hash(
-            &self,
-            hash: &ApiKeyHash,
-        ) -> MetaResult<Option<(ApiKeyRecord, UserRecord)>> {
-            self.0.key_by_hash(hash).await
-        }
-        async fn key(&self, user: &UserId, id: &KeyId) -> MetaResult<Option<ApiKeyRecord>> {
-            self.1.fetch_add(1, Ordering::SeqCst);
-            self.0.key(user, id).await
-        }
-        async fn keys(
-            &self,
-            user: &UserId,
-            after: Option<&KeyId>,
-            limit: usize,
-        ) -> MetaResult<Vec<ApiKeyRecord>> {
-            self.0.keys(user, after, limit).await
-        }
-        async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
-            self.0.delete_key(user, id).await
-        }
-        async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
-            self.0.insert_token(token, max_live).await
-        }
-        async fn token_by_hash(
-            &self,
-            hash: &ApiKeyHash,
-        ) -> MetaResult<Option<(TokenRecord, UserRecord)>> {
-            self.0.token_by_hash(hash).await
-        }
-        async fn delete_expired_tokens(&self, before: DateTime<Utc>) -> MetaResult<u64> {
-            self.0.delete_expired_tokens(before).await
-        }
-    }
 
     /// A signed link's key check: a key this instance authenticated is
     /// alive without a read; another is read once and then remembered; a
@@ -381,7 +331,7 @@ mod tests {
     async fn a_keys_liveness_comes_from_the_auth_cache_when_it_can() {
         let kit = Kit::new(|_| {}).await;
         let defaults = Settings::embedded(std::env::temp_dir());
-        let keys = Arc::new(Counted(kit.meta.clone(), AtomicUsize::new(0)));
+        let keys = Arc::new(WatchedKeys::new(kit.meta.clone(), Duration::ZERO));
         let users = UserService::new(
             (kit.meta.clone(), kit.meta.clone()),
             keys.clone(),
@@ -393,7 +343,7 @@ mod tests {
                 settle_window: defaults.settle_window,
             },
         );
-        let reads = || keys.1.load(Ordering::SeqCst);
+        let reads = || keys.key_reads();
         let (ann, first) = create_user(kit.meta.as_ref(), "ann").await.unwrap();
         let (bob, second) = create_user(kit.meta.as_ref(), "bob").await.unwrap();
         users.authenticate(&first.secret).await.unwrap();
