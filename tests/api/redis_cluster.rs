@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use filedock::{
-    config::Coordination,
+    config::{Coordination, Settings},
     http::AppState,
     lock::{Locks, redis::RedisLocks},
     ports::Ports,
@@ -40,18 +40,10 @@ async fn a_single_mode_filedock_refuses_to_start_on_a_cluster_node() {
     );
 }
 
-/// 12 users × 3 uploads at once, development mode, single mode pointed at one
-/// master (the start-up probe bypassed, as a node that joined a cluster after
-/// start would be): about two locks in three live on another master.
-#[tokio::test]
-async fn a_moved_answer_never_runs_an_upload_without_its_lock() {
-    let Some(urls) = cluster_urls() else { return };
-    let mut settings = test_settings();
-    assert!(
-        !settings.is_production(),
-        "the degraded path is development's"
-    );
-    let node = urls[0].clone();
+/// An app in single mode on the cluster node `node`, its start-up probe
+/// bypassed (as for a node that joined a cluster after start): its lock
+/// manager is made apart, on `node`.
+async fn app_on_node(mut settings: Settings, node: String) -> TestApp {
     settings.redis_url = None;
     let mut ports = Ports::connect(&settings).await.expect("ports connect");
     let manager = RedisLocks::connect(&node, &settings.redis_prefix).expect("a lazy client");
@@ -62,8 +54,22 @@ async fn a_moved_answer_never_runs_an_upload_without_its_lock() {
         ports.metrics.clone(),
     ));
     settings.redis_url = Some(node.into());
-    let app =
-        spawn_app_with_state(AppState::with_ports(settings, ports).expect("app builds")).await;
+    spawn_app_with_state(AppState::with_ports(settings, ports).expect("app builds")).await
+}
+
+/// 12 users × 3 uploads at once, development mode, single mode pointed at one
+/// master (the start-up probe bypassed, as a node that joined a cluster after
+/// start would be): about two locks in three live on another master.
+#[tokio::test]
+async fn a_moved_answer_never_runs_an_upload_without_its_lock() {
+    let Some(urls) = cluster_urls() else { return };
+    let settings = test_settings();
+    assert!(
+        !settings.is_production(),
+        "the degraded path is development's"
+    );
+    let node = urls[0].clone();
+    let app = app_on_node(settings, node).await;
 
     let mut users = Vec::new();
     for i in 0..12 {
@@ -138,18 +144,7 @@ async fn a_moved_enqueue_never_takes_the_direct_path() {
         }
         settings.redis_prefix = format!("q{}:", uuid::Uuid::new_v4().simple());
     }
-    settings.redis_url = None;
-    let mut ports = Ports::connect(&settings).await.expect("ports connect");
-    let manager = RedisLocks::connect(&node, &settings.redis_prefix).expect("a lazy client");
-    ports.locks = Arc::new(Locks::new(
-        Arc::new(manager),
-        settings.lock.clone(),
-        false,
-        ports.metrics.clone(),
-    ));
-    settings.redis_url = Some(node.into());
-    let app =
-        spawn_app_with_state(AppState::with_ports(settings, ports).expect("app builds")).await;
+    let app = app_on_node(settings, node).await;
     // Creating an agent takes a lock of its user's: users until 24 agents.
     let mut users = Vec::new();
     for i in 0..48 {
