@@ -38,6 +38,11 @@ stack_install() {
 # A free loopback port below Linux's ephemeral range (32768-60999): a port that
 # bind(:0) hands out is free only until an outgoing connection takes it as its
 # source port, and a test run makes thousands of those.
+# port_free PORT: whether PORT can be bound on loopback now.
+port_free() {
+  python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
+}
+
 free_port() {
   python3 -c '
 import random, socket
@@ -114,8 +119,11 @@ stack_cluster_start() {
   local ports=() port dir urls=() i
   for i in 1 2 3 4 5 6; do
     port=$(free_port)
-    # free_port draws at random: a repeat would make two nodes fight for one port.
-    while [[ " ${ports[*]} " == *" $port "* ]]; do port=$(free_port); done
+    # free_port draws at random: a repeat would make two nodes fight for one
+    # port; and a node's cluster bus listens on its port + 10000.
+    while [[ " ${ports[*]} " == *" $port "* ]] || ! port_free $((port + 10000)); do
+      port=$(free_port)
+    done
     ports+=("$port")
     dir="$STACK_CLUSTER_DIR/$port"
     mkdir -p "$dir"

@@ -2,7 +2,8 @@
 # Runs every test: unit tests and the API suite on the embedded adapters, then
 # the API suite again against real Redis, MongoDB (SecantusDB) and S3 (s3s-fs),
 # which it installs (once, into ~/.cache/filedock), starts and stops itself;
-# and the tests that need a Redis Cluster on one (stack.sh starts six nodes).
+# and the tests that need a Redis Cluster on one (stack.sh starts six nodes),
+# with the lock tests run again in cluster mode.
 # The session/agent tests (and the other suites that write to agents) run
 # once more in queue mode on each backend.
 # First, scripts/layers.sh checks that src/ keeps its dependency rule. The
@@ -37,9 +38,21 @@ echo "== filedock tests: real Redis, MongoDB and S3"
 trap stack_stop EXIT
 stack_start
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api -- --skip fault_suite::
-echo "== filedock tests: beside a Redis Cluster (3 masters, a replica each): MOVED is never an outage"
+echo "== filedock tests: a Redis Cluster (3 masters, a replica each): MOVED is never an outage; cluster mode"
 stack_cluster_start
-FILEDOCK_TEST_BACKEND=real cargo test --locked --test api redis_cluster::
+FILEDOCK_TEST_BACKEND=real cargo test --locked --test api -- redis_cluster:: cluster_mode::
+# The lock tests and the uploads that take locks, again on the cluster.
+CLUSTER_MODE_TESTS=(locks:: same_user:: tus_release:: group_commit::
+  lock_waiters::waiters_are_served_in_arrival_order
+  lock_waiters::waiters_from_two_instances_are_served_in_arrival_order
+  lock_waiters::the_next_waiter_is_woken_by_the_release_not_by_polling
+  lock_waiters::a_waiter_that_died_in_the_queue_does_not_keep_the_lock)
+echo "== filedock tests: the lock tests on the Redis Cluster (FILEDOCK_REDIS_MODE=cluster)"
+FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_REDIS_MODE=cluster \
+  FILEDOCK_TEST_REDIS_URL="$FILEDOCK_TEST_REDIS_CLUSTER_URL" \
+  cargo test --locked --test api -- "${CLUSTER_MODE_TESTS[@]}"
+echo "== filedock tests: cluster mode across manual failovers, one at a time"
+FILEDOCK_TEST_BACKEND=real cargo test --locked --test api cluster_failover:: -- --test-threads=1
 stack_cluster_stop
 echo "== filedock tests: tus interoperability, real Redis, MongoDB and S3"
 bash scripts/tus-interop.sh

@@ -6,7 +6,7 @@ mod table;
 
 pub use media::AllowedTypes;
 
-pub use modes::{Coordination, Environment, LockScope, LockStrategy, SignedLinks};
+pub use modes::{Coordination, Environment, LockScope, LockStrategy, RedisMode, SignedLinks};
 pub use table::{SETTINGS, Setting, default_of};
 
 use std::{path::PathBuf, str::FromStr, time::Duration};
@@ -35,7 +35,9 @@ pub struct Settings {
     pub user_quota_bytes: Option<u64>,
     pub mongodb_uri: Option<SecretString>,
     pub mongodb_db: String,
+    /// One node, or a cluster's seed nodes (comma-separated) in cluster mode.
     pub redis_url: Option<SecretString>,
+    pub redis_mode: RedisMode,
     /// Prefix for every Redis key this instance writes (tests isolate with it).
     pub redis_prefix: String,
     pub s3: Option<S3Settings>,
@@ -228,6 +230,7 @@ impl Settings {
             mongodb_uri: vars.get("MONGODB_URI").map(SecretString::from),
             mongodb_db: vars.value("MONGODB_DB")?,
             redis_url: vars.get("REDIS_URL").map(SecretString::from),
+            redis_mode: vars.value("REDIS_MODE")?,
             redis_prefix: vars.value("REDIS_PREFIX")?,
             s3,
             lock: LockSettings {

@@ -41,6 +41,29 @@ impl FromStr for Coordination {
     }
 }
 
+/// What `FILEDOCK_REDIS_URL` points at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RedisMode {
+    /// One Redis node (with or without replicas filedock never talks to).
+    Single,
+    /// A Redis Cluster: the URL lists seed nodes, comma-separated.
+    Cluster,
+}
+
+impl FromStr for RedisMode {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "single" => Ok(Self::Single),
+            "cluster" => Ok(Self::Cluster),
+            "sentinel" => {
+                bail!("sentinel is not supported yet (issue 43); expected single or cluster")
+            }
+            other => bail!("expected single or cluster, got {other:?}"),
+        }
+    }
+}
+
 /// How a signed link serves its file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SignedLinks {

@@ -97,6 +97,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: Some("unset → in-process locks"),
     },
     Setting {
+        var: "FILEDOCK_REDIS_MODE",
+        meaning: "single (one node) or cluster (FILEDOCK_REDIS_URL lists seed nodes, comma-separated)",
+        value: Some("single"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_REDIS_PREFIX",
         meaning: "prefix of every Redis key (several deployments on one Redis)",
         value: Some(""),

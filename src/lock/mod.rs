@@ -88,6 +88,12 @@ pub trait LockManager: Send + Sync {
 
     /// This process's holders that listen for release requests.
     fn release_board(&self) -> &ReleaseBoard;
+
+    /// Listens for release requests on `key` (on the board, and wherever
+    /// the manager must subscribe to hear them).
+    async fn listen_for_release(&self, key: &str) -> ReleaseListener {
+        self.release_board().listen(key)
+    }
 }
 
 /// A lock held by this process. The watchdog renews it every TTL/3; if the
@@ -376,8 +382,8 @@ impl Locks {
 
     /// Listens for other requests asking for `key` (see [`Self::take_over`]),
     /// for a holder that can stop early and leave its work resumable.
-    pub fn listen_for_release(&self, key: &LockKey) -> ReleaseListener {
-        self.manager.release_board().listen(key.as_str())
+    pub async fn listen_for_release(&self, key: &LockKey) -> ReleaseListener {
+        self.manager.listen_for_release(key.as_str()).await
     }
 
     /// One attempt at a lease with its own TTL, renewed while held. Never

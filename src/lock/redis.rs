@@ -10,9 +10,11 @@
 //!   it keeps re-polling, so a crashed waiter cannot block the queue.
 //! - Hand-off: release gives the lock straight to the head ticket (the
 //!   ticket is the waiter's owner token) and publishes `ticket:fence` on the
-//!   key's channel. Each process holds one pattern subscription (made before
-//!   any wait) and wakes only the waiter named, which then holds the lock
-//!   without another round trip: one try per hold. The handed-over lease is
+//!   key's channel (`PUBLISH`; on a cluster `SPUBLISH`, heard on the node of
+//!   the key's slot). The process hears it ([`Notices`]: on one node one
+//!   pattern subscription made before any wait; on a cluster a sharded
+//!   subscription per key waited on) and wakes only the waiter named, which
+//!   then holds the lock without another round trip: one try per hold. The handed-over lease is
 //!   short (the ticket TTL) until its holder's first renewal, so a waiter
 //!   that died while queued holds it for seconds, not a full TTL.
 //!
@@ -27,13 +29,12 @@ use std::{
 };
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use redis::{AsyncCommands, Script};
 use tokio::sync::Notify;
 
-use crate::redis_link::{Fault, RedisConn, RedisLink, fault_of};
+use crate::redis_link::{Fault, NoticeHandler, Notices, RedisConn, RedisLink, fault_of};
 
-use super::{Lease, LockError, LockManager, ReleaseBoard, owner_token, waiters::RESUBSCRIBE_AFTER};
+use super::{Lease, LockError, LockManager, ReleaseBoard, ReleaseListener, owner_token};
 
 /// How long a waiter's ticket lives without a re-poll.
 const TICKET_TTL: Duration = Duration::from_secs(3);
@@ -57,6 +58,7 @@ end
 
 /// Gives the lock to `owner` for `ttl` ms and returns the next fencing token;
 /// `hand_off` gives a freed lock to the head of the queue (or frees it).
+/// `PUBLISH` stands for the link's publish command.
 const TAKE: &str = r#"
 local function take(owner, ttl)
   redis.call('SET', KEYS[1], owner, 'PX', ttl)
@@ -76,7 +78,7 @@ local function hand_off(ttl)
   redis.call('ZREM', KEYS[3], head)
   redis.call('ZREM', KEYS[4], head)
   local f = take(head, ttl)
-  redis.call('PUBLISH', KEYS[6], head .. ':' .. string.format('%d', f))
+  redis.call('{PUBLISH}', KEYS[6], head .. ':' .. string.format('%d', f))
 end
 "#;
 
@@ -162,13 +164,8 @@ pub struct RedisLocks {
     waiters: Waiters,
     /// This process's holders listening for release requests.
     release: ReleaseBoard,
-    subscriber: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for RedisLocks {
-    fn drop(&mut self) {
-        self.subscriber.abort();
-    }
+    /// Hand-off notices and release requests, heard for `Heard`.
+    notices: Notices,
 }
 
 /// A Redis error as the lock port's: a topology answer is not an outage.
@@ -223,24 +220,32 @@ impl Keys {
 }
 
 impl RedisLocks {
-    /// Connects lazily to the Redis at `url` (tests and the bench; the
-    /// server goes through [`Self::on`]).
+    /// Connects lazily to the one Redis node at `url` (tests and the bench;
+    /// the server goes through [`Self::on`]).
     pub fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
-        Ok(Self::on(&RedisLink::connect(url)?, prefix))
+        Ok(Self::on(
+            &RedisLink::connect(url, crate::config::RedisMode::Single)?,
+            prefix,
+        ))
     }
 
     /// Locks on `link` (lazy: a development server starts with Redis down);
-    /// starts the one pattern subscription that wakes this process's waiters.
+    /// starts hearing the notices that wake this process's waiters.
     pub fn on(link: &RedisLink, prefix: &str) -> Self {
         let waiters = Waiters::default();
         let release = ReleaseBoard::default();
-        let subscriber = tokio::spawn(subscribe(
-            link.clone(),
-            prefix.to_owned(),
-            waiters.clone(),
-            release.clone(),
-        ));
-        let script = |body: &str| Script::new(&format!("{PRUNE}{TAKE}{body}"));
+        let patterns = vec![
+            format!("{prefix}*:notify"),
+            format!("{prefix}*{RELEASE_SUFFIX}"),
+        ];
+        let heard = Heard {
+            prefix: prefix.to_owned(),
+            waiters: waiters.clone(),
+            release: release.clone(),
+        };
+        let notices = link.notices(patterns, Arc::new(heard));
+        let take = TAKE.replace("{PUBLISH}", link.publish_command());
+        let script = |body: &str| Script::new(&format!("{PRUNE}{take}{body}"));
         Self {
             conn: link.conn(),
             publish: link.publish_command(),
@@ -254,7 +259,7 @@ impl RedisLocks {
             },
             waiters,
             release,
-            subscriber,
+            notices,
         }
     }
 
@@ -289,46 +294,38 @@ impl RedisLocks {
 /// The suffix of a lock's release-request channel.
 const RELEASE_SUFFIX: &str = ":release";
 
-/// Keeps one connection's pattern subscriptions open (reconnecting as
-/// needed): it wakes the local waiter each hand-off notice names, and tells
-/// local holders of a lock that another request asked for it.
-async fn subscribe(link: RedisLink, prefix: String, waiters: Waiters, release: ReleaseBoard) {
-    let patterns = [
-        format!("{prefix}*:notify"),
-        format!("{prefix}*{RELEASE_SUFFIX}"),
-    ];
-    loop {
-        match link.pubsub().await {
-            Ok(mut pubsub) => match pubsub.psubscribe(&patterns).await {
-                Ok(()) => {
-                    let mut messages = pubsub.on_message();
-                    while let Some(msg) = messages.next().await {
-                        let channel = msg.get_channel_name();
-                        if let Some(key) = channel
-                            .strip_prefix(prefix.as_str())
-                            .and_then(|c| c.strip_suffix(RELEASE_SUFFIX))
-                        {
-                            release.signal(key);
-                            continue;
-                        }
-                        let Ok(notice) = msg.get_payload::<String>() else {
-                            continue;
-                        };
-                        let (ticket, fence) = notice.split_once(':').unwrap_or((&notice, ""));
-                        waiters.with(ticket, |w| {
-                            w.granted
-                                .store(fence.parse().unwrap_or(0), Ordering::Release);
-                            w.wake.notify_one();
-                        });
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "lock notice subscription failed"),
-            },
-            Err(e) => tracing::debug!(error = %e, "lock notice connection failed"),
+/// What this process does with the notices it hears: wakes the local
+/// waiter a hand-off names, and tells local holders of a lock that another
+/// request asked for it.
+struct Heard {
+    prefix: String,
+    waiters: Waiters,
+    release: ReleaseBoard,
+}
+
+impl NoticeHandler for Heard {
+    fn notice(&self, channel: &str, payload: &[u8]) {
+        if let Some(key) = channel
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|c| c.strip_suffix(RELEASE_SUFFIX))
+        {
+            self.release.signal(key);
+            return;
         }
-        // Notices may have been missed while disconnected: every waiter re-polls.
-        waiters.for_each(|w| w.wake.notify_one());
-        tokio::time::sleep(RESUBSCRIBE_AFTER).await;
+        let Ok(notice) = std::str::from_utf8(payload) else {
+            return;
+        };
+        let (ticket, fence) = notice.split_once(':').unwrap_or((notice, ""));
+        self.waiters.with(ticket, |w| {
+            w.granted
+                .store(fence.parse().unwrap_or(0), Ordering::Release);
+            w.wake.notify_one();
+        });
+    }
+
+    /// Every waiter re-polls.
+    fn missed(&self) {
+        self.waiters.for_each(|w| w.wake.notify_one());
     }
 }
 
@@ -371,6 +368,8 @@ impl LockManager for RedisLocks {
             fence,
             ttl,
         };
+        // Made once a wait begins; on a cluster, a subscription of this key's.
+        let mut watch = None;
         loop {
             let fence = match self.fair_attempt(&keys, &ticket, ttl).await {
                 Ok(f) => f,
@@ -383,6 +382,15 @@ impl LockManager for RedisLocks {
                 // Taken by this attempt, or handed over earlier (its notice
                 // lost): in doubt, the short hand-off lease.
                 return Ok(lease(fence, TICKET_TTL.min(ttl)));
+            }
+            if watch.is_none() {
+                let made = self.notices.watch(&keys.channel()).await;
+                let fresh = made.fresh;
+                watch = Some(made);
+                if fresh {
+                    // A hand-off before the subscription was not heard.
+                    continue;
+                }
             }
             let now = Instant::now();
             if now >= deadline {
@@ -437,6 +445,12 @@ impl LockManager for RedisLocks {
 
     fn release_board(&self) -> &ReleaseBoard {
         &self.release
+    }
+
+    async fn listen_for_release(&self, key: &str) -> ReleaseListener {
+        let channel = Keys::new(&self.prefix, key).release_channel();
+        let watch = self.notices.watch(&channel).await;
+        self.release.listen_keeping(key, watch)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -35,6 +35,12 @@ struct Board {
 impl ReleaseBoard {
     /// Listens for release requests on `key` until the listener is dropped.
     pub fn listen(&self, key: &str) -> ReleaseListener {
+        self.listen_keeping(key, ())
+    }
+
+    /// [`Self::listen`], keeping `keep` (what makes the requests heard:
+    /// a subscription) as long as the listener.
+    pub fn listen_keeping(&self, key: &str, keep: impl Send + Sync + 'static) -> ReleaseListener {
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let (asked, requests) = watch::channel(None);
         self.inner
@@ -49,6 +55,7 @@ impl ReleaseBoard {
             key: key.to_owned(),
             id,
             requests,
+            _keep: Box::new(keep),
         }
     }
 
@@ -69,6 +76,7 @@ pub struct ReleaseListener {
     key: String,
     id: u64,
     requests: Asked,
+    _keep: Box<dyn Send + Sync>,
 }
 
 impl ReleaseListener {

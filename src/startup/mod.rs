@@ -21,7 +21,7 @@ use crate::{
         resumable::ResumableBlobs,
         s3::S3BlobStore,
     },
-    config::{Coordination, Settings},
+    config::{Coordination, RedisMode, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
         auth_cache::AuthCache,
@@ -106,7 +106,7 @@ impl Ports {
         };
         let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
             Some(url) => {
-                let link = RedisLink::connect(url.expose_secret())?;
+                let link = RedisLink::connect(url.expose_secret(), settings.redis_mode)?;
                 link.probe().await?;
                 Arc::new(RedisLocks::on(&link, &settings.redis_prefix))
             }
@@ -148,9 +148,15 @@ impl AppState {
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
         let applier = Applier::new(meta.clone(), txns.clone(), settings.max_container_items);
         let queue = match (settings.coordination, &settings.redis_url) {
+            (Coordination::Queue, Some(_)) if settings.redis_mode == RedisMode::Cluster => {
+                anyhow::bail!(
+                    "FILEDOCK_COORDINATION=queue does not run on a Redis Cluster yet \
+                     (FILEDOCK_REDIS_MODE=cluster): use FILEDOCK_COORDINATION=lock"
+                )
+            }
             // A link of its own: its own connections and subscription.
             (Coordination::Queue, Some(url)) => Some(Arc::new(RedisQueue::connect(
-                RedisLink::connect(url.expose_secret())?,
+                RedisLink::connect(url.expose_secret(), settings.redis_mode)?,
                 &settings.redis_prefix,
                 locks.clone(),
                 applier.clone(),

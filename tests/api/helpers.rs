@@ -46,6 +46,10 @@ pub fn test_settings() -> Settings {
         s.mongodb_uri = Some(env("FILEDOCK_TEST_MONGODB_URI").into());
         s.mongodb_db = format!("t_{}", &run[..16]);
         s.redis_url = Some(env("FILEDOCK_TEST_REDIS_URL").into());
+        // scripts/test.sh runs the lock tests again on a Redis Cluster.
+        if let Ok(mode) = std::env::var("FILEDOCK_TEST_REDIS_MODE") {
+            s.redis_mode = mode.parse().expect("single or cluster");
+        }
         s.redis_prefix = format!("t{}:", &run[..16]);
         s.s3 = Some(S3Settings {
             endpoint: env("FILEDOCK_TEST_S3_ENDPOINT"),
@@ -321,6 +325,10 @@ pub fn binary_env(s: &Settings) -> Vec<(String, String)> {
             ),
             ("FILEDOCK_MONGODB_DB".into(), s.mongodb_db.clone()),
             ("FILEDOCK_REDIS_URL".into(), var("FILEDOCK_TEST_REDIS_URL")),
+            (
+                "FILEDOCK_REDIS_MODE".into(),
+                std::env::var("FILEDOCK_TEST_REDIS_MODE").unwrap_or_else(|_| "single".into()),
+            ),
             ("FILEDOCK_REDIS_PREFIX".into(), s.redis_prefix.clone()),
             ("FILEDOCK_S3_ENDPOINT".into(), s3.endpoint.clone()),
             ("FILEDOCK_S3_BUCKET".into(), s3.bucket.clone()),

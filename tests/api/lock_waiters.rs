@@ -8,35 +8,32 @@ use std::{
     time::{Duration, Instant},
 };
 
-use filedock::lock::{LockManager, memory::MemoryLocks, redis::RedisLocks};
+use filedock::{
+    lock::{LockManager, memory::MemoryLocks, redis::RedisLocks},
+    redis_link::RedisConn,
+};
 
 use crate::{
     helpers::*,
-    locks::{TTL, far, managers, redis_locks, unique_prefix},
+    locks::{TTL, far, managers, redis_locks, test_link, unique_prefix},
 };
 
 /// Where a manager under test keeps the waiters of a key, to see them queued.
 enum Waiting {
     Memory(Arc<MemoryLocks>),
     /// The key prefix: the queue is `{prefix}{key}:queue`, a sorted set.
-    Redis(String),
+    Redis(String, RedisConn),
 }
 
 impl Waiting {
     async fn count(&self, key: &str) -> usize {
         match self {
             Self::Memory(m) => m.waiters(key),
-            Self::Redis(prefix) => {
-                let mut conn =
-                    redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap())
-                        .unwrap()
-                        .get_multiplexed_async_connection()
-                        .await
-                        .unwrap();
-                let queued: usize =
-                    redis::AsyncCommands::zcard(&mut conn, format!("{prefix}{key}:queue"))
-                        .await
-                        .unwrap();
+            Self::Redis(prefix, conn) => {
+                let queue = format!("{prefix}{key}:queue");
+                let queued: usize = redis::AsyncCommands::zcard(&mut conn.clone(), queue)
+                    .await
+                    .unwrap();
                 queued
             }
         }
@@ -65,7 +62,7 @@ fn managers_seen() -> Vec<(&'static str, Arc<dyn LockManager>, Waiting)> {
         all.push((
             "redis",
             Arc::new(redis_locks(&prefix)),
-            Waiting::Redis(prefix),
+            Waiting::Redis(prefix, test_link().conn()),
         ));
     }
     all
@@ -285,7 +282,9 @@ async fn waiters_in_two_os_processes_are_served_in_arrival_order() {
                 .unwrap()
         })
         .collect();
-    Waiting::Redis(prefix.clone()).until(&key, 10).await;
+    Waiting::Redis(prefix.clone(), test_link().conn())
+        .until(&key, 10)
+        .await;
     m.release(&first).await.unwrap();
     for mut child in children {
         let status = tokio::task::spawn_blocking(move || child.wait())

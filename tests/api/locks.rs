@@ -8,10 +8,11 @@ use std::{
 use chrono::Utc;
 
 use filedock::{
-    config::{LockScope, LockStrategy},
+    config::{LockScope, LockStrategy, RedisMode},
     lock::{Lease, LockKey, LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
     meta::{CommitUpload, Fence, FileRecord, MetaError},
     metrics::Metrics,
+    redis_link::RedisLink,
 };
 
 use reqwest::StatusCode;
@@ -34,8 +35,17 @@ pub(crate) fn unique_prefix() -> String {
     format!("lt{}:", uuid::Uuid::new_v4().simple())
 }
 
+/// A link to the test Redis, in its mode (scripts/test.sh runs the lock
+/// tests again on a Redis Cluster).
+pub(crate) fn test_link() -> RedisLink {
+    let url = std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap();
+    let mode = std::env::var("FILEDOCK_TEST_REDIS_MODE")
+        .map_or(RedisMode::Single, |m| m.parse().expect("single or cluster"));
+    RedisLink::connect(&url, mode).unwrap()
+}
+
 pub(crate) fn redis_locks(prefix: &str) -> RedisLocks {
-    RedisLocks::connect(&std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap(), prefix).unwrap()
+    RedisLocks::on(&test_link(), prefix)
 }
 
 pub(crate) fn far() -> Instant {

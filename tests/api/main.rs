@@ -7,6 +7,8 @@ mod audit;
 mod bounded;
 mod cli;
 mod clients;
+mod cluster_failover;
+mod cluster_mode;
 mod content;
 mod crash;
 mod credentials;

@@ -55,9 +55,10 @@ impl ResumableService {
         // Another request's ask to let go (a client resuming after its link
         // died silently) ends the body here as a cut would; the deletion
         // of its user, asking too, ends the PATCH (`stop.rs`).
-        let listener = guard
-            .as_ref()
-            .map(|_| self.locks.listen_for_release(&LockKey::resumable(id)));
+        let listener = match &guard {
+            Some(_) => Some(self.locks.listen_for_release(&LockKey::resumable(id)).await),
+            None => None,
+        };
         let asked = listener.as_ref().map(ReleaseListener::requests);
         let result = async {
             let upload = self.find(user, id).await?;

@@ -16,6 +16,7 @@ pub mod mints;
 pub mod model;
 pub mod nemesis;
 pub mod readback;
+pub mod redis_cluster;
 pub mod servers;
 pub mod sets;
 pub mod signed_links;

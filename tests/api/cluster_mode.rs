@@ -1,0 +1,193 @@
+//! filedock in cluster mode (`FILEDOCK_REDIS_MODE=cluster`) on the test
+//! Redis Cluster (three masters with a replica each, started by
+//! scripts/stack.sh): locks on every master, notices heard on the node of
+//! each key's slot, subscriptions that follow the keys waited on. Skipped
+//! without the cluster. The failovers are in `cluster_failover.rs`, run on
+//! their own (they disturb every other test on the cluster).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use filedock::{
+    config::{Environment, RedisMode},
+    redis_link::{NoticeHandler, RedisLink},
+};
+use reqwest::StatusCode;
+
+use crate::{helpers::*, support::redis_cluster as cluster};
+
+/// Notices a handler heard, by channel.
+#[derive(Default)]
+pub(crate) struct Heard {
+    pub by_channel: Mutex<HashMap<String, Vec<String>>>,
+}
+
+impl NoticeHandler for Heard {
+    fn notice(&self, channel: &str, payload: &[u8]) {
+        let payload = String::from_utf8_lossy(payload).into_owned();
+        self.by_channel
+            .lock()
+            .unwrap()
+            .entry(channel.to_owned())
+            .or_default()
+            .push(payload);
+    }
+    fn missed(&self) {}
+}
+
+impl Heard {
+    pub fn count(&self, channel: &str) -> usize {
+        self.by_channel
+            .lock()
+            .unwrap()
+            .get(channel)
+            .map_or(0, Vec::len)
+    }
+}
+
+/// A cluster-mode app on the test cluster, in production (where a lock
+/// that cannot be taken fails the request instead of running it unlocked).
+pub(crate) fn cluster_settings(seeds: &str) -> filedock::config::Settings {
+    let mut settings = test_settings();
+    settings.redis_url = Some(seeds.to_owned().into());
+    settings.redis_mode = RedisMode::Cluster;
+    settings.env = Environment::Production;
+    settings
+}
+
+/// 30 channels spread over the three masters, watched by one link: each
+/// notice published on its channel's master is heard once; the sharded
+/// subscriptions exist while watched and are gone after (a process holds
+/// none for keys nobody waits on).
+#[tokio::test]
+async fn watched_channels_are_heard_on_every_master_and_unsubscribed_after() {
+    let Some(seeds) = cluster::cluster_seeds() else {
+        return;
+    };
+    let link = RedisLink::connect(&seeds, RedisMode::Cluster).unwrap();
+    let heard = Arc::new(Heard::default());
+    let notices = link.notices(Vec::new(), heard.clone());
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let channels: Vec<String> = (0..30).map(|i| format!("w{tag}:{{k{i}}}:notify")).collect();
+    let mut masters = std::collections::HashSet::new();
+    for c in &channels {
+        masters.insert(cluster::master_of(&seeds, c).await.id);
+    }
+    assert_eq!(masters.len(), 3, "the channels cover every master");
+
+    let mut watches = Vec::new();
+    for c in &channels {
+        let watch = notices.watch(c).await;
+        assert!(watch.fresh, "the first watch of {c} subscribes");
+        watches.push(watch);
+    }
+    let again = notices.watch(&channels[0]).await;
+    assert!(!again.fresh, "a second watch shares the subscription");
+    drop(again);
+    let pattern = format!("w{tag}:*");
+    assert_eq!(cluster::shard_channels(&seeds, &pattern).await, 30);
+
+    for c in &channels {
+        assert_eq!(cluster::spublish(&seeds, c, "n1").await, 1, "{c}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while channels.iter().any(|c| heard.count(c) < 1) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for c in &channels {
+        assert_eq!(heard.count(c), 1, "{c} heard once");
+    }
+
+    drop(watches);
+    // Unsubscribed a second after the last watcher left.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut left = usize::MAX;
+    while std::time::Instant::now() < deadline {
+        left = cluster::shard_channels(&seeds, &pattern).await;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, 0, "subscriptions left after their watchers");
+}
+
+/// 12 users × 3 uploads at once, over two cluster-mode instances in
+/// production: every lock is taken on its key's master (two in three are not
+/// on the first seed), so every upload is created, none refused, and every
+/// user lists exactly its 3 files.
+#[tokio::test]
+async fn uploads_of_many_users_take_their_locks_on_every_master() {
+    let Some(seeds) = cluster::cluster_seeds() else {
+        return;
+    };
+    let settings = cluster_settings(&seeds);
+    let a = spawn_app_with(settings.clone()).await;
+    let b = spawn_app_with(settings).await;
+    let mut users = Vec::new();
+    for i in 0..12 {
+        users.push(a.create_user(&format!("cluster-{i}")).await);
+    }
+    let uploads = users.iter().enumerate().flat_map(|(i, u)| {
+        let app = if i % 2 == 0 { &a } else { &b };
+        (0..3).map(move |n| async move {
+            let res = app.upload_raw(u, &format!("f{n}"), vec![b'x'; 64]).await;
+            error_code(res).await
+        })
+    });
+    for answer in futures::future::join_all(uploads).await {
+        assert_eq!(answer.0, StatusCode::CREATED, "{answer:?}");
+    }
+    for u in &users {
+        assert_eq!(a.list_ids(u).await.len(), 3, "{}", u.id);
+    }
+    for app in [&a, &b] {
+        for metric in [
+            "filedock_lock_misrouted_total",
+            "filedock_lock_degraded_total",
+        ] {
+            assert_eq!(app.metric(metric, "").await, 0.0, "{metric}");
+        }
+    }
+}
+
+/// Queue mode does not run on a cluster yet: refused at start, by name.
+#[tokio::test]
+async fn queue_mode_on_a_cluster_is_refused_at_start() {
+    let Some(seeds) = cluster::cluster_seeds() else {
+        return;
+    };
+    let mut settings = test_settings();
+    settings.redis_url = Some(seeds.into());
+    settings.redis_mode = RedisMode::Cluster;
+    settings.coordination = filedock::config::Coordination::Queue;
+    let Err(e) = filedock::http::AppState::build(settings).await else {
+        panic!("queue mode started on a cluster");
+    };
+    assert!(
+        format!("{e:#}").contains("FILEDOCK_COORDINATION=queue"),
+        "{e:#}"
+    );
+}
+
+/// A cluster-mode filedock pointed at a standalone Redis refuses to start
+/// (it could learn no slot), naming the setting.
+#[tokio::test]
+async fn cluster_mode_on_a_standalone_redis_is_refused_at_start() {
+    let mut settings = test_settings();
+    if cluster::cluster_seeds().is_none() || settings.redis_mode == RedisMode::Cluster {
+        return;
+    }
+    // The stack's standalone Redis.
+    settings.redis_mode = RedisMode::Cluster;
+    let Err(e) = filedock::ports::Ports::connect(&settings).await else {
+        panic!("cluster mode started on a standalone Redis");
+    };
+    assert!(
+        format!("{e:#}").contains("FILEDOCK_REDIS_MODE=single"),
+        "{e:#}"
+    );
+}
