@@ -5,7 +5,8 @@
 # `scripts/bench.sh 1 6` runs scenarios 1 and 6 only; `scripts/bench.sh 7` is
 # the group commit A/B (on vs off), `scripts/bench.sh 8` the tus one,
 # `scripts/bench.sh 9` the upload memory budget off vs on, `scripts/bench.sh 11`
-# cost vs files held (FILEDOCK_BENCH_HELD_MAX=10000 stops it at 10k files).
+# cost vs files held (FILEDOCK_BENCH_HELD_MAX=10000 stops it at 10k files),
+# `scripts/bench.sh 2c` the lock hand-off on one Redis node vs a Redis Cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
@@ -19,11 +20,14 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 trap stack_stop EXIT
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)" >&2
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(1 2 3 4 5 6 7)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(1 2 2c 3 4 5 6 7)
 # A fresh stack for each scenario: SecantusDB slows down as it fills up, and
 # one scenario's leftovers must not tax the next.
 for n in "${scenarios[@]}"; do
   stack_start
+  # 2c compares one Redis node with a Redis Cluster: it starts one too.
+  [ "$n" = 2c ] && stack_cluster_start
   FILEDOCK_BIN="$server" "$load" "$n"
+  [ "$n" = 2c ] && stack_cluster_stop
   stack_stop
 done

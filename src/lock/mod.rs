@@ -12,6 +12,7 @@ pub mod release;
 pub mod waiters;
 
 use std::{
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -93,6 +94,13 @@ pub trait LockManager: Send + Sync {
     /// the manager must subscribe to hear them).
     async fn listen_for_release(&self, key: &str) -> ReleaseListener {
         self.release_board().listen(key)
+    }
+
+    /// Which part of the backend `key` lives on: an outage of one part
+    /// (a Redis Cluster's master: its slots) opens the breaker for the
+    /// keys of that part only.
+    fn outage_scope(&self, _key: &str) -> u16 {
+        0
     }
 }
 
@@ -244,8 +252,9 @@ pub struct Locks {
     settings: LockSettings,
     production: bool,
     metrics: Arc<Metrics>,
-    /// When the backend was last seen down (the 1 s circuit breaker).
-    down_since: Mutex<Option<Instant>>,
+    /// When each part of the backend was last seen down (the 1 s circuit
+    /// breaker; see [`LockManager::outage_scope`]).
+    down_since: Mutex<HashMap<u16, Instant>>,
 }
 
 fn breaker_error() -> LockError {
@@ -275,7 +284,7 @@ impl Locks {
             settings,
             production,
             metrics,
-            down_since: Mutex::new(None),
+            down_since: Mutex::default(),
         }
     }
 
@@ -287,7 +296,7 @@ impl Locks {
     /// backend is down and, in development, the caller proceeds without a lock.
     pub async fn acquire(&self, key: &LockKey) -> Result<Held, LockError> {
         let started = Instant::now();
-        let result = match self.breaker_open() {
+        let result = match self.breaker_open(key) {
             true => Err(breaker_error()),
             false => {
                 let (ttl, wait) = (self.settings.ttl, self.settings.wait_timeout);
@@ -330,7 +339,7 @@ impl Locks {
 
     /// One attempt, no waiting: for work that another instance may be doing.
     pub async fn try_acquire(&self, key: &LockKey) -> Result<TryLock, LockError> {
-        let attempt = match self.breaker_open() {
+        let attempt = match self.breaker_open(key) {
             true => Err(breaker_error()),
             false => {
                 self.manager
@@ -405,10 +414,12 @@ impl Locks {
     /// The degradation policy: remember the outage (circuit breaker); in
     /// production fail, in development warn and go on without a lock.
     fn degrade(&self, key: &LockKey, why: String) -> Result<(), LockError> {
+        let scope = self.manager.outage_scope(key.as_str());
         self.down_since
             .lock()
             .unwrap()
-            .get_or_insert_with(Instant::now);
+            .entry(scope)
+            .or_insert_with(Instant::now);
         if self.production {
             return Err(LockError::Unavailable(why));
         }
@@ -432,19 +443,21 @@ impl Locks {
     }
 
     fn guard(&self, lease: Lease, level: &str) -> LockGuard {
-        *self.down_since.lock().unwrap() = None;
+        let scope = self.manager.outage_scope(&lease.key);
+        self.down_since.lock().unwrap().remove(&scope);
         let (metrics, lvl) = (self.metrics.clone(), Metrics::level(level));
         LockGuard::start(lease, self.manager.clone(), self.settings.ttl, move || {
             metrics.lock_lost.get_or_create(&lvl).inc();
         })
     }
 
-    fn breaker_open(&self) -> bool {
+    fn breaker_open(&self, key: &LockKey) -> bool {
+        let scope = self.manager.outage_scope(key.as_str());
         let mut down = self.down_since.lock().unwrap();
-        match *down {
+        match down.get(&scope) {
             Some(t) if t.elapsed() < BREAKER_WINDOW => true,
             Some(_) => {
-                *down = None;
+                down.remove(&scope);
                 false
             }
             None => false,

@@ -104,8 +104,12 @@ return 0
 "#;
 
 /// ARGV: owner, ttl ms. Takes the lock only if it is free and nobody is
-/// queued for it.
+/// queued for it. Run again (a client's retry after a lost answer), it
+/// answers the token it took.
 const TRY_ACQUIRE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return tonumber(redis.call('GET', KEYS[2]))
+end
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
   return take(ARGV[1], ARGV[2])
 end
@@ -166,6 +170,7 @@ pub struct RedisLocks {
     release: ReleaseBoard,
     /// Hand-off notices and release requests, heard for `Heard`.
     notices: Notices,
+    link: RedisLink,
 }
 
 /// A Redis error as the lock port's: a topology answer is not an outage.
@@ -260,6 +265,7 @@ impl RedisLocks {
             waiters,
             release,
             notices,
+            link: link.clone(),
         }
     }
 
@@ -384,12 +390,17 @@ impl LockManager for RedisLocks {
                 return Ok(lease(fence, TICKET_TTL.min(ttl)));
             }
             if watch.is_none() {
-                let made = self.notices.watch(&keys.channel()).await;
-                let fresh = made.fresh;
-                watch = Some(made);
-                if fresh {
-                    // A hand-off before the subscription was not heard.
-                    continue;
+                // Within the wait: a subscription that takes longer leaves
+                // this waiter to its re-polls.
+                let left = deadline.saturating_duration_since(Instant::now());
+                let made = tokio::time::timeout(left, self.notices.watch(&keys.channel())).await;
+                if let Ok(made) = made {
+                    let fresh = made.fresh;
+                    watch = Some(made);
+                    if fresh {
+                        // A hand-off before the subscription was not heard.
+                        continue;
+                    }
                 }
             }
             let now = Instant::now();
@@ -445,6 +456,10 @@ impl LockManager for RedisLocks {
 
     fn release_board(&self) -> &ReleaseBoard {
         &self.release
+    }
+
+    fn outage_scope(&self, key: &str) -> u16 {
+        self.link.outage_scope(&Keys::new(&self.prefix, key).lock)
     }
 
     async fn listen_for_release(&self, key: &str) -> ReleaseListener {

@@ -29,6 +29,8 @@ use notices::Shards;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long one command may wait for its answer.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// On a cluster, how long a command may take in all, its retries included.
+const OVERALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The connection every caller shares: multiplexed, reconnecting, lazy; on
 /// a cluster, routed by key to the node that owns its slot (following MOVED
@@ -105,21 +107,29 @@ impl RedisLink {
             }
             RedisMode::Cluster => {
                 let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
-                let shards = Arc::new(Shards::default());
                 let client = ClusterClientBuilder::new(seeds.clone())
                     .use_protocol(ProtocolVersion::RESP3)
                     .retries(3)
                     .min_retry_wait(50)
                     .max_retry_wait(500)
+                    // A call with its retries, redirections and reconnections.
+                    .overall_response_timeout(Some(OVERALL_TIMEOUT))
                     .build()?;
-                // Set here, not on the builder: a config replaces the
-                // builder's timeouts (an unset response timeout: none).
-                let config = ClusterConfig::new()
-                    .set_connection_timeout(CONNECT_TIMEOUT)
-                    .set_response_timeout(RESPONSE_TIMEOUT)
-                    .set_push_sender(notices::push_sender(Arc::downgrade(&shards)));
-                let conn = client.get_pending_async_connection_with_config(config);
-                shards.attach(conn.clone());
+                // The per-attempt timeouts go in a config (which replaces
+                // the builder's: unset there would be none).
+                let config = || {
+                    ClusterConfig::new()
+                        .set_connection_timeout(CONNECT_TIMEOUT)
+                        .set_response_timeout(RESPONSE_TIMEOUT)
+                };
+                let conn = client.get_pending_async_connection_with_config(config());
+                // The subscriptions on a connection of their own (see Shards).
+                let shards = Arc::new(Shards::default());
+                let sender = notices::push_sender(Arc::downgrade(&shards));
+                shards
+                    .attach(client.get_pending_async_connection_with_config(
+                        config().set_push_sender(sender),
+                    ));
                 Ok(Self {
                     conn: RedisConn::Cluster(conn),
                     topology: Topology::Cluster {
@@ -173,6 +183,16 @@ impl RedisLink {
         }
     }
 
+    /// Which part of Redis `key` lives on, for telling an outage of one part
+    /// from the rest: on a cluster the key's slot (one master's outage
+    /// does not stop the others' keys), on one node always the same.
+    pub fn outage_scope(&self, key: &str) -> u16 {
+        match self.topology {
+            Topology::Node(_) => 0,
+            Topology::Cluster { .. } => slot_of(key),
+        }
+    }
+
     /// Refuses a Redis of another kind than the mode's (see [`probe`]).
     pub async fn probe(&self) -> anyhow::Result<()> {
         match &self.topology {
@@ -188,6 +208,18 @@ impl RedisLink {
     }
 }
 
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// part between the first `{` and the next `}`, if not empty) or of the
+/// whole key, modulo 16384.
+pub fn slot_of(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+        (len > 0).then(|| &key[open + 1..open + 1 + len])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
+}
+
 fn not_on_a_cluster() -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::Client, "not available on a cluster yet"))
 }
@@ -199,4 +231,18 @@ pub fn connection_config() -> ConnectionManagerConfig {
         .set_response_timeout(Some(RESPONSE_TIMEOUT))
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_millis(500))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_of;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // The Redis Cluster specification's CRC16 check value, and its tags.
+        assert_eq!(slot_of("123456789"), 12739);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
+        assert_eq!(slot_of("foo{}{bar}"), 8363);
+        assert_eq!(slot_of("foo{{bar}}zap"), slot_of("{bar"));
+    }
 }

@@ -132,8 +132,10 @@ async fn subscribe_patterns(
     }
 }
 
-/// A cluster's sharded subscriptions, on the link's cluster connection,
-/// whose pushes come to [`Shards::on_push`].
+/// A cluster's sharded subscriptions, on a cluster connection of their own
+/// (the crate takes a node's unrequested `sunsubscribe` for the answer to
+/// the oldest request on that node: it must not be a lock script), whose
+/// pushes come to [`Shards::on_push`].
 #[derive(Default)]
 pub(super) struct Shards {
     conn: std::sync::OnceLock<ClusterConnection>,
@@ -142,6 +144,8 @@ pub(super) struct Shards {
     /// (changed only under its lock, so that a subscription and an
     /// unsubscription of one channel never cross).
     channels: Mutex<HashMap<String, Channel>>,
+    /// Channels this process is unsubscribing from.
+    leaving: Mutex<std::collections::HashSet<String>>,
 }
 
 struct Channel {
@@ -182,21 +186,26 @@ impl Shards {
             entry.watchers += 1;
             entry.subscribed.clone()
         };
-        let held = Some((self.clone(), channel.to_owned()));
+        // Made before any wait: a watch dropped mid-way (its request
+        // cancelled) still counts its watcher out.
+        let mut watch = Watch {
+            fresh: false,
+            held: Some((self.clone(), channel.to_owned())),
+        };
         let mut subscribed = subscribed.lock().await;
         if *subscribed {
-            return Watch { fresh: false, held };
+            return watch;
         }
         match self.conn().ssubscribe(channel).await {
             Ok(()) => {
                 *subscribed = true;
-                Watch { fresh: true, held }
+                watch.fresh = true;
             }
             Err(e) => {
                 tracing::debug!(error = %e, channel, "sharded subscription failed; re-polling instead");
-                Watch { fresh: false, held }
             }
         }
+        watch
     }
 
     /// One watcher fewer; the last one's leaving unsubscribes after [`LINGER`].
@@ -211,7 +220,10 @@ impl Shards {
                 return;
             }
         }
-        tokio::spawn(async move {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
             tokio::time::sleep(LINGER).await;
             let Some(subscribed) = self.idle(&channel) else {
                 return;
@@ -220,14 +232,18 @@ impl Shards {
             if self.idle(&channel).is_none() {
                 return;
             }
-            if *subscribed {
-                if let Err(e) = self.conn().sunsubscribe(&channel).await {
-                    // The crate resubscribes what it tracks after a
-                    // reconnection; one stray subscription costs a few bytes.
-                    tracing::debug!(error = %e, channel, "sharded unsubscription failed");
-                }
-                *subscribed = false;
+            // Even if not marked subscribed: a watch cancelled while its
+            // `SSUBSCRIBE` was in flight left one the node knows of.
+            // Its confirmation is this process's own, not a node's
+            // dropping the channel (see `on_push`).
+            self.leaving.lock().unwrap().insert(channel.clone());
+            if let Err(e) = self.conn().sunsubscribe(&channel).await {
+                // The crate resubscribes what it tracks after a
+                // reconnection; one stray subscription costs a few bytes.
+                tracing::debug!(error = %e, channel, "sharded unsubscription failed");
             }
+            self.leaving.lock().unwrap().remove(&channel);
+            *subscribed = false;
             let mut channels = self.channels.lock().unwrap();
             if channels.get(&channel).is_some_and(|c| c.watchers == 0) {
                 channels.remove(&channel);
@@ -249,6 +265,12 @@ impl Shards {
         (entry.watchers > 0).then(|| entry.subscribed.clone())
     }
 
+    /// The channel's lock, watched or lingering.
+    fn known(&self, channel: &str) -> Option<Arc<tokio::sync::Mutex<bool>>> {
+        let channels = self.channels.lock().unwrap();
+        channels.get(channel).map(|entry| entry.subscribed.clone())
+    }
+
     /// A push from any node of the cluster.
     pub(super) fn on_push(self: &Arc<Self>, push: PushInfo) {
         match push.kind {
@@ -263,12 +285,15 @@ impl Shards {
                 }
             }
             // A node that lost the channel's slot (a failover, a slot moved)
-            // drops its subscribers, and the crate forgets the channel: a
-            // channel still watched is subscribed again, where the slot is now.
+            // drops its subscribers, and the crate forgets the channel: it
+            // is marked unsubscribed and, while watched, subscribed again
+            // where the slot is now. (This process's own unsubscriptions
+            // are not the node's doing.)
             PushKind::SUnsubscribe => {
                 if let Some(channel) = push.data.first().and_then(bytes) {
                     let channel = String::from_utf8_lossy(channel).into_owned();
-                    if self.watched(&channel).is_some() {
+                    let own = self.leaving.lock().unwrap().contains(&channel);
+                    if !own && self.known(&channel).is_some() {
                         tokio::spawn(self.clone().resubscribe(channel));
                     }
                 }
@@ -278,14 +303,19 @@ impl Shards {
         }
     }
 
-    /// Subscribes `channel` again while it is watched, until that succeeds;
-    /// then the watchers look again (a notice may have come meanwhile).
+    /// Marks `channel` unsubscribed and subscribes it again while it is
+    /// watched, until that succeeds; then the watchers look again (a notice
+    /// may have come meanwhile).
     async fn resubscribe(self: Arc<Self>, channel: String) {
         loop {
-            let Some(subscribed) = self.watched(&channel) else {
+            let Some(subscribed) = self.known(&channel) else {
                 return;
             };
             let mut subscribed = subscribed.lock().await;
+            *subscribed = false;
+            if self.watched(&channel).is_none() {
+                return;
+            }
             match self.conn().ssubscribe(&channel).await {
                 Ok(()) => {
                     *subscribed = true;
@@ -293,7 +323,6 @@ impl Shards {
                     return;
                 }
                 Err(e) => {
-                    *subscribed = false;
                     tracing::debug!(error = %e, channel, "sharded resubscription failed; trying again");
                 }
             }

@@ -56,9 +56,11 @@ async fn a_watched_channel_is_heard_again_after_its_master_fails_over() {
 }
 
 /// 16 waiters on one key, half on each of two instances (two links), each
-/// holding the lock for 20 ms, while the key's master fails over: every
-/// waiter gets the lock, never two at once, and each fence is above the
-/// one before.
+/// holding the lock for 150 ms, while the key's master fails over: every
+/// waiter gets the lock (some before the failover, some after it), never
+/// two at once, and each fence is above the one before. A call refused
+/// meanwhile (503: an outage or a topology answer) is counted and tried
+/// again.
 #[tokio::test]
 async fn lock_waiters_on_two_instances_are_served_one_at_a_time_across_a_failover() {
     let Some(seeds) = cluster::cluster_seeds() else {
@@ -71,11 +73,13 @@ async fn lock_waiters_on_two_instances_are_served_one_at_a_time_across_a_failove
         .collect();
     let key = "{user:hot}:commit";
     let holders = Arc::new(AtomicUsize::new(0));
-    let fences = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let fences = Arc::new(Mutex::new(Vec::<(u64, Instant)>::new()));
     let overlaps = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
     let waiters = (0..16).map(|i| {
         let manager = managers[i % 2].clone();
         let (holders, fences, overlaps) = (holders.clone(), fences.clone(), overlaps.clone());
+        let refused = refused.clone();
         tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(40);
             let lease = loop {
@@ -86,6 +90,7 @@ async fn lock_waiters_on_two_instances_are_served_one_at_a_time_across_a_failove
                 {
                     Ok(lease) => break lease,
                     Err(e) if Instant::now() < deadline => {
+                        refused.fetch_add(1, Ordering::SeqCst);
                         eprintln!("waiter {i}: {e}; again");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -95,23 +100,75 @@ async fn lock_waiters_on_two_instances_are_served_one_at_a_time_across_a_failove
             if holders.fetch_add(1, Ordering::SeqCst) > 0 {
                 overlaps.fetch_add(1, Ordering::SeqCst);
             }
-            fences.lock().unwrap().push(lease.fence);
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            fences.lock().unwrap().push((lease.fence, Instant::now()));
+            tokio::time::sleep(Duration::from_millis(150)).await;
             holders.fetch_sub(1, Ordering::SeqCst);
             manager.release(&lease).await.ok();
         })
     });
     let waiters: Vec<_> = waiters.collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let began = Instant::now();
     cluster::fail_over(&seeds, &format!("{prefix}{key}")).await;
+    let ended = Instant::now();
     for w in waiters {
         w.await.unwrap();
     }
-    let fences = fences.lock().unwrap().clone();
+    let granted = fences.lock().unwrap().clone();
+    let before = granted.iter().filter(|(_, at)| *at < began).count();
+    let after = granted.iter().filter(|(_, at)| *at > ended).count();
+    eprintln!(
+        "16 waiters across a failover: {before} granted before it, {after} after, {} calls refused meanwhile",
+        refused.load(Ordering::SeqCst)
+    );
+    assert!(
+        before > 0 && after > 0,
+        "the failover did not come between grants"
+    );
+    let fences: Vec<u64> = granted.iter().map(|(f, _)| *f).collect();
     assert_eq!(fences.len(), 16, "every waiter held the lock");
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences not increasing: {fences:?}"
     );
+}
+
+/// A holder listening for release requests before its lock's master fails
+/// over still hears one asked after it (a resumable upload's PATCH that
+/// would otherwise keep a silent client's lock).
+#[tokio::test]
+async fn a_release_request_reaches_its_holder_after_a_failover() {
+    let Some(seeds) = cluster::cluster_seeds() else {
+        return;
+    };
+    let prefix = format!("lr{}:", uuid::Uuid::new_v4().simple());
+    let holder = RedisLocks::on(
+        &RedisLink::connect(&seeds, RedisMode::Cluster).unwrap(),
+        &prefix,
+    );
+    let asker = RedisLocks::on(
+        &RedisLink::connect(&seeds, RedisMode::Cluster).unwrap(),
+        &prefix,
+    );
+    let key = "filedock_resumable_lock:{upload-1}";
+    let lease = holder
+        .try_acquire(key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let listener = holder.listen_for_release(key).await;
+    let mut asked = listener.requests();
+    cluster::fail_over(&seeds, &format!("{prefix}{key}")).await;
+    // Asked again and again, as a waiting request does.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while asked.borrow().is_none() && Instant::now() < deadline {
+        let _ = asker.request_release(key).await;
+        let _ = tokio::time::timeout(Duration::from_millis(250), asked.changed()).await;
+    }
+    assert!(
+        asked.borrow().is_some(),
+        "the holder never heard a release request after the failover"
+    );
+    holder.release(&lease).await.ok();
 }

@@ -20,8 +20,9 @@
 //! a nemesis that deals a shuffled deck of every fault kind of the mode (link
 //! cuts, also right after a commit or an enqueue was answered and past the
 //! settle window, a pause past the leases and the grace, SIGKILL and restart,
-//! Redis restarted and flushed), while `reconcile --delete` and `sweep` run
-//! in a loop. After healing, the resumable uploads' expiry and a final sweep,
+//! Redis restarted and flushed; in the run on a Redis Cluster, a master
+//! killed and a `CLUSTER FAILOVER` instead), while `reconcile --delete` and
+//! `sweep` run in a loop. After healing, the resumable uploads' expiry and a final sweep,
 //! the checker holds everything read back against the history
 //! (`support/checker.rs`; a container deleted with a 204 is gone and no file
 //! names it, one whose delete's outcome is unknown either gone or as the
@@ -57,7 +58,7 @@ use crate::{
         history::{Event, Holder},
         lives::deletes_summary,
         mints::{check_deleted_creds, mints_summary},
-        nemesis::{Fault, nemesis},
+        nemesis::nemesis,
         readback::read_final,
         signed_links::{LinkTally, check_deleted_links, check_links, links_summary, probe_links},
         workload::{UserWorld, World},
@@ -171,16 +172,22 @@ async fn final_sweeps(state: &AppState) {
     }
 }
 
-async fn run_suite(coordination: &str) {
+/// One run of the suite: `coordination` (lock or queue) on one Redis node
+/// behind a proxy, or (lock mode) on a Redis Cluster the nemesis fails over.
+async fn run_suite(coordination: &str, on_redis_cluster: bool) {
     if !real_backends() {
         eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
         return;
     }
+    let mode = match on_redis_cluster {
+        true => format!("{coordination}-on-redis-cluster"),
+        false => coordination.to_owned(),
+    };
     let seed: u64 = env_or("FILEDOCK_FAULT_SEED", rand::random());
     let secs: u64 = env_or("FILEDOCK_FAULT_SECS", 0);
-    eprintln!("fault suite ({coordination}): seed {seed}; replay with FILEDOCK_FAULT_SEED={seed}");
+    eprintln!("fault suite ({mode}): seed {seed}; replay with FILEDOCK_FAULT_SEED={seed}");
     let started = Instant::now();
-    let mut cluster = Cluster::start(coordination).await;
+    let mut cluster = Cluster::start(coordination, on_redis_cluster).await;
     let mut users = Vec::new();
     for i in 0..=DOOMED {
         users.push(new_user(&cluster, i).await);
@@ -225,7 +232,7 @@ async fn run_suite(coordination: &str) {
         })
     };
     let until = Instant::now() + Duration::from_secs(secs);
-    let faults = nemesis(&mut cluster, coordination, &mut rng, until).await;
+    let faults = nemesis(&mut cluster, &mut rng, until).await;
     for proxy in [&cluster.mongo, &cluster.redis, &cluster.s3] {
         proxy.heal();
     }
@@ -311,7 +318,7 @@ async fn run_suite(coordination: &str) {
     }
     let took = started.elapsed().as_secs();
     eprintln!(
-        "fault suite ({coordination}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
+        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
         faults.fired(),
         v.requests,
         v.acknowledged,
@@ -336,7 +343,7 @@ async fn run_suite(coordination: &str) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={coordination} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} fired={}",
+        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -366,7 +373,7 @@ async fn run_suite(coordination: &str) {
         0,
         "seed {seed}: the guarantees did not hold"
     );
-    let silent = faults.silent(&Fault::deck(coordination));
+    let silent = faults.silent(&cluster.deck());
     assert!(
         silent.is_empty(),
         "seed {seed}: these faults never fired: {silent:?}"
@@ -383,10 +390,17 @@ async fn run_suite(coordination: &str) {
 
 #[tokio::test]
 async fn lock_mode_keeps_every_acknowledged_write_under_faults() {
-    run_suite("lock").await;
+    run_suite("lock", false).await;
 }
 
 #[tokio::test]
 async fn queue_mode_keeps_every_acknowledged_write_under_faults() {
-    run_suite("queue").await;
+    run_suite("queue", false).await;
+}
+
+/// Lock mode on a Redis Cluster, whose masters the nemesis kills (their
+/// replicas promoted, writes not yet replicated lost) and fails over.
+#[tokio::test]
+async fn lock_mode_on_a_redis_cluster_keeps_every_acknowledged_write_under_failovers() {
+    run_suite("lock", true).await;
 }

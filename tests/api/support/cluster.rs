@@ -5,11 +5,14 @@
 
 use std::{process::Child, time::Duration};
 
-use filedock::{config::Settings, http::AppState};
+use filedock::{
+    config::{RedisMode, Settings},
+    http::AppState,
+};
 
 use crate::{
     helpers::*,
-    support::{fault_proxy::FaultProxy, servers::OwnRedis},
+    support::{fault_proxy::FaultProxy, own_cluster::OwnRedisCluster, servers::OwnRedis},
 };
 
 /// Leases and grace short enough that a paused process outlives them.
@@ -85,6 +88,9 @@ pub struct Cluster {
     pub s3: FaultProxy,
     pub own_redis: OwnRedis,
     pub redis_port: u16,
+    /// In cluster mode, the instances' Redis instead (not behind a proxy:
+    /// a cluster client follows the nodes' own addresses).
+    pub own_cluster: Option<OwnRedisCluster>,
     pub instances: Vec<Instance>,
     /// The same backends, reached directly: maintenance and the checker.
     pub state: AppState,
@@ -94,9 +100,15 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub async fn start(coordination: &str) -> Self {
+    /// `on_redis_cluster`: the instances (lock mode) take their locks on a
+    /// private Redis Cluster, which the nemesis fails over.
+    pub async fn start(coordination: &str, on_redis_cluster: bool) -> Self {
         let redis_port = free_port();
         let own_redis = OwnRedis::start(redis_port).await;
+        let own_cluster = match on_redis_cluster {
+            true => Some(OwnRedisCluster::start().await),
+            false => None,
+        };
         let mongo = FaultProxy::start(addr_of(
             &std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap(),
         ))
@@ -108,6 +120,10 @@ impl Cluster {
         .await;
         let mut settings: Settings = test_settings();
         settings.redis_url = Some(format!("redis://127.0.0.1:{redis_port}/").into());
+        if let Some(own) = &own_cluster {
+            settings.redis_url = Some(own.seeds().into());
+            settings.redis_mode = RedisMode::Cluster;
+        }
         settings.sweep.intent_grace = GRACE;
         settings.sweep.retry_interval = Duration::ZERO;
         settings.max_container_items = CONTAINER_MAX_ITEMS;
@@ -121,6 +137,7 @@ impl Cluster {
             s3,
             own_redis,
             redis_port,
+            own_cluster,
             instances: Vec::new(),
             state,
             settings,
@@ -165,6 +182,20 @@ impl Cluster {
 
     fn instance_env(&self) -> Vec<(String, String)> {
         let mut env = binary_env(&self.settings);
+        let redis = match &self.own_cluster {
+            Some(own) => [
+                ("FILEDOCK_REDIS_URL", own.seeds()),
+                ("FILEDOCK_REDIS_MODE", "cluster".into()),
+            ],
+            None => [
+                (
+                    "FILEDOCK_REDIS_URL",
+                    format!("redis://{}/", self.redis.addr()),
+                ),
+                ("FILEDOCK_REDIS_MODE", "single".into()),
+            ],
+        };
+        env.extend(redis.map(|(k, v)| (k.to_owned(), v)));
         env.extend(
             [
                 (
@@ -173,10 +204,6 @@ impl Cluster {
                         "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=1000",
                         self.mongo.addr()
                     ),
-                ),
-                (
-                    "FILEDOCK_REDIS_URL",
-                    format!("redis://{}/", self.redis.addr()),
                 ),
                 ("FILEDOCK_S3_ENDPOINT", format!("http://{}", self.s3.addr())),
                 ("FILEDOCK_S3_PART_SIZE", PART_SIZE.to_string()),
@@ -207,6 +234,11 @@ impl Cluster {
             .map(|(k, v)| (k.to_owned(), v)),
         );
         env
+    }
+
+    /// The fault kinds the nemesis deals for this cluster.
+    pub fn deck(&self) -> Vec<crate::support::nemesis::Fault> {
+        crate::support::nemesis::Fault::deck(&self.coordination, self.own_cluster.is_some())
     }
 
     pub fn pid(&self, i: usize) -> i32 {

@@ -15,6 +15,7 @@ pub mod lives;
 pub mod mints;
 pub mod model;
 pub mod nemesis;
+pub mod own_cluster;
 pub mod readback;
 pub mod redis_cluster;
 pub mod servers;

@@ -61,6 +61,11 @@ pub enum Fault {
     Kill,
     RedisRestart,
     RedisFlush,
+    /// On a Redis Cluster: a master SIGKILLed (its replica promoted, its
+    /// last writes possibly lost), started again as a replica.
+    ClusterMasterKill,
+    /// On a Redis Cluster: `CLUSTER FAILOVER` on a replica.
+    ClusterFailover,
 }
 
 impl fmt::Display for Fault {
@@ -79,13 +84,15 @@ impl fmt::Display for Fault {
             Self::Kill => "kill",
             Self::RedisRestart => "redis-restart",
             Self::RedisFlush => "redis-flush",
+            Self::ClusterMasterKill => "cluster-master-kill",
+            Self::ClusterFailover => "cluster-failover",
         };
         f.write_str(name)
     }
 }
 
 impl Fault {
-    const ALL: [Fault; 13] = [
+    const ALL: [Fault; 15] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -99,19 +106,32 @@ impl Fault {
         Self::Kill,
         Self::RedisRestart,
         Self::RedisFlush,
+        Self::ClusterMasterKill,
+        Self::ClusterFailover,
     ];
 
     /// Whether the fault can happen in this coordination mode (nothing
-    /// sends `XADD` in lock mode).
-    fn applies(self, coordination: &str) -> bool {
-        self != Self::RedisCutAfterEnqueue || coordination == "queue"
+    /// sends `XADD` in lock mode) and Redis topology: the Redis faults of a
+    /// single node go through its proxy, a cluster's are failovers.
+    fn applies(self, coordination: &str, on_redis_cluster: bool) -> bool {
+        let cluster_fault = matches!(self, Self::ClusterMasterKill | Self::ClusterFailover);
+        let node_fault = matches!(
+            self,
+            Self::RedisCut | Self::RedisCutAfterEnqueue | Self::RedisRestart | Self::RedisFlush
+        );
+        match on_redis_cluster {
+            true => !node_fault,
+            false => {
+                !cluster_fault && (self != Self::RedisCutAfterEnqueue || coordination == "queue")
+            }
+        }
     }
 
-    /// The kinds of `coordination`'s deck.
-    pub fn deck(coordination: &str) -> Vec<Fault> {
+    /// The kinds of the deck for `coordination` on that Redis topology.
+    pub fn deck(coordination: &str, on_redis_cluster: bool) -> Vec<Fault> {
         Self::ALL
             .into_iter()
-            .filter(|f| f.applies(coordination))
+            .filter(|f| f.applies(coordination, on_redis_cluster))
             .collect()
     }
 }
@@ -148,18 +168,10 @@ impl fmt::Display for Tally {
 /// Deals decks until every kind has fired once per deck and `until` has
 /// passed (one deck by default; a soak deals more). Faults come one at a
 /// time, a short pause apart.
-pub async fn nemesis(
-    c: &mut Cluster,
-    coordination: &str,
-    rng: &mut StdRng,
-    until: Instant,
-) -> Tally {
+pub async fn nemesis(c: &mut Cluster, rng: &mut StdRng, until: Instant) -> Tally {
     let mut tally = Tally::default();
     loop {
-        let mut deck: Vec<(Fault, usize)> = Fault::deck(coordination)
-            .into_iter()
-            .map(|f| (f, 0))
-            .collect();
+        let mut deck: Vec<(Fault, usize)> = c.deck().into_iter().map(|f| (f, 0)).collect();
         deck.shuffle(rng);
         while let Some((fault, dealt)) = deck.pop() {
             tokio::time::sleep(Duration::from_millis(rng.random_range(BETWEEN))).await;
@@ -247,6 +259,14 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             let flushed: Result<(), _> = redis::cmd("FLUSHALL").query_async(&mut conn).await;
             flushed.is_ok()
         }
+        Fault::ClusterMasterKill => match &mut c.own_cluster {
+            Some(own) => own.kill_master(rng).await,
+            None => false,
+        },
+        Fault::ClusterFailover => match &mut c.own_cluster {
+            Some(own) => own.fail_over(rng).await,
+            None => false,
+        },
     }
 }
 

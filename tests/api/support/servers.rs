@@ -108,6 +108,35 @@ impl OwnServer {
         Self::start(std::env::var("FILEDOCK_TEST_S3S_FS").unwrap(), args, port).await
     }
 
+    /// A redis-server that is a node of a Redis Cluster, its state (its
+    /// `nodes.conf`) in `dir`, so that it rejoins when started again.
+    pub async fn redis_cluster_node(dir: &std::path::Path, port: u16) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let args = [
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &dir.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let bin =
+            std::env::var("FILEDOCK_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        Self::start(bin, args, port).await
+    }
+
     async fn start(program: String, args: Vec<String>, port: u16) -> Self {
         let mut server = Self {
             program,
