@@ -14,6 +14,9 @@ S3S_VERSION="0.14.1"
 TUSPY_VERSION="1.1.0"
 S3_ACCESS_KEY="filedock-test"
 S3_SECRET_KEY="filedock-test-secret"
+# The PIDs of a Redis Cluster and a Sentinel topology started here (none yet).
+STACK_CLUSTER_PIDS=()
+STACK_SENTINEL_PIDS=()
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 
@@ -162,6 +165,72 @@ stack_cluster_stop() {
   unset FILEDOCK_TEST_REDIS_CLUSTER_URL
 }
 
+# stack_sentinel_start: a Sentinel-watched primary on loopback: a primary, a
+# replica of it and three sentinels (quorum 2, a primary down after 1 s), each
+# in the foreground with its own directory and recorded PID; waits until the
+# sentinels see the replica and agree, and exports
+# FILEDOCK_TEST_REDIS_SENTINEL_URL (the sentinels, comma-separated) and
+# FILEDOCK_TEST_REDIS_SENTINEL_MASTER. stack_sentinel_stop stops them.
+stack_sentinel_start() {
+  STACK_SENTINEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/filedock-sentinel.XXXXXX")
+  STACK_SENTINEL_PIDS=()
+  local primary replica port dir urls=() i
+  primary=$(free_port)
+  replica=$(free_port)
+  while [ "$replica" = "$primary" ]; do replica=$(free_port); done
+  for port in "$primary" "$replica"; do
+    dir="$STACK_SENTINEL_DIR/$port"
+    mkdir -p "$dir"
+    local args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir")
+    [ "$port" = "$replica" ] && args+=(--replicaof 127.0.0.1 "$primary")
+    redis-server "${args[@]}" >"$dir/redis.log" 2>&1 &
+    STACK_SENTINEL_PIDS+=("$!")
+    STACK_DIR="$dir" wait_for redis "$!" redis-cli -p "$port" ping || return 1
+  done
+  local used=("$primary" "$replica")
+  for i in 1 2 3; do
+    port=$(free_port)
+    while [[ " ${used[*]} " == *" $port "* ]]; do port=$(free_port); done
+    used+=("$port")
+    dir="$STACK_SENTINEL_DIR/$port"
+    mkdir -p "$dir"
+    # A sentinel rewrites its configuration file: one of its own each.
+    cat >"$dir/sentinel.conf" <<CONF
+port $port
+bind 127.0.0.1
+dir $dir
+sentinel monitor filedock 127.0.0.1 $primary 2
+sentinel down-after-milliseconds filedock 1000
+sentinel failover-timeout filedock 5000
+sentinel parallel-syncs filedock 1
+CONF
+    redis-server "$dir/sentinel.conf" --sentinel >"$dir/sentinel.log" 2>&1 &
+    STACK_SENTINEL_PIDS+=("$!")
+    urls+=("redis://127.0.0.1:$port/")
+    STACK_DIR="$dir" wait_for sentinel "$!" redis-cli -p "$port" ping || return 1
+  done
+  # Each sentinel knows the replica and the others (quorum reachable).
+  for url in "${urls[@]}"; do
+    port=${url##*:}; port=${port%/}
+    STACK_DIR="$STACK_SENTINEL_DIR" wait_for sentinel "${STACK_SENTINEL_PIDS[-1]}" \
+      sh -c "redis-cli -p $port sentinel replicas filedock | grep -q $replica && \
+             redis-cli -p $port sentinel ckquorum filedock | grep -q '^OK'" || return 1
+  done
+  export FILEDOCK_TEST_REDIS_SENTINEL_URL FILEDOCK_TEST_REDIS_SENTINEL_MASTER=filedock
+  FILEDOCK_TEST_REDIS_SENTINEL_URL=$(IFS=,; echo "${urls[*]}")
+  log "redis sentinel: primary $primary, replica $replica, sentinels ${used[*]:2} (pids ${STACK_SENTINEL_PIDS[*]})"
+}
+
+stack_sentinel_stop() {
+  local pid
+  for pid in "${STACK_SENTINEL_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${STACK_SENTINEL_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  [ -n "${STACK_SENTINEL_DIR:-}" ] && rm -rf "$STACK_SENTINEL_DIR"
+  STACK_SENTINEL_PIDS=()
+  STACK_SENTINEL_DIR=
+  unset FILEDOCK_TEST_REDIS_SENTINEL_URL FILEDOCK_TEST_REDIS_SENTINEL_MASTER
+}
+
 # cargo_build ARGS...: `cargo build ARGS...`, then prints the path of each
 # executable it built, one per line (wherever cargo's target or build dir is).
 cargo_build() {
@@ -213,6 +282,7 @@ stack_env() {
 stack_stop() {
   local pid
   stack_cluster_stop
+  stack_sentinel_stop
   for pid in ${STACK_S3_PID:-} ${STACK_MONGO_PID:-} ${STACK_REDIS_PID:-}; do
     kill "$pid" 2>/dev/null || true
   done

@@ -41,8 +41,9 @@ FILEDOCK_TEST_BACKEND=real cargo test --locked --test api -- --skip fault_suite:
 echo "== filedock tests: a Redis Cluster (3 masters, a replica each): MOVED is never an outage; cluster mode"
 stack_cluster_start
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api -- redis_cluster:: cluster_mode::
-# The lock tests and the uploads that take locks, again on the cluster.
-CLUSTER_MODE_TESTS=(locks:: same_user:: tus_release:: group_commit::
+# The lock tests and the uploads that take locks, again on the cluster and
+# with Sentinel.
+TOPOLOGY_TESTS=(locks:: same_user:: tus_release:: group_commit::
   lock_waiters::waiters_are_served_in_arrival_order
   lock_waiters::waiters_from_two_instances_are_served_in_arrival_order
   lock_waiters::the_next_waiter_is_woken_by_the_release_not_by_polling
@@ -50,10 +51,18 @@ CLUSTER_MODE_TESTS=(locks:: same_user:: tus_release:: group_commit::
 echo "== filedock tests: the lock tests on the Redis Cluster (FILEDOCK_REDIS_MODE=cluster)"
 FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_REDIS_MODE=cluster \
   FILEDOCK_TEST_REDIS_URL="$FILEDOCK_TEST_REDIS_CLUSTER_URL" \
-  cargo test --locked --test api -- "${CLUSTER_MODE_TESTS[@]}"
+  cargo test --locked --test api -- "${TOPOLOGY_TESTS[@]}"
 echo "== filedock tests: cluster mode across manual failovers, one at a time"
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api cluster_failover:: -- --test-threads=1
 stack_cluster_stop
+echo "== filedock tests: Redis Sentinel (FILEDOCK_REDIS_MODE=sentinel): failovers followed, one at a time"
+stack_sentinel_start
+FILEDOCK_TEST_BACKEND=real cargo test --locked --test api sentinel_mode:: -- --test-threads=1
+echo "== filedock tests: the lock tests with Sentinel"
+FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_REDIS_MODE=sentinel \
+  FILEDOCK_TEST_REDIS_URL="$FILEDOCK_TEST_REDIS_SENTINEL_URL" \
+  cargo test --locked --test api -- "${TOPOLOGY_TESTS[@]}"
+stack_sentinel_stop
 echo "== filedock tests: tus interoperability, real Redis, MongoDB and S3"
 bash scripts/tus-interop.sh
 echo "== filedock tests: the fault suite, lock and queue mode (one summary line per run)"

@@ -38,6 +38,8 @@ pub struct Settings {
     /// One node, or a cluster's seed nodes (comma-separated) in cluster mode.
     pub redis_url: Option<SecretString>,
     pub redis_mode: RedisMode,
+    /// The master's name, with Sentinel.
+    pub redis_sentinel_master: Option<String>,
     /// Prefix for every Redis key this instance writes (tests isolate with it).
     pub redis_prefix: String,
     pub s3: Option<S3Settings>,
@@ -231,6 +233,7 @@ impl Settings {
             mongodb_db: vars.value("MONGODB_DB")?,
             redis_url: vars.get("REDIS_URL").map(SecretString::from),
             redis_mode: vars.value("REDIS_MODE")?,
+            redis_sentinel_master: vars.get("REDIS_SENTINEL_MASTER"),
             redis_prefix: vars.value("REDIS_PREFIX")?,
             s3,
             lock: LockSettings {
@@ -298,6 +301,11 @@ impl Settings {
             .is_some_and(|s3| s3.part_size < 5 * 1024 * 1024)
         {
             bail!("FILEDOCK_S3_PART_SIZE must be at least 5 MiB (the S3 minimum)");
+        }
+        if s.redis_mode == RedisMode::Sentinel && s.redis_sentinel_master.is_none() {
+            bail!(
+                "FILEDOCK_REDIS_MODE=sentinel needs FILEDOCK_REDIS_SENTINEL_MASTER (the master's name)"
+            );
         }
         if s.max_connections == 0 {
             bail!("FILEDOCK_MAX_CONNECTIONS must be at least 1");

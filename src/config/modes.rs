@@ -48,6 +48,9 @@ pub enum RedisMode {
     Single,
     /// A Redis Cluster: the URL lists seed nodes, comma-separated.
     Cluster,
+    /// A primary watched by Redis Sentinel: the URL lists the sentinels,
+    /// comma-separated; `FILEDOCK_REDIS_SENTINEL_MASTER` names the master.
+    Sentinel,
 }
 
 impl FromStr for RedisMode {
@@ -56,10 +59,8 @@ impl FromStr for RedisMode {
         match s {
             "single" => Ok(Self::Single),
             "cluster" => Ok(Self::Cluster),
-            "sentinel" => {
-                bail!("sentinel is not supported yet (issue 43); expected single or cluster")
-            }
-            other => bail!("expected single or cluster, got {other:?}"),
+            "sentinel" => Ok(Self::Sentinel),
+            other => bail!("expected single, cluster or sentinel, got {other:?}"),
         }
     }
 }

@@ -98,9 +98,15 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_REDIS_MODE",
-        meaning: "single (one node) or cluster (FILEDOCK_REDIS_URL lists seed nodes, comma-separated)",
+        meaning: "single (one node), cluster (FILEDOCK_REDIS_URL lists seed nodes, comma-separated) or sentinel (FILEDOCK_REDIS_URL lists the sentinels)",
         value: Some("single"),
         shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_REDIS_SENTINEL_MASTER",
+        meaning: "with sentinel: the name of the master the sentinels watch",
+        value: None,
+        shown: Some("unset"),
     },
     Setting {
         var: "FILEDOCK_REDIS_PREFIX",

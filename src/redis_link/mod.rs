@@ -6,31 +6,26 @@
 mod fault;
 mod notices;
 mod probe;
+mod sentinel;
+mod timeouts;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use redis::{
     Client, Cmd, Pipeline, ProtocolVersion, RedisFuture, RedisResult, Value,
-    aio::{
-        ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection, PubSub,
-    },
+    aio::{ConnectionLike, ConnectionManager, MultiplexedConnection, PubSub},
     cluster::{ClusterClientBuilder, ClusterConfig},
     cluster_async::ClusterConnection,
 };
 
 pub use fault::{Fault, fault_of};
 pub use notices::{NoticeHandler, Notices, Watch};
+pub use timeouts::connection_config;
 
-use crate::config::RedisMode;
+use crate::config::{RedisMode, Settings};
 use notices::Shards;
-
-/// How long a connection attempt may take: an unreachable Redis is an
-/// outage to degrade around, not something to wait for.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// How long one command may wait for its answer.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
-/// On a cluster, how long a command may take in all, its retries included.
-const OVERALL_TIMEOUT: Duration = Duration::from_secs(3);
+use sentinel::Primary;
+use timeouts::{CONNECT_TIMEOUT, OVERALL_TIMEOUT, RESPONSE_TIMEOUT};
 
 /// The connection every caller shares: multiplexed, reconnecting, lazy; on
 /// a cluster, routed by key to the node that owns its slot (following MOVED
@@ -39,6 +34,8 @@ const OVERALL_TIMEOUT: Duration = Duration::from_secs(3);
 pub enum RedisConn {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
+    /// The primary the sentinels name, followed across failovers.
+    Sentinel(Arc<Primary>),
 }
 
 impl ConnectionLike for RedisConn {
@@ -46,6 +43,14 @@ impl ConnectionLike for RedisConn {
         match self {
             Self::Node(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Sentinel(primary) => Box::pin(async move {
+                let (generation, mut conn) = primary.conn().await?;
+                let answer = conn.req_packed_command(cmd).await;
+                if let Err(e) = &answer {
+                    primary.after_error(generation, e);
+                }
+                answer
+            }),
         }
     }
 
@@ -58,6 +63,14 @@ impl ConnectionLike for RedisConn {
         match self {
             Self::Node(c) => c.req_packed_commands(cmd, offset, count),
             Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Sentinel(primary) => Box::pin(async move {
+                let (generation, mut conn) = primary.conn().await?;
+                let answer = conn.req_packed_commands(cmd, offset, count).await;
+                if let Err(e) = &answer {
+                    primary.after_error(generation, e);
+                }
+                answer
+            }),
         }
     }
 
@@ -65,6 +78,7 @@ impl ConnectionLike for RedisConn {
         match self {
             Self::Node(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Sentinel(_) => 0,
         }
     }
 }
@@ -89,13 +103,47 @@ enum Topology {
         /// The first seed node (the start-up probe's).
         seed: String,
     },
+    Sentinel(Arc<Primary>),
 }
 
 impl RedisLink {
+    /// The Redis the settings name (`FILEDOCK_REDIS_URL`, `_MODE`,
+    /// `_SENTINEL_MASTER`), if any.
+    pub fn from_settings(settings: &Settings) -> anyhow::Result<Option<Self>> {
+        use secrecy::ExposeSecret;
+        let Some(url) = &settings.redis_url else {
+            return Ok(None);
+        };
+        let url = url.expose_secret();
+        Ok(Some(
+            match (settings.redis_mode, &settings.redis_sentinel_master) {
+                (RedisMode::Sentinel, Some(master)) => Self::connect_sentinel(url, master)?,
+                (RedisMode::Sentinel, None) => anyhow::bail!(
+                    "FILEDOCK_REDIS_MODE=sentinel needs FILEDOCK_REDIS_SENTINEL_MASTER (the master's name)"
+                ),
+                (mode, _) => Self::connect(url, mode)?,
+            },
+        ))
+    }
+
+    /// The primary that the sentinels at `urls` (comma-separated) name for
+    /// the master called `master`, followed across failovers. Lazy.
+    pub fn connect_sentinel(urls: &str, master: &str) -> anyhow::Result<Self> {
+        let primary = Primary::new(urls, master)?;
+        Ok(Self {
+            conn: RedisConn::Sentinel(primary.clone()),
+            topology: Topology::Sentinel(primary),
+        })
+    }
+
     /// Connects lazily, so a development server starts with Redis down.
-    /// `url` is one node's, or in cluster mode seed nodes' (comma-separated).
+    /// `url` is one node's, or in cluster mode seed nodes' (comma-separated);
+    /// Sentinel: [`Self::connect_sentinel`].
     pub fn connect(url: &str, mode: RedisMode) -> anyhow::Result<Self> {
         match mode {
+            RedisMode::Sentinel => {
+                anyhow::bail!("a Sentinel link needs the master's name (connect_sentinel)")
+            }
             RedisMode::Single => {
                 let client = Client::open(url)?;
                 let conn =
@@ -147,20 +195,20 @@ impl RedisLink {
     }
 
     /// A new connection of the caller's own (see [`DedicatedConn`]); one
-    /// node's only (the queue does not run on a cluster yet).
+    /// node's only (the queue does not run on a cluster or Sentinel yet).
     pub async fn dedicated(&self) -> RedisResult<DedicatedConn> {
         match &self.topology {
             Topology::Node(client) => client.get_multiplexed_async_connection().await,
-            Topology::Cluster { .. } => Err(not_on_a_cluster()),
+            Topology::Cluster { .. } | Topology::Sentinel(_) => Err(not_available()),
         }
     }
 
     /// A new connection for subscriptions; one node's only (the queue's
-    /// result channel: the queue does not run on a cluster yet).
+    /// result channel: the queue does not run on a cluster or Sentinel yet).
     pub async fn pubsub(&self) -> RedisResult<PubSub> {
         match &self.topology {
             Topology::Node(client) => client.get_async_pubsub().await,
-            Topology::Cluster { .. } => Err(not_on_a_cluster()),
+            Topology::Cluster { .. } | Topology::Sentinel(_) => Err(not_available()),
         }
     }
 
@@ -171,6 +219,7 @@ impl RedisLink {
         match &self.topology {
             Topology::Node(client) => Notices::on_node(client.clone(), patterns, handler),
             Topology::Cluster { shards, .. } => Notices::on_cluster(shards.clone(), handler),
+            Topology::Sentinel(primary) => Notices::on_primary(primary.clone(), patterns, handler),
         }
     }
 
@@ -178,7 +227,7 @@ impl RedisLink {
     /// a cluster the sharded one, heard on the node of the channel's slot.
     pub fn publish_command(&self) -> &'static str {
         match self.topology {
-            Topology::Node(_) => "PUBLISH",
+            Topology::Node(_) | Topology::Sentinel(_) => "PUBLISH",
             Topology::Cluster { .. } => "SPUBLISH",
         }
     }
@@ -188,7 +237,7 @@ impl RedisLink {
     /// does not stop the others' keys), on one node always the same.
     pub fn outage_scope(&self, key: &str) -> u16 {
         match self.topology {
-            Topology::Node(_) => 0,
+            Topology::Node(_) | Topology::Sentinel(_) => 0,
             Topology::Cluster { .. } => slot_of(key),
         }
     }
@@ -204,6 +253,7 @@ impl RedisLink {
                 let info = redis::IntoConnectionInfo::into_connection_info(seed.as_str())?;
                 probe::refuse_wrong_kind(info, RedisMode::Cluster).await
             }
+            Topology::Sentinel(primary) => probe::refuse_unknown_master(primary).await,
         }
     }
 }
@@ -220,17 +270,11 @@ pub fn slot_of(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
 }
 
-fn not_on_a_cluster() -> redis::RedisError {
-    redis::RedisError::from((redis::ErrorKind::Client, "not available on a cluster yet"))
-}
-
-/// How filedock talks to one node: fail fast (see [`CONNECT_TIMEOUT`]).
-pub fn connection_config() -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(500))
+fn not_available() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "not available on a cluster or with Sentinel yet",
+    ))
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! over, a holder asked to let go), whatever the topology:
 //!
 //! - one node: one connection's pattern subscription (`PSUBSCRIBE`) covers
-//!   every channel of the prefix, made once before any wait;
+//!   every channel of the prefix, made once before any wait (with Sentinel,
+//!   on the primary, made again on the new one when the primary moves);
 //! - a cluster: a notice is published with `SPUBLISH` on the node that owns
 //!   its channel's slot, so only a sharded subscription on that node hears
 //!   it; a process subscribes (`SSUBSCRIBE`) to a channel only while one of
@@ -21,6 +22,9 @@ use std::{
 
 use futures::StreamExt;
 use redis::{Client, PushInfo, PushKind, Value, cluster_async::ClusterConnection};
+use tokio::sync::watch;
+
+use super::sentinel::Primary;
 
 /// How long a listener waits before it subscribes again after a failure.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(250);
@@ -64,8 +68,21 @@ impl Notices {
         patterns: Vec<String>,
         handler: Arc<dyn NoticeHandler>,
     ) -> Self {
+        let source = Source::Node(client);
         Self {
-            kind: Kind::Node(tokio::spawn(subscribe_patterns(client, patterns, handler))),
+            kind: Kind::Node(tokio::spawn(subscribe_patterns(source, patterns, handler))),
+        }
+    }
+
+    /// A Sentinel-watched primary: as one node, following the primary.
+    pub(super) fn on_primary(
+        primary: Arc<Primary>,
+        patterns: Vec<String>,
+        handler: Arc<dyn NoticeHandler>,
+    ) -> Self {
+        let source = Source::Primary(primary);
+        Self {
+            kind: Kind::Node(tokio::spawn(subscribe_patterns(source, patterns, handler))),
         }
     }
 
@@ -109,18 +126,45 @@ impl Drop for Watch {
     }
 }
 
+/// Where a pattern subscription is made.
+enum Source {
+    Node(Client),
+    /// The primary now; when it is forgotten, the subscription moves.
+    Primary(Arc<Primary>),
+}
+
 async fn subscribe_patterns(
-    client: Client,
+    source: Source,
     patterns: Vec<String>,
     handler: Arc<dyn NoticeHandler>,
 ) {
     loop {
-        match client.get_async_pubsub().await {
+        // Watched before the primary is asked: a move meanwhile is seen.
+        let (client, mut moved) = match &source {
+            Source::Node(client) => (Ok(client.clone()), None),
+            Source::Primary(primary) => {
+                let moved = primary.forgotten();
+                (primary.client().await.map(|(_, c)| c), Some(moved))
+            }
+        };
+        let pubsub = match client {
+            Ok(client) => client.get_async_pubsub().await,
+            Err(e) => Err(e),
+        };
+        match pubsub {
             Ok(mut pubsub) => match pubsub.psubscribe(&patterns).await {
                 Ok(()) => {
                     let mut messages = pubsub.on_message();
-                    while let Some(msg) = messages.next().await {
-                        handler.notice(msg.get_channel_name(), msg.get_payload_bytes());
+                    loop {
+                        tokio::select! {
+                            msg = messages.next() => match msg {
+                                Some(msg) => {
+                                    handler.notice(msg.get_channel_name(), msg.get_payload_bytes());
+                                }
+                                None => break,
+                            },
+                            () = changed(&mut moved) => break,
+                        }
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "notice subscription failed"),
@@ -129,6 +173,18 @@ async fn subscribe_patterns(
         }
         handler.missed();
         tokio::time::sleep(RESUBSCRIBE_AFTER).await;
+    }
+}
+
+/// Resolves when `moved` changes (never without one).
+async fn changed(moved: &mut Option<watch::Receiver<u64>>) {
+    match moved {
+        Some(moved) => {
+            if moved.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -53,6 +53,26 @@ pub async fn refuse_wrong_kind(node: ConnectionInfo, mode: RedisMode) -> anyhow:
     }
 }
 
+/// Refuses a master name no sentinel knows (a typo would otherwise leave
+/// every lock call failing). Sentinels that do not answer pass.
+pub async fn refuse_unknown_master(primary: &super::sentinel::Primary) -> anyhow::Result<()> {
+    match tokio::time::timeout(PROBE_TIMEOUT, primary.known()).await {
+        Ok(Ok(Some(_))) => Ok(()),
+        Ok(Ok(None)) => anyhow::bail!(
+            "no sentinel at FILEDOCK_REDIS_URL knows a master named by \
+             FILEDOCK_REDIS_SENTINEL_MASTER (SENTINEL GET-MASTER-ADDR-BY-NAME answered nil)"
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "Sentinel start-up probe failed; the master is not checked");
+            Ok(())
+        }
+        Err(_) => {
+            tracing::warn!("Sentinel start-up probe timed out; the master is not checked");
+            Ok(())
+        }
+    }
+}
+
 fn is_cluster_node(info: &str) -> bool {
     info.lines().any(|l| l.trim() == "cluster_enabled:1")
 }

@@ -104,9 +104,8 @@ impl Ports {
                 (store.clone(), store)
             }
         };
-        let lock_manager: Arc<dyn LockManager> = match &settings.redis_url {
-            Some(url) => {
-                let link = RedisLink::connect(url.expose_secret(), settings.redis_mode)?;
+        let lock_manager: Arc<dyn LockManager> = match RedisLink::from_settings(settings)? {
+            Some(link) => {
                 link.probe().await?;
                 Arc::new(RedisLocks::on(&link, &settings.redis_prefix))
             }
@@ -148,10 +147,11 @@ impl AppState {
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
         let applier = Applier::new(meta.clone(), txns.clone(), settings.max_container_items);
         let queue = match (settings.coordination, &settings.redis_url) {
-            (Coordination::Queue, Some(_)) if settings.redis_mode == RedisMode::Cluster => {
+            (Coordination::Queue, Some(_)) if settings.redis_mode != RedisMode::Single => {
                 anyhow::bail!(
-                    "FILEDOCK_COORDINATION=queue does not run on a Redis Cluster yet \
-                     (FILEDOCK_REDIS_MODE=cluster): use FILEDOCK_COORDINATION=lock"
+                    "FILEDOCK_COORDINATION=queue does not run on a Redis Cluster or with \
+                     Sentinel yet (FILEDOCK_REDIS_MODE={:?}): use FILEDOCK_COORDINATION=lock",
+                    settings.redis_mode
                 )
             }
             // A link of its own: its own connections and subscription.

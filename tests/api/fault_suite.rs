@@ -58,7 +58,7 @@ use crate::{
         history::{Event, Holder},
         lives::deletes_summary,
         mints::{check_deleted_creds, mints_summary},
-        nemesis::nemesis,
+        nemesis::{Topology, nemesis},
         readback::read_final,
         signed_links::{LinkTally, check_deleted_links, check_links, links_summary, probe_links},
         workload::{UserWorld, World},
@@ -173,21 +173,28 @@ async fn final_sweeps(state: &AppState) {
 }
 
 /// One run of the suite: `coordination` (lock or queue) on one Redis node
-/// behind a proxy, or (lock mode) on a Redis Cluster the nemesis fails over.
-async fn run_suite(coordination: &str, on_redis_cluster: bool) {
+/// behind a proxy, or (lock mode) on a Redis that the nemesis fails over:
+/// `topology`, or if `None`, a Redis Cluster or a Sentinel-watched primary
+/// by the seed (even: cluster), one per run.
+async fn run_suite(coordination: &str, topology: Option<Topology>) {
     if !real_backends() {
         eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
         return;
     }
-    let mode = match on_redis_cluster {
-        true => format!("{coordination}-on-redis-cluster"),
-        false => coordination.to_owned(),
-    };
     let seed: u64 = env_or("FILEDOCK_FAULT_SEED", rand::random());
+    let topology = topology.unwrap_or(match seed % 2 {
+        0 => Topology::Cluster,
+        _ => Topology::Sentinel,
+    });
+    let mode = match topology {
+        Topology::Node => coordination.to_owned(),
+        Topology::Cluster => format!("{coordination}-on-redis-cluster"),
+        Topology::Sentinel => format!("{coordination}-with-redis-sentinel"),
+    };
     let secs: u64 = env_or("FILEDOCK_FAULT_SECS", 0);
     eprintln!("fault suite ({mode}): seed {seed}; replay with FILEDOCK_FAULT_SEED={seed}");
     let started = Instant::now();
-    let mut cluster = Cluster::start(coordination, on_redis_cluster).await;
+    let mut cluster = Cluster::start(coordination, topology).await;
     let mut users = Vec::new();
     for i in 0..=DOOMED {
         users.push(new_user(&cluster, i).await);
@@ -390,17 +397,19 @@ async fn run_suite(coordination: &str, on_redis_cluster: bool) {
 
 #[tokio::test]
 async fn lock_mode_keeps_every_acknowledged_write_under_faults() {
-    run_suite("lock", false).await;
+    run_suite("lock", Some(Topology::Node)).await;
 }
 
 #[tokio::test]
 async fn queue_mode_keeps_every_acknowledged_write_under_faults() {
-    run_suite("queue", false).await;
+    run_suite("queue", Some(Topology::Node)).await;
 }
 
-/// Lock mode on a Redis Cluster, whose masters the nemesis kills (their
-/// replicas promoted, writes not yet replicated lost) and fails over.
+/// Lock mode on a Redis that fails over, one topology per run (by the
+/// seed): a Redis Cluster, whose masters the nemesis kills (their replicas
+/// promoted, writes not yet replicated lost) and fails over; or a
+/// Sentinel-watched primary the sentinels fail over.
 #[tokio::test]
-async fn lock_mode_on_a_redis_cluster_keeps_every_acknowledged_write_under_failovers() {
-    run_suite("lock", true).await;
+async fn lock_mode_keeps_every_acknowledged_write_under_redis_failovers() {
+    run_suite("lock", None).await;
 }

@@ -47,8 +47,10 @@ pub fn test_settings() -> Settings {
         s.mongodb_db = format!("t_{}", &run[..16]);
         s.redis_url = Some(env("FILEDOCK_TEST_REDIS_URL").into());
         // scripts/test.sh runs the lock tests again on a Redis Cluster.
+        // And with Sentinel (FILEDOCK_TEST_REDIS_SENTINEL_MASTER names the master).
         if let Ok(mode) = std::env::var("FILEDOCK_TEST_REDIS_MODE") {
-            s.redis_mode = mode.parse().expect("single or cluster");
+            s.redis_mode = mode.parse().expect("single, cluster or sentinel");
+            s.redis_sentinel_master = std::env::var("FILEDOCK_TEST_REDIS_SENTINEL_MASTER").ok();
         }
         s.redis_prefix = format!("t{}:", &run[..16]);
         s.s3 = Some(S3Settings {
@@ -328,6 +330,10 @@ pub fn binary_env(s: &Settings) -> Vec<(String, String)> {
             (
                 "FILEDOCK_REDIS_MODE".into(),
                 std::env::var("FILEDOCK_TEST_REDIS_MODE").unwrap_or_else(|_| "single".into()),
+            ),
+            (
+                "FILEDOCK_REDIS_SENTINEL_MASTER".into(),
+                std::env::var("FILEDOCK_TEST_REDIS_SENTINEL_MASTER").unwrap_or_default(),
             ),
             ("FILEDOCK_REDIS_PREFIX".into(), s.redis_prefix.clone()),
             ("FILEDOCK_S3_ENDPOINT".into(), s3.endpoint.clone()),

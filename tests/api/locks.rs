@@ -39,9 +39,16 @@ pub(crate) fn unique_prefix() -> String {
 /// tests again on a Redis Cluster).
 pub(crate) fn test_link() -> RedisLink {
     let url = std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap();
-    let mode = std::env::var("FILEDOCK_TEST_REDIS_MODE")
-        .map_or(RedisMode::Single, |m| m.parse().expect("single or cluster"));
-    RedisLink::connect(&url, mode).unwrap()
+    let mode = std::env::var("FILEDOCK_TEST_REDIS_MODE").map_or(RedisMode::Single, |m| {
+        m.parse().expect("single, cluster or sentinel")
+    });
+    match mode {
+        RedisMode::Sentinel => {
+            let master = std::env::var("FILEDOCK_TEST_REDIS_SENTINEL_MASTER").unwrap();
+            RedisLink::connect_sentinel(&url, &master).unwrap()
+        }
+        mode => RedisLink::connect(&url, mode).unwrap(),
+    }
 }
 
 pub(crate) fn redis_locks(prefix: &str) -> RedisLocks {

@@ -41,6 +41,7 @@ mod real;
 mod redis_cluster;
 mod rename;
 mod same_user;
+mod sentinel_mode;
 mod support;
 mod tokens;
 mod tus;

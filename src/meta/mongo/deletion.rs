@@ -169,6 +169,9 @@ impl DeletionRepo for MongoStore {
             let leftovers = [
                 ("api_keys", doc! {"user_id": id}),
                 ("api_tokens", doc! {"user_id": id}),
+                // The ids of their keys revoked within the hour: no insert
+                // of theirs can come back now (the user is gone).
+                ("revoked_keys", doc! {"user_id": id}),
                 // (Their permissions went with each file: a user holds
                 // only their own, `PermissionRecord::owner_of`.)
                 ("idempotency", doc! {"_id": of_user}),

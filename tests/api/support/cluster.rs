@@ -12,7 +12,13 @@ use filedock::{
 
 use crate::{
     helpers::*,
-    support::{fault_proxy::FaultProxy, own_cluster::OwnRedisCluster, servers::OwnRedis},
+    support::{
+        fault_proxy::FaultProxy,
+        nemesis::Topology,
+        own_cluster::OwnRedisCluster,
+        own_sentinel::{MASTER, OwnSentinel},
+        servers::OwnRedis,
+    },
 };
 
 /// Leases and grace short enough that a paused process outlives them.
@@ -88,9 +94,11 @@ pub struct Cluster {
     pub s3: FaultProxy,
     pub own_redis: OwnRedis,
     pub redis_port: u16,
-    /// In cluster mode, the instances' Redis instead (not behind a proxy:
-    /// a cluster client follows the nodes' own addresses).
+    /// On a Redis Cluster or with Sentinel, the instances' Redis instead
+    /// (not behind a proxy: their clients follow the nodes' own addresses).
     pub own_cluster: Option<OwnRedisCluster>,
+    pub own_sentinel: Option<OwnSentinel>,
+    topology: Topology,
     pub instances: Vec<Instance>,
     /// The same backends, reached directly: maintenance and the checker.
     pub state: AppState,
@@ -100,14 +108,19 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// `on_redis_cluster`: the instances (lock mode) take their locks on a
-    /// private Redis Cluster, which the nemesis fails over.
-    pub async fn start(coordination: &str, on_redis_cluster: bool) -> Self {
+    /// `topology`: the instances take their locks on one Redis behind a
+    /// proxy, or (lock mode) on a private Redis Cluster or Sentinel-watched
+    /// primary, which the nemesis fails over.
+    pub async fn start(coordination: &str, topology: Topology) -> Self {
         let redis_port = free_port();
         let own_redis = OwnRedis::start(redis_port).await;
-        let own_cluster = match on_redis_cluster {
-            true => Some(OwnRedisCluster::start().await),
-            false => None,
+        let own_cluster = match topology {
+            Topology::Cluster => Some(OwnRedisCluster::start().await),
+            _ => None,
+        };
+        let own_sentinel = match topology {
+            Topology::Sentinel => Some(OwnSentinel::start().await),
+            _ => None,
         };
         let mongo = FaultProxy::start(addr_of(
             &std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap(),
@@ -124,6 +137,11 @@ impl Cluster {
             settings.redis_url = Some(own.seeds().into());
             settings.redis_mode = RedisMode::Cluster;
         }
+        if let Some(own) = &own_sentinel {
+            settings.redis_url = Some(own.urls().to_owned().into());
+            settings.redis_mode = RedisMode::Sentinel;
+            settings.redis_sentinel_master = Some(MASTER.into());
+        }
         settings.sweep.intent_grace = GRACE;
         settings.sweep.retry_interval = Duration::ZERO;
         settings.max_container_items = CONTAINER_MAX_ITEMS;
@@ -138,6 +156,8 @@ impl Cluster {
             own_redis,
             redis_port,
             own_cluster,
+            own_sentinel,
+            topology,
             instances: Vec::new(),
             state,
             settings,
@@ -182,17 +202,24 @@ impl Cluster {
 
     fn instance_env(&self) -> Vec<(String, String)> {
         let mut env = binary_env(&self.settings);
-        let redis = match &self.own_cluster {
-            Some(own) => [
+        let redis = match (&self.own_cluster, &self.own_sentinel) {
+            (Some(own), _) => [
                 ("FILEDOCK_REDIS_URL", own.seeds()),
                 ("FILEDOCK_REDIS_MODE", "cluster".into()),
+                ("FILEDOCK_REDIS_SENTINEL_MASTER", String::new()),
             ],
-            None => [
+            (None, Some(own)) => [
+                ("FILEDOCK_REDIS_URL", own.urls().to_owned()),
+                ("FILEDOCK_REDIS_MODE", "sentinel".into()),
+                ("FILEDOCK_REDIS_SENTINEL_MASTER", MASTER.into()),
+            ],
+            (None, None) => [
                 (
                     "FILEDOCK_REDIS_URL",
                     format!("redis://{}/", self.redis.addr()),
                 ),
                 ("FILEDOCK_REDIS_MODE", "single".into()),
+                ("FILEDOCK_REDIS_SENTINEL_MASTER", String::new()),
             ],
         };
         env.extend(redis.map(|(k, v)| (k.to_owned(), v)));
@@ -238,7 +265,7 @@ impl Cluster {
 
     /// The fault kinds the nemesis deals for this cluster.
     pub fn deck(&self) -> Vec<crate::support::nemesis::Fault> {
-        crate::support::nemesis::Fault::deck(&self.coordination, self.own_cluster.is_some())
+        crate::support::nemesis::Fault::deck(&self.coordination, self.topology)
     }
 
     pub fn pid(&self, i: usize) -> i32 {

@@ -66,6 +66,18 @@ pub enum Fault {
     ClusterMasterKill,
     /// On a Redis Cluster: `CLUSTER FAILOVER` on a replica.
     ClusterFailover,
+    /// With Sentinel: `SENTINEL FAILOVER` (the replica promoted, the old
+    /// primary demoted; instances that have not heard may still write there).
+    SentinelFailover,
+}
+
+/// The Redis the fault suite's instances take their locks on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// One node behind a fault proxy.
+    Node,
+    Cluster,
+    Sentinel,
 }
 
 impl fmt::Display for Fault {
@@ -86,13 +98,14 @@ impl fmt::Display for Fault {
             Self::RedisFlush => "redis-flush",
             Self::ClusterMasterKill => "cluster-master-kill",
             Self::ClusterFailover => "cluster-failover",
+            Self::SentinelFailover => "sentinel-failover",
         };
         f.write_str(name)
     }
 }
 
 impl Fault {
-    const ALL: [Fault; 15] = [
+    const ALL: [Fault; 16] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -108,30 +121,30 @@ impl Fault {
         Self::RedisFlush,
         Self::ClusterMasterKill,
         Self::ClusterFailover,
+        Self::SentinelFailover,
     ];
 
     /// Whether the fault can happen in this coordination mode (nothing
     /// sends `XADD` in lock mode) and Redis topology: the Redis faults of a
     /// single node go through its proxy, a cluster's are failovers.
-    fn applies(self, coordination: &str, on_redis_cluster: bool) -> bool {
-        let cluster_fault = matches!(self, Self::ClusterMasterKill | Self::ClusterFailover);
-        let node_fault = matches!(
-            self,
-            Self::RedisCut | Self::RedisCutAfterEnqueue | Self::RedisRestart | Self::RedisFlush
-        );
-        match on_redis_cluster {
-            true => !node_fault,
-            false => {
-                !cluster_fault && (self != Self::RedisCutAfterEnqueue || coordination == "queue")
+    fn applies(self, coordination: &str, topology: Topology) -> bool {
+        let redis = match self {
+            Self::RedisCut | Self::RedisRestart | Self::RedisFlush => Some(Topology::Node),
+            Self::RedisCutAfterEnqueue => {
+                return topology == Topology::Node && coordination == "queue";
             }
-        }
+            Self::ClusterMasterKill | Self::ClusterFailover => Some(Topology::Cluster),
+            Self::SentinelFailover => Some(Topology::Sentinel),
+            _ => None,
+        };
+        redis.is_none_or(|t| t == topology)
     }
 
     /// The kinds of the deck for `coordination` on that Redis topology.
-    pub fn deck(coordination: &str, on_redis_cluster: bool) -> Vec<Fault> {
+    pub fn deck(coordination: &str, topology: Topology) -> Vec<Fault> {
         Self::ALL
             .into_iter()
-            .filter(|f| f.applies(coordination, on_redis_cluster))
+            .filter(|f| f.applies(coordination, topology))
             .collect()
     }
 }
@@ -265,6 +278,10 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
         },
         Fault::ClusterFailover => match &mut c.own_cluster {
             Some(own) => own.fail_over(rng).await,
+            None => false,
+        },
+        Fault::SentinelFailover => match &mut c.own_sentinel {
+            Some(own) => own.fail_over().await,
             None => false,
         },
     }

@@ -127,18 +127,22 @@ pub async fn fail_over(seeds: &str, key: &str) -> String {
 
 /// `CLUSTER FAILOVER` on `replica` until `done` (a manual failover that
 /// times out, its replica not caught up with the master, is given up by
-/// the node: it is asked again); whether it was done within 30 s.
+/// the node: it is asked again, after 15 s with `FORCE`, which does not
+/// wait for the master); whether it was done within 30 s.
 pub async fn ask_failover<F, Fut>(replica: &mut MultiplexedConnection, done: F) -> bool
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
     while Instant::now() < deadline {
-        let asked: redis::RedisResult<String> = redis::cmd("CLUSTER")
-            .arg("FAILOVER")
-            .query_async(replica)
-            .await;
+        let mut ask = redis::cmd("CLUSTER");
+        ask.arg("FAILOVER");
+        if started.elapsed() > Duration::from_secs(15) {
+            ask.arg("FORCE");
+        }
+        let asked: redis::RedisResult<String> = ask.query_async(replica).await;
         if asked.is_ok() {
             let ask_again = Instant::now() + Duration::from_secs(5);
             while Instant::now() < ask_again {
@@ -182,13 +186,25 @@ pub async fn whole(seeds: &str) -> bool {
         if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
             return false;
         }
+        // A replica that has not finished syncing cannot take over.
+        let replication: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        let synced = replication
+            .lines()
+            .any(|l| l.trim() == "master_link_status:up");
+        if node.master_id.is_some() && !synced {
+            return false;
+        }
     }
     true
 }
 
-/// Waits until the cluster is [`whole`] (at most 30 s).
+/// Waits until the cluster is [`whole`] (at most 60 s).
 pub async fn until_whole(seeds: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !whole(seeds).await {
         assert!(
             Instant::now() < deadline,

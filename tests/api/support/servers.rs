@@ -108,6 +108,44 @@ impl OwnServer {
         Self::start(std::env::var("FILEDOCK_TEST_S3S_FS").unwrap(), args, port).await
     }
 
+    /// A redis-server of a Sentinel topology: the primary, or (with
+    /// `primary`) its replica.
+    pub async fn redis_replicated(port: u16, primary: Option<u16>) -> Self {
+        let mut args = ["--bind", "127.0.0.1", "--port", &port.to_string()]
+            .map(str::to_owned)
+            .to_vec();
+        args.extend(["--save", "", "--appendonly", "no"].map(str::to_owned));
+        if let Some(primary) = primary {
+            args.extend([
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                primary.to_string(),
+            ]);
+        }
+        Self::start(redis_server(), args, port).await
+    }
+
+    /// A sentinel on `port` watching the primary on `primary` as `master`
+    /// (quorum 2, down after 1 s), its configuration (which it rewrites) in `dir`.
+    pub async fn sentinel(dir: &std::path::Path, port: u16, master: &str, primary: u16) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {master} 127.0.0.1 {primary} 2\n\
+                 sentinel down-after-milliseconds {master} 1000\n\
+                 sentinel failover-timeout {master} 5000\n\
+                 sentinel parallel-syncs {master} 1\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let args = vec![conf.display().to_string(), "--sentinel".into()];
+        Self::start(redis_server(), args, port).await
+    }
+
     /// A redis-server that is a node of a Redis Cluster, its state (its
     /// `nodes.conf`) in `dir`, so that it rejoins when started again.
     pub async fn redis_cluster_node(dir: &std::path::Path, port: u16) -> Self {
@@ -132,9 +170,7 @@ impl OwnServer {
         ]
         .map(str::to_owned)
         .to_vec();
-        let bin =
-            std::env::var("FILEDOCK_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        Self::start(bin, args, port).await
+        Self::start(redis_server(), args, port).await
     }
 
     async fn start(program: String, args: Vec<String>, port: u16) -> Self {
@@ -182,4 +218,9 @@ impl Drop for OwnServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The redis-server binary (`FILEDOCK_TEST_REDIS_SERVER`, else on the PATH).
+fn redis_server() -> String {
+    std::env::var("FILEDOCK_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }

@@ -1,0 +1,227 @@
+//! filedock with Sentinel (`FILEDOCK_REDIS_MODE=sentinel`) on the test
+//! topology (a primary, its replica, three sentinels; scripts/stack.sh):
+//! locks on the primary the sentinels name, followed across a failover
+//! without a restart. scripts/test.sh runs these one at a time: each
+//! fails the primary over. Skipped without the topology.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use filedock::{
+    config::RedisMode,
+    lock::{LockManager, redis::RedisLocks},
+    redis_link::RedisLink,
+};
+use reqwest::StatusCode;
+
+use crate::{helpers::*, support::sentinel};
+
+fn sentinel_settings(urls: &str, master: &str) -> filedock::config::Settings {
+    let mut settings = test_settings();
+    settings.redis_url = Some(urls.to_owned().into());
+    settings.redis_mode = RedisMode::Sentinel;
+    settings.redis_sentinel_master = Some(master.to_owned());
+    settings
+}
+
+/// 12 users × 2 uploads over two instances in development (where a lock
+/// the backend cannot give would be counted as degraded), then a Sentinel
+/// failover, then as many again: every upload created, none degraded or
+/// misrouted once the sentinels agree (the instances left the old
+/// primary by themselves), every user lists its 4 files.
+#[tokio::test]
+async fn uploads_follow_the_primary_across_a_sentinel_failover() {
+    let Some((urls, master)) = sentinel::sentinels() else {
+        return;
+    };
+    let settings = sentinel_settings(&urls, &master);
+    let a = spawn_app_with(settings.clone()).await;
+    let b = spawn_app_with(settings).await;
+    let mut users = Vec::new();
+    for i in 0..12 {
+        users.push(a.create_user(&format!("sentinel-{i}")).await);
+    }
+    let round = |r: usize| {
+        let (a, b, users) = (&a, &b, &users);
+        async move {
+            let uploads = users.iter().enumerate().flat_map(|(i, u)| {
+                let app = if i % 2 == 0 { a } else { b };
+                (0..2).map(move |n| async move {
+                    let res = app
+                        .upload_raw(u, &format!("r{r}-{n}"), vec![b'x'; 64])
+                        .await;
+                    error_code(res).await
+                })
+            });
+            futures::future::join_all(uploads).await
+        }
+    };
+    for answer in round(0).await {
+        assert_eq!(answer.0, StatusCode::CREATED, "before: {answer:?}");
+    }
+    let old = sentinel::primary(&urls, &master).await;
+    let new = sentinel::fail_over(&urls, &master).await;
+    assert_ne!(old, new);
+    // The instances heard +switch-master, or find the old primary demoted
+    // (READONLY: refused, 503) and ask again: a moment after the failover,
+    // every lock is on the new primary.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = (
+        a.metric("filedock_lock_misrouted_total", "").await,
+        b.metric("filedock_lock_misrouted_total", "").await,
+    );
+    for answer in round(1).await {
+        assert_eq!(answer.0, StatusCode::CREATED, "after: {answer:?}");
+    }
+    for u in &users {
+        assert_eq!(a.list_ids(u).await.len(), 4, "{}", u.id);
+    }
+    for app in [&a, &b] {
+        let degraded = app.metric("filedock_lock_degraded_total", "").await;
+        assert_eq!(degraded, 0.0, "a lock was given up for an outage");
+    }
+    let after = (
+        a.metric("filedock_lock_misrouted_total", "").await,
+        b.metric("filedock_lock_misrouted_total", "").await,
+    );
+    assert_eq!(before, after, "refused after the instances moved");
+}
+
+/// 16 waiters on one key, half on each of two instances, each holding the
+/// lock for 300 ms, while the sentinels fail the primary over: every waiter
+/// gets the lock (some before, some after), and each fence is above the one
+/// before in the order the lock was granted: the new primary's fences
+/// start above the old one's (never below Redis `TIME`), which is what
+/// keeps a commit safe if a demoted primary still granted the lock
+/// meanwhile (overlaps are counted and reported, not excluded).
+#[tokio::test]
+async fn lock_waiters_are_served_across_a_sentinel_failover() {
+    let Some((urls, master)) = sentinel::sentinels() else {
+        return;
+    };
+    let prefix = format!("ls{}:", uuid::Uuid::new_v4().simple());
+    let managers: Vec<Arc<dyn LockManager>> = (0..2)
+        .map(|_| {
+            let link = RedisLink::connect_sentinel(&urls, &master).unwrap();
+            Arc::new(RedisLocks::on(&link, &prefix)) as Arc<dyn LockManager>
+        })
+        .collect();
+    let key = "{user:hot}:commit";
+    // Ready to fail over at once (after an earlier failover the sentinels
+    // take seconds to know the demoted primary as a replica).
+    sentinel::until_replica_known(&urls, &master, Duration::from_secs(40)).await;
+    let holders = Arc::new(AtomicUsize::new(0));
+    let granted = Arc::new(Mutex::new(Vec::<(u64, Instant)>::new()));
+    let (overlaps, refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let waiters: Vec<_> = (0..16)
+        .map(|i| {
+            let manager = managers[i % 2].clone();
+            let (holders, granted) = (holders.clone(), granted.clone());
+            let (overlaps, refused) = (overlaps.clone(), refused.clone());
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let lease = loop {
+                    match manager
+                        .acquire_fair(key, Duration::from_secs(5), deadline)
+                        .await
+                    {
+                        Ok(lease) => break lease,
+                        Err(e) if Instant::now() < deadline => {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                            eprintln!("waiter {i}: {e}; again");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        Err(e) => panic!("waiter {i} never got the lock: {e}"),
+                    }
+                };
+                if holders.fetch_add(1, Ordering::SeqCst) > 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                granted.lock().unwrap().push((lease.fence, Instant::now()));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                manager.release(&lease).await.ok();
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let began = Instant::now();
+    let (_, ended) = sentinel::fail_over_timed(&urls, &master).await;
+    for w in waiters {
+        w.await.unwrap();
+    }
+    let granted = granted.lock().unwrap().clone();
+    let before = granted.iter().filter(|(_, at)| *at < began).count();
+    let after = granted.iter().filter(|(_, at)| *at > ended).count();
+    eprintln!(
+        "16 waiters across a Sentinel failover: {before} granted before it, {after} after the switch, \
+         {} calls refused meanwhile, {} overlapping holds",
+        refused.load(Ordering::SeqCst),
+        overlaps.load(Ordering::SeqCst)
+    );
+    assert_eq!(granted.len(), 16, "every waiter held the lock");
+    assert!(
+        before > 0 && after > 0,
+        "the failover did not come between grants"
+    );
+    let fences: Vec<u64> = granted.iter().map(|(f, _)| *f).collect();
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not increasing: {fences:?}"
+    );
+}
+
+/// A holder listening for release requests before the failover hears one
+/// asked after it: its subscription moved to the new primary.
+#[tokio::test]
+async fn a_release_request_reaches_its_holder_after_a_sentinel_failover() {
+    let Some((urls, master)) = sentinel::sentinels() else {
+        return;
+    };
+    let prefix = format!("lr{}:", uuid::Uuid::new_v4().simple());
+    let link = || RedisLink::connect_sentinel(&urls, &master).unwrap();
+    let (holder, asker) = (
+        RedisLocks::on(&link(), &prefix),
+        RedisLocks::on(&link(), &prefix),
+    );
+    let key = "filedock_resumable_lock:{upload-1}";
+    let lease = holder
+        .try_acquire(key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let listener = holder.listen_for_release(key).await;
+    let mut asked = listener.requests();
+    sentinel::fail_over(&urls, &master).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while asked.borrow().is_none() && Instant::now() < deadline {
+        let _ = asker.request_release(key).await;
+        let _ = tokio::time::timeout(Duration::from_millis(250), asked.changed()).await;
+    }
+    assert!(
+        asked.borrow().is_some(),
+        "the holder never heard a release request after the failover"
+    );
+    holder.release(&lease).await.ok();
+}
+
+/// A master name no sentinel knows is refused at start, by its setting.
+#[tokio::test]
+async fn an_unknown_master_name_is_refused_at_start() {
+    let Some((urls, _)) = sentinel::sentinels() else {
+        return;
+    };
+    let settings = sentinel_settings(&urls, "no-such-master");
+    let Err(e) = filedock::ports::Ports::connect(&settings).await else {
+        panic!("started with a master no sentinel knows");
+    };
+    assert!(
+        format!("{e:#}").contains("FILEDOCK_REDIS_SENTINEL_MASTER"),
+        "{e:#}"
+    );
+}
