@@ -210,10 +210,10 @@ CONF
     STACK_DIR="$dir" wait_for sentinel "$!" redis-cli -p "$port" ping || return 1
   done
   # Each sentinel knows the replica and the others (quorum reachable).
-  for url in "${urls[@]}"; do
-    port=${url##*:}; port=${port%/}
-    STACK_DIR="$STACK_SENTINEL_DIR" wait_for sentinel "${STACK_SENTINEL_PIDS[-1]}" \
-      sh -c "redis-cli -p $port sentinel replicas filedock | grep -q $replica && \
+  for i in 0 1 2; do
+    port=${used[$((i + 2))]}
+    STACK_DIR="$STACK_SENTINEL_DIR/$port" wait_for sentinel "${STACK_SENTINEL_PIDS[$((i + 2))]}" \
+      sh -c "redis-cli -p $port sentinel replicas filedock | grep -qx $replica && \
              redis-cli -p $port sentinel ckquorum filedock | grep -q '^OK'" || return 1
   done
   export FILEDOCK_TEST_REDIS_SENTINEL_URL FILEDOCK_TEST_REDIS_SENTINEL_MASTER=filedock

@@ -50,11 +50,12 @@ pub enum LockError {
     Timeout(Duration),
     #[error("lock backend unavailable: {0}")]
     Unavailable(String),
-    /// Redis answered from a node that does not own the key (MOVED, ASK…):
-    /// the call did not run. Never degraded around, and no breaker: the
-    /// backend is up, the request went to the wrong place.
+    /// Redis answered from a node that cannot serve the key now (MOVED,
+    /// ASK…; a demoted primary's READONLY; no primary the sentinels agree
+    /// on): the call did not run. Never degraded around, and no breaker:
+    /// another node may be granting locks meanwhile.
     #[error(
-        "Redis answered with a topology redirect ({0}): FILEDOCK_REDIS_URL points at a Redis Cluster node, or a slot is moving"
+        "Redis answered from a node that cannot serve this key now ({0}): a Redis Cluster slot that moved or a node cut off, or a primary demoted or not yet chosen"
     )]
     Misrouted(String),
 }

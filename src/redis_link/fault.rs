@@ -15,13 +15,17 @@ pub enum Fault {
     /// its master (CLUSTERDOWN, MASTERDOWN) while the rest may still grant
     /// locks. The command did not run. Not an outage: a lock taken "without
     /// Redis" here would run beside a holder that the right node knows about
-    /// (issue 43: 66 uploads ran unlocked this way).
+    /// (issue 43: 66 uploads ran unlocked this way). With Sentinel, no
+    /// primary the sentinels agree on (one marked down, a failover under
+    /// way) is one too: an instance still on the old primary may grant locks.
     Topology,
 }
 
-/// Classifies `e`; only a server's topology answer is [`Fault::Topology`].
+/// Classifies `e`; only a server's topology answer (or the sentinels'
+/// "no primary") is [`Fault::Topology`].
 pub fn fault_of(e: &RedisError) -> Fault {
     match e.kind() {
+        ErrorKind::MasterNameNotFoundBySentinel => Fault::Topology,
         ErrorKind::Server(
             ServerErrorKind::Moved
             | ServerErrorKind::Ask
@@ -67,5 +71,7 @@ mod tests {
         }
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert_eq!(fault_of(&io), Fault::Outage);
+        let no_primary = RedisError::from((ErrorKind::MasterNameNotFoundBySentinel, "none"));
+        assert_eq!(fault_of(&no_primary), Fault::Topology);
     }
 }

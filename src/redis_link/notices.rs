@@ -26,6 +26,8 @@ use tokio::sync::watch;
 
 use super::sentinel::Primary;
 
+/// How long connecting and subscribing may take.
+const SUBSCRIBE_WITHIN: Duration = Duration::from_secs(2);
 /// How long a listener waits before it subscribes again after a failure.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(250);
 /// How long a cluster channel stays subscribed after its last watcher left
@@ -147,13 +149,22 @@ async fn subscribe_patterns(
                 (primary.client().await.map(|(_, c)| c), Some(moved))
             }
         };
-        let pubsub = match client {
-            Ok(client) => client.get_async_pubsub().await,
-            Err(e) => Err(e),
+        // Bounded: a node that does not answer is given up, not waited on.
+        let subscribed = tokio::time::timeout(SUBSCRIBE_WITHIN, async {
+            let mut pubsub = client?.get_async_pubsub().await?;
+            pubsub.psubscribe(&patterns).await.map(|()| pubsub)
+        });
+        let subscribed = match subscribed.await {
+            Ok(subscribed) => subscribed,
+            Err(_) => Err(redis::RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::TimedOut,
+            ))),
         };
-        match pubsub {
-            Ok(mut pubsub) => match pubsub.psubscribe(&patterns).await {
-                Ok(()) => {
+        match subscribed {
+            Ok(mut pubsub) => {
+                // Notices published before this subscription were not heard.
+                handler.missed();
+                {
                     let mut messages = pubsub.on_message();
                     loop {
                         tokio::select! {
@@ -167,9 +178,8 @@ async fn subscribe_patterns(
                         }
                     }
                 }
-                Err(e) => tracing::debug!(error = %e, "notice subscription failed"),
-            },
-            Err(e) => tracing::debug!(error = %e, "notice connection failed"),
+            }
+            Err(e) => tracing::debug!(error = %e, "notice subscription failed"),
         }
         handler.missed();
         tokio::time::sleep(RESUBSCRIBE_AFTER).await;

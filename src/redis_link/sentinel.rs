@@ -2,32 +2,36 @@
 //! sentinels name primary. It asks them (and checks the node's `ROLE`)
 //! when it has no primary yet; forgets the one it has when it answers
 //! `READONLY` (demoted) or cannot be reached, so the next call asks again;
-//! and listens for `+switch-master` on a sentinel, so that it leaves a
-//! demoted primary that still accepts writes (seen for ~11 s after a
-//! failover) as soon as the sentinels decide.
+//! and a watcher asks the sentinels every second where the primary is,
+//! forgetting the one in use as soon as they name another (a demoted
+//! primary was seen accepting writes for ~11 s after a failover, and one
+//! cut off from the sentinels may never refuse a write).
 
 use std::{
-    sync::{Arc, RwLock},
-    time::Duration,
+    sync::{Arc, Mutex, RwLock, Weak},
+    time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use redis::{
     Client, ConnectionInfo, RedisError, RedisResult,
-    aio::ConnectionManager,
+    aio::{ConnectionManager, MultiplexedConnection},
     sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType},
 };
 use tokio::sync::watch;
 
 use super::{
     fault::{Fault, fault_of},
-    timeouts::connection_config,
+    timeouts::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT, connection_config},
 };
 
-/// How long asking the sentinels for the primary may take.
+/// How long finding the primary may take, waiting for another caller's
+/// lookup included.
 const ASK_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long the `+switch-master` listener waits before it subscribes again.
-const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
+/// After a failed lookup, how long callers are answered with its failure
+/// instead of each asking again in turn.
+const FAILED_FOR: Duration = Duration::from_millis(500);
+/// How often the watcher asks the sentinels where the primary is.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// The primary now, and how it is reached.
 #[derive(Clone)]
@@ -35,23 +39,29 @@ struct Current {
     /// Bumped each time the primary is forgotten: a call forgets only the
     /// primary it used.
     generation: u64,
+    /// `host:port`, as the sentinels name it.
+    addr: String,
     client: Client,
     conn: ConnectionManager,
 }
 
 pub struct Primary {
     sentinels: tokio::sync::Mutex<SentinelClient>,
+    /// The sentinels, for the watcher's own connections.
+    nodes: Vec<ConnectionInfo>,
     master: String,
     current: RwLock<Option<Current>>,
+    /// When the last lookup failed, and how.
+    failed: Mutex<Option<(Instant, String)>>,
     /// The generation of the primary forgotten last; watched by the
     /// subscriptions that must move to the new primary.
     forgotten: watch::Sender<u64>,
-    listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for Primary {
     fn drop(&mut self) {
-        if let Some(task) = self.listener.lock().unwrap().take() {
+        if let Some(task) = self.watcher.lock().unwrap().take() {
             task.abort();
         }
     }
@@ -60,29 +70,39 @@ impl Drop for Primary {
 impl Primary {
     /// The sentinels at `urls` (comma-separated), for the master named
     /// `master`; the first URL's credentials and database are the
-    /// primary's too. Lazy: nothing is asked until a call needs it.
+    /// primary's (the sentinels get the credentials, never a database).
+    /// Lazy: nothing is asked until a call needs it.
     pub fn new(urls: &str, master: &str) -> anyhow::Result<Arc<Self>> {
-        let sentinels: Vec<ConnectionInfo> = urls
+        let given: Vec<ConnectionInfo> = urls
             .split(',')
             .map(|u| redis::IntoConnectionInfo::into_connection_info(u.trim()))
             .collect::<RedisResult<_>>()?;
         let node = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(sentinels[0].redis_settings().clone());
+            .set_redis_connection_info(given[0].redis_settings().clone());
+        let nodes: Vec<ConnectionInfo> = given
+            .into_iter()
+            .map(|info| {
+                let settings = info.redis_settings().clone().set_db(0);
+                info.set_redis_settings(settings)
+            })
+            .collect();
         let client = SentinelClient::build(
-            sentinels,
+            nodes.clone(),
             master.to_owned(),
             Some(node),
             SentinelServerType::Master,
         )?;
         let primary = Arc::new(Self {
             sentinels: tokio::sync::Mutex::new(client),
+            nodes,
             master: master.to_owned(),
             current: RwLock::new(None),
+            failed: Mutex::new(None),
             forgotten: watch::Sender::new(0),
-            listener: std::sync::Mutex::new(None),
+            watcher: Mutex::new(None),
         });
-        let task = tokio::spawn(listen_for_switches(Arc::downgrade(&primary)));
-        *primary.listener.lock().unwrap() = Some(task);
+        let task = tokio::spawn(watch_the_sentinels(Arc::downgrade(&primary)));
+        *primary.watcher.lock().unwrap() = Some(task);
         Ok(primary)
     }
 
@@ -106,26 +126,53 @@ impl Primary {
         if let Some(current) = self.current.read().unwrap().clone() {
             return Ok(current);
         }
+        tokio::time::timeout(ASK_TIMEOUT, self.look_up())
+            .await
+            .map_err(|_| timed_out())?
+    }
+
+    /// Asks the sentinels, one caller at a time; a failure is shared for
+    /// [`FAILED_FOR`] with the callers queued behind it.
+    async fn look_up(&self) -> RedisResult<Current> {
         let mut sentinels = self.sentinels.lock().await;
-        // Another call may have found it meanwhile.
+        // Another call may have found it meanwhile, or just failed to.
         if let Some(current) = self.current.read().unwrap().clone() {
             return Ok(current);
         }
-        let client = tokio::time::timeout(ASK_TIMEOUT, sentinels.async_get_client())
-            .await
-            .map_err(|_| timed_out())??;
+        if let Some((at, why)) = self.failed.lock().unwrap().clone()
+            && at.elapsed() < FAILED_FOR
+        {
+            return Err(not_found(why));
+        }
+        let generation = *self.forgotten.borrow();
+        let client = match sentinels.async_get_client().await {
+            Ok(client) => client,
+            Err(e) => {
+                *self.failed.lock().unwrap() = Some((Instant::now(), e.to_string()));
+                return Err(e);
+            }
+        };
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
         let current = Current {
-            generation: *self.forgotten.borrow(),
+            generation,
+            addr: client.get_connection_info().addr().to_string(),
             client,
             conn,
         };
-        *self.current.write().unwrap() = Some(current.clone());
+        let mut slot = self.current.write().unwrap();
+        // Forgotten meanwhile (the watcher saw a switch): the answer may
+        // be the old primary; the next call asks again.
+        if *self.forgotten.borrow() != generation {
+            return Err(not_found("the primary moved during the lookup".into()));
+        }
+        *slot = Some(current.clone());
+        *self.failed.lock().unwrap() = None;
         Ok(current)
     }
 
     /// Forgets the primary of `generation` (if it is still the one), so
-    /// that the next call asks the sentinels.
+    /// that the next call asks the sentinels. (A lookup answered with the
+    /// old primary just before a switch is caught by the watcher's next look.)
     pub fn forget(&self, generation: u64) {
         let mut current = self.current.write().unwrap();
         if current.as_ref().is_some_and(|c| c.generation == generation) {
@@ -144,71 +191,75 @@ impl Primary {
         }
     }
 
-    /// The sentinels' `SENTINEL GET-MASTER-ADDR-BY-NAME`: `Ok(None)` if
-    /// none knows the master (a wrong name), an error if none answers.
+    /// Where the sentinels say the primary is: the first that answers.
+    /// `Ok(None)`: it knows no master of that name.
     pub async fn known(&self) -> RedisResult<Option<String>> {
-        let sentinel = self
-            .sentinels
-            .lock()
-            .await
-            .async_get_sentinel_client()
-            .await?;
-        let mut conn = sentinel.get_multiplexed_async_connection().await?;
+        let mut last = Err(timed_out());
+        for node in &self.nodes {
+            last = ask_sentinel(node, &self.master).await;
+            if last.is_ok() {
+                break;
+            }
+        }
+        last
+    }
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME` of one sentinel, bounded in time.
+async fn ask_sentinel(node: &ConnectionInfo, master: &str) -> RedisResult<Option<String>> {
+    let ask = async {
+        let client = Client::open(node.clone())?;
+        let mut conn: MultiplexedConnection = client.get_multiplexed_async_connection().await?;
         let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(&self.master)
+            .arg(master)
             .query_async(&mut conn)
             .await?;
         Ok(addr.map(|(host, port)| format!("{host}:{port}")))
-    }
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT + RESPONSE_TIMEOUT, ask)
+        .await
+        .map_err(|_| timed_out())?
 }
 
 fn timed_out() -> RedisError {
     RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
 }
 
-/// Listens on one sentinel for `+switch-master` of this master (and goes
-/// to another when it drops): the primary moved, the one in use is
-/// forgotten at once.
-async fn listen_for_switches(primary: std::sync::Weak<Primary>) {
+fn not_found(why: String) -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::MasterNameNotFoundBySentinel,
+        "no primary found",
+        why,
+    ))
+}
+
+/// Every [`WATCH_EVERY`], asks the sentinels where the primary is; when
+/// they name another than the one in use, forgets it (the subscriptions
+/// move with it).
+async fn watch_the_sentinels(primary: Weak<Primary>) {
     loop {
-        let Some(strong) = primary.upgrade() else {
+        tokio::time::sleep(WATCH_EVERY).await;
+        let Some(primary) = primary.upgrade() else {
             return;
         };
-        let sentinel = strong
-            .sentinels
-            .lock()
-            .await
-            .async_get_sentinel_client()
-            .await;
-        let master = strong.master.clone();
-        drop(strong);
-        if let Ok(sentinel) = sentinel
-            && let Ok(mut pubsub) = sentinel.get_async_pubsub().await
-            && pubsub.subscribe("+switch-master").await.is_ok()
+        let Some((generation, addr)) = primary
+            .current
+            .read()
+            .unwrap()
+            .as_ref()
+            .map(|c| (c.generation, c.addr.clone()))
+        else {
+            continue;
+        };
+        if let Ok(Some(named)) = primary.known().await
+            && named != addr
         {
-            let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
-                let payload: String = msg.get_payload().unwrap_or_default();
-                // "<master> <old ip> <old port> <new ip> <new port>"
-                if payload.split(' ').next() != Some(master.as_str()) {
-                    continue;
-                }
-                let Some(primary) = primary.upgrade() else {
-                    return;
-                };
-                let generation = primary
-                    .current
-                    .read()
-                    .unwrap()
-                    .as_ref()
-                    .map(|c| c.generation);
-                if let Some(generation) = generation {
-                    tracing::info!(master, "Sentinel switched the primary; following it");
-                    primary.forget(generation);
-                }
-            }
+            tracing::info!(
+                master = primary.master,
+                "the sentinels name another primary; following it"
+            );
+            primary.forget(generation);
         }
-        tokio::time::sleep(RESUBSCRIBE_AFTER).await;
     }
 }

@@ -95,10 +95,11 @@ async fn uploads_follow_the_primary_across_a_sentinel_failover() {
 /// 16 waiters on one key, half on each of two instances, each holding the
 /// lock for 300 ms, while the sentinels fail the primary over: every waiter
 /// gets the lock (some before, some after), and each fence is above the one
-/// before in the order the lock was granted: the new primary's fences
-/// start above the old one's (never below Redis `TIME`), which is what
-/// keeps a commit safe if a demoted primary still granted the lock
-/// meanwhile (overlaps are counted and reported, not excluded).
+/// before in the order the lock was granted: a fence is never below Redis
+/// `TIME` in µs, so fences grow with the time of their grant whichever
+/// primary gave them, which is what keeps a commit safe if a demoted
+/// primary still granted the lock meanwhile (overlapping holds are counted
+/// and reported, not excluded).
 #[tokio::test]
 async fn lock_waiters_are_served_across_a_sentinel_failover() {
     let Some((urls, master)) = sentinel::sentinels() else {
@@ -197,7 +198,20 @@ async fn a_release_request_reaches_its_holder_after_a_sentinel_failover() {
         .expect("a free lock");
     let listener = holder.listen_for_release(key).await;
     let mut asked = listener.requests();
-    sentinel::fail_over(&urls, &master).await;
+    let new = sentinel::fail_over(&urls, &master).await;
+    // A demoted primary still hears what is published on the new one (it
+    // replicates it): what shows the subscriptions moved is the new
+    // primary's count of them (one connection for each of the two links).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut subscribers = 0;
+    while subscribers < 2 && Instant::now() < deadline {
+        subscribers = sentinel::pattern_subscribers(&new).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        subscribers >= 2,
+        "{subscribers} links subscribed on the new primary"
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
     while asked.borrow().is_none() && Instant::now() < deadline {
         let _ = asker.request_release(key).await;

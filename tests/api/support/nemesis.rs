@@ -69,6 +69,10 @@ pub enum Fault {
     /// With Sentinel: `SENTINEL FAILOVER` (the replica promoted, the old
     /// primary demoted; instances that have not heard may still write there).
     SentinelFailover,
+    /// With Sentinel: the primary SIGKILLed (its replica promoted, what it
+    /// had not replicated lost) and started again, a primary until the
+    /// sentinels demote it.
+    SentinelPrimaryKill,
 }
 
 /// The Redis the fault suite's instances take their locks on.
@@ -99,13 +103,14 @@ impl fmt::Display for Fault {
             Self::ClusterMasterKill => "cluster-master-kill",
             Self::ClusterFailover => "cluster-failover",
             Self::SentinelFailover => "sentinel-failover",
+            Self::SentinelPrimaryKill => "sentinel-primary-kill",
         };
         f.write_str(name)
     }
 }
 
 impl Fault {
-    const ALL: [Fault; 16] = [
+    const ALL: [Fault; 17] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -122,6 +127,7 @@ impl Fault {
         Self::ClusterMasterKill,
         Self::ClusterFailover,
         Self::SentinelFailover,
+        Self::SentinelPrimaryKill,
     ];
 
     /// Whether the fault can happen in this coordination mode (nothing
@@ -134,7 +140,7 @@ impl Fault {
                 return topology == Topology::Node && coordination == "queue";
             }
             Self::ClusterMasterKill | Self::ClusterFailover => Some(Topology::Cluster),
-            Self::SentinelFailover => Some(Topology::Sentinel),
+            Self::SentinelFailover | Self::SentinelPrimaryKill => Some(Topology::Sentinel),
             _ => None,
         };
         redis.is_none_or(|t| t == topology)
@@ -282,6 +288,10 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
         },
         Fault::SentinelFailover => match &mut c.own_sentinel {
             Some(own) => own.fail_over().await,
+            None => false,
+        },
+        Fault::SentinelPrimaryKill => match &mut c.own_sentinel {
+            Some(own) => own.kill_primary().await,
             None => false,
         },
     }

@@ -14,7 +14,7 @@ pub const MASTER: &str = "faultsuite";
 
 pub struct OwnSentinel {
     /// The two data nodes, then the three sentinels.
-    _servers: Vec<OwnServer>,
+    servers: Vec<OwnServer>,
     urls: String,
     dir: std::path::PathBuf,
 }
@@ -27,8 +27,8 @@ impl OwnSentinel {
         ));
         let (primary, replica) = (free_port(), free_port());
         let mut servers = vec![
-            OwnServer::redis_replicated(primary, None).await,
-            OwnServer::redis_replicated(replica, Some(primary)).await,
+            OwnServer::redis_replicated(&dir.join("primary"), primary, None).await,
+            OwnServer::redis_replicated(&dir.join("replica"), replica, Some(primary)).await,
         ];
         let mut urls = Vec::new();
         for i in 0..3 {
@@ -38,7 +38,7 @@ impl OwnSentinel {
             urls.push(format!("redis://127.0.0.1:{port}/"));
         }
         let own = Self {
-            _servers: servers,
+            servers,
             urls: urls.join(","),
             dir,
         };
@@ -56,6 +56,32 @@ impl OwnSentinel {
     /// `SENTINEL FAILOVER`, waited out.
     pub async fn fail_over(&mut self) -> bool {
         sentinel::fail_over(&self.urls, MASTER).await;
+        true
+    }
+
+    /// SIGKILLs the primary; once the sentinels promote its replica, starts
+    /// it again as it was started, a primary (empty: nothing persisted)
+    /// until the sentinels make it the new primary's replica, which is
+    /// waited out. Instances still on it meanwhile may take locks there.
+    pub async fn kill_primary(&mut self) -> bool {
+        let old = sentinel::primary(&self.urls, MASTER).await;
+        let Some(i) = self.servers[..2]
+            .iter()
+            .position(|s| old == format!("127.0.0.1:{}", s.port()))
+        else {
+            return false;
+        };
+        self.servers[i].stop();
+        let deadline = std::time::Instant::now() + Duration::from_secs(40);
+        while sentinel::primary(&self.urls, MASTER).await == old {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no replica took over from {old}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.servers[i].restart().await;
+        sentinel::until_replica_known(&self.urls, MASTER, Duration::from_secs(60)).await;
         true
     }
 }

@@ -167,3 +167,25 @@ pub async fn fail_over_timed(urls: &str, master: &str) -> (String, Instant) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The connections at `addr` subscribed to patterns (`CLIENT LIST TYPE
+/// pubsub`, `psub` above 0; `PUBSUB NUMPAT` counts patterns, not clients).
+pub async fn pattern_subscribers(addr: &str) -> usize {
+    let Some(mut conn) = connect(&format!("redis://{addr}/")).await else {
+        return 0;
+    };
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_default();
+    clients
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|f| f.starts_with("psub=") && f != "psub=0")
+        })
+        .count()
+}

@@ -109,11 +109,13 @@ impl OwnServer {
     }
 
     /// A redis-server of a Sentinel topology: the primary, or (with
-    /// `primary`) its replica.
-    pub async fn redis_replicated(port: u16, primary: Option<u16>) -> Self {
+    /// `primary`) its replica; `dir` takes what a full sync writes.
+    pub async fn redis_replicated(dir: &std::path::Path, port: u16, primary: Option<u16>) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
         let mut args = ["--bind", "127.0.0.1", "--port", &port.to_string()]
             .map(str::to_owned)
             .to_vec();
+        args.extend(["--dir".into(), dir.display().to_string()]);
         args.extend(["--save", "", "--appendonly", "no"].map(str::to_owned));
         if let Some(primary) = primary {
             args.extend([
