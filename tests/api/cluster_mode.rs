@@ -103,15 +103,7 @@ async fn watched_channels_are_heard_on_every_master_and_unsubscribed_after() {
 
     drop(watches);
     // Unsubscribed a second after the last watcher left.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut left = usize::MAX;
-    while std::time::Instant::now() < deadline {
-        left = cluster::shard_channels(&seeds, &pattern).await;
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let left = cluster::until_no_shard_channels(&seeds, &pattern).await;
     assert_eq!(left, 0, "subscriptions left after their watchers");
 }
 
@@ -138,15 +130,7 @@ async fn cancelled_watches_leave_no_subscription() {
     }
     assert!(cancelled > 0, "no watch was cancelled mid-way");
     let pattern = format!("c{tag}:*");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut left = usize::MAX;
-    while std::time::Instant::now() < deadline {
-        left = cluster::shard_channels(&seeds, &pattern).await;
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let left = cluster::until_no_shard_channels(&seeds, &pattern).await;
     assert_eq!(left, 0, "{cancelled} cancelled watches left subscriptions");
 }
 

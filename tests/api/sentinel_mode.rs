@@ -5,10 +5,7 @@
 //! fails the primary over. Skipped without the topology.
 
 use std::{
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -19,7 +16,10 @@ use filedock::{
 };
 use reqwest::StatusCode;
 
-use crate::{helpers::*, support::sentinel};
+use crate::{
+    helpers::*,
+    support::{failover_waiters::serve_across, sentinel},
+};
 
 fn sentinel_settings(urls: &str, master: &str) -> filedock::config::Settings {
     let mut settings = test_settings();
@@ -106,75 +106,21 @@ async fn lock_waiters_are_served_across_a_sentinel_failover() {
         return;
     };
     let prefix = format!("ls{}:", uuid::Uuid::new_v4().simple());
-    let managers: Vec<Arc<dyn LockManager>> = (0..2)
-        .map(|_| {
-            let link = RedisLink::connect_sentinel(&urls, &master).unwrap();
-            Arc::new(RedisLocks::on(&link, &prefix)) as Arc<dyn LockManager>
-        })
-        .collect();
-    let key = "{user:hot}:commit";
+    let manager = || {
+        let link = RedisLink::connect_sentinel(&urls, &master).unwrap();
+        Arc::new(RedisLocks::on(&link, &prefix)) as Arc<dyn LockManager>
+    };
     // Ready to fail over at once (after an earlier failover the sentinels
     // take seconds to know the demoted primary as a replica).
     sentinel::until_replica_known(&urls, &master, Duration::from_secs(40)).await;
-    let holders = Arc::new(AtomicUsize::new(0));
-    let granted = Arc::new(Mutex::new(Vec::<(u64, Instant)>::new()));
-    let (overlaps, refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let waiters: Vec<_> = (0..16)
-        .map(|i| {
-            let manager = managers[i % 2].clone();
-            let (holders, granted) = (holders.clone(), granted.clone());
-            let (overlaps, refused) = (overlaps.clone(), refused.clone());
-            tokio::spawn(async move {
-                let deadline = Instant::now() + Duration::from_secs(60);
-                let lease = loop {
-                    match manager
-                        .acquire_fair(key, Duration::from_secs(5), deadline)
-                        .await
-                    {
-                        Ok(lease) => break lease,
-                        Err(e) if Instant::now() < deadline => {
-                            refused.fetch_add(1, Ordering::SeqCst);
-                            eprintln!("waiter {i}: {e}; again");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                        Err(e) => panic!("waiter {i} never got the lock: {e}"),
-                    }
-                };
-                if holders.fetch_add(1, Ordering::SeqCst) > 0 {
-                    overlaps.fetch_add(1, Ordering::SeqCst);
-                }
-                granted.lock().unwrap().push((lease.fence, Instant::now()));
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                holders.fetch_sub(1, Ordering::SeqCst);
-                manager.release(&lease).await.ok();
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let began = Instant::now();
-    let (_, ended) = sentinel::fail_over_timed(&urls, &master).await;
-    for w in waiters {
-        w.await.unwrap();
-    }
-    let granted = granted.lock().unwrap().clone();
-    let before = granted.iter().filter(|(_, at)| *at < began).count();
-    let after = granted.iter().filter(|(_, at)| *at > ended).count();
-    eprintln!(
-        "16 waiters across a Sentinel failover: {before} granted before it, {after} after the switch, \
-         {} calls refused meanwhile, {} overlapping holds",
-        refused.load(Ordering::SeqCst),
-        overlaps.load(Ordering::SeqCst)
-    );
-    assert_eq!(granted.len(), 16, "every waiter held the lock");
-    assert!(
-        before > 0 && after > 0,
-        "the failover did not come between grants"
-    );
-    let fences: Vec<u64> = granted.iter().map(|(f, _)| *f).collect();
-    assert!(
-        fences.windows(2).all(|w| w[0] < w[1]),
-        "fences not increasing: {fences:?}"
-    );
+    let served = serve_across(
+        [manager(), manager()],
+        "{user:hot}:commit",
+        Duration::from_millis(300),
+        || async { sentinel::fail_over_timed(&urls, &master).await.1 },
+    )
+    .await;
+    served.assert_served_in_turn("a Sentinel failover");
 }
 
 /// A holder listening for release requests before the failover hears one

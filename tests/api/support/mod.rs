@@ -8,6 +8,7 @@ pub mod accounts;
 pub mod checker;
 pub mod cluster;
 pub mod container_workload;
+pub mod failover_waiters;
 pub mod fault_proxy;
 pub mod faulty_blobs;
 pub mod history;

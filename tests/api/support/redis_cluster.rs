@@ -231,6 +231,19 @@ pub async fn shard_channels(seeds: &str, pattern: &str) -> usize {
     total
 }
 
+/// Waits (at most 10 s) until no master holds a sharded channel matching
+/// `pattern`; how many are left.
+pub async fn until_no_shard_channels(seeds: &str, pattern: &str) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = shard_channels(seeds, pattern).await;
+        if left == 0 || Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `SPUBLISH`es `payload` on `channel` at the master that owns it; how many
 /// subscribers it reached.
 pub async fn spublish(seeds: &str, channel: &str, payload: &str) -> i64 {
