@@ -155,10 +155,15 @@ stack_cluster_start() {
   log "redis cluster ${ports[*]} (pids ${STACK_CLUSTER_PIDS[*]})"
 }
 
-stack_cluster_stop() {
+# stop_all PID...: ends the processes started here, by PID, and waits for them.
+stop_all() {
   local pid
-  for pid in "${STACK_CLUSTER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${STACK_CLUSTER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for pid in "$@"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "$@"; do wait "$pid" 2>/dev/null || true; done
+}
+
+stack_cluster_stop() {
+  stop_all "${STACK_CLUSTER_PIDS[@]}"
   [ -n "${STACK_CLUSTER_DIR:-}" ] && rm -rf "$STACK_CLUSTER_DIR"
   STACK_CLUSTER_PIDS=()
   STACK_CLUSTER_DIR=
@@ -222,9 +227,7 @@ CONF
 }
 
 stack_sentinel_stop() {
-  local pid
-  for pid in "${STACK_SENTINEL_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${STACK_SENTINEL_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  stop_all "${STACK_SENTINEL_PIDS[@]}"
   [ -n "${STACK_SENTINEL_DIR:-}" ] && rm -rf "$STACK_SENTINEL_DIR"
   STACK_SENTINEL_PIDS=()
   STACK_SENTINEL_DIR=

@@ -1,4 +1,4 @@
-//! The `LockManager` port and [`Locks`], the facade the services use:
+//! [`Locks`], the facade the services use over the [`LockManager`] port:
 //! strategy (wake-on-release, or the original design's backoff), lease renewal,
 //! metrics, and the degradation policy when the lock backend is down: a
 //! lock is [`Held`] `Locked` or, in development with the backend down,
@@ -7,8 +7,10 @@
 
 mod backoff;
 pub mod memory;
+mod port;
 pub mod redis;
 pub mod release;
+mod strategy;
 pub mod waiters;
 
 use std::{
@@ -17,12 +19,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use async_trait::async_trait;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use self::backoff::LockBackoff;
+pub use self::port::{Lease, LockError, LockManager, next_fence, now_micros, owner_token};
 pub use self::release::{Asked, ReleaseBoard, ReleaseListener};
+use self::strategy::{Backoff, Notify, WaitStrategy};
 /// Lock keys are vocabulary (`crate::vocab`); named here too, where locks are.
 pub use crate::vocab::LockKey;
 
@@ -30,80 +33,6 @@ use crate::{
     config::{LockSettings, LockStrategy},
     metrics::Metrics,
 };
-
-/// A held lock: the key, the holder's random owner token, and its fencing
-/// token (strictly greater than any token handed out before for this key).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    pub key: String,
-    pub owner: String,
-    pub fence: u64,
-    /// How long the lease runs from its grant, before the first renewal. A
-    /// lock handed over to a waiter starts short, so that a waiter that died
-    /// while queued cannot hold it long.
-    pub ttl: Duration,
-}
-
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum LockError {
-    #[error("timed out after {0:?} waiting for the lock")]
-    Timeout(Duration),
-    #[error("lock backend unavailable: {0}")]
-    Unavailable(String),
-    /// Redis answered from a node that cannot serve the key now (MOVED,
-    /// ASK…; a demoted primary's READONLY; no primary the sentinels agree
-    /// on): the call did not run. Never degraded around, and no breaker:
-    /// another node may be granting locks meanwhile.
-    #[error(
-        "Redis answered from a node that cannot serve this key now ({0}): a Redis Cluster slot that moved or a node cut off, or a primary demoted or not yet chosen"
-    )]
-    Misrouted(String),
-}
-
-/// A lock backend. Implementations must be owner-safe (release and renew
-/// only by the owner token) and hand out increasing fencing tokens.
-#[async_trait]
-pub trait LockManager: Send + Sync {
-    /// One attempt, no waiting (the backoff strategy's primitive). Does not
-    /// jump ahead of queued fair waiters.
-    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError>;
-
-    /// Waits in arrival order, woken when the lock is handed over, until `deadline`.
-    async fn acquire_fair(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError>;
-
-    /// Releases if `lease` still owns the lock; `false` if it did not.
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError>;
-
-    /// Extends the lease if still owned; `false` if it was lost.
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError>;
-
-    async fn ping(&self) -> Result<(), LockError>;
-
-    /// Asks whoever holds `key`, in this process or another, to let go
-    /// soon (`release.rs`); a holder that does not listen ignores it.
-    async fn request_release(&self, key: &str) -> Result<(), LockError>;
-
-    /// This process's holders that listen for release requests.
-    fn release_board(&self) -> &ReleaseBoard;
-
-    /// Listens for release requests on `key` (on the board, and wherever
-    /// the manager must subscribe to hear them).
-    async fn listen_for_release(&self, key: &str) -> ReleaseListener {
-        self.release_board().listen(key)
-    }
-
-    /// Which part of the backend `key` lives on: an outage of one part
-    /// (a Redis Cluster's master: its slots) opens the breaker for the
-    /// keys of that part only.
-    fn outage_scope(&self, _key: &str) -> u16 {
-        0
-    }
-}
 
 /// A lock held by this process. The watchdog renews it every TTL/3; if the
 /// lease is lost, [`LockGuard::lost`] fires so the holder stops its work.
@@ -469,88 +398,4 @@ impl Locks {
     pub async fn ping(&self) -> Result<(), LockError> {
         self.manager.ping().await
     }
-}
-
-/// How a waiter gets a lock that someone else holds (`FILEDOCK_LOCK_STRATEGY`).
-#[async_trait]
-trait WaitStrategy: Send + Sync {
-    /// The lock on `key`, waiting at most `wait` for it.
-    async fn acquire(
-        &self,
-        manager: &dyn LockManager,
-        key: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Lease, LockError>;
-}
-
-/// Queue in arrival order; the holder's release hands the lock to the next
-/// waiter, who is woken by a notice (the default: BENCHMARKS.md).
-struct Notify;
-
-#[async_trait]
-impl WaitStrategy for Notify {
-    async fn acquire(
-        &self,
-        manager: &dyn LockManager,
-        key: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Lease, LockError> {
-        manager.acquire_fair(key, ttl, Instant::now() + wait).await
-    }
-}
-
-/// The original design's loop: try, sleep on a growing schedule, try again
-/// (kept to measure against; see [`LockBackoff`]).
-struct Backoff(LockBackoff);
-
-#[async_trait]
-impl WaitStrategy for Backoff {
-    async fn acquire(
-        &self,
-        manager: &dyn LockManager,
-        key: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Lease, LockError> {
-        let deadline = Instant::now() + wait;
-        for delay in self.0.delays() {
-            if let Some(lease) = manager.try_acquire(key, ttl).await? {
-                return Ok(lease);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            tokio::time::sleep(jitter(delay).min(deadline - now)).await;
-        }
-        Err(LockError::Timeout(wait))
-    }
-}
-
-/// A random sleep in `[d/2, d]`. Without it, waiters that arrived together
-/// retry together: in a 100-way burst on one key, the plain schedule
-/// let only one or two through per wave and 76 of 100 timed out.
-fn jitter(d: Duration) -> Duration {
-    use rand::Rng;
-    d.mul_f64(rand::rng().random_range(0.5..=1.0))
-}
-
-/// A fencing token that never goes backwards, even if the counter behind
-/// it is lost (a restarted in-process manager, a flushed Redis): the next
-/// token is `max(previous + 1, now in µs)`.
-pub fn next_fence(previous: u64, now_micros: u64) -> u64 {
-    (previous + 1).max(now_micros)
-}
-
-pub fn now_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// A random owner token (128 bits).
-pub fn owner_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
 }

@@ -194,26 +194,46 @@ impl Primary {
     /// Where the sentinels say the primary is: the first that answers.
     /// `Ok(None)`: it knows no master of that name.
     pub async fn known(&self) -> RedisResult<Option<String>> {
+        self.known_through(&mut Vec::new()).await
+    }
+
+    /// [`Self::known`] through `conns` (one per sentinel, kept between
+    /// calls: the watcher asks every second).
+    async fn known_through(
+        &self,
+        conns: &mut Vec<Option<MultiplexedConnection>>,
+    ) -> RedisResult<Option<String>> {
+        conns.resize(self.nodes.len(), None);
         let mut last = Err(timed_out());
-        for node in &self.nodes {
-            last = ask_sentinel(node, &self.master).await;
+        for (node, conn) in self.nodes.iter().zip(conns.iter_mut()) {
+            last = ask_sentinel(node, conn, &self.master).await;
             if last.is_ok() {
                 break;
             }
+            // A connection that failed is made again next time.
+            *conn = None;
         }
         last
     }
 }
 
-/// `SENTINEL GET-MASTER-ADDR-BY-NAME` of one sentinel, bounded in time.
-async fn ask_sentinel(node: &ConnectionInfo, master: &str) -> RedisResult<Option<String>> {
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME` of one sentinel, through `conn`
+/// (connected first if need be), bounded in time.
+async fn ask_sentinel(
+    node: &ConnectionInfo,
+    conn: &mut Option<MultiplexedConnection>,
+    master: &str,
+) -> RedisResult<Option<String>> {
     let ask = async {
-        let client = Client::open(node.clone())?;
-        let mut conn: MultiplexedConnection = client.get_multiplexed_async_connection().await?;
+        if conn.is_none() {
+            let client = Client::open(node.clone())?;
+            *conn = Some(client.get_multiplexed_async_connection().await?);
+        }
+        let conn = conn.as_mut().expect("connected just above");
         let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(master)
-            .query_async(&mut conn)
+            .query_async(conn)
             .await?;
         Ok(addr.map(|(host, port)| format!("{host}:{port}")))
     };
@@ -238,6 +258,7 @@ fn not_found(why: String) -> RedisError {
 /// they name another than the one in use, forgets it (the subscriptions
 /// move with it).
 async fn watch_the_sentinels(primary: Weak<Primary>) {
+    let mut conns = Vec::new();
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
         let Some(primary) = primary.upgrade() else {
@@ -252,7 +273,7 @@ async fn watch_the_sentinels(primary: Weak<Primary>) {
         else {
             continue;
         };
-        if let Ok(Some(named)) = primary.known().await
+        if let Ok(Some(named)) = primary.known_through(&mut conns).await
             && named != addr
         {
             tracing::info!(

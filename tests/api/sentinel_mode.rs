@@ -18,7 +18,10 @@ use reqwest::StatusCode;
 
 use crate::{
     helpers::*,
-    support::{failover_waiters::serve_across, sentinel},
+    support::{
+        failover_waiters::{release_heard_across, serve_across},
+        sentinel,
+    },
 };
 
 fn sentinel_settings(urls: &str, master: &str) -> filedock::config::Settings {
@@ -137,37 +140,27 @@ async fn a_release_request_reaches_its_holder_after_a_sentinel_failover() {
         RedisLocks::on(&link(), &prefix),
     );
     let key = "filedock_resumable_lock:{upload-1}";
-    let lease = holder
-        .try_acquire(key, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .expect("a free lock");
-    let listener = holder.listen_for_release(key).await;
-    let mut asked = listener.requests();
-    let new = sentinel::fail_over(&urls, &master).await;
-    // A demoted primary still hears what is published on the new one (it
-    // replicates it): what shows the subscriptions moved is the new
-    // primary's count of them (one connection for each of the two links).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut subscribers = 0;
-    while subscribers < 2 && Instant::now() < deadline {
-        subscribers = sentinel::pattern_subscribers(&new).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let heard = release_heard_across(&holder, &asker, key, || async {
+        let new = sentinel::fail_over(&urls, &master).await;
+        // A demoted primary still hears what is published on the new one
+        // (it replicates it): what shows the subscriptions moved is the new
+        // primary's count of them (one connection for each of the two links).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut subscribers = 0;
+        while subscribers < 2 && Instant::now() < deadline {
+            subscribers = sentinel::pattern_subscribers(&new).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            subscribers >= 2,
+            "{subscribers} links subscribed on the new primary"
+        );
+    })
+    .await;
     assert!(
-        subscribers >= 2,
-        "{subscribers} links subscribed on the new primary"
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while asked.borrow().is_none() && Instant::now() < deadline {
-        let _ = asker.request_release(key).await;
-        let _ = tokio::time::timeout(Duration::from_millis(250), asked.changed()).await;
-    }
-    assert!(
-        asked.borrow().is_some(),
+        heard,
         "the holder never heard a release request after the failover"
     );
-    holder.release(&lease).await.ok();
 }
 
 /// A master name no sentinel knows is refused at start, by its setting.

@@ -1,6 +1,7 @@
-//! 16 waiters on one lock key, half on each of two lock managers (two
-//! instances' links), each holding it for a while, while a failover runs:
-//! what each was granted and when, for the cluster and Sentinel tests.
+//! Locks across a failover, for the cluster and Sentinel tests: 16 waiters
+//! on one lock key, half on each of two lock managers (two instances'
+//! links), each holding it for a while (what each was granted and when);
+//! and a holder asked to let go after the failover.
 
 use std::{
     sync::{
@@ -10,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use filedock::lock::LockManager;
+use filedock::lock::{LockManager, redis::RedisLocks};
 
 pub const WAITERS: usize = 16;
 
@@ -121,4 +122,34 @@ where
         began,
         switched,
     }
+}
+
+/// `holder` takes `key` and listens for release requests; `failover` runs;
+/// then `asker` asks the holder to let go again and again (as a waiting
+/// request does). Whether the holder heard it within 15 s.
+pub async fn release_heard_across<F, Fut>(
+    holder: &RedisLocks,
+    asker: &RedisLocks,
+    key: &str,
+    failover: F,
+) -> bool
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let lease = holder
+        .try_acquire(key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let listener = holder.listen_for_release(key).await;
+    let mut asked = listener.requests();
+    failover().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while asked.borrow().is_none() && Instant::now() < deadline {
+        let _ = asker.request_release(key).await;
+        let _ = tokio::time::timeout(Duration::from_millis(250), asked.changed()).await;
+    }
+    holder.release(&lease).await.ok();
+    asked.borrow().is_some()
 }

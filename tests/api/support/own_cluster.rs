@@ -32,7 +32,13 @@ fn bindable(port: u32) -> bool {
 }
 
 impl OwnRedisCluster {
+    /// A node silent for 2 s is taken for failed (its replica promoted).
     pub async fn start() -> Self {
+        Self::start_with(Duration::from_secs(2)).await
+    }
+
+    /// With that `cluster-node-timeout`.
+    pub async fn start_with(node_timeout: Duration) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "filedock-own-cluster-{}",
             uuid::Uuid::new_v4().simple()
@@ -45,7 +51,8 @@ impl OwnRedisCluster {
                 continue;
             }
             ports.push(port);
-            nodes.push(OwnServer::redis_cluster_node(&dir.join(port.to_string()), port).await);
+            let dir = dir.join(port.to_string());
+            nodes.push(OwnServer::redis_cluster_node(&dir, port, node_timeout).await);
         }
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
@@ -75,6 +82,17 @@ impl OwnRedisCluster {
             .iter()
             .position(|n| addr == format!("127.0.0.1:{}", n.port()))
             .unwrap_or_else(|| panic!("{addr} is not a node of this cluster"))
+    }
+
+    /// SIGSTOPs the master that owns `key`'s slot (its calls time out;
+    /// its replica takes over after the node timeout); its PID, for SIGCONT.
+    pub async fn pause_master_of(&mut self, key: &str) -> i32 {
+        let victim = topology::master_of(&self.seeds(), key).await;
+        let pid = self.nodes[self.index_of(&victim.addr)]
+            .pid()
+            .expect("running");
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        pid
     }
 
     async fn until_whole(&self) {

@@ -150,7 +150,13 @@ impl OwnServer {
 
     /// A redis-server that is a node of a Redis Cluster, its state (its
     /// `nodes.conf`) in `dir`, so that it rejoins when started again.
-    pub async fn redis_cluster_node(dir: &std::path::Path, port: u16) -> Self {
+    /// `node_timeout`: how long before the cluster takes a silent node for
+    /// failed (`cluster-node-timeout`).
+    pub async fn redis_cluster_node(
+        dir: &std::path::Path,
+        port: u16,
+        node_timeout: Duration,
+    ) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         let args = [
             "--bind",
@@ -162,7 +168,7 @@ impl OwnServer {
             "--cluster-config-file",
             "nodes.conf",
             "--cluster-node-timeout",
-            "2000",
+            &node_timeout.as_millis().to_string(),
             "--save",
             "",
             "--appendonly",
@@ -188,6 +194,11 @@ impl OwnServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The running process's PID.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
     }
 
     pub async fn restart(&mut self) {
