@@ -14,7 +14,7 @@ use super::{
     DomainError, UserId,
     auth::{Caller, authenticate},
     auth_cache::AuthCache,
-    commit::user_commit,
+    commit::{UserCommitError, user_commit},
     page::{Page, PageRequest},
     settle::OwnedInserts,
 };
@@ -209,15 +209,30 @@ impl UserService {
             .ok_or(DomainError::NotFound)?;
         // Under the user's commit lock, as the mints are (each writes the
         // key that mints): a burst of mints with the key cannot starve its
-        // revocation into write conflicts.
-        let deleted = user_commit(
+        // revocation into write conflicts. The lock only orders: without it
+        // (Redis down, even in production; a wait that ran out) the
+        // transaction runs anyway, so a leaked key is revocable whatever
+        // the lock backend does.
+        let delete = || self.keys.delete_key(user, id);
+        let deleted = match user_commit(
             &self.inserts.locks,
             &self.inserts.txns,
             user,
             "delete_key",
-            || self.keys.delete_key(user, id),
+            delete,
         )
-        .await;
+        .await
+        {
+            Err(UserCommitError::Lock(e)) => {
+                tracing::warn!(error = %e, "revoking a key without the user's commit lock");
+                self.inserts
+                    .txns
+                    .run("delete_key", delete)
+                    .await
+                    .map_err(Into::into)
+            }
+            other => other.map_err(DomainError::from),
+        };
         // Even if its answer was lost: it may have applied. Revocations are
         // rare: forgetting everything is simpler than finding the entries
         // the key (and its tokens) authenticated.
@@ -238,6 +253,13 @@ impl UserService {
         if self.auth_cache.key_alive(id) {
             return Ok(true);
         }
+        self.key_alive_now(owner, id).await
+    }
+
+    /// Whether `owner`'s key `id` exists now: read from the store whatever
+    /// this instance remembers (a redirect's presigned URL outlives the
+    /// answer, so it must not start from an entry near its end).
+    pub async fn key_alive_now(&self, owner: &UserId, id: &KeyId) -> Result<bool, DomainError> {
         let start = self.auth_cache.lookup_start();
         let alive = self.keys.key(owner, id).await?.is_some();
         if alive {

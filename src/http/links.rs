@@ -120,19 +120,26 @@ pub async fn download(
     };
     let expires = state.links.verify(&link, Utc::now())?;
     let (owner, id) = (path_id(&q.user)?, path_id(&id)?);
+    let redirect = state.settings.signed_links == SignedLinks::Redirect;
     // A link made with a key dies with it (from the auth cache when this
-    // instance knows the key alive, so usually without a round trip); a
-    // link from before links carried their key lives until it expires.
+    // instance knows the key alive, so usually without a round trip; read
+    // from the store before a redirect, whose presigned URL lives on for
+    // up to the cache's lifetime); a link from before links carried their
+    // key lives until it expires.
     if let Some(key) = &q.key {
         // Signed, so made by this server from a key id: never unparsable.
         let key: KeyId = key.parse().map_err(|_| DomainError::LinkInvalid)?;
-        if !state.users.key_alive(&owner, &key).await? {
+        let alive = match redirect {
+            true => state.users.key_alive_now(&owner, &key).await?,
+            false => state.users.key_alive(&owner, &key).await?,
+        };
+        if !alive {
             return Err(DomainError::LinkRevoked.into());
         }
     }
     // Looked up every time: a deleted file's links die with it.
     let file = state.files.find_owned(&owner, &id).await?;
-    if state.settings.signed_links == SignedLinks::Redirect {
+    if redirect {
         let left = (expires - Utc::now().timestamp()).max(1) as u64;
         let bound = PRESIGNED_SECS.min(state.settings.auth_cache_ttl.as_secs().max(1));
         let ttl = Duration::from_secs(left.min(bound));

@@ -311,3 +311,123 @@ async fn a_resent_key_insert_never_brings_back_a_key_revoked_meanwhile() {
     meta.delete_expired_tokens(later).await.unwrap();
     meta.insert_key(&record, mint).await.unwrap();
 }
+
+/// A leaked key is revocable whatever the lock backend does: in
+/// production a Redis outage refuses every write that needs a lock (503),
+/// but a revocation only orders itself with the user's commit lock and
+/// runs its transaction without it.
+#[tokio::test]
+async fn a_key_is_revoked_in_production_while_redis_is_down() {
+    use crate::support::servers::OwnRedis;
+    if !real_backends() {
+        return;
+    }
+    let port = free_port();
+    let mut redis = OwnRedis::start(port).await;
+    let mut settings = test_settings();
+    settings.redis_url = Some(format!("redis://127.0.0.1:{port}/").into());
+    settings.env = filedock::config::Environment::Production;
+    let app = spawn_app_with(settings).await;
+    let ann = app.create_user("ann").await;
+    let (status, leaked) = mint_key(&app, &ann, "leaked").await;
+    assert_eq!(status, StatusCode::CREATED, "{leaked}");
+    let thief = holding(&ann, &leaked["api_key"]);
+    assert_eq!(status_of_me(&app, &thief).await, StatusCode::OK);
+    redis.stop();
+    // Writes that need the lock are refused meanwhile.
+    let res = app.upload_raw(&ann, "a", b"1".to_vec()).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let path = format!("/v1/me/keys/{}", leaked["id"].as_str().unwrap());
+    let (status, body) = app.json("DELETE", path, &ann, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(status_of_me(&app, &thief).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(key_ids(&app, &ann).await.len(), 1, "the first key only");
+}
+
+/// A key or token record for `user`, minted by key `by`, expiring at `ends`.
+fn token_record(
+    user: &TestUser,
+    by: filedock::vocab::KeyId,
+    ends: chrono::DateTime<chrono::Utc>,
+) -> filedock::meta::TokenRecord {
+    use filedock::vocab::{ApiKeyHash, KeyId, Scope};
+    let id = KeyId::new();
+    filedock::meta::TokenRecord {
+        id,
+        hash: ApiKeyHash::from_hex(sha256_hex(id.to_string().as_bytes())),
+        user_id: user.user_id(),
+        key_id: by,
+        scopes: vec![Scope::FilesRead],
+        session_id: None,
+        agent_id: None,
+        created_at: filedock::meta::now(),
+        expires_at: ends,
+    }
+}
+
+/// The check is the store's, in the inserting transaction (each store):
+/// a key or token whose minting key is gone is refused `MinterRevoked`
+/// and not stored, whatever the instance that asked remembered.
+#[tokio::test]
+async fn the_store_refuses_what_a_revoked_key_mints() {
+    use filedock::{
+        meta::{ApiKeyRecord, KeyMint, MetaError},
+        vocab::{ApiKeyHash, KeyId},
+    };
+    let app = spawn_app().await;
+    let ann = app.create_user("ann").await;
+    let (status, spare) = mint_key(&app, &ann, "spare").await;
+    assert_eq!(status, StatusCode::CREATED, "{spare}");
+    let spare: KeyId = spare["id"].as_str().unwrap().parse().unwrap();
+    let meta = &app.state.ports.meta;
+    assert!(meta.delete_key(&ann.user_id(), &spare).await.unwrap());
+    let key = ApiKeyRecord {
+        id: KeyId::new(),
+        user_id: ann.user_id(),
+        name: "by a revoked key".into(),
+        hash: ApiKeyHash::from_hex(sha256_hex(b"fdk_by_revoked")),
+        created_at: filedock::meta::now(),
+    };
+    let mint = KeyMint {
+        by: Some(&spare),
+        max: 100,
+    };
+    let got = meta.insert_key(&key, mint).await;
+    assert!(matches!(got, Err(MetaError::MinterRevoked)), "{got:?}");
+    assert!(meta.key(&ann.user_id(), &key.id).await.unwrap().is_none());
+    let ends = filedock::meta::now() + chrono::Duration::minutes(10);
+    let token = token_record(&ann, spare, ends);
+    let got = meta.insert_token(&token, 100).await;
+    assert!(matches!(got, Err(MetaError::MinterRevoked)), "{got:?}");
+    assert!(meta.token_by_hash(&token.hash).await.unwrap().is_none());
+}
+
+/// What a user stores is bounded, not only what is live: a mint deletes
+/// the user's expired tokens in its transaction, so that a key's
+/// revocation and a user's deletion (which delete them in one) stay small
+/// however many short-lived tokens a leaked key mints.
+#[tokio::test]
+async fn a_mint_deletes_the_users_expired_tokens() {
+    let mut settings = test_settings();
+    settings.max_tokens_per_user = 3;
+    let app = spawn_app_with(settings).await;
+    let ann = app.create_user("ann").await;
+    for _ in 0..3 {
+        assert_eq!(mint_token(&app, &ann, 1).await.0, StatusCode::CREATED);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for _ in 0..3 {
+        assert_eq!(mint_token(&app, &ann, 1).await.0, StatusCode::CREATED);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, live) = mint_token(&app, &ann, 600).await;
+    assert_eq!(status, StatusCode::CREATED, "{live}");
+    // Of the six expired, none is left for the sweeper.
+    let later = filedock::meta::now() + chrono::Duration::seconds(1);
+    let meta = &app.state.ports.meta;
+    assert_eq!(meta.delete_expired_tokens(later).await.unwrap(), 0);
+    assert_eq!(
+        status_of_me(&app, &holding(&ann, &live["token"])).await,
+        StatusCode::OK
+    );
+}

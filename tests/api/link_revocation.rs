@@ -229,3 +229,42 @@ async fn a_link_without_a_key_works_until_it_expires() {
     let got = refused_within(&app, &url, Duration::from_secs(4)).await;
     assert_eq!(got, (StatusCode::FORBIDDEN, "link_expired".into()));
 }
+
+/// `FILEDOCK_SIGNED_LINKS=redirect` on two instances: a presigned URL
+/// lives on after the redirect (up to the cache's lifetime), so the second
+/// instance reads the key from the store before each redirect instead of
+/// trusting what it remembers: a revocation on the first is refused there
+/// at once, even with a 600 s cache (it remembered the key alive).
+#[tokio::test]
+async fn redirect_mode_reads_the_key_before_each_redirect_on_every_instance() {
+    if !real_backends() {
+        // The embedded store is one process's, and its files are served.
+        return;
+    }
+    let mut settings = test_settings();
+    settings.auth_cache_ttl = Duration::from_secs(600);
+    settings.link_secret = Some(SecretString::from("s".repeat(32)));
+    settings.signed_links = filedock::config::SignedLinks::Redirect;
+    let first = spawn_app_with(settings.clone()).await;
+    let second = spawn_app_with(settings).await;
+    let ann = first.create_user("ann").await;
+    let id = upload(&first, &ann, b"redirected twice".to_vec()).await;
+    let spare = admin_key_for(&first, &ann, "spare").await;
+    let spare_user = holding(&ann, &spare["api_key"]);
+    let url = make_link(&first, &spare_user, &id, 600).await;
+    let on_second = url.replace(&first.base, &second.base);
+    let no_follow = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    // The second instance knows the key alive: it authenticated it.
+    assert_eq!(
+        second.json("GET", "/v1/me", &spare_user, None).await.0,
+        StatusCode::OK
+    );
+    let res = no_follow.get(&on_second).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::TEMPORARY_REDIRECT);
+    revoke(&first, &ann, spare["id"].as_str().unwrap()).await;
+    let res = no_follow.get(&on_second).send().await.unwrap();
+    assert_eq!(error_code(res).await, revoked(), "no redirect after");
+}

@@ -89,14 +89,29 @@ fn minter_alive(tx: &mut Txn, owner: &UserId, minter: &KeyId) -> MetaResult<()> 
     tx.put(&hash_key(&hash), &key)
 }
 
-/// How many of `user`'s tokens have not expired at `now`, counting to
-/// `max` at most: the expiry index read from `now` on, never an expired
-/// token. (A token minted before the index was kept is not counted; it
-/// expires within `FILEDOCK_TOKEN_MAX_SECS`.)
-fn live_tokens(tx: &Txn, user: &UserId, now: DateTime<Utc>, max: usize) -> MetaResult<usize> {
-    Ok(tx
-        .keys(&user_tokens(user), Some(&expiry_ms(now)), max)?
-        .len())
+/// Deletes `user`'s tokens expired at `now` and answers how many are left
+/// (all live): what is stored stays within the cap, so that a key's
+/// revocation and a user's deletion, which delete them in one
+/// transaction, stay small. (A token minted before the expiry index was
+/// kept is not counted; it expires within `FILEDOCK_TOKEN_MAX_SECS`.)
+fn live_tokens(tx: &mut Txn, user: &UserId, now: DateTime<Utc>) -> MetaResult<usize> {
+    let (prefix, now) = (user_tokens(user), expiry_ms(now));
+    let mut live = 0;
+    for index in tx.keys(&prefix, None, usize::MAX)? {
+        let rest = &index[prefix.len()..];
+        let Some((at, hash)) = rest.split_once('/') else {
+            continue;
+        };
+        if at > now.as_str() {
+            live += 1;
+            continue;
+        }
+        match tx.get::<TokenRecord>(&format!("tokens/{hash}"))? {
+            Some(t) => drop_token(tx, &t),
+            None => tx.delete(&index),
+        }
+    }
+    Ok(live)
 }
 
 #[async_trait]
@@ -250,7 +265,7 @@ impl KeyRepo for EmbeddedStore {
                 return Err(MetaError::Duplicate);
             }
             minter_alive(tx, &token.user_id, &token.key_id)?;
-            if live_tokens(tx, &token.user_id, crate::meta::now(), max_live)? >= max_live {
+            if live_tokens(tx, &token.user_id, crate::meta::now())? >= max_live {
                 return Err(MetaError::TooManyTokens(max_live));
             }
             tx.insert(&token_key(&token.hash), &token)?;

@@ -102,6 +102,12 @@ impl MongoStore {
                     return Err(MetaError::MinterRevoked);
                 }
             }
+            if let Some(purge) = check.purge {
+                into.delete_many(purge)
+                    .session(&mut s)
+                    .await
+                    .map_err(classify)?;
+            }
             let held = into
                 .count_documents(check.count)
                 .session(&mut s)
@@ -123,6 +129,9 @@ pub(super) struct MintCheck<'a> {
     /// (a resend of an insert that applied, then was revoked).
     new_key: Option<&'a KeyId>,
     by: Option<&'a KeyId>,
+    /// Deleted first, in the same transaction: a user's expired tokens, so
+    /// that what is stored stays within the cap (not only what is live).
+    purge: Option<bson::Document>,
     count: bson::Document,
     max: usize,
     too_many: MetaError,
@@ -189,6 +198,7 @@ impl KeyRepo for MongoStore {
         let check = MintCheck {
             new_key: Some(&key.id),
             by: mint.by,
+            purge: None,
             count: doc! {"user_id": &key.user_id},
             max: mint.max,
             too_many: MetaError::TooManyKeys(mint.max),
@@ -272,11 +282,15 @@ impl KeyRepo for MongoStore {
     }
 
     async fn insert_token(&self, token: &TokenRecord, max_live: usize) -> MetaResult<()> {
+        // The user's expired tokens go first: what is stored is then what
+        // is live, at most the cap (a key's revocation and a user's
+        // deletion delete them in one transaction, kept small by this).
         let now = bson::DateTime::from_chrono(crate::meta::now());
         let check = MintCheck {
             new_key: None,
             by: Some(&token.key_id),
-            count: doc! {"user_id": &token.user_id, "expires_at": {"$gt": now}},
+            purge: Some(doc! {"user_id": &token.user_id, "expires_at": {"$lte": now}}),
+            count: doc! {"user_id": &token.user_id},
             max: max_live,
             too_many: MetaError::TooManyTokens(max_live),
         };
