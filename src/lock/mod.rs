@@ -43,6 +43,38 @@ pub struct LockGuard {
     lost: CancellationToken,
     watchdog: JoinHandle<()>,
     released: bool,
+    /// The lease each renewal grants: a release that fails is tried again
+    /// for this long at most (the lease has run out by then).
+    ttl: Duration,
+}
+
+/// How long a release that failed waits before it is tried again, at
+/// first and at most (doubling in between).
+const RELEASE_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// Releases `lease`. A release that fails (the backend away for a moment,
+/// a master failing over) is tried again in the background until it
+/// answers or the lease has run out anyway (`ttl` from now: it was last
+/// renewed before now): a lock whose release was lost would otherwise bar
+/// its key for what is left of its lease, five minutes by default. The
+/// release is by owner token, so a late one frees nothing of another's.
+async fn release_or_retry(manager: Arc<dyn LockManager>, lease: Lease, ttl: Duration) {
+    let Err(e) = manager.release(&lease).await else {
+        return;
+    };
+    tracing::warn!(key = %lease.key, error = %e, "lock release failed; trying again in the background until the lease would end");
+    let deadline = Instant::now() + ttl;
+    tokio::spawn(async move {
+        let mut pause = RELEASE_RETRY.0;
+        while Instant::now() + pause < deadline {
+            tokio::time::sleep(pause).await;
+            if manager.release(&lease).await.is_ok() {
+                tracing::info!(key = %lease.key, "lock released on a later try");
+                return;
+            }
+            pause = (pause * 2).min(RELEASE_RETRY.1);
+        }
+    });
 }
 
 impl LockGuard {
@@ -84,6 +116,7 @@ impl LockGuard {
             lost,
             watchdog,
             released: false,
+            ttl,
         }
     }
 
@@ -104,9 +137,7 @@ impl LockGuard {
     pub async fn release(mut self) {
         self.released = true;
         self.watchdog.abort();
-        if let Err(e) = self.manager.release(&self.lease).await {
-            tracing::warn!(key = %self.lease.key, error = %e, "lock release failed; it expires with its TTL");
-        }
+        release_or_retry(self.manager.clone(), self.lease.clone(), self.ttl).await;
     }
 }
 
@@ -116,9 +147,7 @@ impl Drop for LockGuard {
             self.watchdog.abort();
             let (manager, lease) = (self.manager.clone(), self.lease.clone());
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    let _ = manager.release(&lease).await;
-                });
+                handle.spawn(release_or_retry(manager, lease, self.ttl));
             }
         }
     }

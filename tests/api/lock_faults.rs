@@ -294,3 +294,42 @@ async fn an_upload_paused_past_the_grace_is_refused_with_upload_expired() {
         "nothing of it is left"
     );
 }
+
+/// A release that fails (the link to Redis cut at that moment, as when a
+/// master dies) is tried again once Redis answers: the key is free within
+/// seconds, not barred for what is left of its five-minute lease.
+#[tokio::test]
+async fn a_release_that_failed_is_tried_again_and_frees_the_key() {
+    use crate::support::fault_proxy::FaultProxy;
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let port = free_port();
+    let _redis = crate::support::servers::OwnRedis::start(port).await;
+    let proxy = FaultProxy::start(([127, 0, 0, 1], port).into()).await;
+    let mut settings = test_settings();
+    settings.redis_url = Some(format!("redis://{}/", proxy.addr()).into());
+    settings.lock.ttl = Duration::from_secs(300);
+    let app = spawn_app_with(settings).await;
+    let key = LockKey::sweeper();
+    let locks = &app.state.ports.locks;
+    let held = locks.acquire(&key).await.unwrap().unwrap();
+    proxy.cut(Duration::from_secs(2));
+    held.release().await;
+    let started = Instant::now();
+    loop {
+        // Not released yet: the link is cut; then retried within seconds.
+        let free = locks.try_acquire(&key).await.unwrap();
+        if let filedock::lock::TryLock::Held(g) = free {
+            g.release().await;
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the key is still held {:?} after its release",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
