@@ -19,6 +19,7 @@ use super::{
     settle::OwnedInserts,
 };
 use crate::{
+    lock::LockError,
     meta::{
         ApiKeyRecord, DeletionRepo, FIRST_KEY_NAME, KeyMint, KeyRepo, UserRecord, UserRepo,
         group::effective_quota,
@@ -209,10 +210,9 @@ impl UserService {
             .ok_or(DomainError::NotFound)?;
         // Under the user's commit lock, as the mints are (each writes the
         // key that mints): a burst of mints with the key cannot starve its
-        // revocation into write conflicts. The lock only orders: without it
-        // (Redis down, even in production; a wait that ran out) the
-        // transaction runs anyway, so a leaked key is revocable whatever
-        // the lock backend does.
+        // revocation into write conflicts. The lock only orders: with the
+        // lock backend down (even in production) the transaction runs
+        // without it, so a leaked key is revocable during a Redis outage.
         let delete = || self.keys.delete_key(user, id);
         let deleted = match user_commit(
             &self.inserts.locks,
@@ -223,7 +223,7 @@ impl UserService {
         )
         .await
         {
-            Err(UserCommitError::Lock(e)) => {
+            Err(UserCommitError::Lock(e @ LockError::Unavailable(_))) => {
                 tracing::warn!(error = %e, "revoking a key without the user's commit lock");
                 self.inserts
                     .txns

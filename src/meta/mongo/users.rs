@@ -325,11 +325,21 @@ impl KeyRepo for MongoStore {
             .delete_many(doc! {"at": {"$lt": kept_from}})
             .await
             .map_err(classify)?;
-        let deleted = self
-            .tokens()
-            .delete_many(doc! {"expires_at": {"$lt": bson::DateTime::from_chrono(before)}})
-            .await
-            .map_err(classify)?;
-        Ok(deleted.deleted_count)
+        // In a transaction: a mint's, left open by a killed process, may
+        // hold some of these (it deletes its user's expired tokens); a plain
+        // delete would wait on it (SecantusDB: without end), a transaction
+        // meets the conflict and the next pass tries again.
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            let deleted = self
+                .tokens()
+                .delete_many(doc! {"expires_at": {"$lt": bson::DateTime::from_chrono(before)}})
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(deleted.deleted_count)
+        }
+        .await;
+        self.txns.finish(s, None, result).await
     }
 }
