@@ -146,6 +146,10 @@ impl Cluster {
         settings.sweep.retry_interval = Duration::ZERO;
         settings.max_container_items = CONTAINER_MAX_ITEMS;
         settings.auth_cache_ttl = AUTH_CACHE;
+        // Its leases as the instances' (a deployment's share one setting):
+        // a release a killed master applied but had not replicated comes
+        // back with the failover and bars its key until the lease ends.
+        settings.lock.ttl = LOCK_TTL;
         let dir = settings.data_dir.clone();
         std::fs::create_dir_all(&dir).unwrap();
         let state = AppState::build(settings.clone()).await.unwrap();
