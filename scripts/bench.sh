@@ -6,7 +6,8 @@
 # the group commit A/B (on vs off), `scripts/bench.sh 8` the tus one,
 # `scripts/bench.sh 9` the upload memory budget off vs on, `scripts/bench.sh 11`
 # cost vs files held (FILEDOCK_BENCH_HELD_MAX=10000 stops it at 10k files),
-# `scripts/bench.sh 2c` the lock hand-off on one Redis node vs a Redis Cluster.
+# `scripts/bench.sh 2c` the lock hand-off on one Redis node vs a Redis Cluster,
+# `scripts/bench.sh 4c` lock vs queue on one Redis node vs a Redis Cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
@@ -25,9 +26,9 @@ scenarios=("$@")
 # one scenario's leftovers must not tax the next.
 for n in "${scenarios[@]}"; do
   stack_start
-  # 2c compares one Redis node with a Redis Cluster: it starts one too.
-  [ "$n" = 2c ] && stack_cluster_start
+  # 2c and 4c compare one Redis node with a Redis Cluster: they start one too.
+  case "$n" in 2c | 4c) stack_cluster_start ;; esac
   FILEDOCK_BIN="$server" "$load" "$n"
-  [ "$n" = 2c ] && stack_cluster_stop
+  case "$n" in 2c | 4c) stack_cluster_stop ;; esac
   stack_stop
 done

@@ -52,6 +52,10 @@ echo "== filedock tests: the lock tests on the Redis Cluster (FILEDOCK_REDIS_MOD
 FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_REDIS_MODE=cluster \
   FILEDOCK_TEST_REDIS_URL="$FILEDOCK_TEST_REDIS_CLUSTER_URL" \
   cargo test --locked --test api -- "${TOPOLOGY_TESTS[@]}"
+echo "== filedock tests: sessions and agents in queue mode on the Redis Cluster"
+FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_REDIS_MODE=cluster FILEDOCK_TEST_COORDINATION=queue \
+  FILEDOCK_TEST_REDIS_URL="$FILEDOCK_TEST_REDIS_CLUSTER_URL" \
+  cargo test --locked --test api -- "${QUEUE_MODE_TESTS[@]}"
 echo "== filedock tests: cluster mode across manual failovers, one at a time"
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api cluster_failover:: -- --test-threads=1
 stack_cluster_stop
@@ -62,6 +66,10 @@ echo "== filedock tests: the lock tests with Sentinel"
 FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_REDIS_MODE=sentinel \
   FILEDOCK_TEST_REDIS_URL="$FILEDOCK_TEST_REDIS_SENTINEL_URL" \
   cargo test --locked --test api -- "${TOPOLOGY_TESTS[@]}"
+echo "== filedock tests: sessions and agents in queue mode with Sentinel"
+FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_REDIS_MODE=sentinel FILEDOCK_TEST_COORDINATION=queue \
+  FILEDOCK_TEST_REDIS_URL="$FILEDOCK_TEST_REDIS_SENTINEL_URL" \
+  cargo test --locked --test api -- "${QUEUE_MODE_TESTS[@]}"
 stack_sentinel_stop
 echo "== filedock tests: tus interoperability, real Redis, MongoDB and S3"
 bash scripts/tus-interop.sh

@@ -53,6 +53,9 @@ async fn main() {
     if run("4") {
         lock_vs_queue(&client, &mut r).await;
     }
+    if run("4c") {
+        lock_vs_queue_on_a_cluster(&client, &mut r).await;
+    }
     if run("5") {
         ceiling(&client, &mut r).await;
     }

@@ -69,6 +69,80 @@ pub(crate) async fn lock_vs_queue(client: &Client, r: &mut Report) {
     }
 }
 
+/// Scenario 4c: scenario 4 on a Redis Cluster (three masters with a
+/// replica each, cluster mode) beside one Redis node, same run: four
+/// servers (lock and queue on each), alternating within each repetition.
+pub(crate) async fn lock_vs_queue_on_a_cluster(client: &Client, r: &mut Report) {
+    r.section(
+        "4c. Lock vs queue on one Redis node vs a Redis Cluster (1000 MCP connects, 64 in flight)",
+        "| load | coordination | one node ops/s | cluster ops/s | cluster ÷ one node | one node p99 | cluster p99 |",
+    );
+    let seeds = env("FILEDOCK_TEST_REDIS_CLUSTER_URL");
+    let cluster = [
+        ("FILEDOCK_REDIS_MODE", "cluster"),
+        ("FILEDOCK_REDIS_URL", seeds.as_str()),
+    ];
+    let mut servers = Vec::new();
+    for on_cluster in [false, true] {
+        for coordination in ["lock", "queue"] {
+            let mut extra = vec![("FILEDOCK_COORDINATION", coordination)];
+            if on_cluster {
+                extra.extend(cluster);
+            }
+            servers.push(Server::start(&extra).await);
+        }
+    }
+    // 200 users with an agent each, on every server.
+    let mut owners: Vec<Vec<(String, String)>> = Vec::new();
+    for server in &servers {
+        let mut mine = Vec::new();
+        for u in 0..200 {
+            let key = client.user(server, &format!("spread-{u}")).await;
+            mine.push((key.clone(), client.agent(server, &key).await));
+        }
+        owners.push(mine);
+    }
+    for (load, spread) in [
+        ("A: spread over 200 agents", true),
+        ("B: one hot agent", false),
+    ] {
+        let mut results: Vec<Vec<Batch>> = vec![Vec::new(); servers.len()];
+        for rep in 0..REPS {
+            for i in 0..servers.len() {
+                let which = (i + rep) % servers.len();
+                let (server, owners) = (&servers[which], &owners[which]);
+                let batch = drive(1000, 64, |n| {
+                    let (key, agent) = if spread { &owners[n % 200] } else { &owners[0] };
+                    let mcp = format!("m{rep}-{n}");
+                    async move { client.connect(server, key, agent, &mcp).await }
+                })
+                .await;
+                results[which].push(batch);
+            }
+        }
+        let b: Vec<Batch> = results.into_iter().map(median).collect();
+        for (name, node, on_cluster) in [("lock", b[0], b[2]), ("queue", b[1], b[3])] {
+            r.row(format!(
+                "| {load} | {name} | {:.0} ({}/{}) | {:.0} ({}/{}) | {:.2}× | {} | {} |",
+                node.rate(),
+                node.ok,
+                node.total,
+                on_cluster.rate(),
+                on_cluster.ok,
+                on_cluster.total,
+                on_cluster.rate() / node.rate(),
+                ms(node.p99),
+                ms(on_cluster.p99)
+            ));
+        }
+        r.row(format!(
+            "| {load} | queue ÷ lock (ops/s) | {:.2}× | {:.2}× | | | |",
+            b[1].rate() / b[0].rate(),
+            b[3].rate() / b[2].rate()
+        ));
+    }
+}
+
 /// Scenario 5: large uploads through filedock vs straight to S3, and peak RSS.
 pub(crate) async fn ceiling(client: &Client, r: &mut Report) {
     r.section(

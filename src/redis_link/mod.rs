@@ -3,6 +3,7 @@
 //! (one node, or a Redis Cluster: `FILEDOCK_REDIS_MODE`) is known here
 //! only; and what a Redis error means for them ([`fault`]).
 
+mod dedicated;
 mod fault;
 mod notices;
 mod probe;
@@ -12,12 +13,13 @@ mod timeouts;
 use std::sync::Arc;
 
 use redis::{
-    Client, Cmd, Pipeline, ProtocolVersion, RedisFuture, RedisResult, Value,
-    aio::{ConnectionLike, ConnectionManager, MultiplexedConnection, PubSub},
-    cluster::{ClusterClientBuilder, ClusterConfig},
+    AsyncConnectionConfig, Client, Cmd, Pipeline, ProtocolVersion, RedisFuture, RedisResult, Value,
+    aio::{ConnectionLike, ConnectionManager},
+    cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig},
     cluster_async::ClusterConnection,
 };
 
+pub use dedicated::DedicatedConn;
 pub use fault::{Fault, fault_of};
 pub use notices::{NoticeHandler, Notices, Watch};
 pub use timeouts::connection_config;
@@ -83,10 +85,6 @@ impl ConnectionLike for RedisConn {
     }
 }
 
-/// A connection of one caller's own, for a command that blocks it
-/// (`XREADGROUP … BLOCK`): on the shared one it would stall everyone.
-pub type DedicatedConn = MultiplexedConnection;
-
 /// One Redis deployment, as the adapters see it. Cheap to clone; each clone
 /// shares the connection.
 #[derive(Clone)]
@@ -99,6 +97,8 @@ pub struct RedisLink {
 enum Topology {
     Node(Client),
     Cluster {
+        /// For connections of a caller's own.
+        client: Box<ClusterClient>,
         shards: Arc<Shards>,
         /// The first seed node (the start-up probe's).
         seed: String,
@@ -165,22 +165,17 @@ impl RedisLink {
                     .build()?;
                 // The per-attempt timeouts go in a config (which replaces
                 // the builder's: unset there would be none).
-                let config = || {
-                    ClusterConfig::new()
-                        .set_connection_timeout(CONNECT_TIMEOUT)
-                        .set_response_timeout(RESPONSE_TIMEOUT)
-                };
-                let conn = client.get_pending_async_connection_with_config(config());
+                let conn = client.get_pending_async_connection_with_config(cluster_config());
                 // The subscriptions on a connection of their own (see Shards).
                 let shards = Arc::new(Shards::default());
                 let sender = notices::push_sender(Arc::downgrade(&shards));
-                shards
-                    .attach(client.get_pending_async_connection_with_config(
-                        config().set_push_sender(sender),
-                    ));
+                shards.attach(client.get_pending_async_connection_with_config(
+                    cluster_config().set_push_sender(sender),
+                ));
                 Ok(Self {
                     conn: RedisConn::Cluster(conn),
                     topology: Topology::Cluster {
+                        client: Box::new(client),
                         shards,
                         seed: seeds[0].to_owned(),
                     },
@@ -194,21 +189,25 @@ impl RedisLink {
         self.conn.clone()
     }
 
-    /// A new connection of the caller's own (see [`DedicatedConn`]); one
-    /// node's only (the queue does not run on a cluster or Sentinel yet).
+    /// A new connection of the caller's own (see [`DedicatedConn`]).
     pub async fn dedicated(&self) -> RedisResult<DedicatedConn> {
         match &self.topology {
-            Topology::Node(client) => client.get_multiplexed_async_connection().await,
-            Topology::Cluster { .. } | Topology::Sentinel(_) => Err(not_available()),
-        }
-    }
-
-    /// A new connection for subscriptions; one node's only (the queue's
-    /// result channel: the queue does not run on a cluster or Sentinel yet).
-    pub async fn pubsub(&self) -> RedisResult<PubSub> {
-        match &self.topology {
-            Topology::Node(client) => client.get_async_pubsub().await,
-            Topology::Cluster { .. } | Topology::Sentinel(_) => Err(not_available()),
+            Topology::Node(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(DedicatedConn::Node(conn))
+            }
+            Topology::Cluster { client, .. } => {
+                let conn = client
+                    .get_async_connection_with_config(cluster_config())
+                    .await?;
+                Ok(DedicatedConn::Cluster(conn))
+            }
+            Topology::Sentinel(primary) => DedicatedConn::on_primary(primary.clone()).await,
         }
     }
 
@@ -270,11 +269,12 @@ pub fn slot_of(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
 }
 
-fn not_available() -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::Client,
-        "not available on a cluster or with Sentinel yet",
-    ))
+/// The per-attempt timeouts of a cluster connection, in a config (which
+/// replaces the builder's: unset there would be none).
+fn cluster_config() -> ClusterConfig {
+    ClusterConfig::new()
+        .set_connection_timeout(CONNECT_TIMEOUT)
+        .set_response_timeout(RESPONSE_TIMEOUT)
 }
 
 #[cfg(test)]

@@ -122,6 +122,11 @@ impl Primary {
         self.forgotten.subscribe()
     }
 
+    /// Whether the primary of `generation` has not been forgotten.
+    pub fn is_current(&self, generation: u64) -> bool {
+        *self.forgotten.borrow() == generation
+    }
+
     async fn current(&self) -> RedisResult<Current> {
         if let Some(current) = self.current.read().unwrap().clone() {
             return Ok(current);

@@ -21,7 +21,7 @@ use crate::{
         resumable::ResumableBlobs,
         s3::S3BlobStore,
     },
-    config::{Coordination, RedisMode, Settings},
+    config::{Coordination, Settings},
     coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
     domain::{
         auth_cache::AuthCache,
@@ -146,24 +146,22 @@ impl AppState {
         let admin_key = admin_key(&settings)?;
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
         let applier = Applier::new(meta.clone(), txns.clone(), settings.max_container_items);
-        let queue = match (settings.coordination, &settings.redis_url) {
-            (Coordination::Queue, Some(_)) if settings.redis_mode != RedisMode::Single => {
-                anyhow::bail!(
-                    "FILEDOCK_COORDINATION=queue does not run on a Redis Cluster or with \
-                     Sentinel yet (FILEDOCK_REDIS_MODE={:?}): use FILEDOCK_COORDINATION=lock",
-                    settings.redis_mode
-                )
-            }
-            // A link of its own: its own connections and subscription.
-            (Coordination::Queue, Some(url)) => Some(Arc::new(RedisQueue::connect(
-                RedisLink::connect(url.expose_secret(), settings.redis_mode)?,
+        // Queue mode on Redis: a link of its own (its own connections and
+        // subscription); without Redis, the in-process queue below.
+        let link = match settings.coordination {
+            Coordination::Queue => RedisLink::from_settings(&settings)?,
+            Coordination::Lock => None,
+        };
+        let queue = match link {
+            Some(link) => Some(Arc::new(RedisQueue::connect(
+                link,
                 &settings.redis_prefix,
                 locks.clone(),
                 applier.clone(),
                 metrics.clone(),
                 settings.queue_wait,
             )?)),
-            _ => None,
+            None => None,
         };
         let coordinator: Arc<dyn Coordinator> = match (&queue, settings.coordination) {
             (Some(q), _) => q.clone(),

@@ -5,7 +5,10 @@ use std::time::{Duration, Instant};
 
 use filedock::{
     config::Coordination,
-    coord::{bucket_of, queue::RedisQueue},
+    coord::{
+        bucket_of,
+        queue::{self, RedisQueue},
+    },
     lock::LockKey,
 };
 use mongodb::bson::doc;
@@ -237,11 +240,12 @@ async fn a_result_that_cannot_be_read_is_not_taken_for_success() {
         let op_id: String = entry.get("id").unwrap();
         let instance: String = entry.get("reply").unwrap();
         let prefix = &app.settings.redis_prefix;
-        let result = format!("{prefix}filedock_queue_result:{op_id}");
+        let b = bucket_of(&LockKey::agent_config(&agent));
+        let result = queue::result_key(prefix, b, &op_id);
         let _: () = redis::AsyncCommands::set(&mut conn, result, "not json")
             .await
             .unwrap();
-        let done = format!("{prefix}filedock_queue_done:{instance}");
+        let done = queue::done_channel(prefix, b, &instance);
         // The waiter is registered (the entry is queued) and its instance
         // listens: the notice reaches it, and it reads the garbage.
         let told: i64 = redis::AsyncCommands::publish(&mut conn, done, &op_id)

@@ -178,3 +178,61 @@ async fn an_unknown_master_name_is_refused_at_start() {
         "{e:#}"
     );
 }
+
+/// Queue mode with Sentinel: 8 agents × 4 connects over two instances,
+/// a failover, as many again: every connect answered 200 and applied once,
+/// each by a queue worker (the bucket workers left the old primary, whose
+/// connections fail once the sentinels name another, and took their
+/// buckets again on the new one).
+#[tokio::test]
+async fn queued_writes_follow_the_primary_across_a_sentinel_failover() {
+    let Some((urls, master)) = sentinel::sentinels() else {
+        return;
+    };
+    let mut settings = sentinel_settings(&urls, &master);
+    settings.coordination = filedock::config::Coordination::Queue;
+    let a = spawn_app_with(settings.clone()).await;
+    let b = spawn_app_with(settings).await;
+    let mut agents = Vec::new();
+    for i in 0..8 {
+        let user = a.create_user(&format!("queued-{i}")).await;
+        let agent = a.new_agent(&user).await;
+        agents.push((user, agent));
+    }
+    let round = |r: usize| {
+        let (a, b, agents) = (&a, &b, &agents);
+        async move {
+            let connects = agents.iter().flat_map(|(user, agent)| {
+                (0..4).map(move |n| async move {
+                    let app = if n % 2 == 0 { a } else { b };
+                    let path = format!("/v1/agents/{agent}/mcps/r{r}-{n}");
+                    app.json("PUT", path, user, None).await
+                })
+            });
+            futures::future::join_all(connects).await
+        }
+    };
+    for (status, body) in round(0).await {
+        assert_eq!(status, StatusCode::OK, "before: {body}");
+    }
+    sentinel::until_replica_known(&urls, &master, Duration::from_secs(40)).await;
+    let old = sentinel::primary(&urls, &master).await;
+    let new = sentinel::fail_over(&urls, &master).await;
+    assert_ne!(old, new);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (status, body) in round(1).await {
+        assert_eq!(status, StatusCode::OK, "after: {body}");
+    }
+    for (user, agent) in &agents {
+        let (_, got) = a
+            .json("GET", format!("/v1/agents/{agent}"), user, None)
+            .await;
+        assert_eq!(got["mcp_ids"].as_array().unwrap().len(), 8, "{got}");
+    }
+    let applied = "outcome=\"applied\"";
+    let mut queued = 0.0;
+    for app in [&a, &b] {
+        queued += app.metric("filedock_queue_processed_total", applied).await;
+    }
+    assert_eq!(queued, 64.0, "every connect applied by a queue worker");
+}

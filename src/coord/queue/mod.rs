@@ -16,8 +16,9 @@
 //!   transaction, a group commit; a group the store refuses is applied one
 //!   operation at a time, so each still gets its own answer.
 //! - The result goes to a per-operation key, and the waiting instance is
-//!   told on its own channel; the waiter re-reads the key every second in
-//!   case a notice is lost.
+//!   told on its own channel (`results.rs`; both carry the bucket's hash
+//!   tag, so this runs on a Redis Cluster too); the waiter re-reads the key
+//!   every second in case a notice is lost.
 //! - An operation that keeps failing goes to `filedock_queue_dlq`; write
 //!   conflicts and an unreachable store are waited out, not counted.
 //! - Redis unhealthy (checked at most once a second): the direct lock path.
@@ -31,21 +32,25 @@ use std::{
 };
 
 mod dead_letter;
+mod results;
 mod stats;
 mod worker;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use redis::AsyncCommands;
-use tokio::{sync::oneshot, task::JoinHandle};
+use tokio::sync::oneshot;
 
-use self::stats::Recent;
+pub use self::results::{done_channel, result_key};
+use self::{
+    results::{Results, Waiters, read_result},
+    stats::Recent,
+};
 use super::{
     Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, QueueStats, bucket_of,
     wait_timeout,
 };
 use crate::{
-    lock::{LockError, Locks, waiters::RESUBSCRIBE_AFTER},
+    lock::{LockError, Locks},
     meta::{MetaError, Refusal, Settled},
     metrics::Metrics,
     redis_link::{Fault, RedisConn, RedisLink, fault_of},
@@ -65,9 +70,6 @@ const RESULT_POLL_EVERY: Duration = Duration::from_secs(1);
 /// "outcome unknown" (the store may be waiting on a worker's transaction).
 const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
-/// Callers waiting for their operation's result, by operation id.
-type Waiters = crate::lock::waiters::Waiters<oneshot::Sender<OpOutcome>>;
-
 pub struct RedisQueue {
     link: RedisLink,
     conn: RedisConn,
@@ -79,7 +81,8 @@ pub struct RedisQueue {
     health: Mutex<Option<(Instant, bool)>>,
     recent: Recent,
     held: Arc<Mutex<usize>>,
-    subscriber: JoinHandle<()>,
+    /// This instance's result notices.
+    results: Results,
     /// Bucket leases.
     locks: Arc<Locks>,
     applier: Applier,
@@ -88,12 +91,6 @@ pub struct RedisQueue {
     metrics: Arc<Metrics>,
     /// The waiter's base wait (`FILEDOCK_QUEUE_WAIT_SECS`).
     wait: Duration,
-}
-
-impl Drop for RedisQueue {
-    fn drop(&mut self) {
-        self.subscriber.abort();
-    }
 }
 
 fn now_ms() -> u64 {
@@ -114,14 +111,7 @@ impl RedisQueue {
         let conn = link.conn();
         let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
         let waiters = Waiters::default();
-        let channel = format!("{prefix}filedock_queue_done:{instance}");
-        let subscriber = tokio::spawn(listen(
-            link.clone(),
-            channel,
-            conn.clone(),
-            prefix.to_owned(),
-            waiters.clone(),
-        ));
+        let results = Results::start(&link, prefix, &instance, waiters.clone());
         Ok(Self {
             link,
             conn,
@@ -131,7 +121,7 @@ impl RedisQueue {
             health: Mutex::new(None),
             recent: Recent::default(),
             held: Arc::default(),
-            subscriber,
+            results,
             direct: LockCoordinator::new(locks.clone(), applier.clone()),
             locks,
             applier,
@@ -184,8 +174,7 @@ impl RedisQueue {
             .sum())
     }
 
-    async fn enqueue(&self, op: &Operation, op_id: &OpId) -> redis::RedisResult<u64> {
-        let b = bucket_of(&op.lock_key());
+    async fn enqueue(&self, b: u32, op: &Operation, op_id: &OpId) -> redis::RedisResult<u64> {
         let ahead = self.bucket_len(b).await.unwrap_or(0);
         let body = serde_json::to_string(op)
             .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))?;
@@ -207,53 +196,6 @@ impl RedisQueue {
             .await?;
         Ok(ahead)
     }
-}
-
-/// Wakes local waiters when a worker (in any instance) publishes their result.
-async fn listen(
-    link: RedisLink,
-    channel: String,
-    conn: RedisConn,
-    prefix: String,
-    waiters: Waiters,
-) {
-    loop {
-        if let Ok(mut pubsub) = link.pubsub().await
-            && pubsub.subscribe(&channel).await.is_ok()
-        {
-            let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
-                let Ok(op_id) = msg.get_payload::<String>() else {
-                    continue;
-                };
-                if !waiters.contains(&op_id) {
-                    continue;
-                }
-                // A result that cannot be read is not a success: the
-                // waiter's own poll reads it again, or answers unknown.
-                let Some(outcome) = read_result(&mut conn.clone(), &prefix, &op_id).await else {
-                    continue;
-                };
-                if let Some(tx) = waiters.take(&op_id) {
-                    let _ = tx.send(outcome);
-                }
-            }
-        }
-        tokio::time::sleep(RESUBSCRIBE_AFTER).await;
-    }
-}
-
-fn result_key(prefix: &str, op_id: &impl std::fmt::Display) -> String {
-    format!("{prefix}filedock_queue_result:{op_id}")
-}
-
-async fn read_result(
-    conn: &mut RedisConn,
-    prefix: &str,
-    op_id: &impl std::fmt::Display,
-) -> Option<OpOutcome> {
-    let raw: Option<String> = conn.get(result_key(prefix, op_id)).await.ok()?;
-    serde_json::from_str(&raw?).ok()
 }
 
 impl RedisQueue {
@@ -292,10 +234,15 @@ impl Coordinator for RedisQueue {
             return self.direct.run(op).await;
         }
         let op_id = OpId::new();
+        let b = bucket_of(&op.lock_key());
         let (tx, mut rx) = oneshot::channel();
-        // Registered before the enqueue, so the result cannot come too early.
+        // Registered, and its channel heard, before the enqueue, so the
+        // result cannot come too early.
         let _waiting = self.waiters.register(&op_id.to_string(), tx);
-        let ahead = match self.enqueue(&op, &op_id).await {
+        let _heard = (self.results)
+            .watch(&done_channel(&self.prefix, b, &self.instance))
+            .await;
+        let ahead = match self.enqueue(b, &op, &op_id).await {
             Ok(n) => n,
             // A topology answer (MOVED…) came before XADD ran: nothing was
             // enqueued and Redis is up, so no breaker and no direct path.
@@ -330,7 +277,7 @@ impl Coordinator for RedisQueue {
                 }
                 _ = tokio::time::sleep(RESULT_POLL_EVERY.min(deadline - now)) => {}
             }
-            if let Some(o) = read_result(&mut self.conn.clone(), &self.prefix, &op_id).await {
+            if let Some(o) = read_result(&mut self.conn.clone(), &self.prefix, b, &op_id).await {
                 return o.into_result();
             }
         }

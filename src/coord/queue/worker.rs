@@ -11,12 +11,12 @@ use async_trait::async_trait;
 use rand::seq::SliceRandom;
 use redis::{
     AsyncCommands, Value,
-    streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply},
+    streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions},
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{GROUP, RedisQueue, now_ms, result_key};
+use super::{GROUP, RedisQueue, done_channel, now_ms, result_key};
 use crate::{
     coord::{BUCKETS, Coordinator, OpOutcome},
     lock::{LockGuard, LockKey},
@@ -230,6 +230,7 @@ async fn consume_bucket(queue: &RedisQueue, b: u32, guard: LockGuard, stop: &Can
     let stream = RedisQueue::stream(&queue.prefix, b);
     let consumer = Consumer {
         queue,
+        bucket: b,
         stream: &stream,
         lost: &lost,
         fence: Fence {
@@ -268,7 +269,7 @@ impl Consumer<'_> {
                 return Ok(());
             }
             // Waits for new entries and takes them into the pending list.
-            let _: StreamReadReply = conn.xread_options(&[stream], &[">"], &opts).await?;
+            let _: Value = conn.xread_options(&[stream], &[">"], &opts).await?;
         }
         Ok(())
     }
@@ -348,6 +349,8 @@ impl<'a> Entry<'a> {
 /// What the worker holds while it consumes bucket `b`.
 struct Consumer<'a> {
     queue: &'a RedisQueue,
+    /// The bucket, and its stream.
+    bucket: u32,
     stream: &'a str,
     lost: &'a CancellationToken,
     fence: Fence,
@@ -490,16 +493,22 @@ impl Consumer<'_> {
     /// Stores each result, tells its waiter's instance, acknowledges the
     /// entries (one round trip), and counts them.
     async fn deliver(&self, conn: &mut DedicatedConn, done: &[(&Entry<'_>, &OpOutcome)]) {
-        let prefix = &self.queue.prefix;
+        let (prefix, b) = (&self.queue.prefix, self.bucket);
+        // One slot on a cluster: the result keys, the channels and the
+        // stream all carry the bucket's hash tag.
+        let publish = self.queue.link.publish_command();
         let mut pipe = redis::pipe();
         for (entry, outcome) in done {
             if let Some(op_id) = &entry.op_id {
                 let body = serde_json::to_string(outcome).unwrap_or_default();
-                pipe.set_ex(result_key(prefix, op_id), body, RESULT_TTL_SECS)
+                pipe.set_ex(result_key(prefix, b, op_id), body, RESULT_TTL_SECS)
                     .ignore();
                 if let Some(instance) = &entry.reply_to {
-                    let channel = format!("{prefix}filedock_queue_done:{instance}");
-                    pipe.publish(channel, op_id.to_string()).ignore();
+                    let channel = done_channel(prefix, b, instance);
+                    pipe.cmd(publish)
+                        .arg(channel)
+                        .arg(op_id.to_string())
+                        .ignore();
                 }
             }
             pipe.xack(self.stream, GROUP, &[&entry.raw.id]).ignore();
