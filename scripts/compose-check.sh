@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks docker-compose.yml without a Docker engine: it must parse (Debian's
-# docker-compose validates it, with every profile), every image must be
+# docker-compose validates it, with every profile, and with
+# docker-compose.cluster.yml over it), every image must be
 # pinned to a version (no `latest`, no bare name), and so must the
 # Dockerfile's base images.
 set -euo pipefail
@@ -10,7 +11,12 @@ if ! command -v docker-compose >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
 fi
 docker-compose -f docker-compose.yml --profile seaweedfs config -q
-images=$(docker-compose -f docker-compose.yml --profile seaweedfs config | sed -n 's/^ *image: *//p')
+# The stack with a Redis Cluster: the second file over the first.
+docker-compose -f docker-compose.yml -f docker-compose.cluster.yml config -q
+images=$(
+  docker-compose -f docker-compose.yml --profile seaweedfs config | sed -n 's/^ *image: *//p'
+  docker-compose -f docker-compose.yml -f docker-compose.cluster.yml config | sed -n 's/^ *image: *//p'
+)
 froms=$(sed -n 's/^FROM \([^ ]*\).*/\1/p' Dockerfile)
 bad=0
 for image in $images $froms; do
@@ -21,4 +27,5 @@ for image in $images $froms; do
   fi
 done
 [ "$bad" = 0 ] || exit 1
-echo "[compose] docker-compose.yml parses; $(echo "$images $froms" | wc -w) images, all pinned"
+images=$(echo "$images" | sort -u)
+echo "[compose] docker-compose.yml (and with docker-compose.cluster.yml) parses; $(echo "$images $froms" | wc -w) images, all pinned"
