@@ -234,6 +234,7 @@ impl From<Refusal> for OpOutcome {
             Refusal::Cancelled => {
                 Self::DeadLettered("the operation was cancelled: its wait ran out".into())
             }
+            Refusal::NotFound => Self::NotFound,
         }
     }
 }

@@ -167,6 +167,7 @@ impl From<MetaError> for DomainError {
             | MetaError::Refused(crate::meta::Refusal::ContainerFull(max)) => {
                 Self::ContainerFull(max)
             }
+            MetaError::Refused(crate::meta::Refusal::NotFound) => Self::NotFound,
             MetaError::Refused(_) => Self::DeadLettered(
                 "the operation was settled without applying before (dead-lettered or cancelled)"
                     .into(),

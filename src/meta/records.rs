@@ -261,6 +261,9 @@ pub enum Refusal {
     DeadLettered,
     /// Its waiter gave up on it.
     Cancelled,
+    /// What it names was not there (answered 404): a redelivery after a
+    /// failover must not apply it once the target exists.
+    NotFound,
 }
 
 /// What settling a queued operation found (see `ContainerRepo::cancel_op`).

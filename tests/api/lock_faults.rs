@@ -315,8 +315,17 @@ async fn a_release_that_failed_is_tried_again_and_frees_the_key() {
     let key = LockKey::sweeper();
     let locks = &app.state.ports.locks;
     let held = locks.acquire(&key).await.unwrap().unwrap();
-    proxy.cut(Duration::from_secs(2));
+    // The release's script never reaches Redis, and the link stays cut 2 s.
+    proxy.cut_instead_of(b"EVALSHA", Duration::from_secs(2));
     held.release().await;
+    assert!(proxy.triggered(), "the release was not cut");
+    let direct = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut direct = direct.get_multiplexed_async_connection().await.unwrap();
+    let lock = format!("{}{}", app.state.settings.redis_prefix, key.as_str());
+    let held_on: bool = redis::AsyncCommands::exists(&mut direct, &lock)
+        .await
+        .unwrap();
+    assert!(held_on, "the first release applied: nothing to try again");
     let started = Instant::now();
     loop {
         // Not released yet: the link is cut; then retried within seconds.

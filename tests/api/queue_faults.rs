@@ -385,3 +385,60 @@ async fn an_operation_lost_with_a_flushed_queue_is_cancelled_at_its_deadline() {
         "the cancelled connect applied after all"
     );
 }
+
+/// A queued operation answered 404 (its agent deleted while it waited in
+/// the queue) is settled as well as answered: its id is recorded in
+/// `processed_ops`, refused `not_found`, so a redelivery of its entry (its
+/// acknowledgement lost with a failed-over master) cannot apply after the
+/// answer.
+#[tokio::test]
+async fn a_queued_operation_answered_not_found_is_settled() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let app = queue_app(Duration::from_secs(10)).await;
+    let u = app.create_user("gone").await;
+    let agent = app.new_agent(&u).await;
+    // The worker waits on the held agent; meanwhile the holder deletes it.
+    let mut held = hold_agent(&app, &agent).await;
+    let stream = link_stream(&app, &agent);
+    let gone = async {
+        let mut conn = redis_conn().await;
+        let op_id: String = loop {
+            let reply: redis::streams::StreamRangeReply =
+                redis::AsyncCommands::xrange_all(&mut conn, &stream)
+                    .await
+                    .unwrap();
+            let late = reply
+                .ids
+                .iter()
+                .find(|e| e.get::<String>("op").is_some_and(|op| op.contains("late")));
+            if let Some(id) = late.and_then(|e| e.get("id")) {
+                break id;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let mongo = held.client();
+        let agents = mongo
+            .database(&app.settings.mongodb_db)
+            .collection::<mongodb::bson::Document>("agents");
+        agents
+            .delete_one(doc! {"_id": &agent})
+            .session(&mut held)
+            .await
+            .unwrap();
+        held.commit_transaction().await.unwrap();
+        (mongo, op_id)
+    };
+    let (res, (mongo, op_id)) = tokio::join!(link(&app, &u, "PUT", &agent, "late"), gone);
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let settled = mongo
+        .database(&app.settings.mongodb_db)
+        .collection::<mongodb::bson::Document>("processed_ops")
+        .find_one(doc! {"_id": &op_id})
+        .await
+        .unwrap();
+    let refused = settled.as_ref().and_then(|d| d.get_str("refused").ok());
+    assert_eq!(refused, Some("not_found"), "{settled:?}");
+}

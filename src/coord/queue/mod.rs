@@ -21,12 +21,14 @@
 //!   every second in case a notice is lost.
 //! - An operation that keeps failing goes to `filedock_queue_dlq`; write
 //!   conflicts and an unreachable store are waited out, not counted.
-//! - Redis unhealthy (checked at most once a second): the direct lock path.
+//! - Redis unhealthy (checked at most once a second; on a cluster, the
+//!   bucket's master only): the direct lock path.
 //!
 //! This file is the queue's front (enqueue, wait for the result);
 //! `worker.rs` holds the bucket workers, `stats.rs` the figures.
 
 use std::{
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -62,7 +64,7 @@ const GROUP: &str = "filedock";
 const MAX_STREAM_LEN: u64 = 100_000;
 /// How long a Redis health check stands (the circuit breaker).
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(1);
-/// How long the health check waits for `PING`.
+/// How long the health check waits for its answer.
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
 /// How often a waiter re-reads its result, in case a notice was lost.
 const RESULT_POLL_EVERY: Duration = Duration::from_secs(1);
@@ -77,8 +79,10 @@ pub struct RedisQueue {
     /// Unique consumer name of this process.
     instance: String,
     waiters: Waiters,
-    /// Last health check: when, and whether Redis answered.
-    health: Mutex<Option<(Instant, bool)>>,
+    /// Last health check of each part of Redis (on a cluster, each slot
+    /// checked: one master's outage leaves the others' buckets queued):
+    /// when, and whether it answered.
+    health: Mutex<HashMap<u16, (Instant, bool)>>,
     recent: Recent,
     held: Arc<Mutex<usize>>,
     /// This instance's result notices.
@@ -118,7 +122,7 @@ impl RedisQueue {
             prefix: prefix.to_owned(),
             instance,
             waiters,
-            health: Mutex::new(None),
+            health: Mutex::default(),
             recent: Recent::default(),
             held: Arc::default(),
             results,
@@ -143,21 +147,36 @@ impl RedisQueue {
         format!("{}filedock_queue_members", self.prefix)
     }
 
-    /// The circuit breaker: Redis health, checked at most once a second.
-    async fn healthy(&self) -> bool {
-        if let Some((at, ok)) = *self.health.lock().unwrap()
+    /// The circuit breaker: whether the part of Redis that holds bucket
+    /// `b` answers, checked at most once a second (a read of the bucket's
+    /// stream key: routed to its master on a cluster, where a `PING` would
+    /// need every master).
+    async fn healthy(&self, b: u32) -> bool {
+        let stream = Self::stream(&self.prefix, b);
+        let scope = self.link.outage_scope(&stream);
+        if let Some((at, ok)) = self.health.lock().unwrap().get(&scope).copied()
             && at.elapsed() < HEALTH_CHECK_EVERY
         {
             return ok;
         }
-        let ping = tokio::time::timeout(PING_TIMEOUT, self.conn.clone().ping::<String>()).await;
-        let ok = matches!(ping, Ok(Ok(_)));
-        *self.health.lock().unwrap() = Some((Instant::now(), ok));
+        let mut conn = self.conn.clone();
+        let probe = conn.exists::<_, bool>(&stream);
+        // A topology answer (MOVED…) is Redis up: the enqueue meets it too
+        // and is refused, never sent down the direct path.
+        let ok = match tokio::time::timeout(PING_TIMEOUT, probe).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => fault_of(&e) == Fault::Topology,
+            Err(_) => false,
+        };
+        let mut health = self.health.lock().unwrap();
+        health.insert(scope, (Instant::now(), ok));
         ok
     }
 
-    fn mark_unhealthy(&self) {
-        *self.health.lock().unwrap() = Some((Instant::now(), false));
+    fn mark_unhealthy(&self, b: u32) {
+        let scope = self.link.outage_scope(&Self::stream(&self.prefix, b));
+        let mut health = self.health.lock().unwrap();
+        health.insert(scope, (Instant::now(), false));
     }
 
     /// Entries waiting or in flight in bucket `b`.
@@ -230,11 +249,11 @@ impl RedisQueue {
 #[async_trait]
 impl Coordinator for RedisQueue {
     async fn run(&self, op: Operation) -> Result<(), CoordError> {
-        if !self.healthy().await {
+        let b = bucket_of(&op.lock_key());
+        if !self.healthy(b).await {
             return self.direct.run(op).await;
         }
         let op_id = OpId::new();
-        let b = bucket_of(&op.lock_key());
         let (tx, mut rx) = oneshot::channel();
         // Registered, and its channel heard, before the enqueue, so the
         // result cannot come too early.
@@ -244,11 +263,15 @@ impl Coordinator for RedisQueue {
             .await;
         let ahead = match self.enqueue(b, &op, &op_id).await {
             Ok(n) => n,
-            // A topology answer (MOVED…) came before XADD ran: nothing was
-            // enqueued and Redis is up, so no breaker and no direct path.
+            // A topology answer (MOVED…): Redis is up, so no breaker and no
+            // direct path. The last try did not run, but an earlier one the
+            // cluster client sent again (a dropped link, a timeout) may
+            // have: the refusal is settled first, so a copy in the stream
+            // never applies after it (or, applied already, is the answer).
             Err(e) if fault_of(&e) == Fault::Topology => {
                 tracing::error!(error = %e, "enqueue misrouted; refusing the operation");
-                return Err(CoordError::Lock(LockError::Misrouted(e.to_string())));
+                let refused = CoordError::Lock(LockError::Misrouted(e.to_string()));
+                return self.settle(&op, &op_id, refused).await;
             }
             Err(e) => {
                 // The entry may be in the stream all the same (a lost
@@ -256,7 +279,7 @@ impl Coordinator for RedisQueue {
                 // copy applies once; and a failure is settled before it is
                 // told, so the copy cannot apply after the answer.
                 tracing::warn!(error = %e, "enqueue failed; taking the direct path");
-                self.mark_unhealthy();
+                self.mark_unhealthy(b);
                 return match self.direct.run_as(op.clone(), Some(&op_id)).await {
                     Ok(()) => Ok(()),
                     Err(e) => self.settle(&op, &op_id, e).await,

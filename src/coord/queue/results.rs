@@ -79,16 +79,22 @@ impl Results {
         });
         let pattern = format!("{prefix}filedock_queue_done:*:{instance}");
         let notices = link.notices(vec![pattern], heard);
-        let (conn, prefix) = (link.conn(), prefix.to_owned());
-        // Off the subscription's task (on a cluster, the connection's own).
+        let (conn, prefix) = (link.conn(), Arc::<str>::from(prefix));
+        // Off the subscription's task (on a cluster, the connection's own),
+        // each read on its own: one slow master holds up no other's.
         let reader = tokio::spawn(async move {
             while let Some((b, op_id)) = rx.recv().await {
-                let Some(outcome) = read_result(&mut conn.clone(), &prefix, b, &op_id).await else {
+                if !waiters.contains(&op_id) {
                     continue;
-                };
-                if let Some(tx) = waiters.take(&op_id) {
-                    let _ = tx.send(outcome);
                 }
+                let (mut conn, prefix, waiters) = (conn.clone(), prefix.clone(), waiters.clone());
+                tokio::spawn(async move {
+                    if let Some(outcome) = read_result(&mut conn, &prefix, b, &op_id).await
+                        && let Some(tx) = waiters.take(&op_id)
+                    {
+                        let _ = tx.send(outcome);
+                    }
+                });
             }
         });
         Self { notices, reader }

@@ -111,10 +111,15 @@ impl worker::Worker for Manager {
             last_report,
         } = self;
         workers.retain(|_, (h, _)| !h.is_finished());
-        let share = match heartbeat(queue).await {
-            Ok(alive) => BUCKETS.div_ceil(alive.max(1)) as usize,
-            Err(_) => 0, // Redis is down: hold nothing new; running workers stop on lease loss
+        // The members' key unreachable (Redis down, or on a cluster its
+        // master failing over): take nothing new and give nothing back; a
+        // running worker stops when its own lease is lost (on a cluster,
+        // only those whose bucket's master is away).
+        let Ok(alive) = heartbeat(queue).await else {
+            *queue.held.lock().unwrap() = workers.len();
+            return WorkerState::Idle(REBALANCE_EVERY);
         };
+        let share = BUCKETS.div_ceil(alive.max(1)) as usize;
         let mut order: Vec<u32> = (0..BUCKETS).filter(|b| !workers.contains_key(b)).collect();
         order.shuffle(&mut rand::rng());
         for b in order {
@@ -410,7 +415,17 @@ impl Consumer<'_> {
                         .apply(op, Some(self.fence.clone()), op_id);
                     match applied.await {
                         Ok(()) => break OpOutcome::Applied,
-                        Err(MetaError::NotFound) => break OpOutcome::NotFound,
+                        // Settled too: the answer is 404, and a redelivery
+                        // (its acknowledgement lost with a failed-over
+                        // master) must not apply once the target exists.
+                        Err(MetaError::NotFound) => {
+                            match self.settle(op_id, Refusal::NotFound).await {
+                                Some(Settled::Now) => break OpOutcome::NotFound,
+                                Some(Settled::Applied) => break OpOutcome::Applied,
+                                Some(Settled::Refused(why)) => break why.into(),
+                                None => continue,
+                            }
+                        }
                         // Refused now, but room may be made later: settled so
                         // that a redelivery never applies what was answered
                         // refused (or answered applied if one already did).
