@@ -405,7 +405,9 @@ async fn a_queued_operation_answered_not_found_is_settled() {
     let stream = link_stream(&app, &agent);
     let gone = async {
         let mut conn = redis_conn().await;
+        let deadline = Instant::now() + Duration::from_secs(15);
         let op_id: String = loop {
+            assert!(Instant::now() < deadline, "the connect was never queued");
             let reply: redis::streams::StreamRangeReply =
                 redis::AsyncCommands::xrange_all(&mut conn, &stream)
                     .await

@@ -161,11 +161,12 @@ impl RedisQueue {
         }
         let mut conn = self.conn.clone();
         let probe = conn.exists::<_, bool>(&stream);
-        // A topology answer (MOVED…) is Redis up: the enqueue meets it too
-        // and is refused, never sent down the direct path.
+        // A redirection (MOVED, ASK: one node of a cluster in single
+        // mode) is Redis up: the enqueue meets it too and is refused, never
+        // sent down the direct path. A master down (CLUSTERDOWN…) is not.
         let ok = match tokio::time::timeout(PING_TIMEOUT, probe).await {
             Ok(Ok(_)) => true,
-            Ok(Err(e)) => fault_of(&e) == Fault::Topology,
+            Ok(Err(e)) => e.redirect_node().is_some(),
             Err(_) => false,
         };
         let mut health = self.health.lock().unwrap();
@@ -231,6 +232,7 @@ impl RedisQueue {
     ) -> Result<(), CoordError> {
         let why = match &failure {
             CoordError::Meta(MetaError::ContainerFull(max)) => Refusal::ContainerFull(*max),
+            CoordError::Meta(MetaError::NotFound) => Refusal::NotFound,
             _ => Refusal::Cancelled,
         };
         match tokio::time::timeout(SETTLE_WAIT, self.applier.cancel(op_id, why)).await {

@@ -82,6 +82,8 @@ pub(super) struct Manager {
     queue: Arc<RedisQueue>,
     workers: HashMap<u32, (JoinHandle<()>, CancellationToken)>,
     last_report: Instant,
+    /// The live instances the last heartbeat counted.
+    last_alive: Option<u32>,
 }
 
 impl Manager {
@@ -89,6 +91,7 @@ impl Manager {
         Self {
             queue,
             workers: HashMap::new(),
+            last_alive: None,
             last_report: Instant::now(),
         }
     }
@@ -109,17 +112,22 @@ impl worker::Worker for Manager {
             queue,
             workers,
             last_report,
+            last_alive,
         } = self;
         workers.retain(|_, (h, _)| !h.is_finished());
         // The members' key unreachable (Redis down, or on a cluster its
-        // master failing over): take nothing new and give nothing back; a
-        // running worker stops when its own lease is lost (on a cluster,
-        // only those whose bucket's master is away).
-        let Ok(alive) = heartbeat(queue).await else {
-            *queue.held.lock().unwrap() = workers.len();
-            return WorkerState::Idle(REBALANCE_EVERY);
+        // master failing over): the last count stands, so a bucket whose
+        // worker stopped (its lease lost) is taken again where its master
+        // answers; a running worker stops only when its own lease is lost.
+        let alive = match heartbeat(queue).await {
+            Ok(alive) => *last_alive.insert(alive),
+            Err(_) => last_alive.unwrap_or(0),
         };
-        let share = BUCKETS.div_ceil(alive.max(1)) as usize;
+        // Nobody counted yet: take nothing, give nothing back.
+        let share = match alive {
+            0 => workers.len(),
+            n => BUCKETS.div_ceil(n) as usize,
+        };
         let mut order: Vec<u32> = (0..BUCKETS).filter(|b| !workers.contains_key(b)).collect();
         order.shuffle(&mut rand::rng());
         for b in order {
