@@ -15,6 +15,17 @@ use futures::{StreamExt, TryStreamExt, stream};
 
 use crate::support::*;
 
+/// 200 users on `server`, each with an agent: (key, agent id).
+async fn agents_on(client: &Client, server: &Server) -> Vec<(String, String)> {
+    let mut owners = Vec::new();
+    for u in 0..200 {
+        let key = client.user(server, &format!("spread-{u}")).await;
+        let agent = client.agent(server, &key).await;
+        owners.push((key, agent));
+    }
+    owners
+}
+
 /// Scenario 4: lock vs queue coordination, spread over 200 users and on one hot agent.
 pub(crate) async fn lock_vs_queue(client: &Client, r: &mut Report) {
     r.section(
@@ -24,14 +35,10 @@ pub(crate) async fn lock_vs_queue(client: &Client, r: &mut Report) {
     let lock = Server::start(&[("FILEDOCK_COORDINATION", "lock")]).await;
     let queue = Server::start(&[("FILEDOCK_COORDINATION", "queue")]).await;
     // 200 users with an agent each, on both servers.
-    let mut owners: [Vec<(String, String)>; 2] = [Vec::new(), Vec::new()];
-    for (i, server) in [&lock, &queue].into_iter().enumerate() {
-        for u in 0..200 {
-            let key = client.user(server, &format!("spread-{u}")).await;
-            let agent = client.agent(server, &key).await;
-            owners[i].push((key, agent));
-        }
-    }
+    let owners = [
+        agents_on(client, &lock).await,
+        agents_on(client, &queue).await,
+    ];
     for (load, spread) in [
         ("A: spread over 200 agents", true),
         ("B: one hot agent", false),
@@ -93,14 +100,9 @@ pub(crate) async fn lock_vs_queue_on_a_cluster(client: &Client, r: &mut Report) 
         }
     }
     // 200 users with an agent each, on every server.
-    let mut owners: Vec<Vec<(String, String)>> = Vec::new();
+    let mut owners = Vec::new();
     for server in &servers {
-        let mut mine = Vec::new();
-        for u in 0..200 {
-            let key = client.user(server, &format!("spread-{u}")).await;
-            mine.push((key.clone(), client.agent(server, &key).await));
-        }
-        owners.push(mine);
+        owners.push(agents_on(client, server).await);
     }
     for (load, spread) in [
         ("A: spread over 200 agents", true),

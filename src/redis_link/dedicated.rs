@@ -48,11 +48,15 @@ impl DedicatedConn {
     }
 }
 
-fn primary_moved() -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::ConnectionReset,
-        "the primary this connection was made to is no longer the sentinels' choice",
-    ))
+/// Fails once the primary of `generation` is forgotten.
+fn still_current(primary: &Primary, generation: u64) -> redis::RedisResult<()> {
+    match primary.is_current(generation) {
+        true => Ok(()),
+        false => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "the primary this connection was made to is no longer the sentinels' choice",
+        ))),
+    }
 }
 
 impl ConnectionLike for DedicatedConn {
@@ -65,14 +69,10 @@ impl ConnectionLike for DedicatedConn {
                 primary,
                 generation,
             } => Box::pin(async move {
-                if !primary.is_current(*generation) {
-                    return Err(primary_moved());
-                }
-                let answer = conn.req_packed_command(cmd).await;
-                if let Err(e) = &answer {
-                    primary.after_error(*generation, e);
-                }
-                answer
+                still_current(primary, *generation)?;
+                primary
+                    .watched(*generation, conn.req_packed_command(cmd))
+                    .await
             }),
         }
     }
@@ -91,14 +91,9 @@ impl ConnectionLike for DedicatedConn {
                 primary,
                 generation,
             } => Box::pin(async move {
-                if !primary.is_current(*generation) {
-                    return Err(primary_moved());
-                }
-                let answer = conn.req_packed_commands(cmd, offset, count).await;
-                if let Err(e) = &answer {
-                    primary.after_error(*generation, e);
-                }
-                answer
+                still_current(primary, *generation)?;
+                let answer = conn.req_packed_commands(cmd, offset, count);
+                primary.watched(*generation, answer).await
             }),
         }
     }

@@ -47,11 +47,9 @@ impl ConnectionLike for RedisConn {
             Self::Cluster(c) => c.req_packed_command(cmd),
             Self::Sentinel(primary) => Box::pin(async move {
                 let (generation, mut conn) = primary.conn().await?;
-                let answer = conn.req_packed_command(cmd).await;
-                if let Err(e) = &answer {
-                    primary.after_error(generation, e);
-                }
-                answer
+                primary
+                    .watched(generation, conn.req_packed_command(cmd))
+                    .await
             }),
         }
     }
@@ -67,11 +65,8 @@ impl ConnectionLike for RedisConn {
             Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             Self::Sentinel(primary) => Box::pin(async move {
                 let (generation, mut conn) = primary.conn().await?;
-                let answer = conn.req_packed_commands(cmd, offset, count).await;
-                if let Err(e) = &answer {
-                    primary.after_error(generation, e);
-                }
-                answer
+                let answer = conn.req_packed_commands(cmd, offset, count);
+                primary.watched(generation, answer).await
             }),
         }
     }

@@ -196,6 +196,20 @@ impl Primary {
         }
     }
 
+    /// `answer`, of a call on the primary of `generation`; an error
+    /// forgets that primary as [`Self::after_error`] says.
+    pub async fn watched<T>(
+        &self,
+        generation: u64,
+        answer: impl Future<Output = RedisResult<T>>,
+    ) -> RedisResult<T> {
+        let answer = answer.await;
+        if let Err(e) = &answer {
+            self.after_error(generation, e);
+        }
+        answer
+    }
+
     /// Where the sentinels say the primary is: the first that answers.
     /// `Ok(None)`: it knows no master of that name.
     pub async fn known(&self) -> RedisResult<Option<String>> {
