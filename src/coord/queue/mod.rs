@@ -34,6 +34,7 @@ use std::{
 };
 
 mod dead_letter;
+mod manager;
 mod results;
 mod stats;
 mod worker;

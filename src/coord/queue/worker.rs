@@ -1,25 +1,19 @@
-//! The bucket workers: one instance's fair share of the 64 buckets, each
-//! consumed in order by one worker while it holds the bucket's lease.
+//! A bucket worker: consumes one bucket in order while it holds the
+//! bucket's lease (`manager.rs` hands out the leases).
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use rand::seq::SliceRandom;
 use redis::{
     AsyncCommands, Value,
     streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions},
 };
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{GROUP, RedisQueue, done_channel, now_ms, result_key};
 use crate::{
-    coord::{BUCKETS, Coordinator, OpOutcome},
-    lock::{LockGuard, LockKey},
+    coord::OpOutcome,
+    lock::LockGuard,
     meta::{Fence, MetaError, Refusal, Settled},
     metrics::OutcomeLabel,
     redis_link::DedicatedConn,
@@ -27,26 +21,9 @@ use crate::{
     worker::{self, WorkerState},
 };
 
-impl RedisQueue {
-    /// Starts this instance's bucket workers (this file); they stop with
-    /// `shutdown`.
-    pub fn spawn_workers(self: &Arc<Self>, shutdown: CancellationToken) -> JoinHandle<()> {
-        worker::spawn(Manager::new(self.clone()), shutdown)
-    }
-}
-
 /// Attempts before an operation is dead-lettered.
 const MAX_ATTEMPTS: u32 = 5;
 
-/// A bucket lease; renewed every third of it while the worker lives.
-const LEASE_TTL: Duration = Duration::from_secs(3);
-
-/// How long an instance counts as alive after its last heartbeat.
-const MEMBER_TTL_MS: u64 = 5_000;
-/// How often an instance heartbeats and rebalances its buckets.
-const REBALANCE_EVERY: Duration = Duration::from_millis(500);
-/// How often the queue figures go to the metrics and the log.
-const REPORT_EVERY: Duration = Duration::from_secs(10);
 /// Entries read or claimed at once (a group commit applies at most this many).
 const READ_BATCH: usize = 16;
 /// How long a read blocks waiting for entries, in ms (the worker checks its
@@ -77,131 +54,6 @@ fn transient_pause(n: u32) -> Duration {
     RETRY_STEP * n.min(10)
 }
 
-/// Keeps this instance's fair share of buckets leased, each with a worker.
-pub(super) struct Manager {
-    queue: Arc<RedisQueue>,
-    workers: HashMap<u32, (JoinHandle<()>, CancellationToken)>,
-    last_report: Instant,
-    /// The live instances the last heartbeat counted.
-    last_alive: Option<u32>,
-}
-
-impl Manager {
-    pub(super) fn new(queue: Arc<RedisQueue>) -> Self {
-        Self {
-            queue,
-            workers: HashMap::new(),
-            last_alive: None,
-            last_report: Instant::now(),
-        }
-    }
-}
-
-#[async_trait]
-impl worker::Worker for Manager {
-    fn name(&self) -> String {
-        "queue manager".into()
-    }
-
-    fn status(&self) -> String {
-        format!("{} buckets held", self.workers.len())
-    }
-
-    async fn work(&mut self, shutdown: &CancellationToken) -> WorkerState {
-        let Self {
-            queue,
-            workers,
-            last_report,
-            last_alive,
-        } = self;
-        workers.retain(|_, (h, _)| !h.is_finished());
-        // The members' key unreachable (Redis down, or on a cluster its
-        // master failing over): the last count stands, so a bucket whose
-        // worker stopped (its lease lost) is taken again where its master
-        // answers; a running worker stops only when its own lease is lost.
-        let alive = match heartbeat(queue).await {
-            Ok(alive) => *last_alive.insert(alive),
-            Err(_) => last_alive.unwrap_or(0),
-        };
-        // Nobody counted yet: take nothing, give nothing back.
-        let share = match alive {
-            0 => workers.len(),
-            n => BUCKETS.div_ceil(n) as usize,
-        };
-        let mut order: Vec<u32> = (0..BUCKETS).filter(|b| !workers.contains_key(b)).collect();
-        order.shuffle(&mut rand::rng());
-        for b in order {
-            if workers.len() >= share {
-                break;
-            }
-            let key = LockKey::queue_bucket(b);
-            if let Ok(Some(guard)) = queue.locks.try_lease(&key, LEASE_TTL).await {
-                let stop = shutdown.child_token();
-                let bucket = BucketWorker {
-                    queue: queue.clone(),
-                    b,
-                    guard: Some(guard),
-                };
-                workers.insert(b, (worker::spawn(bucket, stop.clone()), stop));
-            }
-        }
-        // Give back what is over our share (another instance joined).
-        let extra: Vec<u32> = workers.keys().copied().skip(share).collect();
-        for b in extra {
-            if let Some((_, stop)) = workers.get(&b) {
-                stop.cancel();
-            }
-        }
-        *queue.held.lock().unwrap() = workers.len();
-        if last_report.elapsed() > REPORT_EVERY {
-            *last_report = Instant::now();
-            report(queue).await;
-        }
-        WorkerState::Idle(REBALANCE_EVERY)
-    }
-
-    /// Stops the bucket workers and leaves the members.
-    async fn stopped(&mut self) {
-        for (_, (handle, stop)) in self.workers.drain() {
-            stop.cancel();
-            let _ = handle.await;
-        }
-        let queue = &self.queue;
-        let _: Result<i64, _> = queue
-            .conn
-            .clone()
-            .zrem(queue.members(), &queue.instance)
-            .await;
-    }
-}
-
-/// Announces this instance and counts the live ones.
-async fn heartbeat(queue: &RedisQueue) -> redis::RedisResult<u32> {
-    let now = now_ms();
-    let mut conn = queue.conn.clone();
-    let (_, _, alive): (i64, i64, u32) = redis::pipe()
-        .zadd(queue.members(), &queue.instance, now)
-        .zrembyscore(queue.members(), 0, now.saturating_sub(MEMBER_TTL_MS))
-        .zcard(queue.members())
-        .query_async(&mut conn)
-        .await?;
-    Ok(alive)
-}
-
-/// Publishes the queue figures as metrics and logs their warnings.
-pub(super) async fn report(queue: &RedisQueue) {
-    if let Some(stats) = queue.stats().await {
-        queue.metrics.queue_length.set(stats.length as i64);
-        queue
-            .metrics
-            .queue_dead_letters
-            .set(stats.dead_letter_count as i64);
-        for w in &stats.warnings {
-            tracing::warn!(warning = %w, "queue health");
-        }
-    }
-}
-
 pub(super) enum Step {
     Next,
     /// The lease is gone: stop without acknowledging; the next owner redoes it.
@@ -209,11 +61,11 @@ pub(super) enum Step {
 }
 
 /// Consumes bucket `b` in order while the lease holds.
-struct BucketWorker {
-    queue: Arc<RedisQueue>,
-    b: u32,
+pub(super) struct BucketWorker {
+    pub(super) queue: Arc<RedisQueue>,
+    pub(super) b: u32,
     /// The bucket's lease, until the work is done.
-    guard: Option<LockGuard>,
+    pub(super) guard: Option<LockGuard>,
 }
 
 #[async_trait]
