@@ -7,7 +7,10 @@
 # `scripts/bench.sh 9` the upload memory budget off vs on, `scripts/bench.sh 11`
 # cost vs files held (FILEDOCK_BENCH_HELD_MAX=10000 stops it at 10k files),
 # `scripts/bench.sh 2c` the lock hand-off on one Redis node vs a Redis Cluster,
-# `scripts/bench.sh 4c` lock vs queue on one Redis node vs a Redis Cluster.
+# `scripts/bench.sh 4c` lock vs queue on one Redis node vs a Redis Cluster,
+# `scripts/bench.sh 13` small tus uploads against tus-node-server (installed
+# from npm into ~/.cache/filedock/tus-node, once); with
+# FILEDOCK_BENCH_BASE_BIN=<another filedock build> it runs that build too (A/B).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/filedock/target}"
@@ -19,6 +22,14 @@ server=$(grep '/filedock$' <<<"$built")
 load=$(grep '/bench$' <<<"$built")
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 trap stack_stop EXIT
+TUS_NODE_DIR="$CACHE/tus-node"
+if [[ " $* " == *" 13 "* ]] && [ ! -f "$TUS_NODE_DIR/node_modules/@tus/s3-store/package.json" ]; then
+  echo "[bench] installing @tus/server 2.4.5 and @tus/s3-store 2.0.7 into $TUS_NODE_DIR" >&2
+  mkdir -p "$TUS_NODE_DIR"
+  npm install --silent --no-audit --no-fund --prefix "$TUS_NODE_DIR" \
+    @tus/server@2.4.5 @tus/s3-store@2.0.7 >/dev/null
+fi
+export FILEDOCK_BENCH_TUS_NODE="$TUS_NODE_DIR/node_modules"
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)" >&2
 scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || scenarios=(1 2 2c 3 4 5 6 7)

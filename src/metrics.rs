@@ -91,6 +91,10 @@ pub struct Metrics {
     pub uploads_grouped: Counter,
     pub upload_commits_waiting: Gauge,
     pub mongo_commands: Counter,
+    /// Requests sent to S3 (each attempt), by operation (`PutObject`, `UploadPart`…).
+    pub s3_requests: Family<OpLabel, Counter>,
+    /// Commands sent to Redis on the shared and dedicated connections (a pipeline counts each).
+    pub redis_commands: Counter,
     /// The upload memory budget in bytes (0: no limit).
     pub upload_memory_limit: Gauge,
     /// Upload buffer bytes reserved now, and the most ever reserved at once.
@@ -143,6 +147,8 @@ impl Default for Metrics {
             uploads_grouped: Counter::default(),
             upload_commits_waiting: Gauge::default(),
             mongo_commands: Counter::default(),
+            s3_requests: Family::default(),
+            redis_commands: Counter::default(),
             upload_memory_limit: Gauge::default(),
             upload_memory_used: Gauge::default(),
             upload_memory_peak: Gauge::default(),
@@ -294,6 +300,16 @@ impl Default for Metrics {
             "filedock_mongo_commands",
             "Commands sent to MongoDB (round trips)",
             m.mongo_commands.clone(),
+        );
+        r.register(
+            "filedock_s3_requests",
+            "Requests sent to S3 (round trips, retries included), by operation",
+            m.s3_requests.clone(),
+        );
+        r.register(
+            "filedock_redis_commands",
+            "Commands sent to Redis (round trips; each command of a pipeline or script call counts)",
+            m.redis_commands.clone(),
         );
         r.register(
             "filedock_upload_memory_limit_bytes",

@@ -10,6 +10,7 @@ mod group;
 mod handoff;
 mod held;
 mod memory;
+mod small_tus;
 mod support;
 mod throughput;
 mod tus;
@@ -24,6 +25,7 @@ use self::{
     handoff::{hand_off, hand_off_on_a_cluster},
     held::cost_vs_files_held,
     memory::memory_under_concurrency,
+    small_tus::small_tus,
     support::*,
     throughput::*,
     tus::*,
@@ -70,6 +72,9 @@ async fn main() {
     }
     if run("9") {
         memory_under_concurrency(&client, &mut r).await;
+    }
+    if run("13") {
+        small_tus(&client, &mut r).await;
     }
     if run("11") {
         cost_vs_files_held(&client, &mut r).await;

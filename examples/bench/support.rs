@@ -26,17 +26,24 @@ pub(crate) fn run_id() -> String {
 
 /// What the benchmarks need of a server beyond the shared test support.
 pub(crate) trait BenchServer: Sized {
-    async fn start(extra: &[(&str, &str)]) -> Self;
+    /// The build at `$FILEDOCK_BIN`.
+    async fn start(extra: &[(&str, &str)]) -> Self {
+        Self::start_bin(&env("FILEDOCK_BIN"), extra).await
+    }
+    /// The build at `bin`.
+    async fn start_bin(bin: &str, extra: &[(&str, &str)]) -> Self;
     fn peak_rss_mib(&self) -> u64;
+    /// The CPU time the process has used (user and system), in seconds.
+    fn cpu_secs(&self) -> f64;
 }
 
 /// A filedock server process (release build) on its own database and prefixes.
 impl BenchServer for Server {
-    async fn start(extra: &[(&str, &str)]) -> Self {
+    async fn start_bin(bin: &str, extra: &[(&str, &str)]) -> Self {
         let id = run_id();
         let port = free_port();
         let data = std::env::temp_dir().join(format!("filedock-bench-{id}"));
-        let child = Command::new(env("FILEDOCK_BIN"))
+        let child = Command::new(bin)
             .env("FILEDOCK_BIND", format!("127.0.0.1:{port}"))
             .env("FILEDOCK_DATA_DIR", &data)
             .env("FILEDOCK_ADMIN_KEY", ADMIN)
@@ -66,6 +73,23 @@ impl BenchServer for Server {
             .find(|l| l.starts_with("VmHWM:"))
             .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
             .map_or(0, |kb| kb / 1024)
+    }
+
+    fn cpu_secs(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // After the command's name in parentheses: utime and stime are the
+        // 12th and 13th fields, in clock ticks.
+        let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let ticks: u64 = rest
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|t| t.parse::<u64>().ok())
+            .sum();
+        // SAFETY: sysconf reads a constant of the system.
+        let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+        ticks as f64 / per_sec as f64
     }
 }
 

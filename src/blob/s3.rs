@@ -35,6 +35,8 @@ use crate::{
     vocab::BlobKey,
 };
 
+#[path = "s3_counting.rs"]
+mod counting;
 #[path = "s3_resumable.rs"]
 mod resumable;
 
@@ -86,6 +88,7 @@ impl S3BlobStore {
                 "filedock-settings",
             ))
             .force_path_style(true)
+            .interceptor(counting::CountRequests(metrics.clone()))
             // Streamed bodies would otherwise go out as aws-chunked with trailers.
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
             .response_checksum_validation(ResponseChecksumValidation::WhenRequired)

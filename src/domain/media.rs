@@ -121,8 +121,11 @@ async fn sniff(
 
 /// The type to store for a blob already stored at `key` (`len` bytes) whose
 /// client declared `declared` (a resumable upload's): decided from its first
-/// bytes as a plain upload's is ([`resolve`]). Nothing is undone here,
-/// whatever the answer.
+/// bytes as a plain upload's is ([`resolve`]). They are read from the store
+/// only when needed (a placeholder declared, or an allow-list set) and not
+/// at hand: `head`, the first bytes (up to [`SNIFF_BYTES`]) of a PATCH that
+/// began at offset 0. Nothing is undone here, whatever the answer.
+#[allow(clippy::too_many_arguments)]
 pub async fn stored_type(
     blobs: &dyn BlobStore,
     key: &BlobKey,
@@ -130,9 +133,13 @@ pub async fn stored_type(
     len: u64,
     allowed: &AllowedTypes,
     idle: Duration,
+    head: Option<Bytes>,
 ) -> Result<String, DomainError> {
-    let head: ByteStream<'_> = match len {
-        0 => Box::pin(stream::empty()),
+    let placeholder = PLACEHOLDERS.contains(&essence(declared).as_str());
+    let head: ByteStream<'_> = match (len, head) {
+        (0, _) => Box::pin(stream::empty()),
+        (_, _) if !placeholder && allowed.is_empty() => Box::pin(stream::empty()),
+        (_, Some(head)) => Box::pin(stream::once(async move { Ok(head) })),
         _ => {
             let end = len.min(SNIFF_BYTES as u64) - 1;
             let range = ByteRange { start: 0, end };

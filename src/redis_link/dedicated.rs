@@ -20,7 +20,7 @@ use super::{
 /// a connection to the primary of one generation, which fails every call
 /// once that primary is forgotten (the caller stops and starts again on
 /// the new one: a demoted primary may still answer for seconds).
-pub enum DedicatedConn {
+pub enum Dedicated {
     Node(MultiplexedConnection),
     Cluster(ClusterConnection),
     Sentinel {
@@ -30,7 +30,7 @@ pub enum DedicatedConn {
     },
 }
 
-impl DedicatedConn {
+impl Dedicated {
     /// A new connection to the primary the sentinels name now.
     pub(super) async fn on_primary(primary: Arc<Primary>) -> redis::RedisResult<Self> {
         let (generation, client) = primary.client().await?;
@@ -59,7 +59,7 @@ fn still_current(primary: &Primary, generation: u64) -> redis::RedisResult<()> {
     }
 }
 
-impl ConnectionLike for DedicatedConn {
+impl ConnectionLike for Dedicated {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Node(c) => c.req_packed_command(cmd),

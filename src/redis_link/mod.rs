@@ -3,6 +3,7 @@
 //! (one node, or a Redis Cluster: `FILEDOCK_REDIS_MODE`) is known here
 //! only; and what a Redis error means for them ([`fault`]).
 
+mod counted;
 mod dedicated;
 mod fault;
 mod notices;
@@ -12,6 +13,7 @@ mod timeouts;
 
 use std::sync::Arc;
 
+use prometheus_client::metrics::counter::Counter;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, Pipeline, ProtocolVersion, RedisFuture, RedisResult, Value,
     aio::{ConnectionLike, ConnectionManager},
@@ -19,7 +21,8 @@ use redis::{
     cluster_async::ClusterConnection,
 };
 
-pub use dedicated::DedicatedConn;
+pub use counted::Counted;
+pub use dedicated::Dedicated;
 pub use fault::{Fault, fault_of};
 pub use notices::{NoticeHandler, Notices, Watch};
 pub use timeouts::connection_config;
@@ -29,18 +32,23 @@ use notices::Shards;
 use sentinel::Primary;
 use timeouts::{CONNECT_TIMEOUT, OVERALL_TIMEOUT, RESPONSE_TIMEOUT};
 
+/// The connection every caller shares, its commands counted.
+pub type RedisConn = Counted<Shared>;
+/// A connection of one caller's own, its commands counted.
+pub type DedicatedConn = Counted<Dedicated>;
+
 /// The connection every caller shares: multiplexed, reconnecting, lazy; on
 /// a cluster, routed by key to the node that owns its slot (following MOVED
 /// and ASK, and a failed-over master, by itself).
 #[derive(Clone)]
-pub enum RedisConn {
+pub enum Shared {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
     /// The primary the sentinels name, followed across failovers.
     Sentinel(Arc<Primary>),
 }
 
-impl ConnectionLike for RedisConn {
+impl ConnectionLike for Shared {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Node(c) => c.req_packed_command(cmd),
@@ -84,8 +92,10 @@ impl ConnectionLike for RedisConn {
 /// shares the connection.
 #[derive(Clone)]
 pub struct RedisLink {
-    conn: RedisConn,
+    conn: Shared,
     topology: Topology,
+    /// Every command sent on the link's connections.
+    commands: Counter,
 }
 
 #[derive(Clone)]
@@ -126,8 +136,9 @@ impl RedisLink {
     pub fn connect_sentinel(urls: &str, master: &str) -> anyhow::Result<Self> {
         let primary = Primary::new(urls, master)?;
         Ok(Self {
-            conn: RedisConn::Sentinel(primary.clone()),
+            conn: Shared::Sentinel(primary.clone()),
             topology: Topology::Sentinel(primary),
+            commands: Counter::default(),
         })
     }
 
@@ -144,8 +155,9 @@ impl RedisLink {
                 let conn =
                     ConnectionManager::new_lazy_with_config(client.clone(), connection_config())?;
                 Ok(Self {
-                    conn: RedisConn::Node(conn),
+                    conn: Shared::Node(conn),
                     topology: Topology::Node(client),
+                    commands: Counter::default(),
                 })
             }
             RedisMode::Cluster => {
@@ -168,24 +180,43 @@ impl RedisLink {
                     cluster_config().set_push_sender(sender),
                 ));
                 Ok(Self {
-                    conn: RedisConn::Cluster(conn),
+                    conn: Shared::Cluster(conn),
                     topology: Topology::Cluster {
                         client: Box::new(client),
                         shards,
                         seed: seeds[0].to_owned(),
                     },
+                    commands: Counter::default(),
                 })
             }
         }
     }
 
-    /// The shared connection.
-    pub fn conn(&self) -> RedisConn {
-        self.conn.clone()
+    /// Counts the commands sent on this link's connections into `commands`
+    /// (`filedock_redis_commands_total`).
+    pub fn counted(mut self, commands: Counter) -> Self {
+        self.commands = commands;
+        self
     }
 
-    /// A new connection of the caller's own (see [`DedicatedConn`]).
+    /// The shared connection.
+    pub fn conn(&self) -> RedisConn {
+        Counted {
+            inner: self.conn.clone(),
+            commands: self.commands.clone(),
+        }
+    }
+
+    /// A new connection of the caller's own (see [`Dedicated`]).
     pub async fn dedicated(&self) -> RedisResult<DedicatedConn> {
+        let inner = self.dedicated_route().await?;
+        Ok(Counted {
+            inner,
+            commands: self.commands.clone(),
+        })
+    }
+
+    async fn dedicated_route(&self) -> RedisResult<Dedicated> {
         match &self.topology {
             Topology::Node(client) => {
                 let config = AsyncConnectionConfig::new()
@@ -194,15 +225,15 @@ impl RedisLink {
                 let conn = client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
-                Ok(DedicatedConn::Node(conn))
+                Ok(Dedicated::Node(conn))
             }
             Topology::Cluster { client, .. } => {
                 let conn = client
                     .get_async_connection_with_config(cluster_config())
                     .await?;
-                Ok(DedicatedConn::Cluster(conn))
+                Ok(Dedicated::Cluster(conn))
             }
-            Topology::Sentinel(primary) => DedicatedConn::on_primary(primary.clone()).await,
+            Topology::Sentinel(primary) => Dedicated::on_primary(primary.clone()).await,
         }
     }
 

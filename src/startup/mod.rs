@@ -104,8 +104,10 @@ impl Ports {
                 (store.clone(), store)
             }
         };
-        let lock_manager: Arc<dyn LockManager> = match RedisLink::from_settings(settings)? {
+        let link = RedisLink::from_settings(settings)?;
+        let lock_manager: Arc<dyn LockManager> = match link {
             Some(link) => {
+                let link = link.counted(metrics.redis_commands.clone());
                 link.probe().await?;
                 Arc::new(RedisLocks::on(&link, &settings.redis_prefix))
             }
@@ -149,7 +151,8 @@ impl AppState {
         // Queue mode on Redis: a link of its own (its own connections and
         // subscription); without Redis, the in-process queue below.
         let link = match settings.coordination {
-            Coordination::Queue => RedisLink::from_settings(&settings)?,
+            Coordination::Queue => RedisLink::from_settings(&settings)?
+                .map(|link| link.counted(metrics.redis_commands.clone())),
             Coordination::Lock => None,
         };
         let queue = match link {

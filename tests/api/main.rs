@@ -52,5 +52,6 @@ mod tus_limits;
 mod tus_recovery;
 mod tus_release;
 mod tus_reserve;
+mod tus_small;
 mod tus_sweep;
 mod user_deletion;

@@ -7,6 +7,8 @@
 //! committed upload's state stays, marked so, until it expires: its `HEAD`
 //! and a PATCH at the end answer "complete" with the file's id.
 
+use bytes::Bytes;
+
 use super::{Patched, Result, ResumableError, ResumableService, hash, release};
 use crate::{
     blob::{BlobError, ByteStream},
@@ -17,6 +19,21 @@ use crate::{
     meta::{FileRecord, IntentRecord, ResumableRecord, UserRecord},
     vocab::FileId,
 };
+
+/// What the request that stored an upload's last bytes knows, which spares
+/// finishing it reads and requests of its own.
+#[derive(Default)]
+pub(super) struct Fresh {
+    /// The upload's first bytes (up to [`media::SNIFF_BYTES`]), when this
+    /// request read them: its type is decided from them.
+    pub head: Option<Bytes>,
+    /// This request moved the state to the end from short of it: no commit
+    /// of the upload can have run before.
+    pub advanced: bool,
+    /// Nothing this upload's states named is left in staging (no tail, or
+    /// its delete succeeded).
+    pub staging_clear: bool,
+}
 
 /// A PATCH body with no bytes.
 fn empty_body() -> ByteStream<'static> {
@@ -78,14 +95,28 @@ impl ResumableService {
     pub(super) async fn finish(
         &self,
         user: &UserRecord,
+        upload: ResumableRecord,
+    ) -> Result<Patched> {
+        self.finish_fresh(user, upload, Fresh::default()).await
+    }
+
+    /// [`Self::finish`], sparing what `fresh` says is known.
+    pub(super) async fn finish_fresh(
+        &self,
+        user: &UserRecord,
         mut upload: ResumableRecord,
+        fresh: Fresh,
     ) -> Result<Patched> {
         if upload.committed {
             return self.committed(user, upload).await;
         }
-        // Committed before: that commit's answer was lost, or its record's update failed.
-        if let Some(file) = self.files.file(&user.id, &upload.id).await? {
-            return Ok(self.done(upload, file).await);
+        // Committed before: that commit's answer was lost, or its record's
+        // update failed. Not when this request just moved the state to the
+        // end: no commit runs before that.
+        if !fresh.advanced
+            && let Some(file) = self.files.file(&user.id, &upload.id).await?
+        {
+            return Ok(self.done(upload, file, false).await);
         }
         // Before the blob is completed: an upload the sweeper took (its
         // intent now an orphan, whose blob it deleted or will) must not be
@@ -95,25 +126,56 @@ impl ResumableService {
         };
         // Only an upload whose bytes are all stored is finished: its length is known.
         let len = upload.known_length().unwrap_or(upload.offset as u64);
-        if !upload.completed {
+        let completed_now = !upload.completed;
+        if completed_now {
             self.parts
                 .complete(&upload.key, &upload.handle, &upload.parts, len)
                 .await?;
             upload.completed = true;
-            if let Err(e) = self
+        }
+        let finished = self
+            .commit_completed(user, upload.clone(), intent, len, fresh)
+            .await;
+        // A commit that applied records the completion with its mark
+        // (`done`); one that did not records it here, so that the next try
+        // does not complete again (and the sweeper knows the object is whole).
+        if completed_now && finished.is_err() {
+            match self
                 .resumables
                 .advance_resumable(&upload, upload.progress())
                 .await
             {
-                tracing::warn!(upload = %upload.id, error = %e, "could not record the completion; the next try completes again");
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(upload = %upload.id, error = %e, "could not record the completion; the next try completes again")
+                }
             }
         }
+        finished
+    }
+
+    /// Decides the completed upload's type and commits its file.
+    async fn commit_completed(
+        &self,
+        user: &UserRecord,
+        upload: ResumableRecord,
+        intent: IntentRecord,
+        len: u64,
+        fresh: Fresh,
+    ) -> Result<Patched> {
         // As a plain upload's: detected when the client named no real type,
         // and checked against the allow-list.
         let (allowed, idle) = (&self.limits.allowed_types, self.limits.body_idle_timeout);
         let declared = &upload.content_type;
-        let stored_type =
-            media::stored_type(&*self.blobs, &intent.key, declared, len, allowed, idle);
+        let stored_type = media::stored_type(
+            &*self.blobs,
+            &intent.key,
+            declared,
+            len,
+            allowed,
+            idle,
+            fresh.head,
+        );
         let content_type = match stored_type.await {
             Ok(t) => t,
             Err(e @ DomainError::UnsupportedMediaType(_)) => {
@@ -146,9 +208,9 @@ impl ResumableService {
             .committer
             .commit(&mut staged, Hold::none(category), stored);
         match committed.await {
-            Commit::Committed(file) => Ok(self.done(upload, file).await),
+            Commit::Committed(file) => Ok(self.done(upload, file, fresh.staging_clear).await),
             Commit::Refused(Refusal::KeyUsed { first, .. }) => {
-                Ok(self.done(upload, first.file).await)
+                Ok(self.done(upload, first.file, false).await)
             }
             Commit::Refused(Refusal::Error(e)) => {
                 // An earlier commit whose answer was lost may have applied.
@@ -162,7 +224,7 @@ impl ResumableService {
                     }
                 };
                 if let Some(file) = file {
-                    return Ok(self.done(upload, file).await);
+                    return Ok(self.done(upload, file, false).await);
                 }
                 if matches!(e, DomainError::UploadExpired) {
                     // Swept while finishing: the sweeper may have deleted
@@ -204,7 +266,7 @@ impl ResumableService {
     /// blob store's write, which the state alone names).
     async fn taken(&self, user: &UserRecord, upload: ResumableRecord) -> Result<Patched> {
         if let Some(file) = self.files.file(&user.id, &upload.id).await? {
-            return Ok(self.done(upload, file).await);
+            return Ok(self.done(upload, file, false).await);
         }
         self.drop_unowned(&upload).await;
         Err(DomainError::UploadExpired.into())
@@ -240,11 +302,20 @@ impl ResumableService {
     }
 
     /// The upload is over: its blob is the file's; what is left in staging
-    /// (a tail whose delete failed) goes, and the state is marked committed
-    /// and kept until it expires, so that a client that missed this answer
-    /// learns from `HEAD` (or a PATCH at the end) that it is complete.
-    async fn done(&self, mut upload: ResumableRecord, file: FileRecord) -> Patched {
-        if let Err(e) = self.parts.clear_staging(&upload.key, &upload.handle).await {
+    /// (a tail whose delete failed) goes, unless `staging_clear` says there
+    /// is none (what a failed PATCH left there the sweeper removes), and
+    /// the state is marked committed (and completed) and kept until it
+    /// expires, so that a client that missed this answer learns from
+    /// `HEAD` (or a PATCH at the end) that it is complete.
+    async fn done(
+        &self,
+        mut upload: ResumableRecord,
+        file: FileRecord,
+        staging_clear: bool,
+    ) -> Patched {
+        if !staging_clear
+            && let Err(e) = self.parts.clear_staging(&upload.key, &upload.handle).await
+        {
             tracing::warn!(upload = %upload.id, error = %e, "could not clear a finished upload's staging");
         }
         let before = upload.progress();

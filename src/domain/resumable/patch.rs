@@ -14,7 +14,9 @@ use sha2_state::Digest;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Checksum, Patched, Result, ResumableError, ResumableService, hash, release,
+    Checksum, Patched, Result, ResumableError, ResumableService,
+    finish::Fresh,
+    hash, release,
     stop::{Stopped, UserLeaving, let_go, until_released},
 };
 use crate::{
@@ -22,7 +24,7 @@ use crate::{
         BlobError, BodyError, ByteStream, bounded,
         resumable::{Appended, WriteAt, append},
     },
-    domain::DomainError,
+    domain::{DomainError, media::SNIFF_BYTES},
     lock::{Asked, LockGuard, LockKey, ReleaseListener},
     meta::{MetaError, Progress, ResumableRecord, UserRecord},
     vocab::FileId,
@@ -154,6 +156,9 @@ impl ResumableService {
         let before = upload.clone();
         let mut check = checksum.as_ref().map(Checksum::hasher);
         let mut hasher = hash::restore(&upload.sha256_state)?;
+        // The file's first bytes, when this PATCH brings them: its type is
+        // decided from them if it finishes the upload.
+        let mut head = (upload.offset == 0).then(Vec::new);
         let limit = self.body_limit(user, &upload).await?;
         let appended = {
             let idle = self.limits.body_idle_timeout;
@@ -162,6 +167,9 @@ impl ResumableService {
                 hasher.update(&chunk);
                 if let Some(c) = check.as_mut() {
                     c.update(&chunk);
+                }
+                if let Some(h) = head.as_mut().filter(|h| h.len() < SNIFF_BYTES) {
+                    h.extend_from_slice(&chunk[..chunk.len().min(SNIFF_BYTES - h.len())]);
                 }
                 Ok(chunk)
             });
@@ -237,8 +245,9 @@ impl ResumableService {
         let old_tail =
             (before.offset as u64 > old_tail).then_some((old_tail, before.offset as u64));
         if upload.all_stored() {
+            let head = head.map(Bytes::from);
             return self
-                .store_last(user, upload, &before, tail, hasher, old_tail)
+                .store_last(user, upload, &before, tail, (hasher, head), old_tail)
                 .await;
         }
         if upload.offset == before.offset {
@@ -294,7 +303,7 @@ impl ResumableService {
         mut upload: ResumableRecord,
         before: &ResumableRecord,
         last: Bytes,
-        hasher: sha2_state::Sha256,
+        (hasher, head): (sha2_state::Sha256, Option<Bytes>),
         old_tail: Option<(u64, u64)>,
     ) -> Result<Patched> {
         let start = upload.tail_start() as u64;
@@ -330,6 +339,7 @@ impl ResumableService {
         if !self.advance(&upload, before.progress()).await? {
             return self.lost_race(user, before, None).await;
         }
+        let mut staging_clear = true;
         if let Some((start, end)) = old_tail
             && let Err(e) = self
                 .parts
@@ -337,8 +347,14 @@ impl ResumableService {
                 .await
         {
             tracing::warn!(upload = %upload.id, error = %e, "could not drop a finished upload's tail");
+            staging_clear = false;
         }
-        self.finish(user, upload).await
+        let fresh = Fresh {
+            head,
+            advanced: true,
+            staging_clear,
+        };
+        self.finish_fresh(user, upload, fresh).await
     }
 
     /// Whether `user` is being deleted, read when another request asks for

@@ -1,0 +1,370 @@
+//! Scenario 13 (issue 44): small resumable uploads. 100 × 1 MiB over tus
+//! (a `POST`, then the body in one `PATCH`, as tus-js-client sends it), 8
+//! in flight, on filedock and on tus-node-server (`@tus/server` with
+//! `@tus/s3-store`, on the same s3s-fs), and the same bytes as plain
+//! uploads on filedock; alternating, three repetitions. For filedock, what
+//! each upload cost, from its own metrics: MongoDB commands, Redis
+//! commands, S3 requests (by operation) and its process's CPU time. With
+//! `FILEDOCK_BENCH_BASE_BIN` (another build of filedock, say main before a
+//! change) that build runs the same loads in the same run: the A/B.
+//! Then the CPU per 4 KiB plain upload, 32 users and one user's burst.
+
+use std::{
+    collections::BTreeMap,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use filedock::testing::{Server, free_port, metric_at};
+
+use crate::support::*;
+
+const MIB: usize = 1 << 20;
+const UPLOADS: usize = 100;
+const IN_FLIGHT: usize = 8;
+
+/// Where a tus server takes uploads, and how it is asked.
+struct Tus<'a> {
+    server: &'a Server,
+    /// The creation URL's path.
+    path: &'a str,
+    /// filedock's API key; `None` for the peer (no auth).
+    key: Option<&'a str>,
+}
+
+impl Tus<'_> {
+    fn request(
+        &self,
+        http: &reqwest::Client,
+        method: reqwest::Method,
+        url: String,
+    ) -> reqwest::RequestBuilder {
+        let req = http.request(method, url).header("tus-resumable", "1.0.0");
+        match self.key {
+            Some(key) => req.bearer_auth(key),
+            None => req,
+        }
+    }
+
+    /// One upload of `len` bytes: `POST`, then one `PATCH` with all of it;
+    /// `(committed, latency)`.
+    async fn upload(&self, http: &reqwest::Client, len: usize) -> (bool, Duration) {
+        let started = Instant::now();
+        let base = &self.server.base;
+        let created = self
+            .request(http, reqwest::Method::POST, format!("{base}{}", self.path))
+            .header("upload-length", len.to_string())
+            // filename bench.bin, filetype application/octet-stream
+            .header(
+                "upload-metadata",
+                "filename YmVuY2guYmlu,filetype YXBwbGljYXRpb24vb2N0ZXQtc3RyZWFt",
+            )
+            .send()
+            .await;
+        let Some(location) = created
+            .ok()
+            .filter(|r| r.status().as_u16() == 201)
+            .and_then(|r| Some(r.headers().get("location")?.to_str().ok()?.to_owned()))
+        else {
+            return (false, started.elapsed());
+        };
+        let url = match location.starts_with("http") {
+            true => location,
+            false => format!("{base}{location}"),
+        };
+        let patched = self
+            .request(http, reqwest::Method::PATCH, url)
+            .header("upload-offset", "0")
+            .header("content-type", "application/offset+octet-stream")
+            .body(vec![0x5a; len])
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await;
+        (
+            patched.is_ok_and(|r| r.status().as_u16() == 204),
+            started.elapsed(),
+        )
+    }
+}
+
+/// tus-node-server on the stack's S3, from the npm install that
+/// `scripts/bench.sh` made (`$FILEDOCK_BENCH_TUS_NODE`).
+async fn tus_node() -> Server {
+    let port = free_port();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/bench/tus_node_peer.mjs"
+    );
+    let child = Command::new("node")
+        .arg(script)
+        .env("NODE_PATH", env("FILEDOCK_BENCH_TUS_NODE"))
+        .env("PORT", port.to_string())
+        .env("S3_ENDPOINT", env("FILEDOCK_TEST_S3_ENDPOINT"))
+        .env("S3_ACCESS_KEY", env("FILEDOCK_TEST_S3_ACCESS_KEY"))
+        .env("S3_SECRET_KEY", env("FILEDOCK_TEST_S3_SECRET_KEY"))
+        .env("S3_BUCKET", "tus-node-bench")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("node runs");
+    Server::wait_until_up(child, port, 400, Duration::from_millis(25)).await
+}
+
+/// What a filedock server's counters say one load cost, per upload.
+#[derive(Clone, Default)]
+struct Cost {
+    mongo: f64,
+    redis: f64,
+    s3: BTreeMap<String, f64>,
+    cpu_ms: f64,
+}
+
+impl Cost {
+    fn s3_total(&self) -> f64 {
+        self.s3.values().sum()
+    }
+}
+
+/// The counters a load moves, as they stand now.
+async fn counters(server: &Server) -> Cost {
+    let text = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut s3 = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("filedock_s3_requests_total{"))
+    {
+        let op = line.split('"').nth(1).unwrap_or("?").to_owned();
+        let n: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0.0);
+        s3.insert(op, n);
+    }
+    Cost {
+        mongo: metric_at(&server.base, "filedock_mongo_commands_total", "").await,
+        redis: metric_at(&server.base, "filedock_redis_commands_total", "").await,
+        s3,
+        cpu_ms: server.cpu_secs() * 1000.0,
+    }
+}
+
+/// `after − before`, per upload.
+fn per_upload(before: &Cost, after: &Cost, n: usize) -> Cost {
+    let n = n as f64;
+    Cost {
+        mongo: (after.mongo - before.mongo) / n,
+        redis: (after.redis - before.redis) / n,
+        s3: after
+            .s3
+            .iter()
+            .map(|(op, v)| (op.clone(), (v - before.s3.get(op).unwrap_or(&0.0)) / n))
+            .filter(|(_, v)| *v > 0.0)
+            .collect(),
+        cpu_ms: (after.cpu_ms - before.cpu_ms) / n,
+    }
+}
+
+/// One row's repetitions: the batches and (filedock) what they cost.
+#[derive(Default)]
+struct Runs {
+    batches: Vec<Batch>,
+    costs: Vec<Cost>,
+}
+
+impl Runs {
+    /// The median repetition by wall time, with its cost.
+    fn median(&self) -> (Batch, Option<Cost>) {
+        let mut order: Vec<usize> = (0..self.batches.len()).collect();
+        order.sort_by_key(|&i| self.batches[i].wall);
+        let mid = order[order.len() / 2];
+        (self.batches[mid], self.costs.get(mid).cloned())
+    }
+}
+
+fn mib_s(b: &Batch, size: usize) -> f64 {
+    (b.ok * size) as f64 / MIB as f64 / b.wall.as_secs_f64()
+}
+
+pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
+    r.section(
+        "13. Small resumable uploads: 100 × 1 MiB, 8 in flight (issue 44)",
+        "| build | path | succeeded | MiB/s | p50 | p99 | MongoDB cmds / upload | Redis cmds / upload | S3 requests / upload | CPU ms / upload |",
+    );
+    let http = reqwest::Client::new();
+    let mut builds = vec![("this", Server::start(&[]).await)];
+    if let Ok(base) = std::env::var("FILEDOCK_BENCH_BASE_BIN") {
+        builds.push(("base", Server::start_bin(&base, &[]).await));
+    }
+    let peer = tus_node().await;
+    let keys: Vec<String> = {
+        let mut keys = Vec::new();
+        for (name, server) in &builds {
+            keys.push(client.user(server, &format!("tus-{name}")).await);
+        }
+        keys
+    };
+    // Rows: (build index or None for the peer, tus or plain).
+    let mut rows: Vec<(Option<usize>, bool)> = vec![(None, true)];
+    for b in 0..builds.len() {
+        rows.push((Some(b), true));
+        rows.push((Some(b), false));
+    }
+    let mut runs: Vec<Runs> = rows.iter().map(|_| Runs::default()).collect();
+    // Warm-up: one small load on each, so that no row pays for connections first.
+    for &(b, tus) in &rows {
+        one_load(client, &http, &builds, &keys, &peer, b, tus, 8).await;
+    }
+    for rep in 0..REPS {
+        for i in 0..rows.len() {
+            let which = (i + rep) % rows.len();
+            let (b, tus) = rows[which];
+            let before = match b {
+                Some(b) => Some(counters(&builds[b].1).await),
+                None => None,
+            };
+            let batch = one_load(client, &http, &builds, &keys, &peer, b, tus, UPLOADS).await;
+            if let (Some(b), Some(before)) = (b, before) {
+                let after = counters(&builds[b].1).await;
+                runs[which].costs.push(per_upload(&before, &after, UPLOADS));
+            }
+            runs[which].batches.push(batch);
+        }
+    }
+    let mut rate = BTreeMap::new();
+    let mut s3_ops = Vec::new();
+    for (which, &(b, tus)) in rows.iter().enumerate() {
+        let (batch, cost) = runs[which].median();
+        let build = b.map_or("tus-node-server 2.4.5", |b| builds[b].0);
+        let path = if tus { "tus" } else { "plain" };
+        let mibs = mib_s(&batch, MIB);
+        rate.insert((b, tus), mibs);
+        let cost_cols = match &cost {
+            Some(c) => format!(
+                "{:.1} | {:.1} | {:.1} | {:.2}",
+                c.mongo,
+                c.redis,
+                c.s3_total(),
+                c.cpu_ms
+            ),
+            None => "| | |".to_owned(),
+        };
+        if let Some(c) = &cost {
+            let ops: Vec<String> = c.s3.iter().map(|(op, n)| format!("{op} {n:.2}")).collect();
+            s3_ops.push(format!("{build} {path}: {}", ops.join(", ")));
+        }
+        r.row(format!(
+            "| {build} | {path} | {}/{} | {mibs:.1} | {} | {} | {cost_cols} |",
+            batch.ok,
+            batch.total,
+            ms(batch.p50),
+            ms(batch.p99),
+        ));
+    }
+    let peer_rate = rate[&(None, true)];
+    for (b, (name, _)) in builds.iter().enumerate() {
+        let (tus, plain) = (rate[&(Some(b), true)], rate[&(Some(b), false)]);
+        r.row(format!(
+            "| {name} | tus ÷ tus-node-server | | {:.2}× | | | | | | |",
+            tus / peer_rate
+        ));
+        r.row(format!(
+            "| {name} | tus ÷ plain | | {:.2}× | | | | | | |",
+            tus / plain
+        ));
+    }
+    r.note(format!(
+        "S3 requests per upload, by operation: {}.",
+        s3_ops.join("; ")
+    ));
+    drop(peer);
+    cpu_per_small_upload(client, &builds, r).await;
+}
+
+/// One load of `n` uploads of 1 MiB, `IN_FLIGHT` at once: tus or plain,
+/// on build `b` (`None`: the peer).
+#[allow(clippy::too_many_arguments)]
+async fn one_load(
+    client: &Client,
+    http: &reqwest::Client,
+    builds: &[(&str, Server)],
+    keys: &[String],
+    peer: &Server,
+    b: Option<usize>,
+    tus: bool,
+    n: usize,
+) -> Batch {
+    let target = match b {
+        Some(b) => Tus {
+            server: &builds[b].1,
+            path: "/v1/uploads",
+            key: Some(&keys[b]),
+        },
+        None => Tus {
+            server: peer,
+            path: "/files",
+            key: None,
+        },
+    };
+    let target = &target;
+    drive(n, IN_FLIGHT, move |_| async move {
+        match (tus, target.key) {
+            (true, _) | (false, None) => target.upload(http, MIB).await,
+            (false, Some(key)) => {
+                client
+                    .upload(target.server, key, reqwest::Body::from(vec![0x5a; MIB]))
+                    .await
+            }
+        }
+    })
+    .await
+}
+
+/// filedock's CPU per 4 KiB plain upload: 32 users with one in flight
+/// each, and one user's 32 at once (grouped).
+async fn cpu_per_small_upload(client: &Client, builds: &[(&str, Server)], r: &mut Report) {
+    const N: usize = 640;
+    r.section(
+        "13b. filedock's CPU per 4 KiB plain upload, 640 uploads, 32 in flight (issue 44)",
+        "| build | load | succeeded | per second | CPU ms / upload |",
+    );
+    for (users, load) in [(32, "32 users"), (1, "one user's burst")] {
+        let mut results: Vec<Vec<(Batch, f64)>> = builds.iter().map(|_| Vec::new()).collect();
+        for rep in 0..REPS {
+            for i in 0..builds.len() {
+                let which = (i + rep) % builds.len();
+                let server = &builds[which].1;
+                let mut keys = Vec::new();
+                for u in 0..users {
+                    keys.push(client.user(server, &format!("cpu-{users}-{rep}-{u}")).await);
+                }
+                let cpu = server.cpu_secs();
+                let batch = drive(N, 32, |i| {
+                    client.upload(
+                        server,
+                        &keys[i % users],
+                        reqwest::Body::from(vec![1u8; 4096]),
+                    )
+                })
+                .await;
+                let per = (server.cpu_secs() - cpu) * 1000.0 / N as f64;
+                results[which].push((batch, per));
+            }
+        }
+        for (which, (name, _)) in builds.iter().enumerate() {
+            let mut reps = results[which].clone();
+            reps.sort_by(|a, b| a.1.partial_cmp(&b.1).unwrap());
+            let (batch, per) = reps[reps.len() / 2];
+            r.row(format!(
+                "| {name} | {load} | {}/{} | {:.0} | {per:.2} |",
+                batch.ok,
+                batch.total,
+                batch.rate()
+            ));
+        }
+    }
+}

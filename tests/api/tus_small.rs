@@ -1,0 +1,147 @@
+//! Small resumable uploads (issue 44): what one costs in round trips, read
+//! from filedock's own metrics (`filedock_s3_requests_total` by operation,
+//! `filedock_redis_commands_total`, `filedock_mongo_commands_total`), and
+//! that the requests it no longer sends were not needed: the type is still
+//! decided from the bytes, nothing is left in staging. The counts are
+//! checked on the real stack (`FILEDOCK_TEST_BACKEND=real`); the bytes and
+//! types on both.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use reqwest::StatusCode;
+
+use crate::{
+    helpers::*,
+    tus::{content, create_typed, patch, staging_left},
+};
+
+const PNG_START: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+
+/// A PNG signature followed by `len` bytes in all.
+fn png(len: usize) -> Vec<u8> {
+    let mut bytes = PNG_START.to_vec();
+    bytes.extend((0..len - PNG_START.len()).map(|i| (i % 251) as u8));
+    bytes
+}
+
+/// An app whose sweeper does not run by itself (its passes would count).
+async fn quiet_app() -> TestApp {
+    let mut settings = test_settings();
+    settings.sweep.interval = Duration::ZERO;
+    spawn_app_with(settings).await
+}
+
+/// S3 requests sent so far, by operation.
+async fn s3_requests(app: &TestApp) -> BTreeMap<String, f64> {
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("filedock_s3_requests_total{"))
+        .map(|l| {
+            let op = l.split('"').nth(1).unwrap().to_owned();
+            (op, l.rsplit(' ').next().unwrap().parse().unwrap())
+        })
+        .collect()
+}
+
+/// The requests sent between `before` and `after`, by operation.
+fn sent(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(op, n)| (op.clone(), n - before.get(op).unwrap_or(&0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_small_upload_in_one_patch_reads_nothing_back_from_the_blob_store() {
+    let app = quiet_app().await;
+    let user = app.create_user("small-one-patch").await;
+    let bytes = png(100 * 1024);
+    let before = s3_requests(&app).await;
+    // No type named: it is detected from the first bytes, which this PATCH
+    // brought, so they are not read back from the store.
+    let id = create_typed(&app, &user, bytes.len(), None).await;
+    let done = patch(&app, &user, &id, 0, &bytes).await;
+    assert_eq!(done.status(), StatusCode::NO_CONTENT);
+    let sent = sent(&before, &s3_requests(&app).await);
+    let stored = app.download(&user, &id).await;
+    assert_eq!(stored.headers()["content-type"], "image/png");
+    assert_eq!(stored.bytes().await.unwrap().to_vec(), bytes);
+    assert_eq!(staging_left(&app).await, 0);
+    if real_backends() {
+        assert_eq!(
+            sent.get("GetObject"),
+            None,
+            "the type from the bytes at hand: {sent:?}"
+        );
+        assert_eq!(
+            sent.get("ListObjectsV2"),
+            None,
+            "nothing was staged to clear: {sent:?}"
+        );
+        assert_eq!(sent.get("UploadPart"), Some(&1.0), "{sent:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_type_is_detected_when_the_first_bytes_came_in_an_earlier_patch() {
+    let app = quiet_app().await;
+    let user = app.create_user("small-two-patches").await;
+    let bytes = png(20 * 1024);
+    let id = create_typed(&app, &user, bytes.len(), Some("application/octet-stream")).await;
+    let first = patch(&app, &user, &id, 0, &bytes[..6]).await;
+    assert_eq!(first.status(), StatusCode::NO_CONTENT);
+    let before = s3_requests(&app).await;
+    let done = patch(&app, &user, &id, 6, &bytes[6..]).await;
+    assert_eq!(done.status(), StatusCode::NO_CONTENT);
+    let sent = sent(&before, &s3_requests(&app).await);
+    let stored = app.download(&user, &id).await;
+    assert_eq!(
+        stored.headers()["content-type"],
+        "image/png",
+        "read back from the store"
+    );
+    assert_eq!(content(&app, &user, &id).await, bytes);
+    assert_eq!(staging_left(&app).await, 0, "the first PATCH's tail went");
+    if real_backends() {
+        assert_eq!(
+            sent.get("GetObject"),
+            Some(&2.0),
+            "the staged tail and the head: {sent:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upload_s_round_trips_are_counted_in_the_metrics() {
+    let app = quiet_app().await;
+    let user = app.create_user("counted").await;
+    let bytes = png(4096);
+    let (mongo, redis) = (
+        app.metric("filedock_mongo_commands_total", "").await,
+        app.metric("filedock_redis_commands_total", "").await,
+    );
+    let before = s3_requests(&app).await;
+    let id = create_typed(&app, &user, bytes.len(), Some("image/png")).await;
+    assert_eq!(
+        patch(&app, &user, &id, 0, &bytes).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    if real_backends() {
+        let sent = sent(&before, &s3_requests(&app).await);
+        assert!(sent.values().sum::<f64>() >= 1.0, "{sent:?}");
+        assert!(app.metric("filedock_mongo_commands_total", "").await > mongo);
+        assert!(
+            app.metric("filedock_redis_commands_total", "").await > redis,
+            "the upload's lock is taken in Redis"
+        );
+    }
+}
