@@ -25,6 +25,9 @@ pub struct GroupPlan<'a> {
     pub freed: Vec<FileId>,
     pub freed_bytes: i64,
     pub freed_open: i64,
+    /// The resumable uploads among them: their states are marked committed
+    /// in the same transaction.
+    pub resumable: Vec<FileId>,
 }
 
 /// What a resumable upload holds of its user's counters (its record's
@@ -66,6 +69,7 @@ pub fn plan<'a>(
         freed: Vec::new(),
         freed_bytes: 0,
         freed_open: 0,
+        resumable: Vec::new(),
     };
     for c in group {
         let key = c.idempotency.as_ref();
@@ -85,6 +89,9 @@ pub fn plan<'a>(
             continue;
         }
         p.bytes += c.file.size;
+        if c.resumable {
+            p.resumable.push(c.file.id);
+        }
         if own != Held::default() {
             p.freed.push(c.file.id);
             p.freed_bytes += own.reserved;

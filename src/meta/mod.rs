@@ -134,13 +134,13 @@ pub trait CleanupRepo: Send + Sync {
     async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>>;
 
     /// Marks the intent's upload alive now and, with `until`, alive until
-    /// then (a resumable upload renewed to that expiry); `false` if the
-    /// intent is gone.
+    /// then (a resumable upload renewed to that expiry): the intent as
+    /// updated, `None` if it is gone. One round trip.
     async fn touch_intent(
         &self,
         file_id: &FileId,
         until: Option<DateTime<Utc>>,
-    ) -> MetaResult<bool>;
+    ) -> MetaResult<Option<IntentRecord>>;
 
     /// Turns an upload intent into a pending orphan, in one transaction, if
     /// its upload was last alive before `stale_before` (always, if `None`).

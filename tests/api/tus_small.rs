@@ -145,3 +145,46 @@ async fn an_upload_s_round_trips_are_counted_in_the_metrics() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_commit_marks_the_upload_committed_in_its_own_transaction() {
+    let app = quiet_app().await;
+    let user = app.create_user("marked").await;
+    let bytes = png(3000);
+    // The key is looked up once, then cached: not the upload's cost.
+    let warm = app.client.get(app.url("/v1/files")).bearer_auth(&user.key);
+    assert_eq!(warm.send().await.unwrap().status(), StatusCode::OK);
+    let commands = app.metric("filedock_mongo_commands_total", "").await;
+    let id = create_typed(&app, &user, bytes.len(), Some("image/png")).await;
+    assert_eq!(
+        patch(&app, &user, &id, 0, &bytes).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    let sent = app.metric("filedock_mongo_commands_total", "").await - commands;
+    let upload = app
+        .state
+        .ports
+        .meta
+        .resumable(&id.parse().unwrap())
+        .await
+        .unwrap()
+        .expect("kept until it expires");
+    assert!(upload.committed && upload.completed, "{upload:?}");
+    assert_eq!((upload.reserved, upload.open), (0, false));
+    assert_eq!(
+        app.state
+            .ports
+            .meta
+            .intent(&id.parse().unwrap())
+            .await
+            .unwrap(),
+        None
+    );
+    if real_backends() {
+        // Creation 4 (intent, then counters and state in a transaction),
+        // the PATCH 4 (two reads around the lock, intent, state), the
+        // commit 6 (the state's mark with its reservation, user, file,
+        // permission, intent, commitTransaction); 17 before issue 44.
+        assert!(sent <= 14.0, "{sent} MongoDB commands for one small upload");
+    }
+}

@@ -104,7 +104,12 @@ async fn staging_no_live_upload_owns_goes_with_the_sweep_and_a_live_uploads_stay
     let dead_id: FileId = dead.parse().unwrap();
     meta.delete_resumable(&dead_id).await.unwrap();
     let past = filedock::meta::now() - chrono::Duration::seconds(1);
-    assert!(meta.touch_intent(&dead_id, Some(past)).await.unwrap());
+    assert!(
+        meta.touch_intent(&dead_id, Some(past))
+            .await
+            .unwrap()
+            .is_some()
+    );
     if real_backends() {
         // A tail the live upload's state replaced (its delete failed).
         let key = BlobKey::file(user.user_id(), live.parse().unwrap()).tail(0, 40);

@@ -27,12 +27,24 @@ pub(super) struct Fresh {
     /// The upload's first bytes (up to [`media::SNIFF_BYTES`]), when this
     /// request read them: its type is decided from them.
     pub head: Option<Bytes>,
+    /// The upload's intent, as this request renewed it.
+    pub intent: Option<IntentRecord>,
     /// This request moved the state to the end from short of it: no commit
     /// of the upload can have run before.
     pub advanced: bool,
     /// Nothing this upload's states named is left in staging (no tail, or
     /// its delete succeeded).
     pub staging_clear: bool,
+}
+
+/// How an upload came to be done.
+enum Ended {
+    /// This request's commit applied; its transaction marked the state
+    /// committed. `staging_clear`: nothing is left in staging ([`Fresh`]).
+    Committed { staging_clear: bool },
+    /// Its file was found committed (an earlier commit's answer was lost,
+    /// or another request's), or the commit replayed a first one.
+    Found,
 }
 
 /// A PATCH body with no bytes.
@@ -75,7 +87,7 @@ impl ResumableService {
                 match upload.last_part_stored() {
                     true => self.finish(user, upload).await,
                     false => {
-                        self.append(user, upload, None, empty_body(), None, None)
+                        self.append(user, (upload, None), None, empty_body(), None, None)
                             .await
                     }
                 }
@@ -105,7 +117,7 @@ impl ResumableService {
         &self,
         user: &UserRecord,
         mut upload: ResumableRecord,
-        fresh: Fresh,
+        mut fresh: Fresh,
     ) -> Result<Patched> {
         if upload.committed {
             return self.committed(user, upload).await;
@@ -116,12 +128,18 @@ impl ResumableService {
         if !fresh.advanced
             && let Some(file) = self.files.file(&user.id, &upload.id).await?
         {
-            return Ok(self.done(upload, file, false).await);
+            return Ok(self.done(upload, file, Ended::Found).await);
         }
         // Before the blob is completed: an upload the sweeper took (its
         // intent now an orphan, whose blob it deleted or will) must not be
         // completed into an object nobody owns.
-        let Some(intent) = self.cleanup.intent(&upload.id).await? else {
+        // The intent this request renewed, if it did (a commit after the
+        // sweeper took it since is refused: the intent is gone).
+        let intent = match fresh.intent.take() {
+            Some(intent) => Some(intent),
+            None => self.cleanup.intent(&upload.id).await?,
+        };
+        let Some(intent) = intent else {
             return self.taken(user, upload).await;
         };
         // Only an upload whose bytes are all stored is finished: its length is known.
@@ -208,9 +226,17 @@ impl ResumableService {
             .committer
             .commit(&mut staged, Hold::none(category), stored);
         match committed.await {
-            Commit::Committed(file) => Ok(self.done(upload, file, fresh.staging_clear).await),
+            Commit::Committed(file) => Ok(self
+                .done(
+                    upload,
+                    file,
+                    Ended::Committed {
+                        staging_clear: fresh.staging_clear,
+                    },
+                )
+                .await),
             Commit::Refused(Refusal::KeyUsed { first, .. }) => {
-                Ok(self.done(upload, first.file, false).await)
+                Ok(self.done(upload, first.file, Ended::Found).await)
             }
             Commit::Refused(Refusal::Error(e)) => {
                 // An earlier commit whose answer was lost may have applied.
@@ -224,7 +250,7 @@ impl ResumableService {
                     }
                 };
                 if let Some(file) = file {
-                    return Ok(self.done(upload, file, false).await);
+                    return Ok(self.done(upload, file, Ended::Found).await);
                 }
                 if matches!(e, DomainError::UploadExpired) {
                     // Swept while finishing: the sweeper may have deleted
@@ -266,7 +292,7 @@ impl ResumableService {
     /// blob store's write, which the state alone names).
     async fn taken(&self, user: &UserRecord, upload: ResumableRecord) -> Result<Patched> {
         if let Some(file) = self.files.file(&user.id, &upload.id).await? {
-            return Ok(self.done(upload, file, false).await);
+            return Ok(self.done(upload, file, Ended::Found).await);
         }
         self.drop_unowned(&upload).await;
         Err(DomainError::UploadExpired.into())
@@ -302,27 +328,43 @@ impl ResumableService {
     }
 
     /// The upload is over: its blob is the file's; what is left in staging
-    /// (a tail whose delete failed) goes, unless `staging_clear` says there
-    /// is none (what a failed PATCH left there the sweeper removes), and
+    /// (a tail whose delete failed) goes, unless this request's commit says
+    /// there is none (what a failed PATCH left there the sweeper removes);
     /// the state is marked committed (and completed) and kept until it
     /// expires, so that a client that missed this answer learns from
-    /// `HEAD` (or a PATCH at the end) that it is complete.
-    async fn done(
-        &self,
-        mut upload: ResumableRecord,
-        file: FileRecord,
-        staging_clear: bool,
-    ) -> Patched {
-        if !staging_clear
-            && let Err(e) = self.parts.clear_staging(&upload.key, &upload.handle).await
+    /// `HEAD` (or a PATCH at the end) that it is complete. A commit of this
+    /// request marked it in its own transaction: then only an expiry too
+    /// near is renewed.
+    async fn done(&self, mut upload: ResumableRecord, file: FileRecord, ended: Ended) -> Patched {
+        if !matches!(
+            ended,
+            Ended::Committed {
+                staging_clear: true
+            }
+        ) && let Err(e) = self.parts.clear_staging(&upload.key, &upload.handle).await
         {
             tracing::warn!(upload = %upload.id, error = %e, "could not clear a finished upload's staging");
+        }
+        let marked = matches!(ended, Ended::Committed { .. });
+        if marked {
+            (upload.committed, upload.completed, upload.open) = (true, true, false);
+            upload.reserved = 0;
         }
         let before = upload.progress();
         upload.committed = true;
         // Answerable for a whole expiry from now: a client that missed this
         // answer asks HEAD, and must not find it expired (and upload again).
-        upload.expires_at = upload.expires_at.max(self.expires_at());
+        // A PATCH renewed it as it began: renewed again only when less than
+        // half of it is left.
+        let renewed = self.expires_at();
+        let half = self.limits.expiry / 2;
+        if marked && upload.expires_at > renewed - half {
+            return Patched::Done {
+                upload,
+                file: Box::new(file),
+            };
+        }
+        upload.expires_at = upload.expires_at.max(renewed);
         match self.resumables.advance_resumable(&upload, before).await {
             Ok(true) => {}
             // Gone (expired meanwhile), or marked by another request.

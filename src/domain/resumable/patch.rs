@@ -26,7 +26,7 @@ use crate::{
     },
     domain::{DomainError, media::SNIFF_BYTES},
     lock::{Asked, LockGuard, LockKey, ReleaseListener},
-    meta::{MetaError, Progress, ResumableRecord, UserRecord},
+    meta::{IntentRecord, MetaError, Progress, ResumableRecord, UserRecord},
     vocab::FileId,
 };
 
@@ -73,9 +73,13 @@ impl ResumableService {
             // The same instant for both, so that the intent never lapses
             // (and is swept) while the state it stands for still lives.
             let until = self.expires_at();
-            if !upload.last_part_stored() && !self.cleanup.touch_intent(id, Some(until)).await? {
-                return Err(DomainError::UploadExpired.into());
-            }
+            let intent = match upload.last_part_stored() {
+                true => None,
+                false => match self.cleanup.touch_intent(id, Some(until)).await? {
+                    Some(intent) => Some(intent),
+                    None => return Err(DomainError::UploadExpired.into()),
+                },
+            };
             let slot = self.admission.reserve(user)?;
             // Declared once the checks that need no body have passed: a
             // declaration stands whatever the body does next (tus: the
@@ -88,7 +92,7 @@ impl ResumableService {
             upload.expires_at = until;
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
-                r = self.append(user, upload, checksum, body, lost, asked) => r,
+                r = self.append(user, (upload, intent), checksum, body, lost, asked) => r,
                 never = self.admission.keep_alive(id) => match never {},
             };
             drop(slot);
@@ -140,10 +144,11 @@ impl ResumableService {
         Err(ResumableError::OffsetMismatch(now.offset as u64))
     }
 
+    /// `intent`: the upload's intent, when this request read it (renewing it).
     pub(super) async fn append(
         &self,
         user: &UserRecord,
-        upload: ResumableRecord,
+        (upload, intent): (ResumableRecord, Option<IntentRecord>),
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
         lost: Option<CancellationToken>,
@@ -245,9 +250,13 @@ impl ResumableService {
         let old_tail =
             (before.offset as u64 > old_tail).then_some((old_tail, before.offset as u64));
         if upload.all_stored() {
-            let head = head.map(Bytes::from);
+            let fresh = Fresh {
+                head: head.map(Bytes::from),
+                intent,
+                ..Fresh::default()
+            };
             return self
-                .store_last(user, upload, &before, tail, (hasher, head), old_tail)
+                .store_last(user, upload, &before, tail, (hasher, fresh), old_tail)
                 .await;
         }
         if upload.offset == before.offset {
@@ -303,7 +312,7 @@ impl ResumableService {
         mut upload: ResumableRecord,
         before: &ResumableRecord,
         last: Bytes,
-        (hasher, head): (sha2_state::Sha256, Option<Bytes>),
+        (hasher, fresh): (sha2_state::Sha256, Fresh),
         old_tail: Option<(u64, u64)>,
     ) -> Result<Patched> {
         let start = upload.tail_start() as u64;
@@ -350,9 +359,9 @@ impl ResumableService {
             staging_clear = false;
         }
         let fresh = Fresh {
-            head,
             advanced: true,
             staging_clear,
+            ..fresh
         };
         self.finish_fresh(user, upload, fresh).await
     }

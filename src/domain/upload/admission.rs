@@ -226,9 +226,9 @@ impl Admission {
         loop {
             tokio::time::sleep(self.refresh_every).await;
             match self.cleanup.touch_intent(file_id, None).await {
-                Ok(true) => {}
+                Ok(Some(_)) => {}
                 // Swept after all (this process stalled): the commit will say so.
-                Ok(false) => std::future::pending::<()>().await,
+                Ok(None) => std::future::pending::<()>().await,
                 Err(e) => {
                     tracing::warn!(%file_id, error = %e, "could not refresh the upload intent")
                 }

@@ -71,18 +71,18 @@ impl CleanupRepo for EmbeddedStore {
         &self,
         file_id: &FileId,
         until: Option<DateTime<Utc>>,
-    ) -> MetaResult<bool> {
+    ) -> MetaResult<Option<IntentRecord>> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {
             let Some(mut intent) = tx.get::<IntentRecord>(&key)? else {
-                return Ok(false);
+                return Ok(None);
             };
             intent.refreshed_at = Some(now());
             if until.is_some() {
                 intent.alive_until = until;
             }
             tx.put(&key, &intent)?;
-            Ok(true)
+            Ok(Some(intent))
         })
         .await
     }

@@ -145,7 +145,7 @@ impl FileRepo for EmbeddedStore {
                 &held,
             );
             user.used_bytes += plan.bytes;
-            for id in &plan.freed {
+            for id in &plan.resumable {
                 resumable::release(tx, &mut user, id)?;
             }
             user.file_count += plan.committing.len() as i64;

@@ -22,8 +22,9 @@ fn stored_user(tx: &mut Txn, id: &UserId) -> MetaResult<UserRecord> {
     tx.get(&user_key(id))?.ok_or(MetaError::NotFound)
 }
 
-/// Gives back what upload `id` holds of `user`'s counters, in `tx`; the
-/// record, updated, is written back unless the caller deletes it. The
+/// Gives back what upload `id` holds of `user`'s counters as its file
+/// commits, in `tx`, and marks its record committed (and completed): a
+/// client that missed the commit's answer learns it from the record. The
 /// bytes given back.
 pub(super) fn release(tx: &mut Txn, user: &mut UserRecord, id: &FileId) -> MetaResult<i64> {
     let key = resumable_key(id);
@@ -31,14 +32,12 @@ pub(super) fn release(tx: &mut Txn, user: &mut UserRecord, id: &FileId) -> MetaR
         return Ok(0);
     };
     let freed = upload.reserved;
-    if !upload.open && freed == 0 {
-        return Ok(0);
-    }
     user.reserved_bytes -= freed;
     if upload.open {
         user.open_uploads -= 1;
     }
     (upload.reserved, upload.open) = (0, false);
+    (upload.committed, upload.completed) = (true, true);
     tx.put(&key, &upload)?;
     Ok(freed)
 }

@@ -71,18 +71,17 @@ impl CleanupRepo for MongoStore {
         &self,
         file_id: &FileId,
         until: Option<DateTime<Utc>>,
-    ) -> MetaResult<bool> {
+    ) -> MetaResult<Option<IntentRecord>> {
         let now = bson::DateTime::from_chrono(crate::meta::now());
         let mut set = doc! {"refreshed_at": now};
         if let Some(until) = until {
             set.insert("alive_until", bson::DateTime::from_chrono(until));
         }
-        let touched = self
-            .intents()
-            .update_one(doc! {"_id": file_id}, doc! {"$set": set})
+        self.intents()
+            .find_one_and_update(doc! {"_id": file_id}, doc! {"$set": set})
+            .return_document(mongodb::options::ReturnDocument::After)
             .await
-            .map_err(classify)?;
-        Ok(touched.matched_count > 0)
+            .map_err(classify)
     }
 
     async fn abandon_intent(

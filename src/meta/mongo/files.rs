@@ -75,8 +75,7 @@ impl MongoStore {
         let mut inc = doc! {"used_bytes": file.size, "file_count": 1_i64};
         // The file's bytes take the place of its upload's reservation.
         if c.resumable {
-            let freed = self.held_in(s, &file.id).await?;
-            self.mark_released_in(s, &[file.id]).await?;
+            let freed = self.release_in(s, &file.id).await?;
             inc.insert("reserved_bytes", -freed.reserved);
             inc.insert("open_uploads", -i64::from(freed.open));
         }
@@ -172,7 +171,7 @@ impl MongoStore {
         // The quota read above is in this transaction's snapshot: a write of
         // the user document since then makes this update a write conflict.
         let mut filter = doc! {"_id": owner, "deleting_since": null};
-        self.mark_released_in(s, &plan.freed).await?;
+        self.mark_released_in(s, &plan.resumable).await?;
         let mut update = doc! {
             "$inc": {
                 "used_bytes": plan.bytes,

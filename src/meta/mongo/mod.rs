@@ -117,8 +117,11 @@ impl MongoStore {
         let mut opts = ClientOptions::parse(uri).await?;
         opts.app_name = Some("filedock".into());
         opts.command_event_handler = Some(EventHandler::callback(move |e| {
-            if let CommandEvent::Started(_) = e {
+            if let CommandEvent::Started(started) = e {
                 commands.inc();
+                // Each round trip, by name and collection (RUST_LOG=filedock::mongo=trace).
+                let collection = started.command.get_str(&started.command_name).ok();
+                tracing::trace!(target: "filedock::mongo", command = %started.command_name, collection, "mongo command");
             }
         }));
         // Fail fast when the server is gone: requests answer 503, not hang.

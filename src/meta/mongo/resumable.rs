@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use bson::{Document, doc};
 use chrono::{DateTime, Utc};
-use mongodb::ClientSession;
+use mongodb::{ClientSession, options::ReturnDocument};
 
 use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
@@ -46,8 +46,27 @@ impl MongoStore {
         }))
     }
 
-    /// Marks the uploads' reservations given back, in `s` (the caller
-    /// takes them off the user document in the same transaction).
+    /// Marks upload `id` committed as its file commits, its reservation
+    /// given back, in `s`: what it held (the caller takes that off the user
+    /// document in the same transaction). One round trip for both.
+    pub(super) async fn release_in(&self, s: &mut ClientSession, id: &FileId) -> MetaResult<Held> {
+        let before = self
+            .resumables()
+            .find_one_and_update(doc! {"_id": id}, committed_mark())
+            .return_document(ReturnDocument::Before)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        Ok(before.map_or_else(Held::default, |u| Held {
+            reserved: u.reserved,
+            open: u.open,
+        }))
+    }
+
+    /// Marks the uploads committed as their files commit, their
+    /// reservations given back, in `s` (the caller takes those off the
+    /// user document in the same transaction): a client that missed the
+    /// commit's answer learns it from the record.
     pub(super) async fn mark_released_in(
         &self,
         s: &mut ClientSession,
@@ -57,10 +76,7 @@ impl MongoStore {
             return Ok(());
         }
         self.resumables()
-            .update_many(
-                doc! {"_id": {"$in": ids}},
-                doc! {"$set": {"reserved": 0_i64, "open": false}},
-            )
+            .update_many(doc! {"_id": {"$in": ids}}, committed_mark())
             .session(&mut *s)
             .await
             .map(|_| ())
@@ -326,4 +342,9 @@ impl ResumableRepo for MongoStore {
         )
         .await
     }
+}
+
+/// A committed upload's record: nothing held, committed, completed.
+fn committed_mark() -> Document {
+    doc! {"$set": {"reserved": 0_i64, "open": false, "committed": true, "completed": true}}
 }
