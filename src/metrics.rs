@@ -308,7 +308,7 @@ impl Default for Metrics {
         );
         r.register(
             "filedock_redis_commands",
-            "Commands sent to Redis (round trips; each command of a pipeline or script call counts)",
+            "Commands sent to Redis (each command of a pipeline counts; a script call is one)",
             m.redis_commands.clone(),
         );
         r.register(

@@ -57,16 +57,22 @@ impl Server {
     }
 }
 
-/// The sum of a metric's samples whose labels contain `labels`, on the
-/// server at `base`.
-pub async fn metric_at(base: &str, name: &str, labels: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics"))
+/// The `/metrics` text of the server at `base`.
+pub async fn metrics_text(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    text.lines()
+        .unwrap()
+}
+
+/// The sum of a metric's samples whose labels contain `labels`, on the
+/// server at `base`.
+pub async fn metric_at(base: &str, name: &str, labels: &str) -> f64 {
+    metrics_text(base)
+        .await
+        .lines()
         .filter(|l| l.starts_with(name) && l.contains(labels))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()

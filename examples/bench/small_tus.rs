@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use filedock::testing::{Server, free_port, metric_at};
+use filedock::testing::{Server, free_port, metric_at, metrics_text};
 
 use crate::support::*;
 
@@ -126,12 +126,7 @@ impl Cost {
 
 /// The counters a load moves, as they stand now.
 async fn counters(server: &Server) -> Cost {
-    let text = reqwest::get(format!("{}/metrics", server.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&server.base).await;
     let mut s3 = BTreeMap::new();
     for line in text
         .lines()

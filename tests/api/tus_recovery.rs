@@ -166,7 +166,7 @@ async fn a_completion_whose_answer_was_lost_is_finished_by_the_next_patch() {
 }
 
 /// An app whose lock waits run out after 1 s.
-async fn spawn_with_short_lock_wait() -> TestApp {
+pub(crate) async fn spawn_with_short_lock_wait() -> TestApp {
     let mut settings = test_settings();
     settings.lock.wait_timeout = Duration::from_secs(1);
     spawn_app_with(settings).await
@@ -175,7 +175,7 @@ async fn spawn_with_short_lock_wait() -> TestApp {
 /// The final PATCH of upload `id` (`bytes`, all of it) while another
 /// upload of the user's holds the commit's lock: refused (`429`), every
 /// byte stored.
-async fn patch_while_commit_lock_held(
+pub(crate) async fn patch_while_commit_lock_held(
     app: &TestApp,
     user: &TestUser,
     id: &str,

@@ -33,16 +33,9 @@ async fn quiet_app() -> TestApp {
 
 /// S3 requests sent so far, by operation.
 async fn s3_requests(app: &TestApp) -> BTreeMap<String, f64> {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
+    filedock::testing::metrics_text(&app.base)
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
+        .lines()
         .filter(|l| l.starts_with("filedock_s3_requests_total{"))
         .map(|l| {
             let op = l.split('"').nth(1).unwrap().to_owned();
@@ -147,7 +140,7 @@ async fn an_upload_s_round_trips_are_counted_in_the_metrics() {
 }
 
 #[tokio::test]
-async fn the_commit_marks_the_upload_committed_in_its_own_transaction() {
+async fn a_small_upload_costs_at_most_14_mongodb_commands_and_ends_marked_committed() {
     let app = quiet_app().await;
     let user = app.create_user("marked").await;
     let bytes = png(3000);
@@ -187,4 +180,36 @@ async fn the_commit_marks_the_upload_committed_in_its_own_transaction() {
         // permission, intent, commitTransaction); 17 before issue 44.
         assert!(sent <= 14.0, "{sent} MongoDB commands for one small upload");
     }
+}
+
+/// A final PATCH whose commit was refused leaves the state at the end; the
+/// retry that commits it (an empty PATCH there) renews its expiry, so that
+/// a client that missed that answer still finds it complete (review of
+/// issue 44: the renewal was skipped when the retry's own commit marked it).
+#[tokio::test]
+async fn a_retried_commit_renews_the_expiry_of_the_upload_it_finishes() {
+    let app = crate::tus_recovery::spawn_with_short_lock_wait().await;
+    let user = app.create_user("retried-commit").await;
+    let bytes = png(1000);
+    let id = create_typed(&app, &user, bytes.len(), Some("image/png")).await;
+    let refused = crate::tus_recovery::patch_while_commit_lock_held(&app, &user, &id, &bytes);
+    assert_eq!(refused.await.status(), StatusCode::TOO_MANY_REQUESTS);
+    // As if the refusal were most of an expiry ago.
+    let meta = &app.state.ports.meta;
+    let mut upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
+    upload.expires_at = filedock::meta::now() + chrono::Duration::minutes(1);
+    assert!(
+        meta.advance_resumable(&upload, upload.progress())
+            .await
+            .unwrap()
+    );
+
+    let retried = patch(&app, &user, &id, bytes.len(), b"").await;
+    assert_eq!(retried.status(), StatusCode::NO_CONTENT);
+    let upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
+    assert!(upload.committed);
+    let left = upload.expires_at - filedock::meta::now();
+    let expiry = chrono::Duration::from_std(app.settings.tus_expiry).unwrap();
+    assert!(left > expiry / 2, "expires in {left}, not renewed");
+    assert_eq!(content(&app, &user, &id).await, bytes);
 }

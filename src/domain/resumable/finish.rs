@@ -29,19 +29,24 @@ pub(super) struct Fresh {
     pub head: Option<Bytes>,
     /// The upload's intent, as this request renewed it.
     pub intent: Option<IntentRecord>,
-    /// This request moved the state to the end from short of it: no commit
-    /// of the upload can have run before.
+    /// This request moved the state to the end from short of it (and the
+    /// expiry with it), and still holds the upload's lease: no commit of
+    /// the upload can have run before.
     pub advanced: bool,
-    /// Nothing this upload's states named is left in staging (no tail, or
-    /// its delete succeeded).
+    /// The tail the state named before the last part is deleted (or there
+    /// was none): what else is in staging (a tail an earlier PATCH failed
+    /// to delete, or stored and then lost a race with) no state needs, and
+    /// the sweeper's staging pass removes it.
     pub staging_clear: bool,
 }
 
 /// How an upload came to be done.
 enum Ended {
     /// This request's commit applied; its transaction marked the state
-    /// committed. `staging_clear`: nothing is left in staging ([`Fresh`]).
-    Committed { staging_clear: bool },
+    /// committed. `staging_clear`: nothing is left in staging that a state
+    /// names ([`Fresh`]); `renewed`: this request stored the state's expiry
+    /// as it stored the last bytes.
+    Committed { staging_clear: bool, renewed: bool },
     /// Its file was found committed (an earlier commit's answer was lost,
     /// or another request's), or the commit replayed a first one.
     Found,
@@ -232,6 +237,7 @@ impl ResumableService {
                     file,
                     Ended::Committed {
                         staging_clear: fresh.staging_clear,
+                        renewed: fresh.advanced,
                     },
                 )
                 .await),
@@ -339,7 +345,8 @@ impl ResumableService {
         if !matches!(
             ended,
             Ended::Committed {
-                staging_clear: true
+                staging_clear: true,
+                ..
             }
         ) && let Err(e) = self.parts.clear_staging(&upload.key, &upload.handle).await
         {
@@ -354,11 +361,12 @@ impl ResumableService {
         upload.committed = true;
         // Answerable for a whole expiry from now: a client that missed this
         // answer asks HEAD, and must not find it expired (and upload again).
-        // A PATCH renewed it as it began: renewed again only when less than
-        // half of it is left.
+        // Stored by this request with the last bytes: renewed again only
+        // when less than half of it is left.
         let renewed = self.expires_at();
         let half = self.limits.expiry / 2;
-        if marked && upload.expires_at > renewed - half {
+        let stored = matches!(ended, Ended::Committed { renewed: true, .. });
+        if stored && upload.expires_at > renewed - half {
             return Patched::Done {
                 upload,
                 file: Box::new(file),

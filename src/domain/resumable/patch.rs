@@ -255,8 +255,9 @@ impl ResumableService {
                 intent,
                 ..Fresh::default()
             };
+            let known = (hasher, fresh, lost.as_ref());
             return self
-                .store_last(user, upload, &before, tail, (hasher, fresh), old_tail)
+                .store_last(user, upload, &before, tail, known, old_tail)
                 .await;
         }
         if upload.offset == before.offset {
@@ -312,7 +313,7 @@ impl ResumableService {
         mut upload: ResumableRecord,
         before: &ResumableRecord,
         last: Bytes,
-        (hasher, fresh): (sha2_state::Sha256, Fresh),
+        (hasher, fresh, lost): (sha2_state::Sha256, Fresh, Option<&CancellationToken>),
         old_tail: Option<(u64, u64)>,
     ) -> Result<Patched> {
         let start = upload.tail_start() as u64;
@@ -358,10 +359,16 @@ impl ResumableService {
             tracing::warn!(upload = %upload.id, error = %e, "could not drop a finished upload's tail");
             staging_clear = false;
         }
-        let fresh = Fresh {
-            advanced: true,
-            staging_clear,
-            ..fresh
+        // With its lease lost (this process stalled past it), another
+        // request may have finished the upload meanwhile: what this one
+        // knew is read again.
+        let fresh = match lost.is_some_and(CancellationToken::is_cancelled) {
+            true => Fresh::default(),
+            false => Fresh {
+                advanced: true,
+                staging_clear,
+                ..fresh
+            },
         };
         self.finish_fresh(user, upload, fresh).await
     }
@@ -394,7 +401,10 @@ impl ResumableService {
             // Committed since by another request (a HEAD finishing it) is
             // still this write, applied: a commit is a later state of the
             // same bytes.
-            Ok(Some(now)) if same_bytes(&now, upload) => Ok(true),
+            // Unless committed since: then the commit moved it, and the
+            // caller finishes from what it reads (`lost_race`), not from
+            // what it knew before.
+            Ok(Some(now)) if same_bytes(&now, upload) && !now.committed => Ok(true),
             Ok(Some(now)) if now.progress() == expected => Err(error.into()),
             // Another request moved it, or it is gone.
             Ok(_) => Ok(false),

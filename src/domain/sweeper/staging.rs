@@ -8,7 +8,8 @@
 //! and a resumable upload's staging is judged under its lock; a tail past
 //! the recorded offset stays while the upload lives (a PATCH that stalled
 //! past its lease between storing and recording it may still record it;
-//! one a PATCH that failed after storing it left goes when the upload ends),
+//! one a PATCH that failed after storing it left goes once the upload's
+//! last part is stored, by this pass or the clearing of a finished upload),
 //! and a staging file whose upload has no state yet stays while its intent
 //! is alive (the upload is being created).
 

@@ -40,10 +40,7 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        Ok(upload.map_or_else(Held::default, |u| Held {
-            reserved: u.reserved,
-            open: u.open,
-        }))
+        Ok(held_by(upload))
     }
 
     /// Marks upload `id` committed as its file commits, its reservation
@@ -57,10 +54,7 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        Ok(before.map_or_else(Held::default, |u| Held {
-            reserved: u.reserved,
-            open: u.open,
-        }))
+        Ok(held_by(before))
     }
 
     /// Marks the uploads committed as their files commit, their
@@ -347,4 +341,12 @@ impl ResumableRepo for MongoStore {
 /// A committed upload's record: nothing held, committed, completed.
 fn committed_mark() -> Document {
     doc! {"$set": {"reserved": 0_i64, "open": false, "committed": true, "completed": true}}
+}
+
+/// What `upload` holds of its user's counters (nothing, if it is gone).
+fn held_by(upload: Option<ResumableRecord>) -> Held {
+    upload.map_or_else(Held::default, |u| Held {
+        reserved: u.reserved,
+        open: u.open,
+    })
 }
