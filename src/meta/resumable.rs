@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     error::{MetaError, MetaResult},
     group::effective_quota,
-    records::{UserRecord, bson_time},
+    records::{IntentRecord, UserRecord, bson_time},
 };
 use crate::vocab::{BlobKey, FileId, UserId, WriteHandle};
 
@@ -201,14 +201,16 @@ pub fn uncounted(upload: &ResumableRecord) -> ResumableRecord {
 
 #[async_trait]
 pub trait ResumableRepo: Send + Sync {
-    /// Inserts the upload and counts it against its user, in one
-    /// transaction: one more open upload (`TooManyOpenUploads` past
-    /// `limits.max_open`) and `upload.reserved` more reserved bytes
-    /// (`QuotaExceeded` past the user's own quota, else `limits.quota_bytes`);
-    /// refused, nothing is written.
-    async fn insert_resumable(
+    /// Inserts the uploads (all of one user) with their intents and counts
+    /// them against their user, in one transaction: as many more open
+    /// uploads (`TooManyOpenUploads` past `limits.max_open`) and their
+    /// `reserved` more reserved bytes (`QuotaExceeded` past the user's own
+    /// quota, else `limits.quota_bytes`); refused, nothing is written (the
+    /// error says why for one upload; for several, that they do not fit
+    /// together).
+    async fn insert_resumables(
         &self,
-        upload: &ResumableRecord,
+        uploads: &[(IntentRecord, ResumableRecord)],
         limits: &OpenLimits,
     ) -> MetaResult<()>;
 

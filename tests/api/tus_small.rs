@@ -213,3 +213,37 @@ async fn a_retried_commit_renews_the_expiry_of_the_upload_it_finishes() {
     assert!(left > expiry / 2, "expires in {left}, not renewed");
     assert_eq!(content(&app, &user, &id).await, bytes);
 }
+
+/// A user's creations arriving together are inserted together: all are
+/// created, counted exactly, in fewer transactions than creations (on the
+/// real stack, where a transaction takes long enough for the others to
+/// queue behind it; on the embedded store grouping is not asserted).
+#[tokio::test]
+async fn a_burst_of_one_user_s_creations_shares_its_transactions() {
+    const N: usize = 32;
+    let app = quiet_app().await;
+    let user = app.create_user("burst").await;
+    let txns = || app.metric("filedock_txn_attempts_total", "op=\"create_upload\"");
+    let before = txns().await;
+    let created = futures::future::join_all((0..N).map(|_| {
+        let req = app
+            .client
+            .post(app.url("/v1/uploads"))
+            .bearer_auth(&user.key)
+            .header("tus-resumable", crate::tus::TUS)
+            .header("upload-length", "1000");
+        async move { req.send().await.unwrap().status() }
+    }))
+    .await;
+    assert!(
+        created.iter().all(|s| *s == StatusCode::CREATED),
+        "{created:?}"
+    );
+    let (stored, reserved, open) = crate::tus_limits::counts(&app, &user).await;
+    assert_eq!((stored, reserved, open), (0, 1000 * N as i64, N as i64));
+    let ran = txns().await - before;
+    assert!(ran >= 1.0);
+    if real_backends() {
+        assert!(ran < N as f64, "{ran} transactions for {N} creations");
+    }
+}

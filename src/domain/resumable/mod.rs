@@ -8,6 +8,7 @@
 //! refused or unknown commit leaves is kept for the next PATCH or HEAD.
 
 mod counting;
+mod creations;
 mod finish;
 mod hash;
 mod length;
@@ -56,7 +57,9 @@ pub struct ResumableService {
     locks: Arc<Locks>,
     limits: Limits,
     /// One user's counting writes at a time, in this instance.
-    counting: counting::Counting,
+    counting: Arc<counting::Counting>,
+    /// A user's creations, inserted together.
+    creations: Arc<creations::Creations>,
 }
 
 /// How long a PATCH waits for a PATCH in flight to store what it has and
@@ -166,6 +169,17 @@ impl ResumableService {
         locks: Arc<Locks>,
         settings: &Settings,
     ) -> Self {
+        let counting = Arc::new(counting::Counting::new());
+        let open = OpenLimits {
+            quota_bytes: settings.user_quota_bytes,
+            max_open: settings.max_open_uploads,
+        };
+        let creations = creations::Creations::new(
+            resumables.clone(),
+            committer.txns().clone(),
+            open,
+            counting.clone(),
+        );
         Self {
             committer,
             admission,
@@ -175,13 +189,11 @@ impl ResumableService {
             blobs,
             parts,
             locks,
-            counting: counting::Counting::new(),
+            counting,
+            creations,
             limits: Limits {
                 max_upload_bytes: settings.max_upload_bytes,
-                open: OpenLimits {
-                    quota_bytes: settings.user_quota_bytes,
-                    max_open: settings.max_open_uploads,
-                },
+                open,
                 txn_retry: settings.txn_retry,
                 expiry: chrono::Duration::from_std(settings.tus_expiry)
                     .unwrap_or_else(|_| chrono::Duration::days(1)),
@@ -191,34 +203,28 @@ impl ResumableService {
         }
     }
 
-    /// Creates the upload: its intent first (so that the sweeper can find
-    /// it), then the blob store's write, then the state, which counts it
-    /// against the user (one more open upload, its length reserved) in
-    /// the same transaction.
+    /// Creates the upload: the blob store's write, then its state and its
+    /// intent (so that the sweeper can find it), which count it against
+    /// the user (one more open upload, its length reserved), in one
+    /// transaction with the user's other creations waiting ([`creations`]).
     pub async fn create(&self, user: &UserRecord, new: NewResumable) -> Result<ResumableRecord> {
         let max = self.limits.max_upload_bytes;
         if new.length.is_some_and(|l| l > max) {
             return Err(DomainError::PayloadTooLarge(max).into());
         }
-        // Refused early (no intent, no write) when the cached usage says so;
-        // the state's insert is the authority.
+        // Refused early (no write) when the cached usage says so; the
+        // state's insert is the authority.
         self.admission
             .check_declared_quota(user, new.length)
             .await?;
         let mut intent = self.committer.new_intent(user.id);
         // It waits for the client between PATCHes until the upload expires.
         intent.alive_until = Some(intent.created_at + self.limits.expiry);
-        self.cleanup.put_intent(&intent).await?;
         // A crash from here until the state is stored leaves an empty
         // multipart upload that nothing names (S3's lifecycle rule for
-        // incomplete uploads is the backstop); the intent is swept.
-        let handle = match self.parts.start(&intent.key).await {
-            Ok(h) => h,
-            Err(e) => {
-                let _ = self.cleanup.delete_intent(&intent.id).await;
-                return Err(e.into());
-            }
-        };
+        // incomplete uploads is the backstop), or a staging file the
+        // sweeper removes (no state, no intent).
+        let handle = self.parts.start(&intent.key).await?;
         let now = intent.created_at;
         let length = new.length.map(|l| l as i64);
         let record = ResumableRecord {
@@ -241,20 +247,15 @@ impl ResumableService {
             reserved: length.unwrap_or(0),
             open: false,
         };
-        let limits = self.limits.open;
-        let counting = self.counting.hold(&user.id).await;
-        let inserted = with_txn_retry(&self.limits.txn_retry, || {
-            self.resumables.insert_resumable(&record, &limits)
-        });
-        let inserted = inserted.await;
-        drop(counting);
+        let inserted = self.creations.insert((intent, record.clone())).await;
         if let Err(e) = inserted {
             if matches!(e, MetaError::OutcomeUnknown(_)) {
-                // It may have applied: its delete gives back what it counted.
+                // It may have applied: its delete gives back what it
+                // counted, and the intent goes with it.
                 let _ = self.drop_state(&user.id, &record.id).await;
+                let _ = self.cleanup.delete_intent(&record.id).await;
             }
             let _ = self.parts.abort(&record.key, &record.handle).await;
-            let _ = self.cleanup.delete_intent(&intent.id).await;
             return Err(e.into());
         }
         Ok(ResumableRecord {

@@ -21,8 +21,8 @@ use crate::{
         test_kit::{Kit, body, stalled},
     },
     meta::{
-        MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo,
-        UserRecord,
+        IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
+        ResumableRepo, UserRecord,
     },
     vocab::{FileId, Filename, LockKey},
 };
@@ -54,12 +54,12 @@ fn unavailable() -> MetaError {
 
 #[async_trait]
 impl ResumableRepo for LosesAdvanceAnswer {
-    async fn insert_resumable(
+    async fn insert_resumables(
         &self,
-        upload: &ResumableRecord,
+        uploads: &[(IntentRecord, ResumableRecord)],
         limits: &OpenLimits,
     ) -> MetaResult<()> {
-        self.inner.insert_resumable(upload, limits).await
+        self.inner.insert_resumables(uploads, limits).await
     }
 
     async fn reserve_deferred(

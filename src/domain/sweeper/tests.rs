@@ -28,12 +28,12 @@ struct StaleListing(Arc<EmbeddedStore>);
 
 #[async_trait]
 impl ResumableRepo for StaleListing {
-    async fn insert_resumable(
+    async fn insert_resumables(
         &self,
-        upload: &ResumableRecord,
+        uploads: &[(IntentRecord, ResumableRecord)],
         limits: &OpenLimits,
     ) -> MetaResult<()> {
-        self.0.insert_resumable(upload, limits).await
+        self.0.insert_resumables(uploads, limits).await
     }
 
     async fn reserve_deferred(

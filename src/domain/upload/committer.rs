@@ -78,6 +78,8 @@ pub struct Committer {
     undo: Arc<Undo>,
     bucket: String,
     quota_bytes: Option<u64>,
+    /// How its transactions run (and are counted), for what commits with it.
+    txns: Transactions,
 }
 
 impl Committer {
@@ -95,7 +97,7 @@ impl Committer {
                 groups: CommitGroups::new(
                     files.clone(),
                     locks.clone(),
-                    txns,
+                    txns.clone(),
                     metrics.clone(),
                     settings.upload_group_max,
                 ),
@@ -105,7 +107,7 @@ impl Committer {
                 files: files.clone(),
                 cleanup: cleanup.clone(),
                 locks: locks.clone(),
-                txns,
+                txns: txns.clone(),
                 metrics: metrics.clone(),
             }),
         };
@@ -122,7 +124,13 @@ impl Committer {
                 settle_window: settings.settle_window,
             }),
             quota_bytes: settings.user_quota_bytes,
+            txns,
         }
+    }
+
+    /// How its transactions run and are counted.
+    pub fn txns(&self) -> &Transactions {
+        &self.txns
     }
 
     /// The intent of a new upload by `user`: a new file id, its blob at

@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
     meta::{
-        MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo,
-        UserRecord, group::Held, resumable::uncounted,
+        IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
+        ResumableRepo, UserRecord, group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -79,23 +79,29 @@ fn delete_counted(
 
 #[async_trait]
 impl ResumableRepo for EmbeddedStore {
-    async fn insert_resumable(
+    async fn insert_resumables(
         &self,
-        upload: &ResumableRecord,
+        uploads: &[(IntentRecord, ResumableRecord)],
         limits: &OpenLimits,
     ) -> MetaResult<()> {
-        let (upload, limits) = (upload.clone(), *limits);
+        let (uploads, limits) = (uploads.to_vec(), *limits);
         self.transaction(move |tx| {
-            let mut user = stored_user(tx, &upload.user_id)?;
-            limits.check(&user, upload.reserved)?;
-            user.reserved_bytes += upload.reserved;
-            user.open_uploads += 1;
-            tx.put(&user_key(&user.id), &user)?;
-            let counted = ResumableRecord {
-                open: true,
-                ..upload
+            let Some((_, first)) = uploads.first() else {
+                return Ok(());
             };
-            tx.insert(&resumable_key(&counted.id), &counted)
+            let mut user = stored_user(tx, &first.user_id)?;
+            for (intent, upload) in &uploads {
+                limits.check(&user, upload.reserved)?;
+                user.reserved_bytes += upload.reserved;
+                user.open_uploads += 1;
+                tx.insert(&format!("intents/{}", intent.id), intent)?;
+                let counted = ResumableRecord {
+                    open: true,
+                    ..upload.clone()
+                };
+                tx.insert(&resumable_key(&counted.id), &counted)?;
+            }
+            tx.put(&user_key(&user.id), &user)
         })
         .await
     }

@@ -11,8 +11,8 @@ use mongodb::{ClientSession, options::ReturnDocument};
 use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
     meta::{
-        MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo,
-        group::Held, resumable::uncounted,
+        IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
+        ResumableRepo, group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -83,7 +83,7 @@ impl MongoStore {
         s: &mut ClientSession,
         user: &UserId,
         limits: &OpenLimits,
-        reserving: i64,
+        (opening, reserving): (i64, i64),
     ) -> MetaError {
         match self
             .users()
@@ -92,32 +92,42 @@ impl MongoStore {
             .await
         {
             Ok(None) => MetaError::NotFound,
-            Ok(Some(u)) => limits
-                .check(&u, reserving)
-                .err()
-                .unwrap_or(MetaError::WriteConflict),
+            Ok(Some(mut u)) => {
+                // As if all but the last of those opening were open.
+                u.open_uploads += opening - 1;
+                limits
+                    .check(&u, reserving)
+                    .err()
+                    .unwrap_or(MetaError::WriteConflict)
+            }
             Err(e) => classify(e),
         }
     }
 
-    async fn insert_resumable_in(
+    async fn insert_resumables_in(
         &self,
         s: &mut ClientSession,
-        upload: &ResumableRecord,
+        uploads: &[(IntentRecord, ResumableRecord)],
         limits: &OpenLimits,
     ) -> MetaResult<()> {
+        let Some((_, first)) = uploads.first() else {
+            return Ok(());
+        };
+        let user = first.user_id;
+        let count = uploads.len() as i64;
+        let reserved: i64 = uploads.iter().map(|(_, u)| u.reserved).sum();
         let max_open = i64::try_from(limits.max_open).unwrap_or(i64::MAX);
         let conditions = vec![
-            doc! {"$lt": [{"$ifNull": ["$open_uploads", 0]}, max_open]},
-            fits_quota(limits.quota_bytes, upload.reserved),
+            doc! {"$lte": [{"$add": [{"$ifNull": ["$open_uploads", 0]}, count]}, max_open]},
+            fits_quota(limits.quota_bytes, reserved),
         ];
         // A user being deleted opens no upload (`deleting_since` unset).
         let filter = doc! {
-            "_id": &upload.user_id,
+            "_id": &user,
             "deleting_since": null,
             "$expr": {"$and": conditions},
         };
-        let update = doc! {"$inc": {"reserved_bytes": upload.reserved, "open_uploads": 1_i64}};
+        let update = doc! {"$inc": {"reserved_bytes": reserved, "open_uploads": count}};
         let updated = self
             .users()
             .update_one(filter, update)
@@ -125,16 +135,20 @@ impl MongoStore {
             .await
             .map_err(classify)?;
         if updated.matched_count == 0 {
-            return Err(self
-                .why_not_counted(s, &upload.user_id, limits, upload.reserved)
-                .await);
+            let why = self.why_not_counted(s, &user, limits, (count, reserved));
+            return Err(why.await);
         }
-        let counted = ResumableRecord {
+        self.intents()
+            .insert_many(uploads.iter().map(|(intent, _)| intent))
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        let counted = uploads.iter().map(|(_, u)| ResumableRecord {
             open: true,
-            ..upload.clone()
-        };
+            ..u.clone()
+        });
         self.resumables()
-            .insert_one(&counted)
+            .insert_many(counted)
             .session(&mut *s)
             .await
             .map(|_| ())
@@ -177,7 +191,7 @@ impl MongoStore {
                 max_open: u64::MAX,
             };
             return Err(self
-                .why_not_counted(s, &upload.user_id, &limits, more)
+                .why_not_counted(s, &upload.user_id, &limits, (1, more))
                 .await);
         }
         self.resumables()
@@ -231,13 +245,13 @@ impl MongoStore {
 
 #[async_trait]
 impl ResumableRepo for MongoStore {
-    async fn insert_resumable(
+    async fn insert_resumables(
         &self,
-        upload: &ResumableRecord,
+        uploads: &[(IntentRecord, ResumableRecord)],
         limits: &OpenLimits,
     ) -> MetaResult<()> {
         let mut s = self.txns.begin(None).await?;
-        let result = self.insert_resumable_in(&mut s, upload, limits).await;
+        let result = self.insert_resumables_in(&mut s, uploads, limits).await;
         self.txns.finish(s, None, result).await
     }
 
