@@ -71,11 +71,21 @@ impl Creations {
     pub(super) async fn insert(self: &Arc<Self>, creation: Creation) -> MetaResult<()> {
         let user = creation.1.user_id;
         let (answer, answered) = oneshot::channel();
+        let waiter = Waiting { creation, answer };
+        // A user is in the map while their creator runs (its queue may be
+        // empty while it writes): only the first creation starts one.
         let first = {
             let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-            let queue = waiting.entry(user).or_default();
-            queue.push(Waiting { creation, answer });
-            queue.len() == 1
+            match waiting.get_mut(&user) {
+                Some(queue) => {
+                    queue.push(waiter);
+                    false
+                }
+                None => {
+                    waiting.insert(user, vec![waiter]);
+                    true
+                }
+            }
         };
         if first {
             tokio::spawn(self.clone().run(user));
@@ -98,11 +108,17 @@ impl Creations {
             done: false,
         };
         loop {
+            // The user's turn first, then what waits by then.
+            let counting = self.counting.hold(&user).await;
             let group: Vec<Waiting> = {
                 let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
                 let Some(queue) = waiting.get_mut(&user) else {
                     break;
                 };
+                // A creation whose client went away is not stored (its
+                // blob store's write is left to the sweeper and S3's
+                // lifecycle rule, as when it died before its turn).
+                queue.retain(|w| !w.answer.is_closed());
                 if queue.is_empty() {
                     waiting.remove(&user);
                     break;
@@ -110,7 +126,6 @@ impl Creations {
                 let n = queue.len().min(MAX);
                 queue.drain(..n).collect()
             };
-            let counting = self.counting.hold(&user).await;
             self.insert_group(group).await;
             drop(counting);
         }

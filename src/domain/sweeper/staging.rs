@@ -11,7 +11,9 @@
 //! one a PATCH that failed after storing it left goes once the upload's
 //! last part is stored, by this pass or the clearing of a finished upload),
 //! and a staging file whose upload has no state yet stays while its intent
-//! is alive (the upload is being created).
+//! is alive (an upload that an older version creates, intent first), or while it
+//! is younger than the grace (the upload is being created: its intent and
+//! state are stored together once its write has started).
 
 use chrono::{DateTime, Utc};
 
