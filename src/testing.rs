@@ -70,12 +70,28 @@ pub async fn metrics_text(base: &str) -> String {
 /// The sum of a metric's samples whose labels contain `labels`, on the
 /// server at `base`.
 pub async fn metric_at(base: &str, name: &str, labels: &str) -> f64 {
-    metrics_text(base)
-        .await
-        .lines()
+    metric_in(&metrics_text(base).await, name, labels)
+}
+
+/// A counter's value in a `/metrics` text, summed over label sets matching `labels`.
+pub fn metric_in(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
         .filter(|l| l.starts_with(name) && l.contains(labels))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// A counter with one label in a `/metrics` text, by that label's value
+/// (`filedock_s3_requests_total` by `op`, say).
+pub fn metric_by_label(text: &str, name: &str) -> std::collections::BTreeMap<String, f64> {
+    let prefix = format!("{name}{{");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| {
+            let label = l.split('"').nth(1)?.to_owned();
+            Some((label, l.rsplit(' ').next()?.parse::<f64>().ok()?))
+        })
+        .collect()
 }
 
 /// Sends `request` and parses the answer's JSON body (panics if it has none).

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use filedock::testing::{Server, free_port, metric_at, metrics_text};
+use filedock::testing::{Server, free_port, metric_by_label, metric_in, metrics_text};
 
 use crate::support::*;
 
@@ -127,23 +127,10 @@ impl Cost {
 /// The counters a load moves, as they stand now.
 async fn counters(server: &Server) -> Cost {
     let text = metrics_text(&server.base).await;
-    let mut s3 = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("filedock_s3_requests_total{"))
-    {
-        let op = line.split('"').nth(1).unwrap_or("?").to_owned();
-        let n: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0.0);
-        s3.insert(op, n);
-    }
     Cost {
-        mongo: metric_at(&server.base, "filedock_mongo_commands_total", "").await,
-        redis: metric_at(&server.base, "filedock_redis_commands_total", "").await,
-        s3,
+        mongo: metric_in(&text, "filedock_mongo_commands_total", ""),
+        redis: metric_in(&text, "filedock_redis_commands_total", ""),
+        s3: metric_by_label(&text, "filedock_s3_requests_total"),
         cpu_ms: server.cpu_secs() * 1000.0,
     }
 }

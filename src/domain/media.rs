@@ -125,7 +125,6 @@ async fn sniff(
 /// only when needed (a placeholder declared, or an allow-list set) and not
 /// at hand: `head`, the first bytes (up to [`SNIFF_BYTES`]) of a PATCH that
 /// began at offset 0. Nothing is undone here, whatever the answer.
-#[allow(clippy::too_many_arguments)]
 pub async fn stored_type(
     blobs: &dyn BlobStore,
     key: &BlobKey,

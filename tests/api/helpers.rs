@@ -2,7 +2,8 @@
 //! Redis key prefix and S3 key prefix, so tests run in parallel.
 
 pub use filedock::testing::{
-    Server, create_user_at, free_port, metric_at, pseudo_random_bytes, script_calls, sha256_hex,
+    Server, create_user_at, free_port, metric_at, metric_in, pseudo_random_bytes, script_calls,
+    sha256_hex,
 };
 use filedock::{
     blob::{BlobError, BlobStore, ByteRange, ByteStream, ListedBlob},
@@ -390,14 +391,6 @@ pub async fn bucket_against_metadata(state: &AppState) -> (Vec<String>, Vec<Stri
     let strays = objects.difference(&records).cloned().collect();
     let missing = records.difference(&objects).cloned().collect();
     (strays, missing, records.len())
-}
-
-/// A counter's value in a `/metrics` text, summed over label sets matching `labels`.
-pub fn metric_in(text: &str, name: &str, labels: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Asserts that every object in the bucket has a committed file record, every

@@ -33,15 +33,8 @@ async fn quiet_app() -> TestApp {
 
 /// S3 requests sent so far, by operation.
 async fn s3_requests(app: &TestApp) -> BTreeMap<String, f64> {
-    filedock::testing::metrics_text(&app.base)
-        .await
-        .lines()
-        .filter(|l| l.starts_with("filedock_s3_requests_total{"))
-        .map(|l| {
-            let op = l.split('"').nth(1).unwrap().to_owned();
-            (op, l.rsplit(' ').next().unwrap().parse().unwrap())
-        })
-        .collect()
+    let text = filedock::testing::metrics_text(&app.base).await;
+    filedock::testing::metric_by_label(&text, "filedock_s3_requests_total")
 }
 
 /// The requests sent between `before` and `after`, by operation.

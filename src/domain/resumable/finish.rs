@@ -163,15 +163,11 @@ impl ResumableService {
         // (`done`); one that did not records it here, so that the next try
         // does not complete again (and the sweeper knows the object is whole).
         if completed_now && finished.is_err() {
-            match self
+            let recorded = self
                 .resumables
-                .advance_resumable(&upload, upload.progress())
-                .await
-            {
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(upload = %upload.id, error = %e, "could not record the completion; the next try completes again")
-                }
+                .advance_resumable(&upload, upload.progress());
+            if let Err(e) = recorded.await {
+                tracing::warn!(upload = %upload.id, error = %e, "could not record the completion; the next try completes again");
             }
         }
         finished

@@ -119,9 +119,14 @@ impl MongoStore {
         opts.command_event_handler = Some(EventHandler::callback(move |e| {
             if let CommandEvent::Started(started) = e {
                 commands.inc();
-                // Each round trip, by name and collection (RUST_LOG=filedock::mongo=trace).
-                let collection = started.command.get_str(&started.command_name).ok();
-                tracing::trace!(target: "filedock::mongo", command = %started.command_name, collection, "mongo command");
+                // Each round trip, by name and collection (RUST_LOG=filedock::mongo=trace);
+                // the collection is looked up only when that is on.
+                tracing::trace!(
+                    target: "filedock::mongo",
+                    command = %started.command_name,
+                    collection = started.command.get_str(&started.command_name).ok(),
+                    "mongo command"
+                );
             }
         }));
         // Fail fast when the server is gone: requests answer 503, not hang.

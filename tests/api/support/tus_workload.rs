@@ -1,4 +1,5 @@
-//! The fault suite's resumable (tus) uploads: one creates an upload and
+//! The fault suite's resumable (tus) uploads (a quarter of them two of one
+//! user at once, whose creations are grouped): one creates an upload and
 //! sends it in several PATCHes, some empty, some cut by the client
 //! mid-body, some raced by a second PATCH from the same offset; some
 //! created with a deferred length (`Upload-Defer-Length: 1`, as Uppy
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use bytes::Bytes;
-use rand::{Rng, rngs::StdRng};
+use rand::{Rng, SeedableRng, rngs::StdRng};
 use reqwest::{Method, StatusCode};
 
 use crate::{
@@ -61,9 +62,22 @@ enum Step {
     Other,
 }
 
+/// Of the resumable uploads, those sent as a burst of two by one user at
+/// once (as Uppy sends several files): their creations are grouped.
+const BURST_PERCENT: u32 = 25;
+
 impl World {
+    /// One resumable upload, or sometimes two of the same user at once.
+    pub async fn tus_uploads(&self, u: usize, rng: &mut StdRng) {
+        if rng.random_range(0..100) >= BURST_PERCENT {
+            return self.tus_upload(u, rng).await;
+        }
+        let mut other = StdRng::seed_from_u64(rng.random());
+        futures::join!(self.tus_upload(u, rng), self.tus_upload(u, &mut other));
+    }
+
     /// One resumable upload, recorded as one write.
-    pub async fn tus_upload(&self, u: usize, rng: &mut StdRng) {
+    async fn tus_upload(&self, u: usize, rng: &mut StdRng) {
         let user = &self.users[u];
         let n = self.next_name();
         let size = match rng.random_range(0..10) {

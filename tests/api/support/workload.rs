@@ -290,7 +290,7 @@ impl World {
             (Kind::Upload, _) | (Kind::Rename | Kind::Delete | Kind::Attach, None) => {
                 return self.upload(u, rng).await;
             }
-            (Kind::Tus, _) => return self.tus_upload(u, rng).await,
+            (Kind::Tus, _) => return self.tus_uploads(u, rng).await,
             (Kind::DeleteContainer, _) => return self.delete_container(u, rng).await,
             (Kind::Account, _) => return self.account_op(u, rng).await,
             (Kind::SignedLink, _) => return self.make_link(u, rng).await,
