@@ -39,7 +39,9 @@ for n in "${scenarios[@]}"; do
   stack_start
   # 2c and 4c compare one Redis node with a Redis Cluster: they start one too.
   case "$n" in 2c | 4c) stack_cluster_start ;; esac
-  FILEDOCK_BIN="$server" "$load" "$n"
+  # The stack's servers, so that a scenario can count their CPU too.
+  FILEDOCK_BENCH_STACK_PIDS="mongo=$STACK_MONGO_PID,s3=$STACK_S3_PID,redis=$STACK_REDIS_PID" \
+    FILEDOCK_BIN="$server" "$load" "$n"
   case "$n" in 2c | 4c) stack_cluster_stop ;; esac
   stack_stop
 done

@@ -115,7 +115,10 @@ struct Cost {
     mongo: f64,
     redis: f64,
     s3: BTreeMap<String, f64>,
+    /// The server's own CPU (filedock's, or the peer's).
     cpu_ms: f64,
+    /// The stack's servers' CPU, by name (`FILEDOCK_BENCH_STACK_PIDS`).
+    stack_ms: BTreeMap<String, f64>,
 }
 
 impl Cost {
@@ -124,15 +127,52 @@ impl Cost {
     }
 }
 
-/// The counters a load moves, as they stand now.
-async fn counters(server: &Server) -> Cost {
+/// The stack's server processes, `name=pid` pairs from
+/// `FILEDOCK_BENCH_STACK_PIDS` (set by `scripts/bench.sh`).
+fn stack_pids() -> Vec<(String, u32)> {
+    std::env::var("FILEDOCK_BENCH_STACK_PIDS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|p| {
+            let (name, pid) = p.split_once('=')?;
+            Some((name.to_owned(), pid.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The counters a load moves, as they stand now; filedock's own metrics
+/// only when `filedock` (the peer has none).
+async fn counters(server: &Server, filedock: bool) -> Cost {
+    let mut pids = stack_pids();
+    pids.push(("load".to_owned(), std::process::id()));
+    let stack_ms = pids
+        .into_iter()
+        .map(|(name, pid)| (name, proc_cpu_secs(pid) * 1000.0))
+        .collect();
+    let cpu_ms = server.cpu_secs() * 1000.0;
+    if !filedock {
+        return Cost {
+            cpu_ms,
+            stack_ms,
+            ..Cost::default()
+        };
+    }
     let text = metrics_text(&server.base).await;
     Cost {
         mongo: metric_in(&text, "filedock_mongo_commands_total", ""),
         redis: metric_in(&text, "filedock_redis_commands_total", ""),
         s3: metric_by_label(&text, "filedock_s3_requests_total"),
-        cpu_ms: server.cpu_secs() * 1000.0,
+        cpu_ms,
+        stack_ms,
     }
+}
+
+/// `after − before` of each of `after`'s entries, per `n`.
+fn rise(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, n: f64) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), (v - before.get(k).unwrap_or(&0.0)) / n))
+        .collect()
 }
 
 /// `after − before`, per upload.
@@ -141,13 +181,12 @@ fn per_upload(before: &Cost, after: &Cost, n: usize) -> Cost {
     Cost {
         mongo: (after.mongo - before.mongo) / n,
         redis: (after.redis - before.redis) / n,
-        s3: after
-            .s3
-            .iter()
-            .map(|(op, v)| (op.clone(), (v - before.s3.get(op).unwrap_or(&0.0)) / n))
+        s3: rise(&before.s3, &after.s3, n)
+            .into_iter()
             .filter(|(_, v)| *v > 0.0)
             .collect(),
         cpu_ms: (after.cpu_ms - before.cpu_ms) / n,
+        stack_ms: rise(&before.stack_ms, &after.stack_ms, n),
     }
 }
 
@@ -175,7 +214,8 @@ fn mib_s(b: &Batch, size: usize) -> f64 {
 pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
     r.section(
         "13. Small resumable uploads: 100 × 1 MiB, 8 in flight (issue 44)",
-        "| build | path | succeeded | MiB/s | p50 | p99 | MongoDB cmds / upload | Redis cmds / upload | S3 requests / upload | CPU ms / upload |",
+        "| build | path | succeeded | MiB/s | p50 | p99 | MongoDB cmds / upload | Redis cmds / upload | S3 requests / upload | CPU ms / upload: server | SecantusDB | s3s-fs | Redis | load generator |",
+
     );
     let http = reqwest::Client::new();
     let mut builds = vec![("this", Server::start(&[]).await)];
@@ -205,15 +245,11 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
         for i in 0..rows.len() {
             let which = (i + rep) % rows.len();
             let (b, tus) = rows[which];
-            let before = match b {
-                Some(b) => Some(counters(&builds[b].1).await),
-                None => None,
-            };
+            let server = b.map_or(&peer, |b| &builds[b].1);
+            let before = counters(server, b.is_some()).await;
             let batch = one_load(client, &http, &builds, &keys, &peer, b, tus, UPLOADS).await;
-            if let (Some(b), Some(before)) = (b, before) {
-                let after = counters(&builds[b].1).await;
-                runs[which].costs.push(per_upload(&before, &after, UPLOADS));
-            }
+            let after = counters(server, b.is_some()).await;
+            runs[which].costs.push(per_upload(&before, &after, UPLOADS));
             runs[which].batches.push(batch);
         }
     }
@@ -225,17 +261,21 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
         let path = if tus { "tus" } else { "plain" };
         let mibs = mib_s(&batch, MIB);
         rate.insert((b, tus), mibs);
-        let cost_cols = match &cost {
-            Some(c) => format!(
-                "{:.1} | {:.1} | {:.1} | {:.2}",
-                c.mongo,
-                c.redis,
-                c.s3_total(),
-                c.cpu_ms
-            ),
-            None => "| | |".to_owned(),
+        let c = cost.unwrap_or_default();
+        let stack = |name: &str| c.stack_ms.get(name).map_or(String::new(), |ms| format!("{ms:.2}"));
+        let counted = match b {
+            Some(_) => format!("{:.1} | {:.1} | {:.1}", c.mongo, c.redis, c.s3_total()),
+            None => " | | ".to_owned(),
         };
-        if let Some(c) = &cost {
+        let cost_cols = format!(
+            "{counted} | {:.2} | {} | {} | {} | {}",
+            c.cpu_ms,
+            stack("mongo"),
+            stack("s3"),
+            stack("redis"),
+            stack("load")
+        );
+        if b.is_some() {
             let ops: Vec<String> = c.s3.iter().map(|(op, n)| format!("{op} {n:.2}")).collect();
             s3_ops.push(format!("{build} {path}: {}", ops.join(", ")));
         }
@@ -251,11 +291,11 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
     for (b, (name, _)) in builds.iter().enumerate() {
         let (tus, plain) = (rate[&(Some(b), true)], rate[&(Some(b), false)]);
         r.row(format!(
-            "| {name} | tus ÷ tus-node-server | | {:.2}× | | | | | | |",
+            "| {name} | tus ÷ tus-node-server | | {:.2}× | | | | | | | | | | |",
             tus / peer_rate
         ));
         r.row(format!(
-            "| {name} | tus ÷ plain | | {:.2}× | | | | | | |",
+            "| {name} | tus ÷ plain | | {:.2}× | | | | | | | | | | |",
             tus / plain
         ));
     }

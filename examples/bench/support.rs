@@ -76,21 +76,26 @@ impl BenchServer for Server {
     }
 
     fn cpu_secs(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // After the command's name in parentheses: utime and stime are the
-        // 12th and 13th fields, in clock ticks.
-        let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let ticks: u64 = rest
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|t| t.parse::<u64>().ok())
-            .sum();
-        // SAFETY: sysconf reads a constant of the system.
-        let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
-        ticks as f64 / per_sec as f64
+        proc_cpu_secs(self.child.id())
     }
+}
+
+/// The CPU time (user + system) process `pid` has used, in seconds; 0 when
+/// it cannot be read.
+pub(crate) fn proc_cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's name in parentheses: utime and stime are the
+    // 12th and 13th fields, in clock ticks.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf reads a constant of the system.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    ticks as f64 / per_sec as f64
 }
 
 pub(crate) struct Client {
