@@ -20,15 +20,24 @@ use crate::{
 /// The fields only the counting writes change (see [`ResumableRecord::reserved`]).
 const COUNTED_FIELDS: [&str; 3] = ["length", "reserved", "open"];
 
-/// A filter condition: the user's stored and reserved bytes plus `more`
-/// fit their own quota (`quota_bytes` on the document), else `default`
-/// (`None`: no limit but their own).
-fn fits_quota(default: Option<u64>, more: i64) -> Document {
-    let default = default.map_or(i64::MAX, |q| i64::try_from(q).unwrap_or(i64::MAX));
-    doc! {"$lte": [
-        {"$add": ["$used_bytes", {"$ifNull": ["$reserved_bytes", 0]}, more]},
-        {"$ifNull": ["$quota_bytes", default]},
-    ]}
+/// The condition of [`ResumableRepo::advance_resumable`]'s one write: of
+/// two requests from the same progress, one matches. Every condition is a
+/// field's own (none is a top-level operator such as `$or`), so that
+/// SecantusDB finds the document by its `_id`; with one at the top it scans
+/// every upload kept, and a PATCH costs more the more uploads there were.
+fn advance_filter(id: &FileId, expected: Progress, offset: i64) -> Document {
+    let committed = match expected.committed {
+        true => bson::Bson::Boolean(true),
+        false => doc! {"$ne": true}.into(),
+    };
+    doc! {
+        "_id": id,
+        "offset": expected.offset,
+        "parts": {"$size": expected.parts as i64},
+        "committed": committed,
+        // Unknown, or not below the offset.
+        "length": {"$not": {"$lt": offset}},
+    }
 }
 
 impl MongoStore {
@@ -104,6 +113,38 @@ impl MongoStore {
         }
     }
 
+    /// Counts `opening` more open uploads and `reserving` more reserved
+    /// bytes on `user`, in `s`, if they fit `limits`: the user document is
+    /// updated by its `_id` alone (a filter with an operator at its top, such
+    /// as `$expr`, makes SecantusDB scan the collection for it) and the
+    /// limits are checked on the document as it was; past them, the error
+    /// aborts the transaction and its update with it.
+    async fn count_in(
+        &self,
+        s: &mut ClientSession,
+        user: &UserId,
+        limits: &OpenLimits,
+        (opening, reserving): (i64, i64),
+    ) -> MetaResult<()> {
+        // A user being deleted opens no upload (`deleting_since` unset).
+        let filter = doc! {"_id": user, "deleting_since": null};
+        let update = doc! {"$inc": {"reserved_bytes": reserving, "open_uploads": opening}};
+        let before = self
+            .users()
+            .find_one_and_update(filter, update)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        let Some(mut u) = before else {
+            return Err(self
+                .why_not_counted(s, user, limits, (opening, reserving))
+                .await);
+        };
+        // As if all but the last of those opening were open.
+        u.open_uploads += (opening - 1).max(0);
+        limits.check(&u, reserving)
+    }
+
     async fn insert_resumables_in(
         &self,
         s: &mut ClientSession,
@@ -116,28 +157,7 @@ impl MongoStore {
         let user = first.user_id;
         let count = uploads.len() as i64;
         let reserved: i64 = uploads.iter().map(|(_, u)| u.reserved).sum();
-        let max_open = i64::try_from(limits.max_open).unwrap_or(i64::MAX);
-        let conditions = vec![
-            doc! {"$lte": [{"$add": [{"$ifNull": ["$open_uploads", 0]}, count]}, max_open]},
-            fits_quota(limits.quota_bytes, reserved),
-        ];
-        // A user being deleted opens no upload (`deleting_since` unset).
-        let filter = doc! {
-            "_id": &user,
-            "deleting_since": null,
-            "$expr": {"$and": conditions},
-        };
-        let update = doc! {"$inc": {"reserved_bytes": reserved, "open_uploads": count}};
-        let updated = self
-            .users()
-            .update_one(filter, update)
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
-        if updated.matched_count == 0 {
-            let why = self.why_not_counted(s, &user, limits, (count, reserved));
-            return Err(why.await);
-        }
+        self.count_in(s, &user, limits, (count, reserved)).await?;
         self.intents()
             .insert_many(uploads.iter().map(|(intent, _)| intent))
             .session(&mut *s)
@@ -174,26 +194,12 @@ impl MongoStore {
         let Some((next, more)) = what.apply(&upload) else {
             return Ok(Some(upload));
         };
-        let filter = doc! {
-            "_id": &upload.user_id,
-            "deleting_since": null,
-            "$expr": fits_quota(quota, more),
+        let limits = OpenLimits {
+            quota_bytes: quota,
+            max_open: u64::MAX,
         };
-        let updated = self
-            .users()
-            .update_one(filter, doc! {"$inc": {"reserved_bytes": more}})
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
-        if updated.matched_count == 0 {
-            let limits = OpenLimits {
-                quota_bytes: quota,
-                max_open: u64::MAX,
-            };
-            return Err(self
-                .why_not_counted(s, &upload.user_id, &limits, (1, more))
-                .await);
-        }
+        self.count_in(s, &upload.user_id, &limits, (0, more))
+            .await?;
         self.resumables()
             .update_one(
                 doc! {"_id": id},
@@ -283,21 +289,10 @@ impl ResumableRepo for MongoStore {
         for kept in COUNTED_FIELDS {
             fields.remove(kept);
         }
-        // One conditional write: of two requests from the same progress, one matches.
-        let committed = match expected.committed {
-            true => bson::Bson::Boolean(true),
-            false => doc! {"$ne": true}.into(),
-        };
         let updated = self
             .resumables()
             .update_one(
-                doc! {
-                    "_id": &upload.id,
-                    "offset": expected.offset,
-                    "parts": {"$size": expected.parts as i64},
-                    "committed": committed,
-                    "$or": [{"length": null}, {"length": {"$gte": upload.offset}}],
-                },
+                advance_filter(&upload.id, expected, upload.offset),
                 doc! {"$set": fields},
             )
             .await
@@ -363,4 +358,22 @@ fn held_by(upload: Option<ResumableRecord>) -> Held {
         reserved: u.reserved,
         open: u.open,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::mongo::txn::top_level_operators;
+
+    #[test]
+    fn the_advance_condition_has_no_top_level_operator() {
+        let expected = Progress {
+            offset: 0,
+            parts: 0,
+            committed: false,
+        };
+        let filter = advance_filter(&FileId::new(), expected, 1 << 20);
+        assert_eq!(top_level_operators(&filter), Vec::<&str>::new());
+        assert!(filter.contains_key("_id"));
+    }
 }

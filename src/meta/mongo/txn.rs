@@ -77,13 +77,10 @@ pub(super) fn add_fence(
 ) {
     if let Some(f) = fence {
         let field = format!("{map}.{}", f.slot);
-        filter.insert(
-            "$or",
-            vec![
-                doc! {&field: {"$lte": f.token}},
-                doc! {&field: {"$exists": false}},
-            ],
-        );
+        // At or below ours, or none: a field's own condition, not a
+        // top-level `$or`, so that a store that plans by field (SecantusDB)
+        // still finds the document by its `_id` rather than scanning.
+        filter.insert(&field, doc! {"$not": {"$gt": f.token}});
         if !update.contains_key("$set") {
             update.insert("$set", Document::new());
         }
@@ -101,14 +98,8 @@ pub(super) fn add_fences(
     map: &str,
     fences: &[&Fence],
 ) {
-    let mut checks = Vec::with_capacity(fences.len());
     for f in fences {
-        let mut check = Document::new();
-        add_fence(&mut check, update, map, Some(f));
-        checks.push(check);
-    }
-    if !checks.is_empty() {
-        filter.insert("$and", checks);
+        add_fence(filter, update, map, Some(f));
     }
 }
 
@@ -315,5 +306,49 @@ impl Sessions {
                 Err(e) => return Err(classify_commit(e)),
             }
         }
+    }
+}
+
+/// The keys of `filter` that are operators (`$or`, `$and`, `$expr`): with
+/// one, SecantusDB does not look the document up by its `_id` but scans.
+#[cfg(test)]
+pub(super) fn top_level_operators(filter: &Document) -> Vec<&str> {
+    filter
+        .keys()
+        .filter(|k| k.starts_with('$'))
+        .map(String::as_str)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fence(slot: &str, token: i64) -> Fence {
+        Fence {
+            slot: slot.into(),
+            token,
+            pinned: false,
+        }
+    }
+
+    #[test]
+    fn fenced_filters_have_no_top_level_operator() {
+        let (small, large) = (fence("small", 7), fence("large", 9));
+        let mut filter = doc! {"_id": "u", "deleting_since": null};
+        let mut update = doc! {"$inc": {"used_bytes": 1}};
+        add_fences(&mut filter, &mut update, "upload_fence", &[&small, &large]);
+        assert_eq!(top_level_operators(&filter), Vec::<&str>::new());
+        assert_eq!(
+            filter.get_document("upload_fence.small").unwrap(),
+            &doc! {"$not": {"$gt": 7_i64}}
+        );
+        assert_eq!(
+            filter.get_document("upload_fence.large").unwrap(),
+            &doc! {"$not": {"$gt": 9_i64}}
+        );
+        let set = update.get_document("$set").unwrap();
+        assert_eq!(set.get_i64("upload_fence.small").unwrap(), 7);
+        assert_eq!(set.get_i64("upload_fence.large").unwrap(), 9);
     }
 }
