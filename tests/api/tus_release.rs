@@ -253,3 +253,31 @@ async fn a_release_request_that_gave_up_does_not_stop_the_patch_later() {
     );
     assert!(content(&app, &user, &id).await == bytes, "the bytes differ");
 }
+
+/// A PATCH of another user's upload, while its owner's PATCH streams (the
+/// lock held), is answered 404 without asking the holder to let go: the
+/// owner's PATCH goes on to the end and commits every byte.
+#[tokio::test]
+async fn another_user_s_patch_does_not_stop_the_owner_s() {
+    let app = spawn_app().await;
+    let owner = app.create_user("owner").await;
+    let other = app.create_user("other").await;
+    let bytes = data(LEN);
+    let id = create(&app, &owner, LEN).await;
+    let (tx, sending) = silent_patch(&app, &owner, &id, &bytes);
+    tokio::time::sleep(SETTLE).await;
+
+    let res = patch(&app, &other, &id, 0, &bytes).await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let (status, _) = head(&app, &other, &id).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Still streaming: the rest arrives and the owner's PATCH finishes it.
+    tx.unbounded_send(Ok(Bytes::copy_from_slice(&bytes[SENT..])))
+        .unwrap();
+    drop(tx);
+    let answer = sending.await.unwrap().unwrap();
+    assert_eq!(answer.status(), StatusCode::NO_CONTENT, "the owner's PATCH");
+    assert!(content(&app, &owner, &id).await == bytes, "the bytes differ");
+    assert_eq!(app.list_ids(&owner).await, [id], "one file");
+    assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
+}

@@ -6,7 +6,7 @@
 //! transaction. A group the store refuses (the user's open uploads or
 //! quota cannot take all of them) is inserted one creation at a time, so
 //! that each is answered for itself and those that fit are stored. The
-//! creator holds the user's counting turn ([`Counting`]) while it writes.
+//! creator holds the user's counting turn ([`UserTurns`]) while it writes.
 //!
 //! The creator is a task of its own: a creation whose client goes away
 //! does not take the others with it.
@@ -18,7 +18,7 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use super::counting::Counting;
+use crate::domain::upload::UserTurns;
 use crate::{
     meta::{
         IntentRecord, MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo,
@@ -43,7 +43,7 @@ pub(super) struct Creations {
     resumables: Arc<dyn ResumableRepo>,
     txns: Transactions,
     limits: OpenLimits,
-    counting: Arc<Counting>,
+    counting: Arc<UserTurns>,
     /// Creations waiting, per user; a user is here while its creator runs.
     waiting: Mutex<HashMap<UserId, Vec<Waiting>>>,
 }
@@ -53,7 +53,7 @@ impl Creations {
         resumables: Arc<dyn ResumableRepo>,
         txns: Transactions,
         limits: OpenLimits,
-        counting: Arc<Counting>,
+        counting: Arc<UserTurns>,
     ) -> Arc<Self> {
         Arc::new(Self {
             resumables,

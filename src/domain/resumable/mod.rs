@@ -7,7 +7,6 @@
 //! plain upload does (category lock, fence, quota, intent), and what a
 //! refused or unknown commit leaves is kept for the next PATCH or HEAD.
 
-mod counting;
 mod creations;
 mod finish;
 mod hash;
@@ -26,7 +25,7 @@ use std::sync::Arc;
 pub use self::hash::{CHECKSUM_ALGORITHMS, Checksum};
 use super::{
     DomainError, Filename,
-    upload::{Admission, Committer},
+    upload::{Admission, Committer, UserTurns},
 };
 use crate::{
     blob::{BlobError, BlobStore, BodyError, resumable::ResumableBlobs},
@@ -57,7 +56,7 @@ pub struct ResumableService {
     locks: Arc<Locks>,
     limits: Limits,
     /// One user's counting writes at a time, in this instance.
-    counting: Arc<counting::Counting>,
+    counting: Arc<UserTurns>,
     /// A user's creations, inserted together.
     creations: Arc<creations::Creations>,
 }
@@ -169,7 +168,7 @@ impl ResumableService {
         locks: Arc<Locks>,
         settings: &Settings,
     ) -> Self {
-        let counting = Arc::new(counting::Counting::new());
+        let counting = committer.turns();
         let open = OpenLimits {
             quota_bytes: settings.user_quota_bytes,
             max_open: settings.max_open_uploads,
@@ -325,6 +324,21 @@ impl ResumableService {
             TryLock::Degraded => Ok(None),
             TryLock::Busy => Err(ResumableError::Locked),
         }
+    }
+
+    /// The upload's lock for a PATCH of `user`'s: a free one is taken at
+    /// once, and the state read under it tells whether the upload is
+    /// theirs (and what else the PATCH needs). A held one is asked for
+    /// ([`Self::lock`]) only once the state says the upload is `user`'s:
+    /// a request for another's upload cuts no PATCH of theirs.
+    async fn lock_for(&self, user: &UserRecord, id: &FileId) -> Result<Option<LockGuard>> {
+        match self.locks.try_acquire(&LockKey::resumable(id)).await? {
+            TryLock::Held(g) => return Ok(Some(g)),
+            TryLock::Degraded => return Ok(None),
+            TryLock::Busy => {}
+        }
+        self.find(user, id).await?;
+        self.lock(id, TAKE_OVER_WAIT).await
     }
 
     /// Drops upload `id`'s state, giving back what it holds of its user's

@@ -18,6 +18,7 @@ use super::{
     scope::{Hold, LockScope, scope},
     settle::Undo,
     staged::{OnDrop, Staged},
+    turns::UserTurns,
 };
 use crate::{
     blob::BlobStore,
@@ -80,6 +81,8 @@ pub struct Committer {
     quota_bytes: Option<u64>,
     /// How its transactions run (and are counted), for what commits with it.
     txns: Transactions,
+    /// Whose turn it is to write a user's record (its commits take it).
+    turns: Arc<UserTurns>,
 }
 
 impl Committer {
@@ -92,6 +95,7 @@ impl Committer {
         metrics: Arc<Metrics>,
         settings: &Settings,
     ) -> Self {
+        let turns = Arc::new(UserTurns::default());
         let path: Box<dyn CommitPath> = match settings.upload_group_commit {
             true => Box::new(Grouped {
                 groups: CommitGroups::new(
@@ -100,6 +104,7 @@ impl Committer {
                     txns.clone(),
                     metrics.clone(),
                     settings.upload_group_max,
+                    turns.clone(),
                 ),
                 intents: IntentBatches::new(cleanup.clone(), settings.upload_group_max),
             }),
@@ -109,6 +114,7 @@ impl Committer {
                 locks: locks.clone(),
                 txns: txns.clone(),
                 metrics: metrics.clone(),
+                turns: turns.clone(),
             }),
         };
         Self {
@@ -125,12 +131,19 @@ impl Committer {
             }),
             quota_bytes: settings.user_quota_bytes,
             txns,
+            turns,
         }
     }
 
     /// How its transactions run and are counted.
     pub fn txns(&self) -> &Transactions {
         &self.txns
+    }
+
+    /// The turns of each user's writes to their record, which its commits
+    /// take: the other writes of a user's record take them too.
+    pub fn turns(&self) -> Arc<UserTurns> {
+        self.turns.clone()
     }
 
     /// The intent of a new upload by `user`: a new file id, its blob at

@@ -18,6 +18,8 @@ use std::{
 
 use tokio::sync::oneshot;
 
+use super::turns::UserTurns;
+
 use crate::{
     domain::commit::UserCommitError,
     lock::{Held, LockError, Locks},
@@ -54,6 +56,8 @@ pub struct CommitGroups {
     max: usize,
     /// Commits waiting, per key; a key is here while its committer runs.
     waiting: Mutex<HashMap<GroupKey, VecDeque<Waiting>>>,
+    /// Whose turn it is to write a user's record.
+    turns: Arc<UserTurns>,
 }
 
 impl CommitGroups {
@@ -63,6 +67,7 @@ impl CommitGroups {
         txns: Transactions,
         metrics: Arc<Metrics>,
         max: usize,
+        turns: Arc<UserTurns>,
     ) -> Arc<Self> {
         Arc::new(Self {
             files,
@@ -71,6 +76,7 @@ impl CommitGroups {
             metrics,
             max: max.max(1),
             waiting: Mutex::default(),
+            turns,
         })
     }
 
@@ -138,7 +144,11 @@ impl CommitGroups {
                 }
             }
             let commits: Vec<CommitUpload> = group.iter().map(|w| w.commit.clone()).collect();
+            // The user's turn: none of their other writes to their record
+            // (a creation) runs here meanwhile, to conflict with it.
+            let turn = self.turns.hold(&key.user).await;
             let answers = self.commit_group(&commits).await;
+            drop(turn);
             for held in held.into_iter().rev() {
                 held.release().await;
             }

@@ -22,6 +22,7 @@ mod slots;
 mod staged;
 #[cfg(test)]
 mod tests;
+mod turns;
 
 use std::{sync::Arc, time::Instant};
 
@@ -36,6 +37,7 @@ pub use self::{
     scope::Hold,
     slots::{KeyClaim, UploadSlot},
     staged::{OnDrop, Staged},
+    turns::UserTurns,
 };
 use self::{idempotency::same_request, slots::InFlight};
 use super::{DomainError, Filename, SizeCategory, digest::ExpectedDigest, media};

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use super::{
     group::{Answer, CommitGroups},
     intents::IntentBatches,
+    turns::UserTurns,
 };
 use crate::{
     domain::commit::user_commit,
@@ -43,6 +44,7 @@ pub(super) struct OneByOne {
     pub(super) locks: Arc<Locks>,
     pub(super) txns: Transactions,
     pub(super) metrics: Arc<Metrics>,
+    pub(super) turns: Arc<UserTurns>,
 }
 
 #[async_trait]
@@ -66,9 +68,10 @@ impl CommitPath for OneByOne {
             }
             None => None,
         };
-        let committed = user_commit(&self.locks, &self.txns, user, "commit_upload", || {
+        let committed = user_commit(&self.locks, &self.txns, user, "commit_upload", || async {
+            let _turn = self.turns.hold(user).await;
             self.metrics.upload_commit_txns.inc();
-            self.files.commit_upload(&commit)
+            self.files.commit_upload(&commit).await
         })
         .await
         .map(|r| r.value);
