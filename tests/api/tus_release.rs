@@ -277,7 +277,10 @@ async fn another_user_s_patch_does_not_stop_the_owner_s() {
     drop(tx);
     let answer = sending.await.unwrap().unwrap();
     assert_eq!(answer.status(), StatusCode::NO_CONTENT, "the owner's PATCH");
-    assert!(content(&app, &owner, &id).await == bytes, "the bytes differ");
+    assert!(
+        content(&app, &owner, &id).await == bytes,
+        "the bytes differ"
+    );
     assert_eq!(app.list_ids(&owner).await, [id], "one file");
     assert_eq!(assert_bucket_matches_metadata(&app.state).await, 1);
 }

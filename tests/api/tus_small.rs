@@ -245,36 +245,46 @@ async fn a_burst_of_one_user_s_creations_shares_its_transactions() {
 /// One user's creations and commits running at once take turns on the
 /// user's record within an instance: none of them is retried after a write
 /// conflict with another (on the real stack, where two transactions that
-/// write one document conflict; the embedded store has none), and every
-/// upload commits, counted exactly.
+/// write one document conflict; the embedded store has none, and there
+/// only the uploads and counts are checked), and every upload commits,
+/// counted exactly. Both commit paths: grouped and one by one.
 #[tokio::test]
 async fn one_user_s_creations_and_commits_at_once_do_not_conflict() {
     const TASKS: usize = 16;
     const ROUNDS: usize = 3;
     const LEN: usize = 4096;
-    let app = quiet_app().await;
-    let user = app.create_user("turns").await;
-    let conflicts = || app.metric("filedock_txn_write_conflicts_total", "");
-    let before = conflicts().await;
-    let bytes = crate::tus::data(LEN);
-    let done = futures::future::join_all((0..TASKS).map(|_| async {
-        let mut codes = Vec::new();
-        for _ in 0..ROUNDS {
-            let id = create_typed(&app, &user, LEN, None).await;
-            codes.push(patch(&app, &user, &id, 0, &bytes).await.status());
-        }
-        codes
-    }))
-    .await;
-    let codes: Vec<StatusCode> = done.into_iter().flatten().collect();
-    assert!(
-        codes.iter().all(|c| *c == StatusCode::NO_CONTENT),
-        "{codes:?}"
-    );
-    let (stored, reserved, open) = crate::tus_limits::counts(&app, &user).await;
-    assert_eq!(
-        (stored, reserved, open),
-        ((TASKS * ROUNDS * LEN) as i64, 0, 0)
-    );
-    assert_eq!(conflicts().await - before, 0.0, "write conflicts retried");
+    for group_commit in [true, false] {
+        let mut settings = test_settings();
+        settings.sweep.interval = Duration::ZERO;
+        settings.upload_group_commit = group_commit;
+        let app = spawn_app_with(settings).await;
+        let user = app.create_user("turns").await;
+        let conflicts = || app.metric("filedock_txn_write_conflicts_total", "");
+        let before = conflicts().await;
+        let bytes = crate::tus::data(LEN);
+        let done = futures::future::join_all((0..TASKS).map(|_| async {
+            let mut codes = Vec::new();
+            for _ in 0..ROUNDS {
+                let id = create_typed(&app, &user, LEN, None).await;
+                codes.push(patch(&app, &user, &id, 0, &bytes).await.status());
+            }
+            codes
+        }))
+        .await;
+        let codes: Vec<StatusCode> = done.into_iter().flatten().collect();
+        assert!(
+            codes.iter().all(|c| *c == StatusCode::NO_CONTENT),
+            "{codes:?}"
+        );
+        let (stored, reserved, open) = crate::tus_limits::counts(&app, &user).await;
+        assert_eq!(
+            (stored, reserved, open),
+            ((TASKS * ROUNDS * LEN) as i64, 0, 0)
+        );
+        let retried = conflicts().await - before;
+        assert_eq!(
+            retried, 0.0,
+            "write conflicts retried, group commit {group_commit}"
+        );
+    }
 }

@@ -108,7 +108,8 @@ impl Creations {
             done: false,
         };
         loop {
-            // The user's turn first, then what waits by then.
+            // The user's turn first, then what waits by then (what came
+            // while the user's other writes ran joins this group).
             let counting = self.counting.hold(&user).await;
             let group: Vec<Waiting> = {
                 let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
@@ -126,8 +127,8 @@ impl Creations {
                 let n = queue.len().min(MAX);
                 queue.drain(..n).collect()
             };
-            self.insert_group(group).await;
             drop(counting);
+            self.insert_group(group).await;
         }
         running.done = true;
     }
@@ -154,11 +155,17 @@ impl Creations {
         }
     }
 
-    /// One transaction, retried on write conflicts (racing creations of
-    /// other instances, or the user's other counting writes).
+    /// One transaction, retried on write conflicts (racing writes of other
+    /// instances to the user's record), each attempt in the user's turn.
     async fn insert_all(&self, creations: &[Creation]) -> MetaResult<()> {
-        let inserted = self.txns.run("create_upload", || {
-            self.resumables.insert_resumables(creations, &self.limits)
+        let Some((_, first)) = creations.first() else {
+            return Ok(());
+        };
+        let inserted = self.txns.run("create_upload", || async {
+            let _turn = self.counting.hold(&first.user_id).await;
+            self.resumables
+                .insert_resumables(creations, &self.limits)
+                .await
         });
         inserted.await.map(|r| r.value)
     }

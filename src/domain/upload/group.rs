@@ -144,11 +144,7 @@ impl CommitGroups {
                 }
             }
             let commits: Vec<CommitUpload> = group.iter().map(|w| w.commit.clone()).collect();
-            // The user's turn: none of their other writes to their record
-            // (a creation) runs here meanwhile, to conflict with it.
-            let turn = self.turns.hold(&key.user).await;
-            let answers = self.commit_group(&commits).await;
-            drop(turn);
+            let answers = self.commit_group(&key.user, &commits).await;
             for held in held.into_iter().rev() {
                 held.release().await;
             }
@@ -230,13 +226,17 @@ impl CommitGroups {
 
     /// Runs `commits` (the user's commit lock held): alone as ever, several
     /// in one transaction, or, if the store refuses the group, one by one.
-    async fn commit_group(&self, commits: &[CommitUpload]) -> Vec<Answer> {
+    /// Each transaction runs in `user`'s turn ([`UserTurns`]): none of
+    /// their other writes to their record in this instance (a creation)
+    /// runs meanwhile, to conflict with it.
+    async fn commit_group(&self, user: &UserId, commits: &[CommitUpload]) -> Vec<Answer> {
         if let [one] = commits {
-            return vec![self.commit_one(one).await];
+            return vec![self.commit_one(user, one).await];
         }
-        let grouped = self.txns.run("commit_upload_group", || {
+        let grouped = self.txns.run("commit_upload_group", || async {
+            let _turn = self.turns.hold(user).await;
             self.metrics.upload_commit_txns.inc();
-            self.files.commit_uploads(commits)
+            self.files.commit_uploads(commits).await
         });
         match grouped.await {
             Ok(r) => {
@@ -252,7 +252,7 @@ impl CommitGroups {
                 tracing::debug!(error = %e, n = commits.len(), "group commit refused; committing one at a time");
                 let mut answers = Vec::with_capacity(commits.len());
                 for c in commits {
-                    answers.push(self.commit_one(c).await);
+                    answers.push(self.commit_one(user, c).await);
                 }
                 answers
             }
@@ -260,10 +260,11 @@ impl CommitGroups {
     }
 
     /// One upload's commit in a transaction of its own.
-    async fn commit_one(&self, commit: &CommitUpload) -> Answer {
-        let committed = self.txns.run("commit_upload", || {
+    async fn commit_one(&self, user: &UserId, commit: &CommitUpload) -> Answer {
+        let committed = self.txns.run("commit_upload", || async {
+            let _turn = self.turns.hold(user).await;
             self.metrics.upload_commit_txns.inc();
-            self.files.commit_upload(commit)
+            self.files.commit_upload(commit).await
         });
         Ok(committed.await?.value)
     }

@@ -1,10 +1,12 @@
-//! The writes that change a user's record — a commit (its stored bytes and
-//! file count, its upload's reservation given back), a resumable upload's
-//! creation, a deferred length's declaration, an upload's end — conflict
-//! when two of one user's run at once, and one is retried after a pause.
-//! Within this instance they take turns per user (striped, so that the
-//! memory is fixed), which leaves the retry for writes from other
-//! instances: a client creating uploads in parallel while earlier ones
+//! The frequent writes that change a user's record — a commit (its stored
+//! bytes and file count, its upload's reservation given back), a resumable
+//! upload's creation, a deferred length's declaration, an upload's end —
+//! conflict when two of one user's run at once, and one is retried after a
+//! pause. Within this instance each of their transaction attempts takes
+//! the user's turn (striped, so that the memory is fixed), which leaves the
+//! retry for writes from other instances and for the rarer writes that take
+//! no turn (a file's deletion, a quota change, the user's deletion, the
+//! sweeper): a client creating uploads in parallel while earlier ones
 //! commit (Uppy sends several at once) is neither slowed by retries nor
 //! answered `409 write_conflict` for racing itself.
 
@@ -33,8 +35,9 @@ impl Default for UserTurns {
 }
 
 impl UserTurns {
-    /// Held while one of `user`'s writes to their record runs. Never held
-    /// while waiting for anything but the store (a lock, another turn).
+    /// Held while one transaction attempt of `user`'s writes to their
+    /// record runs: its holder waits for nothing but the store meanwhile
+    /// (no lock, no other turn), so that no two holders wait on each other.
     pub async fn hold(&self, user: &UserId) -> MutexGuard<'_, ()> {
         let stripe = self.hasher.hash_one(user) as usize % STRIPES;
         self.stripes[stripe].lock().await

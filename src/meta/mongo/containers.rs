@@ -40,7 +40,7 @@ fn require_room(
         Some(m) => doc! {"$or": [room, {field: m}]},
         None => room,
     };
-    // (`$or` may hold the fence's check already; `$and` other checks.)
+    // (`$and` may hold other checks already.)
     match filter.get_array_mut("$and") {
         Ok(all) => all.push(check.into()),
         Err(_) => {

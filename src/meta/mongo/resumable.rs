@@ -1,7 +1,8 @@
 //! Resumable uploads on MongoDB. An upload's reservation (its open slot
 //! and reserved bytes on the user document) changes in the transaction
-//! that changes its record; the quota and the cap are conditions of the
-//! user document's update, so that racing creations cannot pass them.
+//! that changes its record; the quota and the cap are checked on the user
+//! document as that transaction's update found it (`count_in`), so that
+//! racing creations cannot pass them (one of two racing writes conflicts).
 
 use async_trait::async_trait;
 use bson::{Document, doc};
@@ -38,6 +39,12 @@ fn advance_filter(id: &FileId, expected: Progress, offset: i64) -> Document {
         // Unknown, or not below the offset.
         "length": {"$not": {"$lt": offset}},
     }
+}
+
+/// `user` as if all but the last of `opening` uploads were open:
+/// [`OpenLimits::check`] asks whether one more may open.
+fn one_more_open(user: &mut crate::meta::UserRecord, opening: i64) {
+    user.open_uploads += (opening - 1).max(0);
 }
 
 impl MongoStore {
@@ -102,8 +109,7 @@ impl MongoStore {
         {
             Ok(None) => MetaError::NotFound,
             Ok(Some(mut u)) => {
-                // As if all but the last of those opening were open.
-                u.open_uploads += opening - 1;
+                one_more_open(&mut u, opening);
                 limits
                     .check(&u, reserving)
                     .err()
@@ -118,7 +124,8 @@ impl MongoStore {
     /// updated by its `_id` alone (a filter with an operator at its top, such
     /// as `$expr`, makes SecantusDB scan the collection for it) and the
     /// limits are checked on the document as it was; past them, the error
-    /// aborts the transaction and its update with it.
+    /// aborts the transaction and its update with it (so it runs only in
+    /// one: both callers begin it).
     async fn count_in(
         &self,
         s: &mut ClientSession,
@@ -132,6 +139,7 @@ impl MongoStore {
         let before = self
             .users()
             .find_one_and_update(filter, update)
+            .return_document(ReturnDocument::Before)
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -140,8 +148,7 @@ impl MongoStore {
                 .why_not_counted(s, user, limits, (opening, reserving))
                 .await);
         };
-        // As if all but the last of those opening were open.
-        u.open_uploads += (opening - 1).max(0);
+        one_more_open(&mut u, opening);
         limits.check(&u, reserving)
     }
 

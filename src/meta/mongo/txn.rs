@@ -98,6 +98,13 @@ pub(super) fn add_fences(
     map: &str,
     fences: &[&Fence],
 ) {
+    debug_assert!(
+        fences
+            .iter()
+            .enumerate()
+            .all(|(i, f)| fences[..i].iter().all(|g| g.slot != f.slot)),
+        "one fence per slot"
+    );
     for f in fences {
         add_fence(filter, update, map, Some(f));
     }
