@@ -168,7 +168,11 @@ async fn counters(server: &Server, filedock: bool) -> Cost {
 }
 
 /// `after − before` of each of `after`'s entries, per `n`.
-fn rise(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, n: f64) -> BTreeMap<String, f64> {
+fn rise(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    n: f64,
+) -> BTreeMap<String, f64> {
     after
         .iter()
         .map(|(k, v)| (k.clone(), (v - before.get(k).unwrap_or(&0.0)) / n))
@@ -262,7 +266,11 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
         let mibs = mib_s(&batch, MIB);
         rate.insert((b, tus), mibs);
         let c = cost.unwrap_or_default();
-        let stack = |name: &str| c.stack_ms.get(name).map_or(String::new(), |ms| format!("{ms:.2}"));
+        let stack = |name: &str| {
+            c.stack_ms
+                .get(name)
+                .map_or(String::new(), |ms| format!("{ms:.2}"))
+        };
         let counted = match b {
             Some(_) => format!("{:.1} | {:.1} | {:.1}", c.mongo, c.redis, c.s3_total()),
             None => " | | ".to_owned(),
