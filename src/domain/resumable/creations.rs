@@ -6,7 +6,8 @@
 //! transaction. A group the store refuses (the user's open uploads or
 //! quota cannot take all of them) is inserted one creation at a time, so
 //! that each is answered for itself and those that fit are stored. The
-//! creator holds the user's counting turn ([`UserTurns`]) while it writes.
+//! creator gathers a group in the user's turn ([`UserTurns`]), and each
+//! transaction attempt of it runs in that turn.
 //!
 //! The creator is a task of its own: a creation whose client goes away
 //! does not take the others with it.

@@ -11,7 +11,7 @@
 use super::{Result, ResumableError, ResumableService};
 use crate::{
     domain::DomainError,
-    meta::{Reserve, ResumableRecord, UserRecord, retry::with_txn_retry},
+    meta::{Reserve, ResumableRecord, UserRecord},
 };
 
 /// How far a PATCH's body may go, and what it is that stops it.
@@ -89,12 +89,16 @@ impl ResumableService {
     /// counting lock, retried on write conflicts: the record as it is then.
     async fn reserve(&self, upload: &ResumableRecord, what: Reserve) -> Result<ResumableRecord> {
         let quota = self.limits.open.quota_bytes;
-        let counting = self.counting.hold(&upload.user_id).await;
-        let reserved = with_txn_retry(&self.limits.txn_retry, || {
-            self.resumables.reserve_deferred(&upload.id, what, quota)
-        })
-        .await;
-        drop(counting);
+        let reserved = self
+            .committer
+            .txns()
+            .run("declare_length", || async {
+                let _turn = self.counting.hold(&upload.user_id).await;
+                self.resumables
+                    .reserve_deferred(&upload.id, what, quota)
+                    .await
+            })
+            .await;
         Ok(reserved?.value.ok_or(DomainError::NotFound)?)
     }
 

@@ -34,7 +34,6 @@ use crate::{
     meta::{
         CleanupRepo, FileRecord, FileRepo, MetaError, OpenLimits, ResumableRecord, ResumableRepo,
         UserRecord,
-        retry::{TxnRetryPolicy, with_txn_retry},
     },
     vocab::{FileId, LockKey, UserId},
 };
@@ -80,8 +79,6 @@ struct Limits {
     max_upload_bytes: u64,
     /// What the user's open uploads are held to (quota, how many).
     open: OpenLimits,
-    /// The counting writes' retry on write conflicts (racing creations).
-    txn_retry: TxnRetryPolicy,
     expiry: chrono::Duration,
     body_idle_timeout: std::time::Duration,
     allowed_types: AllowedTypes,
@@ -193,7 +190,6 @@ impl ResumableService {
             limits: Limits {
                 max_upload_bytes: settings.max_upload_bytes,
                 open,
-                txn_retry: settings.txn_retry,
                 expiry: chrono::Duration::from_std(settings.tus_expiry)
                     .unwrap_or_else(|_| chrono::Duration::days(1)),
                 body_idle_timeout: settings.body_idle_timeout,
@@ -326,27 +322,12 @@ impl ResumableService {
         }
     }
 
-    /// The upload's lock for a PATCH of `user`'s: a free one is taken at
-    /// once, and the state read under it tells whether the upload is
-    /// theirs (and what else the PATCH needs). A held one is asked for
-    /// ([`Self::lock`]) only once the state says the upload is `user`'s:
-    /// a request for another's upload cuts no PATCH of theirs.
-    async fn lock_for(&self, user: &UserRecord, id: &FileId) -> Result<Option<LockGuard>> {
-        match self.locks.try_acquire(&LockKey::resumable(id)).await? {
-            TryLock::Held(g) => return Ok(Some(g)),
-            TryLock::Degraded => return Ok(None),
-            TryLock::Busy => {}
-        }
-        self.find(user, id).await?;
-        self.lock(id, TAKE_OVER_WAIT).await
-    }
-
     /// Drops upload `id`'s state, giving back what it holds of its user's
     /// counters in the same transaction (retried on write conflicts).
     async fn drop_state(&self, user: &UserId, id: &FileId) -> std::result::Result<(), MetaError> {
-        let _counting = self.counting.hold(user).await;
-        let dropped = with_txn_retry(&self.limits.txn_retry, || {
-            self.resumables.delete_resumable(id)
+        let dropped = self.committer.txns().run("drop_upload", || async {
+            let _turn = self.counting.hold(user).await;
+            self.resumables.delete_resumable(id).await
         });
         dropped.await.map(|r| r.value)
     }

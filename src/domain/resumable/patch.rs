@@ -52,7 +52,8 @@ impl ResumableService {
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
     ) -> Result<Patched> {
-        let guard = self.lock_for(user, id).await?;
+        self.find(user, id).await?;
+        let guard = self.lock(id, super::TAKE_OVER_WAIT).await?;
         // Another request's ask to let go (a client resuming after its link
         // died silently) ends the body here as a cut would; the deletion
         // of its user, asking too, ends the PATCH (`stop.rs`).
