@@ -58,7 +58,11 @@ end
 
 /// Gives the lock to `owner` for `ttl` ms and returns the next fencing token;
 /// `hand_off` gives a freed lock to the head of the queue (or frees it).
-/// `PUBLISH` stands for the link's publish command.
+/// `PUBLISH` stands for the link's publish command. The fencing counter
+/// lives a day past the last take, not for ever (one per lock ever taken,
+/// a resumable upload's among them, would grow with history): a counter
+/// that expired starts again at Redis's clock in microseconds, above every
+/// token it gave before, as every token is.
 const TAKE: &str = r#"
 local function take(owner, ttl)
   redis.call('SET', KEYS[1], owner, 'PX', ttl)
@@ -67,6 +71,7 @@ local function take(owner, ttl)
     redis.call('SET', KEYS[2], string.format('%d', now_us))
     f = now_us
   end
+  redis.call('PEXPIRE', KEYS[2], 86400000)
   return f
 end
 local function hand_off(ttl)
@@ -89,7 +94,9 @@ end
 /// handed the lock (its notice lost) gets the current token.
 const ACQUIRE_FAIR: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return tonumber(redis.call('GET', KEYS[2]))
+  local f = redis.call('GET', KEYS[2])
+  if f then return tonumber(f) end
+  return take(ARGV[1], ARGV[2])
 end
 if redis.call('ZSCORE', KEYS[3], ARGV[1]) == false then
   redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[1])
@@ -108,7 +115,9 @@ return 0
 /// answers the token it took.
 const TRY_ACQUIRE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return tonumber(redis.call('GET', KEYS[2]))
+  local f = redis.call('GET', KEYS[2])
+  if f then return tonumber(f) end
+  return take(ARGV[1], ARGV[2])
 end
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
   return take(ARGV[1], ARGV[2])

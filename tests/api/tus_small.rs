@@ -287,3 +287,46 @@ async fn one_user_s_creations_and_commits_at_once_do_not_conflict() {
         );
     }
 }
+
+/// The fencing counters the upload's locks leave in Redis (the resumable
+/// upload's lock, its user's) expire: one per upload ever locked must not
+/// stay for ever (real Redis only; the embedded locks keep nothing).
+#[tokio::test]
+async fn an_upload_s_fencing_counters_expire() {
+    if !real_backends() {
+        return;
+    }
+    let mut settings = test_settings();
+    settings.sweep.interval = Duration::ZERO;
+    let prefix = settings.redis_prefix.clone();
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("fences").await;
+    let bytes = crate::tus::data(4096);
+    let id = create_typed(&app, &user, bytes.len(), None).await;
+    assert_eq!(
+        patch(&app, &user, &id, 0, &bytes).await.status(),
+        StatusCode::NO_CONTENT
+    );
+    let mut redis = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let fences: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*:fence"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(
+        fences.iter().any(|k| k.contains(&id)),
+        "the upload's lock has a fencing counter: {fences:?}"
+    );
+    for key in fences {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{key} does not expire (PTTL {ttl})");
+    }
+}
