@@ -19,8 +19,8 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use crate::domain::upload::UserTurns;
 use crate::{
+    domain::upload::UserTurns,
     meta::{
         IntentRecord, MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo,
         retry::Transactions,
@@ -44,7 +44,7 @@ pub(super) struct Creations {
     resumables: Arc<dyn ResumableRepo>,
     txns: Transactions,
     limits: OpenLimits,
-    counting: Arc<UserTurns>,
+    turns: Arc<UserTurns>,
     /// Creations waiting, per user; a user is here while its creator runs.
     waiting: Mutex<HashMap<UserId, Vec<Waiting>>>,
 }
@@ -54,13 +54,13 @@ impl Creations {
         resumables: Arc<dyn ResumableRepo>,
         txns: Transactions,
         limits: OpenLimits,
-        counting: Arc<UserTurns>,
+        turns: Arc<UserTurns>,
     ) -> Arc<Self> {
         Arc::new(Self {
             resumables,
             txns,
             limits,
-            counting,
+            turns,
             waiting: Mutex::default(),
         })
     }
@@ -111,7 +111,7 @@ impl Creations {
         loop {
             // The user's turn first, then what waits by then (what came
             // while the user's other writes ran joins this group).
-            let counting = self.counting.hold(&user).await;
+            let turn = self.turns.hold(&user).await;
             let group: Vec<Waiting> = {
                 let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
                 let Some(queue) = waiting.get_mut(&user) else {
@@ -128,7 +128,7 @@ impl Creations {
                 let n = queue.len().min(MAX);
                 queue.drain(..n).collect()
             };
-            drop(counting);
+            drop(turn);
             self.insert_group(group).await;
         }
         running.done = true;
@@ -162,12 +162,11 @@ impl Creations {
         let Some((_, first)) = creations.first() else {
             return Ok(());
         };
-        let inserted = self.txns.run("create_upload", || async {
-            let _turn = self.counting.hold(&first.user_id).await;
-            self.resumables
-                .insert_resumables(creations, &self.limits)
-                .await
-        });
+        let inserted = self
+            .turns
+            .run(&self.txns, "create_upload", &first.user_id, || {
+                self.resumables.insert_resumables(creations, &self.limits)
+            });
         inserted.await.map(|r| r.value)
     }
 }

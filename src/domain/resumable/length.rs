@@ -86,17 +86,14 @@ impl ResumableService {
     }
 
     /// [`crate::meta::ResumableRepo::reserve_deferred`] under the user's
-    /// counting lock, retried on write conflicts: the record as it is then.
+    /// turn, retried on write conflicts: the record as it is then.
     async fn reserve(&self, upload: &ResumableRecord, what: Reserve) -> Result<ResumableRecord> {
         let quota = self.limits.open.quota_bytes;
+        let txns = self.committer.txns();
         let reserved = self
-            .committer
-            .txns()
-            .run("declare_length", || async {
-                let _turn = self.counting.hold(&upload.user_id).await;
-                self.resumables
-                    .reserve_deferred(&upload.id, what, quota)
-                    .await
+            .turns
+            .run(txns, "declare_length", &upload.user_id, || {
+                self.resumables.reserve_deferred(&upload.id, what, quota)
             })
             .await;
         Ok(reserved?.value.ok_or(DomainError::NotFound)?)

@@ -54,8 +54,8 @@ pub struct ResumableService {
     parts: Arc<dyn ResumableBlobs>,
     locks: Arc<Locks>,
     limits: Limits,
-    /// One user's counting writes at a time, in this instance.
-    counting: Arc<UserTurns>,
+    /// Whose turn it is to write a user's record, in this instance.
+    turns: Arc<UserTurns>,
     /// A user's creations, inserted together.
     creations: Arc<creations::Creations>,
 }
@@ -165,7 +165,7 @@ impl ResumableService {
         locks: Arc<Locks>,
         settings: &Settings,
     ) -> Self {
-        let counting = committer.turns();
+        let turns = committer.turns();
         let open = OpenLimits {
             quota_bytes: settings.user_quota_bytes,
             max_open: settings.max_open_uploads,
@@ -174,7 +174,7 @@ impl ResumableService {
             resumables.clone(),
             committer.txns().clone(),
             open,
-            counting.clone(),
+            turns.clone(),
         );
         Self {
             committer,
@@ -185,7 +185,7 @@ impl ResumableService {
             blobs,
             parts,
             locks,
-            counting,
+            turns,
             creations,
             limits: Limits {
                 max_upload_bytes: settings.max_upload_bytes,
@@ -325,9 +325,9 @@ impl ResumableService {
     /// Drops upload `id`'s state, giving back what it holds of its user's
     /// counters in the same transaction (retried on write conflicts).
     async fn drop_state(&self, user: &UserId, id: &FileId) -> std::result::Result<(), MetaError> {
-        let dropped = self.committer.txns().run("drop_upload", || async {
-            let _turn = self.counting.hold(user).await;
-            self.resumables.delete_resumable(id).await
+        let txns = self.committer.txns();
+        let dropped = self.turns.run(txns, "drop_upload", user, || {
+            self.resumables.delete_resumable(id)
         });
         dropped.await.map(|r| r.value)
     }

@@ -233,10 +233,9 @@ impl CommitGroups {
         if let [one] = commits {
             return vec![self.commit_one(user, one).await];
         }
-        let grouped = self.txns.run("commit_upload_group", || async {
-            let _turn = self.turns.hold(user).await;
+        let grouped = self.turns.run(&self.txns, "commit_upload_group", user, || {
             self.metrics.upload_commit_txns.inc();
-            self.files.commit_uploads(commits).await
+            self.files.commit_uploads(commits)
         });
         match grouped.await {
             Ok(r) => {
@@ -261,10 +260,9 @@ impl CommitGroups {
 
     /// One upload's commit in a transaction of its own.
     async fn commit_one(&self, user: &UserId, commit: &CommitUpload) -> Answer {
-        let committed = self.txns.run("commit_upload", || async {
-            let _turn = self.turns.hold(user).await;
+        let committed = self.turns.run(&self.txns, "commit_upload", user, || {
             self.metrics.upload_commit_txns.inc();
-            self.files.commit_upload(commit).await
+            self.files.commit_upload(commit)
         });
         Ok(committed.await?.value)
     }

@@ -10,11 +10,20 @@
 //! commit (Uppy sends several at once) is neither slowed by retries nor
 //! answered `409 write_conflict` for racing itself.
 
-use std::hash::{BuildHasher, RandomState};
+use std::{
+    future::Future,
+    hash::{BuildHasher, RandomState},
+};
 
 use tokio::sync::{Mutex, MutexGuard};
 
-use crate::vocab::UserId;
+use crate::{
+    meta::{
+        MetaResult,
+        retry::{Retried, Transactions},
+    },
+    vocab::UserId,
+};
 
 /// How many users' writes can run at once in one instance (two users on
 /// one stripe take turns too).
@@ -41,5 +50,28 @@ impl UserTurns {
     pub async fn hold(&self, user: &UserId) -> MutexGuard<'_, ()> {
         let stripe = self.hasher.hash_one(user) as usize % STRIPES;
         self.stripes[stripe].lock().await
+    }
+
+    /// `txn`, retried and counted as `op` by `txns`, each attempt in
+    /// `user`'s turn (the pauses between attempts are not).
+    pub async fn run<T, F, Fut>(
+        &self,
+        txns: &Transactions,
+        op: &str,
+        user: &UserId,
+        mut txn: F,
+    ) -> MetaResult<Retried<T>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = MetaResult<T>>,
+    {
+        txns.run(op, || {
+            let attempt = txn();
+            async move {
+                let _turn = self.hold(user).await;
+                attempt.await
+            }
+        })
+        .await
     }
 }

@@ -41,12 +41,6 @@ fn advance_filter(id: &FileId, expected: Progress, offset: i64) -> Document {
     }
 }
 
-/// `user` as if all but the last of `opening` uploads were open:
-/// [`OpenLimits::check`] asks whether one more may open.
-fn one_more_open(user: &mut crate::meta::UserRecord, opening: i64) {
-    user.open_uploads += (opening - 1).max(0);
-}
-
 impl MongoStore {
     /// What upload `id` holds of its user's counters, as `s` sees it.
     pub(super) async fn held_in(&self, s: &mut ClientSession, id: &FileId) -> MetaResult<Held> {
@@ -93,14 +87,9 @@ impl MongoStore {
             .map_err(classify)
     }
 
-    /// Why a counting update of `user`'s document matched nothing.
-    async fn why_not_counted(
-        &self,
-        s: &mut ClientSession,
-        user: &UserId,
-        limits: &OpenLimits,
-        (opening, reserving): (i64, i64),
-    ) -> MetaError {
+    /// Why a counting update of `user`'s document (by `_id`, while not
+    /// being deleted) matched nothing: gone, or being deleted.
+    async fn why_not_counted(&self, s: &mut ClientSession, user: &UserId) -> MetaError {
         match self
             .users()
             .find_one(doc! {"_id": user})
@@ -108,13 +97,9 @@ impl MongoStore {
             .await
         {
             Ok(None) => MetaError::NotFound,
-            Ok(Some(mut u)) => {
-                one_more_open(&mut u, opening);
-                limits
-                    .check(&u, reserving)
-                    .err()
-                    .unwrap_or(MetaError::WriteConflict)
-            }
+            Ok(Some(u)) => OpenLimits::may_write(&u)
+                .err()
+                .unwrap_or(MetaError::WriteConflict),
             Err(e) => classify(e),
         }
     }
@@ -144,11 +129,11 @@ impl MongoStore {
             .await
             .map_err(classify)?;
         let Some(mut u) = before else {
-            return Err(self
-                .why_not_counted(s, user, limits, (opening, reserving))
-                .await);
+            return Err(self.why_not_counted(s, user).await);
         };
-        one_more_open(&mut u, opening);
+        // As if all but the last of those opening were open:
+        // `OpenLimits::check` asks whether one more may open.
+        u.open_uploads += (opening - 1).max(0);
         limits.check(&u, reserving)
     }
 
