@@ -9,6 +9,7 @@ mod commit;
 pub mod containers;
 pub mod digest;
 pub mod error;
+pub mod events;
 pub mod files;
 pub mod links;
 pub mod media;

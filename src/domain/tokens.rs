@@ -81,6 +81,14 @@ impl TokenService {
                 "scopes must name at least one scope".into(),
             ));
         }
+        // The events are the whole account's, not one session's or agent's.
+        if scopes.contains(&Scope::EventsRead)
+            && (req.session_id.is_some() || req.agent_id.is_some())
+        {
+            return Err(DomainError::InvalidRequest(
+                "events:read cannot be given to a token bound to a session or an agent".into(),
+            ));
+        }
         let max = self.max_lifetime.as_secs();
         let secs = req.expires_in.unwrap_or(DEFAULT_TOKEN_SECS.min(max));
         if !(1..=max).contains(&secs) {

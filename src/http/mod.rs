@@ -8,6 +8,7 @@ mod agents;
 pub mod audit;
 mod conditional;
 pub mod error;
+mod events;
 mod extract;
 mod files;
 mod health;
@@ -86,6 +87,7 @@ api! {
     POST "/v1/admin/sweep" => admin::sweep,
     GET "/v1/admin/queue" => admin::queue,
     GET "/v1/me" => me::me,
+    GET "/v1/events" => events::list,
     GET "/v1/me/keys" => keys::my_list,
     POST "/v1/me/keys" => keys::my_create,
     DELETE "/v1/me/keys/{key_id}" => keys::my_revoke,

@@ -23,6 +23,7 @@ const TOKEN_ROUTES: &[(&str, &str, Needs)] = {
     use Scope::*;
     &[
         ("GET", "/v1/me", AnyToken),
+        ("GET", "/v1/events", S(EventsRead)),
         ("GET", "/v1/files", S(FilesRead)),
         ("GET", "/v1/files/{id}", S(FilesRead)),
         ("GET", "/v1/files/{id}/content", S(FilesRead)),

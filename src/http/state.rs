@@ -10,9 +10,9 @@ use crate::{
     config::Settings,
     coord::queue::RedisQueue,
     domain::{
-        containers::ContainerService, files::FileService, links::LinkSigner, reconcile::Reconciler,
-        resumable::ResumableService, sweeper::Sweeper, tokens::TokenService, upload::UploadService,
-        users::UserService,
+        containers::ContainerService, events::EventService, files::FileService, links::LinkSigner,
+        reconcile::Reconciler, resumable::ResumableService, sweeper::Sweeper, tokens::TokenService,
+        upload::UploadService, users::UserService,
     },
     metrics::Metrics,
     ports::Ports,
@@ -34,6 +34,7 @@ pub struct AppState {
     /// Signs and checks signed download links.
     pub links: Arc<LinkSigner>,
     pub containers: Arc<ContainerService>,
+    pub events: Arc<EventService>,
     pub sweeper: Arc<Sweeper>,
     pub reconciler: Arc<Reconciler>,
     /// The Redis queue, whose workers run with the server (queue mode).

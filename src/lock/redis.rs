@@ -58,21 +58,25 @@ end
 
 /// Gives the lock to `owner` for `ttl` ms and returns the next fencing token;
 /// `hand_off` gives a freed lock to the head of the queue (or frees it).
-/// `PUBLISH` stands for the link's publish command. The fencing counter
-/// lives a day past the last take, not for ever (one per lock ever taken,
-/// a resumable upload's among them, would grow with history): a counter
+/// `PUBLISH` stands for the link's publish command. `count` is what the
+/// fencing counter and the waiters' arrival counter share: each lives a day
+/// past its last use, not for ever (one per lock ever taken or waited for,
+/// a resumable upload's among them, would grow with history); a counter
 /// that expired starts again at Redis's clock in microseconds, above every
-/// token it gave before, as every token is.
+/// number it gave before, as every number it gives is.
 const TAKE: &str = r#"
+local function count(key)
+  local n = redis.call('INCR', key)
+  if n < now_us then
+    redis.call('SET', key, string.format('%d', now_us))
+    n = now_us
+  end
+  redis.call('PEXPIRE', key, 86400000)
+  return n
+end
 local function take(owner, ttl)
   redis.call('SET', KEYS[1], owner, 'PX', ttl)
-  local f = redis.call('INCR', KEYS[2])
-  if f < now_us then
-    redis.call('SET', KEYS[2], string.format('%d', now_us))
-    f = now_us
-  end
-  redis.call('PEXPIRE', KEYS[2], 86400000)
-  return f
+  return count(KEYS[2])
 end
 local function hand_off(ttl)
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
@@ -99,7 +103,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return take(ARGV[1], ARGV[2])
 end
 if redis.call('ZSCORE', KEYS[3], ARGV[1]) == false then
-  redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[1])
+  redis.call('ZADD', KEYS[3], count(KEYS[5]), ARGV[1])
 end
 redis.call('ZADD', KEYS[4], now_ms + tonumber(ARGV[3]), ARGV[1])
 if redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then

@@ -28,8 +28,8 @@ pub trait DeletionRepo: Send + Sync {
     /// The user's upload intents (uploads in flight or abandoned).
     async fn user_intents(&self, id: &UserId, limit: usize) -> MetaResult<Vec<IntentRecord>>;
 
-    /// Deletes up to `limit` of the user's sessions and agents (their files
-    /// go with the user: no back-reference is kept); how many.
+    /// Deletes up to `limit` of the user's sessions, agents and events
+    /// (their files go with the user: no back-reference is kept); how many.
     async fn purge_containers(&self, id: &UserId, limit: usize) -> MetaResult<usize>;
 
     /// Deletes up to `limit` of the user's files as `delete_file` does each,
@@ -40,7 +40,7 @@ pub trait DeletionRepo: Send + Sync {
     /// Ends the deletion if the user owns nothing any more: deletes the
     /// user document and what is left of their keys, tokens, permissions
     /// and idempotency records, in one transaction. `false` (nothing
-    /// deleted) if a file, session, agent, intent or resumable upload of
-    /// theirs is still there, or the user is not marked.
+    /// deleted) if a file, session, agent, event, intent or resumable
+    /// upload of theirs is still there, or the user is not marked.
     async fn finish_user_deletion(&self, id: &UserId) -> MetaResult<bool>;
 }

@@ -6,6 +6,7 @@
 mod deletion;
 pub mod embedded;
 mod error;
+mod events;
 pub mod group;
 mod keys;
 pub mod mongo;
@@ -18,6 +19,7 @@ use chrono::{DateTime, Utc};
 
 pub use self::deletion::DeletionRepo;
 pub use self::error::{MetaError, MetaResult};
+pub use self::events::{EventDraft, EventRecord, EventRepo, EventType};
 pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyMint, KeyRepo, REVOKED_KEPT, TokenRecord};
 pub use self::records::*;
 pub use self::resumable::{OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo};
@@ -263,7 +265,14 @@ pub trait ContainerRepo: Send + Sync {
 /// can hold only the one it uses (pict-rs's `FullRepo`).
 #[async_trait]
 pub trait MetadataStore:
-    UserRepo + KeyRepo + FileRepo + CleanupRepo + ContainerRepo + ResumableRepo + DeletionRepo
+    UserRepo
+    + KeyRepo
+    + FileRepo
+    + CleanupRepo
+    + ContainerRepo
+    + ResumableRepo
+    + DeletionRepo
+    + EventRepo
 {
     /// Answers when the store is reachable.
     async fn ping(&self) -> MetaResult<()>;

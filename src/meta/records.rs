@@ -43,6 +43,10 @@ pub struct UserRecord {
     /// Highest fencing token committed, per upload-lock category.
     #[serde(default)]
     pub upload_fence: BTreeMap<String, i64>,
+    /// The number of the user's last event (`events`): each change of
+    /// theirs adds one in its transaction, so their events have no gap.
+    #[serde(default)]
+    pub event_seq: i64,
     #[serde(with = "bson_time")]
     pub created_at: DateTime<Utc>,
     /// The user's own storage quota; `None`: `FILEDOCK_USER_QUOTA_BYTES`.
@@ -69,6 +73,7 @@ impl UserRecord {
             reserved_bytes: 0,
             open_uploads: 0,
             upload_fence: BTreeMap::new(),
+            event_seq: 0,
             created_at: now(),
             quota_bytes: None,
             deleting_since: None,

@@ -26,6 +26,7 @@ use crate::{
     domain::{
         auth_cache::AuthCache,
         containers::ContainerService,
+        events::EventService,
         files::FileService,
         links::LinkSigner,
         reconcile::Reconciler,
@@ -241,6 +242,7 @@ impl AppState {
                 txns,
             }),
             containers: Arc::new(ContainerService::new(meta.clone(), coordinator, inserts)),
+            events: Arc::new(EventService::new(meta.clone())),
             reconciler: Arc::new(Reconciler {
                 files: meta.clone(),
                 cleanup: meta.clone(),

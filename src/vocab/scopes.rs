@@ -25,17 +25,22 @@ pub enum Scope {
     /// Create and delete agents, attach files, connect MCPs and toolsets.
     #[serde(rename = "agents:write")]
     AgentsWrite,
+    /// Read the caller's events (`GET /v1/events`); not for a token bound
+    /// to one session or agent (the events are the whole account's).
+    #[serde(rename = "events:read")]
+    EventsRead,
 }
 
 impl Scope {
     /// Every scope, in the order the documentation lists them.
-    pub const ALL: [Scope; 6] = [
+    pub const ALL: [Scope; 7] = [
         Scope::FilesRead,
         Scope::FilesWrite,
         Scope::SessionsRead,
         Scope::SessionsWrite,
         Scope::AgentsRead,
         Scope::AgentsWrite,
+        Scope::EventsRead,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +51,7 @@ impl Scope {
             Scope::SessionsWrite => "sessions:write",
             Scope::AgentsRead => "agents:read",
             Scope::AgentsWrite => "agents:write",
+            Scope::EventsRead => "events:read",
         }
     }
 

@@ -143,10 +143,20 @@ async fn uploads_killed_at_any_moment_leave_nothing_behind_after_a_sweep() {
                 "trial {trial}: crash point not reached"
             );
         } else {
-            // SIGKILL at a random moment of the uploads.
+            // SIGKILL at a random moment of the uploads: from their start,
+            // or (every other trial) from the first 201, so that some
+            // uploads are acknowledged before a kill however slow the
+            // machine is (each kill could otherwise come before any 201).
             let server = spawn_binary(&settings, &common).await;
             let delay = Duration::from_millis(rng.below(3000));
+            let before = acked.lock().unwrap().len();
             let uploads = fire_uploads(&server.base, &key, &acked);
+            if trial % 2 == 1 {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while acked.lock().unwrap().len() == before && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
             tokio::time::sleep(delay).await;
             drop(server); // SIGKILL
             join_all(uploads).await; // the rest have lost their connection

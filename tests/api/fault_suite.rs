@@ -29,7 +29,9 @@
 //! model says: `support/lives.rs`), finds nothing of a resumable upload left
 //! (state, tail object, multipart upload on the S3 server's disk, intent),
 //! and every user's reservations (`reserved_bytes`, `open_uploads`) given
-//! back.
+//! back; and each user's events (`GET /v1/events`) one per committed
+//! upload, rename and delete, numbered 1, 2, 3… with no gap
+//! (`support/event_checks.rs`).
 //!
 //! `FILEDOCK_FAULT_SEED` replays a run; `FILEDOCK_FAULT_SECS` deals more
 //! decks until that many seconds have passed (a soak); by default one deck.
@@ -333,8 +335,9 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
             .push(format!("{panics} handler panics counted in /metrics"));
     }
     let took = started.elapsed().as_secs();
+    let events: usize = fin.users.iter().map(|u| u.events.len()).sum();
     eprintln!(
-        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
+        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}, bad events {} of {events} read; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
         faults.fired(),
         v.requests,
         v.acknowledged,
@@ -346,6 +349,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         v.failed_but_applied,
         v.duplicated,
         v.internal_errors,
+        v.bad_events,
         v.open_defects,
         v.kinds,
         v.codes,
@@ -359,7 +363,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} fired={}",
+        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -368,6 +372,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         v.failed_but_applied,
         v.duplicated,
         v.internal_errors,
+        v.bad_events,
         v.open_defects,
         v.unknown,
         fin.resumables,
@@ -401,6 +406,11 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     assert!(
         v.acknowledged > 0,
         "the run did too little to prove anything"
+    );
+    // Without events read the events checks hold against nothing.
+    assert!(
+        fin.users.iter().any(|u| !u.events.is_empty()),
+        "seed {seed}: no user's events were read"
     );
 }
 

@@ -188,6 +188,46 @@ async fn a_waiter_that_died_in_the_queue_does_not_keep_the_lock() {
     }
 }
 
+/// Every key a lock leaves in Redis expires, the waiters' arrival counter
+/// among them: one left for ever per lock ever waited for (a resumable
+/// upload's among them) would grow with history.
+#[tokio::test]
+async fn a_lock_that_was_waited_for_leaves_no_key_that_never_expires() {
+    if !real_backends() {
+        return;
+    }
+    let prefix = unique_prefix();
+    let m: Arc<dyn LockManager> = Arc::new(redis_locks(&prefix));
+    let waiting = Waiting::Redis(prefix.clone(), test_link().conn());
+    let key = format!("waited:{{{}}}", uuid::Uuid::new_v4());
+    let held = m.try_acquire(&key, TTL).await.unwrap().unwrap();
+    let (m2, k2) = (m.clone(), key.clone());
+    let waiter = tokio::spawn(async move { m2.acquire_fair(&k2, TTL, far()).await });
+    waiting.until(&key, 1).await;
+    assert!(m.release(&held).await.unwrap());
+    let lease = waiter.await.unwrap().unwrap();
+    assert!(lease.fence > held.fence);
+    assert!(m.release(&lease).await.unwrap());
+    let mut conn = test_link().conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        keys.iter().any(|k| k.ends_with(":seq")),
+        "the wait counted its arrival: {keys:?}"
+    );
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{key} does not expire (PTTL {ttl})");
+    }
+}
+
 /// The release gives the lock to the waiter and tells it the fencing token:
 /// the waiter holds the lock without trying again, so a hand-off costs Redis
 /// one script call. Counted on a private Redis, so that no other test's calls

@@ -14,6 +14,7 @@ mod crash;
 mod credentials;
 mod deletion;
 mod deletion_trickle;
+mod events;
 mod fault_suite;
 mod faults;
 mod files;

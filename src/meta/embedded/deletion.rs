@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 
 use super::{
-    EmbeddedStore, files::delete_file_in, owner_index, txn::Txn, user_key, users::drop_token,
+    EmbeddedStore, events::events_of, files::delete_file_in, owner_index, txn::Txn, user_key,
+    users::drop_token,
 };
 use crate::{
     meta::{
@@ -125,6 +126,10 @@ impl DeletionRepo for EmbeddedStore {
                     purged += 1;
                 }
             }
+            for k in tx.keys(&events_of(&id), None, limit)? {
+                tx.delete(&k);
+                purged += 1;
+            }
             Ok(purged)
         })
         .await
@@ -139,7 +144,7 @@ impl DeletionRepo for EmbeddedStore {
                 let Some(file) = FileId::parse(&k[prefix.len()..]) else {
                     continue;
                 };
-                if let Some(deleted) = delete_file_in(tx, id, file, None)? {
+                if let Some(deleted) = delete_file_in(tx, id, file, (None, false))? {
                     orphans.push(OrphanRecord {
                         id: deleted.orphan_id,
                         ..OrphanRecord::pending_for(&deleted.file)
@@ -158,6 +163,9 @@ impl DeletionRepo for EmbeddedStore {
                 if !tx.keys(&owner_index(collection, id), None, 1)?.is_empty() {
                     return Ok(false);
                 }
+            }
+            if !tx.keys(&events_of(&id), None, 1)?.is_empty() {
+                return Ok(false);
             }
             if !scan::<IntentRecord>(tx, "intents/", 1, |i| i.user_id == id)?.is_empty()
                 || !scan::<ResumableRecord>(tx, "resumables/", 1, |r| r.user_id == id)?.is_empty()

@@ -8,25 +8,28 @@ use serde_json::Value;
 use super::{
     EmbeddedStore, apply_fence,
     containers::set_member,
+    events::emit,
     file_key, owned_page, owner_index, resumable,
     txn::{Txn, other},
     user_key,
 };
 use crate::{
     meta::{
-        CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
-        IntentRecord, MetaError, MetaResult, OpenLimits, OrphanRecord, PermissionRecord,
-        UserRecord, group,
+        CommitOutcome, CommitUpload, DeletedFile, EventDraft, Fence, FileRecord, FileRepo,
+        IdempotencyRecord, IntentRecord, MetaError, MetaResult, OpenLimits, OrphanRecord,
+        PermissionRecord, UserRecord, group,
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
 
-/// Deletes the owner's file inside `tx` (see [`FileRepo::delete_file`]).
+/// Deletes the owner's file inside `tx` (see [`FileRepo::delete_file`]);
+/// `emit`: with its `file.deleted` event (a user's deletion removes their
+/// files without one).
 pub(super) fn delete_file_in(
     tx: &mut Txn,
     owner: UserId,
     id: FileId,
-    fence: Option<&Fence>,
+    (fence, emit_deleted): (Option<&Fence>, bool),
 ) -> MetaResult<Option<DeletedFile>> {
     let Some(file) = tx
         .get::<FileRecord>(&file_key(&id))?
@@ -39,6 +42,9 @@ pub(super) fn delete_file_in(
     apply_fence(&mut user, fence)?;
     user.file_count -= 1;
     user.used_bytes -= file.size;
+    if emit_deleted {
+        emit(tx, &mut user, vec![EventDraft::file_deleted(&file)])?;
+    }
     tx.put(&ukey, &user)?;
     let sessions = file.sessions.iter().map(ToString::to_string);
     let agents = file.agents.iter().map(ToString::to_string);
@@ -105,6 +111,7 @@ impl FileRepo for EmbeddedStore {
             OpenLimits::check_quota(c.quota_bytes, &user, file.size)?;
             user.used_bytes += file.size;
             user.file_count += 1;
+            emit(tx, &mut user, vec![EventDraft::file_created(file)])?;
             tx.put(&ukey, &user)?;
             insert_file(tx, file)?;
             Ok(CommitOutcome::Committed)
@@ -149,6 +156,12 @@ impl FileRepo for EmbeddedStore {
                 resumable::release(tx, &mut user, id)?;
             }
             user.file_count += plan.committing.len() as i64;
+            // One event per file, numbered in the group's order.
+            let created = plan
+                .committing
+                .iter()
+                .map(|c| EventDraft::file_created(&c.file));
+            emit(tx, &mut user, created.collect())?;
             tx.put(&ukey, &user)?;
             for record in &plan.keys {
                 tx.put(&format!("idempotency/{}", record.id), record)?;
@@ -199,7 +212,7 @@ impl FileRepo for EmbeddedStore {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
         let (owner, id, fence) = (*owner_id, *file_id, fence.cloned());
-        self.transaction(move |tx| delete_file_in(tx, owner, id, fence.as_ref()))
+        self.transaction(move |tx| delete_file_in(tx, owner, id, (fence.as_ref(), true)))
             .await
     }
 
@@ -218,15 +231,15 @@ impl FileRepo for EmbeddedStore {
             let Some(mut file) = tx.get::<Value>(&fkey)?.filter(mine) else {
                 return Ok(None);
             };
-            if fence.is_some() {
-                let ukey = user_key(&owner);
-                let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
-                apply_fence(&mut user, fence.as_ref())?;
-                tx.put(&ukey, &user)?;
-            }
             file["filename"] = Value::from(filename);
             tx.put(&fkey, &file)?;
-            serde_json::from_value(file).map(Some).map_err(other)
+            let renamed: FileRecord = serde_json::from_value(file).map_err(other)?;
+            let ukey = user_key(&owner);
+            let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+            apply_fence(&mut user, fence.as_ref())?;
+            emit(tx, &mut user, vec![EventDraft::file_renamed(&renamed)])?;
+            tx.put(&ukey, &user)?;
+            Ok(Some(renamed))
         })
         .await
     }

@@ -15,6 +15,7 @@
 mod cleanup;
 mod containers;
 mod deletion;
+mod events;
 mod files;
 mod migrate;
 mod resumable;

@@ -87,7 +87,7 @@ impl DeletionRepo for MongoStore {
     }
 
     async fn purge_containers(&self, id: &UserId, limit: usize) -> MetaResult<usize> {
-        let mut purged = 0;
+        let mut purged = self.purge_events(id, limit).await?;
         for collection in ["sessions", "agents"] {
             let ids: Vec<Document> = self
                 .first_of(collection, doc! {"owner_id": id}, limit)
@@ -120,7 +120,10 @@ impl DeletionRepo for MongoStore {
         let result = async {
             let mut orphans = Vec::with_capacity(ids.len());
             for file_id in &ids {
-                if let Some(deleted) = self.delete_file_in(&mut s, id, file_id, None).await? {
+                if let Some(deleted) = self
+                    .delete_file_in(&mut s, id, file_id, (None, false))
+                    .await?
+                {
                     orphans.push(OrphanRecord {
                         id: deleted.orphan_id,
                         ..OrphanRecord::pending_for(&deleted.file)
@@ -140,6 +143,7 @@ impl DeletionRepo for MongoStore {
                 ("files", "owner_id"),
                 ("sessions", "owner_id"),
                 ("agents", "owner_id"),
+                ("events", "owner_id"),
                 ("upload_intents", "user_id"),
                 ("resumable_uploads", "user_id"),
             ] {

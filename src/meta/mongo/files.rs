@@ -14,8 +14,8 @@ use super::{
 };
 use crate::{
     meta::{
-        CommitOutcome, CommitUpload, DeletedFile, Fence, FileRecord, FileRepo, IdempotencyRecord,
-        MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
+        CommitOutcome, CommitUpload, DeletedFile, EventDraft, Fence, FileRecord, FileRepo,
+        IdempotencyRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, events, group,
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
@@ -28,6 +28,16 @@ struct UserQuota {
     reserved_bytes: i64,
     #[serde(default)]
     quota_bytes: Option<i64>,
+    /// The number of the user's last event.
+    #[serde(default)]
+    event_seq: i64,
+}
+
+/// The part of a user document a change's event is numbered by.
+#[derive(serde::Deserialize)]
+struct EventSeq {
+    #[serde(default)]
+    event_seq: i64,
 }
 
 impl UserQuota {
@@ -38,7 +48,7 @@ impl UserQuota {
 
     /// The fields it reads.
     fn projection() -> Document {
-        doc! {"used_bytes": 1, "reserved_bytes": 1, "quota_bytes": 1}
+        doc! {"used_bytes": 1, "reserved_bytes": 1, "quota_bytes": 1, "event_seq": 1}
     }
 }
 
@@ -72,7 +82,7 @@ impl MongoStore {
                 .await
                 .map_err(classify)?;
         }
-        let mut inc = doc! {"used_bytes": file.size, "file_count": 1_i64};
+        let mut inc = doc! {"used_bytes": file.size, "file_count": 1_i64, "event_seq": 1_i64};
         // The file's bytes take the place of its upload's reservation.
         if c.resumable {
             let freed = self.release_in(s, &file.id).await?;
@@ -114,6 +124,9 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(|e| classify(e).met_own_file())?;
+        let created = EventDraft::file_created(file);
+        self.insert_events(s, file.owner_id, user.event_seq - 1, vec![created])
+            .await?;
         self.permissions()
             .insert_one(PermissionRecord::owner_of(file))
             .session(&mut *s)
@@ -178,16 +191,20 @@ impl MongoStore {
                 "file_count": ids.len() as i64,
                 "reserved_bytes": -plan.freed_bytes,
                 "open_uploads": -plan.freed_open,
+                "event_seq": ids.len() as i64,
             },
         };
         add_fences(&mut filter, &mut update, "upload_fence", &fences);
         let updated = self
-            .users()
-            .update_one(filter, update)
+            .db
+            .collection::<UserQuota>("users")
+            .find_one_and_update(filter, update)
+            .projection(UserQuota::projection())
+            .return_document(ReturnDocument::After)
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        if updated.matched_count == 0 {
+        let Some(updated) = updated else {
             let mut why = self.why_user_unmatched(s, owner, None).await;
             for f in &fences {
                 let stale = self.why_user_unmatched(s, owner, Some(f)).await;
@@ -197,12 +214,20 @@ impl MongoStore {
                 }
             }
             return Err(why);
-        }
+        };
         self.files()
             .insert_many(plan.committing.iter().map(|c| &c.file))
             .session(&mut *s)
             .await
             .map_err(|e| classify(e).met_own_file())?;
+        // One event per file, numbered in the group's order.
+        let created = plan
+            .committing
+            .iter()
+            .map(|c| EventDraft::file_created(&c.file));
+        let first = updated.event_seq - ids.len() as i64;
+        self.insert_events(s, *owner, first, created.collect())
+            .await?;
         self.permissions()
             .insert_many(
                 plan.committing
@@ -231,27 +256,61 @@ impl MongoStore {
         Ok(plan.outcomes)
     }
 
-    /// Why a conditional update of the user document matched nothing.
     /// Applies `update` to the user document under the upload fence (the
-    /// fence's token stored with it); a refusal says why.
+    /// fence's token stored with it), with `event` (the change's event) numbered
+    /// and inserted after it; a refusal says why.
     async fn update_user_fenced(
         &self,
         s: &mut ClientSession,
         owner: &UserId,
         mut update: Document,
         fence: Option<&Fence>,
+        event: Option<EventDraft>,
     ) -> MetaResult<()> {
         let mut filter = doc! {"_id": owner};
+        if event.is_some() {
+            let inc = update.entry("$inc".to_owned()).or_insert(doc! {}.into());
+            if let Bson::Document(inc) = inc {
+                inc.insert("event_seq", 1_i64);
+            }
+        }
         add_fence(&mut filter, &mut update, "upload_fence", fence);
         let updated = self
-            .users()
-            .update_one(filter, update)
+            .db
+            .collection::<EventSeq>("users")
+            .find_one_and_update(filter, update)
+            .projection(doc! {"event_seq": 1})
+            .return_document(ReturnDocument::After)
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        if updated.matched_count == 0 {
+        let Some(user) = updated else {
             return Err(self.why_user_unmatched(s, owner, fence).await);
+        };
+        if let Some(event) = event {
+            self.insert_events(s, *owner, user.event_seq - 1, vec![event])
+                .await?;
         }
+        Ok(())
+    }
+
+    /// Inserts `drafts` as `owner`'s events after number `last_before`.
+    async fn insert_events(
+        &self,
+        s: &mut ClientSession,
+        owner: UserId,
+        last_before: i64,
+        drafts: Vec<EventDraft>,
+    ) -> MetaResult<()> {
+        if drafts.is_empty() {
+            return Ok(());
+        }
+        let numbered = events::number(owner, last_before, drafts);
+        self.events()
+            .insert_many(&numbered)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
         Ok(())
     }
 
@@ -267,6 +326,7 @@ impl MongoStore {
             .ok_or(MetaError::NotFound)
     }
 
+    /// Why a conditional update of the user document matched nothing.
     async fn why_user_unmatched(
         &self,
         s: &mut ClientSession,
@@ -291,12 +351,14 @@ impl MongoStore {
         }
     }
 
+    /// Deletes the owner's file in `s`; `emit`: with its `file.deleted`
+    /// event (a user's deletion removes their files without one).
     pub(super) async fn delete_file_in(
         &self,
         s: &mut ClientSession,
         owner: &UserId,
         id: &FileId,
-        fence: Option<&Fence>,
+        (fence, emit): (Option<&Fence>, bool),
     ) -> MetaResult<Option<DeletedFile>> {
         let Some(file) = self
             .files()
@@ -308,7 +370,9 @@ impl MongoStore {
             return Ok(None);
         };
         let update = doc! {"$inc": {"used_bytes": -file.size, "file_count": -1_i64}};
-        self.update_user_fenced(s, owner, update, fence).await?;
+        let event = emit.then(|| EventDraft::file_deleted(&file));
+        self.update_user_fenced(s, owner, update, fence, event)
+            .await?;
         let attached: [(&str, Bson); 2] = [
             ("sessions", file.sessions.clone().into()),
             ("agents", file.agents.clone().into()),
@@ -361,28 +425,23 @@ impl MongoStore {
         filename: &Filename,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<FileRecord>> {
-        if fence.is_some() {
-            self.update_user_fenced(s, owner, Document::new(), fence)
-                .await?;
-        }
-        let owned = doc! {"_id": id, "owner_id": owner};
-        let updated = self
+        let Some(file) = self
             .files()
-            .update_one(
-                owned.clone(),
+            .find_one_and_update(
+                doc! {"_id": id, "owner_id": owner},
                 doc! {"$set": {"filename": filename.as_str()}},
             )
+            .return_document(ReturnDocument::After)
             .session(&mut *s)
             .await
-            .map_err(classify)?;
-        if updated.matched_count == 0 {
+            .map_err(classify)?
+        else {
             return Ok(None);
-        }
-        self.files()
-            .find_one(owned)
-            .session(&mut *s)
-            .await
-            .map_err(classify)
+        };
+        let event = EventDraft::file_renamed(&file);
+        self.update_user_fenced(s, owner, Document::new(), fence, Some(event))
+            .await?;
+        Ok(Some(file))
     }
 }
 
@@ -445,7 +504,9 @@ impl FileRepo for MongoStore {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
         let mut s = self.txns.begin(fence).await?;
-        let result = self.delete_file_in(&mut s, owner_id, file_id, fence).await;
+        let result = self
+            .delete_file_in(&mut s, owner_id, file_id, (fence, true))
+            .await;
         self.txns.finish(s, fence, result).await
     }
 

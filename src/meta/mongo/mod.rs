@@ -12,6 +12,7 @@ mod cleanup;
 mod containers;
 mod deletion;
 mod errors;
+mod events;
 mod files;
 mod migrate;
 mod op_group;
@@ -187,6 +188,11 @@ impl MongoStore {
             .await?;
         self.files()
             .create_index(index(doc! {"owner_id": 1, "_id": 1}, false))
+            .await?;
+        // An owner's events are read in sequence order; a number is
+        // never given twice.
+        self.events()
+            .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
             .await?;
         self.permissions()
             .create_index(index(doc! {"file_id": 1, "user_id": 1}, true))

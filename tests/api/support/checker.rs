@@ -17,11 +17,14 @@
 //! - half-done: records that disagree (usage, file ids, permissions,
 //!   idempotency records, back-references, objects, intents, dangling ids);
 //! - duplicated: one upload (with its resends) that made two files;
-//! - internal errors: any 500.
+//! - internal errors: any 500;
+//! - bad events: the user's events are not one per committed change to a
+//!   file, numbered 1, 2, 3… with no gap (`event_checks.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::support::{
+    event_checks,
     history::{Answer, Event, FinalFile, FinalState, FinalUser, Op},
     lives,
     model::{Told, Write, explain},
@@ -247,6 +250,7 @@ fn check_user(history: &[&Event], fin: &FinalUser, all: &FinalState, v: &mut Ver
     sets::check_containers(history, fin, v);
     sets::check_links(history, fin, v);
     lives::check_lives(history, fin, v);
+    event_checks::check_events(history, fin, v);
 }
 
 fn check_bytes(id: &str, file: &FinalFile, up: &Upload<'_>, v: &mut Verdict) {

@@ -320,6 +320,22 @@ pub struct FinalAgent {
     pub toolsets: Vec<String>,
 }
 
+/// An event as read back (`GET /v1/events`): what `event_checks.rs` holds
+/// against the history.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FinalEvent {
+    pub seq: i64,
+    /// Its `type`: `file.created`, `file.renamed` or `file.deleted`.
+    pub kind: String,
+    /// The file's id.
+    pub subject: String,
+    pub owner: String,
+    /// What its `data` says of the file as the change left it.
+    pub filename: Option<String>,
+    pub size: Option<i64>,
+    pub sha256: Option<String>,
+}
+
 /// One user's state read back after healing and the final sweep.
 #[derive(Clone, Debug, Default)]
 pub struct FinalUser {
@@ -350,6 +366,10 @@ pub struct FinalUser {
     /// Files of the user's history no longer listed: the status of
     /// `GET /v1/files/{id}` and of its content.
     pub gone: BTreeMap<String, (u16, u16)>,
+    /// The user's events (`GET /v1/events`, every page, in the order read),
+    /// and what was off about the pages (a status, a cursor).
+    pub events: Vec<FinalEvent>,
+    pub events_off: Vec<String>,
 }
 
 impl FinalUser {

@@ -1,6 +1,7 @@
 //! Test support beyond `helpers.rs`: servers a test may stop and start, a
 //! fault-injecting TCP proxy, and the fault suite's cluster, nemesis,
-//! workload, history, read-back and checker (with its per-key model).
+//! workload, history, read-back and checker (with its per-key model and
+//! its events checks).
 
 pub mod account_readback;
 pub mod account_workload;
@@ -8,6 +9,7 @@ pub mod accounts;
 pub mod checker;
 pub mod cluster;
 pub mod container_workload;
+pub mod event_checks;
 pub mod failover_waiters;
 pub mod fault_proxy;
 pub mod faulty_blobs;

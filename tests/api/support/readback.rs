@@ -1,7 +1,8 @@
 //! Reads everything back after healing and the final sweep: through the
 //! direct backends (files, user documents, containers, permissions,
 //! idempotency records, objects, intents) and through the API (downloads,
-//! `GET /v1/files`, `/v1/me`, and the files that should be gone).
+//! `GET /v1/files`, `/v1/me`, `GET /v1/events`, and the files that should
+//! be gone).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,6 +15,7 @@ use sha2::Digest;
 use crate::{
     helpers::bucket_against_metadata,
     support::{
+        event_checks::read_events,
         history::{
             Answer, Container, Event, FinalAgent, FinalFile, FinalState, FinalUser, Holder, Op,
         },
@@ -184,6 +186,7 @@ async fn read_user(
         fin.files.insert(f.id.to_string(), file);
     }
     fin.listed = listed(client, base, "files", &user.key).await;
+    (fin.events, fin.events_off) = read_events(client, base, &user.key).await;
     for kind in [Holder::Session, Holder::Agent] {
         let name = &kind.path()["/v1/".len()..];
         let ids = listed(client, base, name, &user.key).await;

@@ -22,6 +22,9 @@ pub struct Verdict {
     pub failed_but_applied: usize,
     pub duplicated: usize,
     pub internal_errors: usize,
+    /// Events (`event_checks.rs`) that are not one per committed change to
+    /// a file, numbered 1, 2, 3… with no gap: missing, extra, or out of order.
+    pub bad_events: usize,
     /// Leftovers of two open defects, counted and printed but not failing
     /// the run (README "Guarantees", "Open"): strays reconcile found beside
     /// the faults, and empty multipart uploads left after the resumable
@@ -42,6 +45,7 @@ impl Verdict {
             + self.failed_but_applied
             + self.duplicated
             + self.internal_errors
+            + self.bad_events
     }
 
     /// Counts a key whose final value `explained` judged: `absent_or_value`

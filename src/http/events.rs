@@ -1,0 +1,63 @@
+//! `GET /v1/events?after=&limit=`: the caller's events in sequence order.
+
+use axum::{Json, extract::State};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{
+    error::{ApiResult, ok},
+    extract::{AppQuery, AuthUser},
+    state::AppState,
+};
+use crate::domain::{
+    DomainError,
+    events::{DEFAULT_LIMIT, EventPage},
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// The cursor a previous read returned (`0`, or none: from the first).
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// A cursor: the number of the last event read, in decimal digits.
+fn cursor(raw: Option<&str>) -> Result<i64, DomainError> {
+    let Some(raw) = raw else { return Ok(0) };
+    let bad = || DomainError::InvalidRequest("after must be a cursor this API returned".into());
+    if raw.is_empty() || raw.len() > 18 || !raw.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    raw.parse().map_err(|_| bad())
+}
+
+/// `GET /v1/events`.
+pub async fn list(
+    AuthUser(user): AuthUser,
+    State(state): State<AppState>,
+    AppQuery(q): AppQuery<EventsQuery>,
+) -> ApiResult {
+    let after = cursor(q.after.as_deref())?;
+    let EventPage { events, cursor } = state
+        .events
+        .pull(&user, after, q.limit.unwrap_or(DEFAULT_LIMIT))
+        .await?;
+    let events: Vec<_> = events
+        .into_iter()
+        .map(|e| {
+            json!({
+                "id": e.id,
+                "type": e.kind,
+                "time": e.time,
+                "owner_id": e.owner_id,
+                "seq": e.seq,
+                "subject": e.subject,
+                "data": e.data,
+            })
+        })
+        .collect();
+    ok(Json(
+        json!({"events": events, "cursor": cursor.to_string()}),
+    ))
+}
