@@ -107,6 +107,14 @@ pub struct Metrics {
     pub upload_memory_busy: Counter,
     /// Audited account changes, by action.
     pub audit_events: Family<ActionLabel, Counter>,
+    /// Events removed past `FILEDOCK_EVENT_RETENTION_SECS`.
+    pub events_expired: Counter,
+    /// The age in seconds of the oldest event kept (0: none).
+    pub events_oldest_age: Gauge,
+    /// Events this instance's changes wrote (each with its change).
+    pub events_written: Counter,
+    /// Readers waiting for an event now (`GET /v1/events?wait=`).
+    pub event_waiters: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -156,6 +164,10 @@ impl Default for Metrics {
             upload_memory_waits: Counter::default(),
             upload_memory_busy: Counter::default(),
             audit_events: Family::default(),
+            events_expired: Counter::default(),
+            events_oldest_age: Gauge::default(),
+            events_written: Counter::default(),
+            event_waiters: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -173,6 +185,26 @@ impl Default for Metrics {
             "filedock_audit_events",
             "Audited account changes (keys, tokens, quotas, deletions), by action",
             m.audit_events.clone(),
+        );
+        r.register(
+            "filedock_events_expired",
+            "Events removed past FILEDOCK_EVENT_RETENTION_SECS",
+            m.events_expired.clone(),
+        );
+        r.register(
+            "filedock_events_written",
+            "Events written by this instance's changes, each in its change's transaction",
+            m.events_written.clone(),
+        );
+        r.register(
+            "filedock_event_waiters",
+            "Readers waiting for an event now (GET /v1/events?wait=)",
+            m.event_waiters.clone(),
+        );
+        r.register(
+            "filedock_events_oldest_age_seconds",
+            "The age of the oldest event kept, in seconds (0: none)",
+            m.events_oldest_age.clone(),
         );
         r.register(
             "filedock_http_panics",

@@ -143,6 +143,8 @@ pub struct SweepSettings {
     pub retry_interval: Duration,
     /// Failed deletes before an orphan is marked `failed` (dead letter).
     pub max_retries: i32,
+    /// How long an event is kept (`GET /v1/events`) before a pass removes it.
+    pub event_retention: Duration,
 }
 
 /// Retry a whole transaction on `WriteConflict`: at most `max_attempts`
@@ -251,6 +253,7 @@ impl Settings {
                 intent_grace: vars.secs("SWEEP_INTENT_GRACE_SECS")?,
                 retry_interval: vars.secs("SWEEP_RETRY_INTERVAL_SECS")?,
                 max_retries: vars.value("SWEEP_MAX_RETRIES")?,
+                event_retention: vars.secs("EVENT_RETENTION_SECS")?,
             },
             coordination: vars.value("COORDINATION")?,
             queue_wait: vars.secs("QUEUE_WAIT_SECS")?,
@@ -333,6 +336,14 @@ impl Settings {
         }
         if s.upload_group_max == 0 {
             bail!("FILEDOCK_UPLOAD_GROUP_MAX must be at least 1");
+        }
+        // Kept at least a second (0 would remove each event at the next
+        // pass), at most ten years (a time before that is not one a clock
+        // subtracts safely).
+        if !(Duration::from_secs(1)..=Duration::from_secs(3650 * 86400))
+            .contains(&s.sweep.event_retention)
+        {
+            bail!("FILEDOCK_EVENT_RETENTION_SECS must be between 1 and 315360000 (ten years)");
         }
         if s.max_keys_per_user == 0 || s.max_tokens_per_user == 0 {
             bail!("FILEDOCK_MAX_KEYS_PER_USER and FILEDOCK_MAX_TOKENS_PER_USER must be at least 1");

@@ -241,6 +241,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_EVENT_RETENTION_SECS",
+        meaning: "how long an event is kept for GET /v1/events; the sweeper removes older ones, and a cursor older than what is kept answers 410 cursor_expired",
+        value: Some("604800"),
+        shown: Some("604800 (7 days)"),
+    },
+    Setting {
         var: "FILEDOCK_COORDINATION",
         meaning: "lock or queue for session and agent writes",
         value: Some("lock"),

@@ -8,6 +8,7 @@
 //! op)`), and every one ends in an [`Applier`]: the retried, counted
 //! transaction on the container repository.
 
+pub mod bell;
 pub mod local;
 pub mod queue;
 

@@ -90,6 +90,12 @@ pub enum DomainError {
     /// The first request with this `Idempotency-Key` has not been answered yet.
     #[error("a request with this Idempotency-Key is still in progress; try again")]
     IdempotencyKeyInFlight,
+    /// The events after the cursor are no longer kept
+    /// (`FILEDOCK_EVENT_RETENTION_SECS`): the reader missed some.
+    #[error(
+        "the events after {0} are no longer kept (FILEDOCK_EVENT_RETENTION_SECS); read again without after to go on from the oldest kept"
+    )]
+    CursorExpired(i64),
     /// A queued operation kept failing and was moved to the dead-letter queue.
     #[error("{0}")]
     DeadLettered(String),
@@ -125,6 +131,7 @@ impl DomainError {
             Self::LinkInvalid => "link_invalid",
             Self::LinkExpired => "link_expired",
             Self::LinkRevoked => "link_revoked",
+            Self::CursorExpired(_) => "cursor_expired",
             Self::IdempotencyKeyMismatch => "idempotency_key_mismatch",
             Self::IdempotencyKeyInFlight => "idempotency_key_in_flight",
             Self::DeadLettered(_) => "dead_lettered",

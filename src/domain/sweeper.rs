@@ -17,7 +17,7 @@ use crate::{
     config::SweepSettings,
     lock::{LockError, LockKey, Locks, TryLock},
     meta::{
-        self, CleanupRepo, DeletionRepo, KeyRepo, MetaError, OrphanRecord, OrphanStatus,
+        self, CleanupRepo, DeletionRepo, EventRepo, KeyRepo, MetaError, OrphanRecord, OrphanStatus,
         ResumableRecord, ResumableRepo,
     },
     metrics::{Metrics, OutcomeLabel, StatusLabel},
@@ -52,6 +52,8 @@ pub struct SweepReport {
     /// Users whose deletion is still under way after this pass (more files
     /// than a pass deletes, or the auth caches not yet past the mark).
     pub deletions_pending: u64,
+    /// Events older than `FILEDOCK_EVENT_RETENTION_SECS` removed.
+    pub events_expired: u64,
 }
 
 /// How soon the worker passes again while a user's deletion is under way,
@@ -73,6 +75,10 @@ mod tests;
 mod users;
 
 const BATCH: usize = 500;
+/// Events removed by one delete, and by one pass at most (the next pass
+/// goes on): a pass stays short however many expire at once.
+const EVENT_BATCH: usize = 1000;
+const EVENT_BATCHES: usize = 20;
 
 pub struct Sweeper {
     pub(crate) meta: Arc<dyn CleanupRepo>,
@@ -87,6 +93,8 @@ pub struct Sweeper {
     pub(crate) settings: SweepSettings,
     /// Users being deleted: each pass carries their deletion on.
     pub(crate) deletions: Arc<dyn DeletionRepo>,
+    /// Events past their retention go.
+    pub(crate) events: Arc<dyn EventRepo>,
     /// How long after a deletion began a request that authenticated just
     /// before may still write (the auth cache's lifetime and a grace): the
     /// deletion ends only past it.
@@ -226,6 +234,14 @@ impl Sweeper {
         }
         self.sweep_staging(stale_before, &mut report).await?;
         self.delete_users(&mut report).await?;
+        let kept_after = now - chrono::Duration::from_std(s.event_retention)?;
+        match self.expire_events(kept_after).await {
+            Ok(n) => report.events_expired = n,
+            Err(e) => {
+                report.failures += 1;
+                tracing::warn!(error = %e, "could not remove expired events; the next pass tries again");
+            }
+        }
         if report != SweepReport::default() {
             tracing::info!(?report, "sweep pass");
         }
@@ -364,7 +380,29 @@ impl Sweeper {
             .inc();
     }
 
+    /// Removes events written before `kept_after`, oldest first, in
+    /// batches, at most [`EVENT_BATCHES`] of them a pass; how many.
+    async fn expire_events(
+        &self,
+        kept_after: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<u64> {
+        let mut gone = 0;
+        for _ in 0..EVENT_BATCHES {
+            let n = self.events.expire_events(kept_after, EVENT_BATCH).await? as u64;
+            self.metrics.events_expired.inc_by(n);
+            gone += n;
+            if n < EVENT_BATCH as u64 {
+                break;
+            }
+        }
+        Ok(gone)
+    }
+
     async fn update_gauges(&self) {
+        if let Ok(oldest) = self.events.oldest_event().await {
+            let age = oldest.map_or(0, |t| (meta::now() - t).num_seconds().max(0));
+            self.metrics.events_oldest_age.set(age);
+        }
         if let Ok(c) = self.meta.counts().await {
             let m = &self.metrics;
             m.upload_intents.set(c.intents as i64);

@@ -65,6 +65,7 @@ impl ApiError {
             D::LockLost | D::WriteConflict | D::UploadExpired => StatusCode::CONFLICT,
             D::DependencyUnavailable(_) | D::MemoryBusy(_) => StatusCode::SERVICE_UNAVAILABLE,
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
+            D::CursorExpired(_) => StatusCode::GONE,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
             D::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             D::IdempotencyKeyInFlight

@@ -1,4 +1,7 @@
-//! `GET /v1/events?after=&limit=`: the caller's events in sequence order.
+//! `GET /v1/events?after=&limit=&wait=`: the caller's events in sequence
+//! order, waiting up to `wait` seconds for one when there is none yet.
+
+use std::time::Duration;
 
 use axum::{Json, extract::State};
 use serde::Deserialize;
@@ -20,6 +23,8 @@ pub struct EventsQuery {
     /// The cursor a previous read returned (`0`, or none: from the first).
     after: Option<String>,
     limit: Option<usize>,
+    /// Seconds to wait for an event when there is none yet (0 to 60).
+    wait: Option<u64>,
 }
 
 /// A cursor: the number of the last event read, in decimal digits.
@@ -39,9 +44,10 @@ pub async fn list(
     AppQuery(q): AppQuery<EventsQuery>,
 ) -> ApiResult {
     let after = cursor(q.after.as_deref())?;
+    let wait = Duration::from_secs(q.wait.unwrap_or(0).min(u32::MAX.into()));
     let EventPage { events, cursor } = state
         .events
-        .pull(&user, after, q.limit.unwrap_or(DEFAULT_LIMIT))
+        .pull_waiting(&user, after, q.limit.unwrap_or(DEFAULT_LIMIT), wait)
         .await?;
     let events: Vec<_> = events
         .into_iter()

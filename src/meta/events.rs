@@ -91,8 +91,8 @@ impl EventDraft {
     }
 }
 
-/// `events` collection: one per committed change, kept until its owner is
-/// deleted.
+/// `events` collection: one per committed change, kept for
+/// `FILEDOCK_EVENT_RETENTION_SECS` (or until its owner is deleted).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct EventRecord {
     /// `{owner_id}:{seq}`: unique, and the same however often a reader
@@ -129,7 +129,7 @@ pub fn number(owner: UserId, last_before: i64, drafts: Vec<EventDraft>) -> Vec<E
         .collect()
 }
 
-/// Reading events.
+/// Reading events, and their retention.
 #[async_trait]
 pub trait EventRepo: Send + Sync {
     /// `owner`'s events numbered above `after`, in sequence order, at most
@@ -140,4 +140,17 @@ pub trait EventRepo: Send + Sync {
         after: i64,
         limit: usize,
     ) -> MetaResult<Vec<EventRecord>>;
+
+    /// The number of `owner`'s last event (0: none yet, or no such user),
+    /// as durably as [`Self::events`] reads them.
+    async fn last_event_seq(&self, owner: &UserId) -> MetaResult<i64>;
+
+    /// Deletes the oldest events written before `before` (any owner's, at
+    /// most `limit` of them found), each owner's with every event of theirs
+    /// numbered before it (an owner's events are only ever removed from
+    /// the first on); how many.
+    async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize>;
+
+    /// When the oldest event kept was written.
+    async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>>;
 }

@@ -3,6 +3,7 @@
 //! store is the sum of narrow repositories (users, files, cleanup,
 //! containers); each adapter implements them one file each.
 
+mod bell;
 mod deletion;
 pub mod embedded;
 mod error;
@@ -17,6 +18,7 @@ pub mod retry;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+pub use self::bell::{Bells, EventBell, Listener};
 pub use self::deletion::DeletionRepo;
 pub use self::error::{MetaError, MetaResult};
 pub use self::events::{EventDraft, EventRecord, EventRepo, EventType};

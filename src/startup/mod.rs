@@ -22,11 +22,14 @@ use crate::{
         s3::S3BlobStore,
     },
     config::{Coordination, Settings},
-    coord::{Applier, Coordinator, LockCoordinator, local::LocalQueue, queue::RedisQueue},
+    coord::{
+        Applier, Coordinator, LockCoordinator, bell::RedisBell, local::LocalQueue,
+        queue::RedisQueue,
+    },
     domain::{
         auth_cache::AuthCache,
         containers::ContainerService,
-        events::EventService,
+        events::{Announced, EventService},
         files::FileService,
         links::LinkSigner,
         reconcile::Reconciler,
@@ -40,7 +43,7 @@ use crate::{
     http::{self, AppState},
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
     meta::retry::Transactions,
-    meta::{MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
+    meta::{Bells, EventBell, FileRepo, MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
     metrics::Metrics,
     ports::Ports,
     redis_link::RedisLink,
@@ -174,9 +177,20 @@ impl AppState {
         };
         let links = LinkSigner::new(settings.link_secret.as_ref())?;
         let settings = Arc::new(settings);
+        // The events' bell: rung after each change that wrote an event, on
+        // Redis (heard by every instance) when it is configured.
+        let bell: Arc<dyn EventBell> = match RedisLink::from_settings(&settings)? {
+            Some(link) => Arc::new(RedisBell::on(
+                &link.counted(metrics.redis_commands.clone()),
+                &settings.redis_prefix,
+            )),
+            None => Arc::new(Bells::default()),
+        };
+        let files: Arc<dyn FileRepo> =
+            Arc::new(Announced::new(meta.clone(), bell.clone(), metrics.clone()));
         // The commit and the admission gate plain and resumable uploads share.
         let committer = Arc::new(Committer::new(
-            meta.clone(),
+            files.clone(),
             meta.clone(),
             blobs.clone(),
             locks.clone(),
@@ -235,14 +249,14 @@ impl AppState {
             uploads,
             resumables,
             files: Arc::new(FileService {
-                files: meta.clone(),
+                files,
                 cleanup: meta.clone(),
                 blobs: blobs.clone(),
                 locks: locks.clone(),
                 txns,
             }),
             containers: Arc::new(ContainerService::new(meta.clone(), coordinator, inserts)),
-            events: Arc::new(EventService::new(meta.clone())),
+            events: Arc::new(EventService::new(meta.clone(), bell, metrics.clone())),
             reconciler: Arc::new(Reconciler {
                 files: meta.clone(),
                 cleanup: meta.clone(),
@@ -259,6 +273,7 @@ impl AppState {
                 metrics: metrics.clone(),
                 settings: settings.sweep.clone(),
                 deletions: meta.clone(),
+                events: meta.clone(),
                 deletion_settle: settings.auth_cache_ttl + REQUEST_GRACE,
             }),
             queue,

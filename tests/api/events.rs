@@ -101,9 +101,11 @@ async fn each_change_to_a_file_writes_one_event_in_commit_order() {
     assert_eq!(all_events(&app, &ann, 1).await, events);
     let (_, after_first) = read(&app, &ann, "?after=1").await;
     assert_eq!(after_first["events"].as_array().unwrap()[..], events[1..]);
-    // Past the last: none, and the cursor stays.
+    // At the last: none, and the cursor stays; past it, not a cursor.
     let (_, past) = read(&app, &ann, "?after=3").await;
     assert_eq!(past, json!({"events": [], "cursor": "3"}));
+    let (status, body) = read(&app, &ann, "?after=4").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     // Another user's events are not theirs to read.
     assert_eq!(all_events(&app, &bob, 100).await, Vec::<Value>::new());
 }
@@ -264,4 +266,153 @@ async fn a_bad_cursor_or_limit_is_a_clear_error() {
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     // Nothing was lost to the bad reads.
     assert_eq!(all_events(&app, &ann, 100).await.len(), 1);
+}
+
+/// Events past `FILEDOCK_EVENT_RETENTION_SECS` are removed by the sweeper,
+/// younger ones stay; a reader whose cursor is older than what is kept is
+/// told (410 `cursor_expired`), and one without a cursor reads from the
+/// oldest kept.
+#[tokio::test]
+async fn events_past_their_retention_go_and_an_older_cursor_is_told() {
+    let mut settings = test_settings();
+    settings.sweep.interval = std::time::Duration::ZERO;
+    settings.sweep.event_retention = std::time::Duration::from_secs(1);
+    let app = spawn_app_with(settings).await;
+    let ann = app.create_user("ann").await;
+    for i in 0..3 {
+        app.upload_json(&ann, &format!("old{i}.txt"), vec![i; 10])
+            .await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let young = app.upload_json(&ann, "young.txt", b"young".to_vec()).await;
+    let report = match app.state.sweeper.try_run_once().await.unwrap() {
+        filedock::domain::sweeper::Outcome::Swept(r) => r,
+        busy => panic!("{busy:?}"),
+    };
+    assert_eq!(report.events_expired, 3, "{report:?}");
+    assert_eq!(app.metric("filedock_events_expired_total", "").await, 3.0);
+
+    // From the oldest kept: the young upload's, numbered 4.
+    let (status, page) = read(&app, &ann, "").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let events = page["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{page}");
+    assert_eq!(
+        (&events[0]["seq"], &events[0]["subject"]),
+        (&json!(4), &young["id"])
+    );
+    assert_eq!(read(&app, &ann, "?after=0").await.1, page);
+    // A cursor past the removed ones reads on; one before them is told.
+    assert_eq!(read(&app, &ann, "?after=3").await.1, page);
+    for old in ["?after=1", "?after=2"] {
+        let (status, body) = read(&app, &ann, old).await;
+        assert_eq!(status, StatusCode::GONE, "{old}: {body}");
+        assert_eq!(body["error"]["code"], "cursor_expired");
+    }
+    // Once every event is gone, a cursor before the last is told too.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    app.state.sweeper.try_run_once().await.unwrap();
+    let (status, body) = read(&app, &ann, "?after=3").await;
+    assert_eq!(status, StatusCode::GONE, "{body}");
+    assert_eq!(
+        read(&app, &ann, "?after=4").await.1,
+        json!({"events": [], "cursor": "4"})
+    );
+    assert_eq!(
+        read(&app, &ann, "").await.1,
+        json!({"events": [], "cursor": "0"})
+    );
+}
+
+/// Waits until `app` counts `n` readers waiting for an event.
+async fn until_waiting(app: &TestApp, n: f64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app.metric("filedock_event_waiters", "").await != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} readers never waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A long poll answers with the event that commits while it waits (a read
+/// that ran out its wait answers empty: the event in the answer is the
+/// wake-up), and a wait with nothing to wake it reads the store only at
+/// its start (no polling), then answers empty with the cursor it got.
+#[tokio::test]
+async fn a_waiting_reader_is_woken_by_the_event_and_an_idle_one_does_not_poll() {
+    // No sweeper worker: its look for deletions every 2 s reads the store.
+    let mut settings = test_settings();
+    settings.sweep.interval = std::time::Duration::ZERO;
+    let app = spawn_app_with(settings).await;
+    let ann = app.create_user("ann").await;
+    let reader = {
+        let (client, url, key) = (
+            app.client.clone(),
+            app.url("/v1/events?after=0&wait=30"),
+            ann.key.clone(),
+        );
+        tokio::spawn(async move {
+            let res = client.get(url).bearer_auth(key).send().await.unwrap();
+            (res.status(), res.json::<Value>().await.unwrap())
+        })
+    };
+    until_waiting(&app, 1.0).await;
+    let file = app.upload_json(&ann, "a.txt", b"a".to_vec()).await;
+    let (status, page) = reader.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["events"][0]["subject"], file["id"], "{page}");
+    assert_eq!(page["cursor"], "1");
+    assert_eq!(app.metric("filedock_event_waiters", "").await, 0.0);
+
+    let commands = app.metric("filedock_mongo_commands_total", "").await;
+    let started = std::time::Instant::now();
+    let (status, page) = read(&app, &ann, "?after=1&wait=2").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page, json!({"events": [], "cursor": "1"}));
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1900));
+    if real_backends() {
+        // Its user's last number and one read of the events, at the start.
+        let sent = app.metric("filedock_mongo_commands_total", "").await - commands;
+        assert!(
+            sent <= 2.0,
+            "{sent} MongoDB commands for an idle wait of 2 s"
+        );
+    }
+    for bad in ["?wait=61", "?wait=-1", "?wait=x"] {
+        let (status, body) = read(&app, &ann, bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+}
+
+/// With Redis, a reader waiting on one instance is woken by an event that
+/// commits on another.
+#[tokio::test]
+async fn a_reader_on_one_instance_is_woken_by_an_event_committed_on_another() {
+    if !real_backends() {
+        return;
+    }
+    let settings = test_settings();
+    let (one, two) = (
+        spawn_app_with(settings.clone()).await,
+        spawn_app_with(settings).await,
+    );
+    let ann = one.create_user("ann").await;
+    let reader = {
+        let (client, url, key) = (
+            one.client.clone(),
+            one.url("/v1/events?wait=30"),
+            ann.key.clone(),
+        );
+        tokio::spawn(async move {
+            let res = client.get(url).bearer_auth(key).send().await.unwrap();
+            (res.status(), res.json::<Value>().await.unwrap())
+        })
+    };
+    until_waiting(&one, 1.0).await;
+    let file = two.upload_json(&ann, "b.txt", b"b".to_vec()).await;
+    let (status, page) = reader.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["events"][0]["subject"], file["id"], "{page}");
 }

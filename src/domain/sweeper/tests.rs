@@ -98,8 +98,10 @@ fn sweeper(kit: &Kit, resumables: Arc<dyn ResumableRepo>) -> Sweeper {
             intent_grace: Duration::ZERO,
             retry_interval: Duration::ZERO,
             max_retries: 3,
+            event_retention: Duration::from_secs(3600),
         },
         deletions: kit.meta.clone(),
+        events: kit.meta.clone(),
         deletion_settle: Duration::ZERO,
     }
 }

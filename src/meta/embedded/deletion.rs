@@ -3,7 +3,12 @@
 use async_trait::async_trait;
 
 use super::{
-    EmbeddedStore, events::events_of, files::delete_file_in, owner_index, txn::Txn, user_key,
+    EmbeddedStore,
+    events::{events_of, purge_events},
+    files::delete_file_in,
+    owner_index,
+    txn::Txn,
+    user_key,
     users::drop_token,
 };
 use crate::{
@@ -126,10 +131,7 @@ impl DeletionRepo for EmbeddedStore {
                     purged += 1;
                 }
             }
-            for k in tx.keys(&events_of(&id), None, limit)? {
-                tx.delete(&k);
-                purged += 1;
-            }
+            purged += purge_events(tx, &id, limit)?;
             Ok(purged)
         })
         .await

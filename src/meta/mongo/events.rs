@@ -1,8 +1,13 @@
 //! Events on MongoDB: written by the changes' own transactions (`files.rs`),
-//! read here in an owner's sequence order (the `(owner_id, seq)` index).
+//! read here in an owner's sequence order (the `(owner_id, seq)` index) and
+//! expired oldest first (the `time` index).
 
 use async_trait::async_trait;
-use bson::doc;
+use std::collections::HashMap;
+
+use bson::{Bson, Document, doc};
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 use mongodb::{
     Collection,
     options::{CollectionOptions, ReadConcern},
@@ -14,9 +19,26 @@ use crate::{
     vocab::UserId,
 };
 
+/// The part of a user document a change's event is numbered by.
+#[derive(serde::Deserialize)]
+pub(super) struct EventSeq {
+    #[serde(default)]
+    pub(super) event_seq: i64,
+}
+
 impl MongoStore {
     pub(super) fn events(&self) -> Collection<EventRecord> {
         self.db.collection("events")
+    }
+
+    /// `name` read with majority read concern: only what a majority holds,
+    /// so that an event a failover could roll back (and its number then
+    /// given to another change) is never shown.
+    fn majority<T: Send + Sync>(&self, name: &str) -> Collection<T> {
+        let majority = CollectionOptions::builder()
+            .read_concern(ReadConcern::majority())
+            .build();
+        self.db.collection_with_options(name, majority)
     }
 
     /// Deletes up to `limit` of `owner`'s first events (a user's deletion);
@@ -50,12 +72,59 @@ impl EventRepo for MongoStore {
         limit: usize,
     ) -> MetaResult<Vec<EventRecord>> {
         let filter = doc! {"owner_id": owner, "seq": {"$gt": after}};
-        // Only what a majority holds: an event a failover could roll back
-        // (and its number then given to another change) is never shown.
-        let majority = CollectionOptions::builder()
-            .read_concern(ReadConcern::majority())
-            .build();
-        let events = self.db.collection_with_options("events", majority);
-        find_sorted(events, filter, doc! {"seq": 1}, limit).await
+        find_sorted(self.majority("events"), filter, doc! {"seq": 1}, limit).await
+    }
+
+    async fn last_event_seq(&self, owner: &UserId) -> MetaResult<i64> {
+        let user = self
+            .majority::<EventSeq>("users")
+            .find_one(doc! {"_id": owner})
+            .projection(doc! {"event_seq": 1})
+            .await
+            .map_err(classify)?;
+        Ok(user.map_or(0, |u| u.event_seq))
+    }
+
+    async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize> {
+        let old: Vec<Document> = self
+            .db
+            .collection::<Document>("events")
+            .find(doc! {"time": {"$lt": bson::DateTime::from_chrono(before)}})
+            .sort(doc! {"time": 1})
+            .projection(doc! {"owner_id": 1, "seq": 1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)?;
+        // Each owner's events up to the highest number among them go: a
+        // prefix, so that no owner's events lose one in the middle
+        // whatever the instances' clocks said of their times.
+        let mut upto: HashMap<String, (Bson, i64)> = HashMap::new();
+        for d in old {
+            let (Some(owner), Ok(seq)) = (d.get("owner_id"), d.get_i64("seq")) else {
+                continue;
+            };
+            let entry = upto
+                .entry(owner.to_string())
+                .or_insert_with(|| (owner.clone(), seq));
+            entry.1 = entry.1.max(seq);
+        }
+        let mut gone = 0;
+        for (owner, seq) in upto.into_values() {
+            let deleted = self
+                .events()
+                .delete_many(doc! {"owner_id": owner, "seq": {"$lte": seq}})
+                .await
+                .map_err(classify)?;
+            gone += deleted.deleted_count as usize;
+        }
+        Ok(gone)
+    }
+
+    async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>> {
+        let oldest = find_sorted(self.events(), doc! {}, doc! {"time": 1}, 1).await?;
+        Ok(oldest.first().map(|e| e.time))
     }
 }

@@ -9,6 +9,7 @@ use mongodb::{ClientSession, options::ReturnDocument};
 use super::{
     MongoStore,
     errors::classify,
+    events::EventSeq,
     find_sorted, owned_after,
     txn::{add_fence, add_fences},
 };
@@ -29,13 +30,6 @@ struct UserQuota {
     #[serde(default)]
     quota_bytes: Option<i64>,
     /// The number of the user's last event.
-    #[serde(default)]
-    event_seq: i64,
-}
-
-/// The part of a user document a change's event is numbered by.
-#[derive(serde::Deserialize)]
-struct EventSeq {
     #[serde(default)]
     event_seq: i64,
 }

@@ -194,6 +194,10 @@ impl MongoStore {
         self.events()
             .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
             .await?;
+        // The sweeper removes the oldest first (FILEDOCK_EVENT_RETENTION_SECS).
+        self.events()
+            .create_index(index(doc! {"time": 1}, false))
+            .await?;
         self.permissions()
             .create_index(index(doc! {"file_id": 1, "user_id": 1}, true))
             .await?;
