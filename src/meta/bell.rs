@@ -59,7 +59,7 @@ impl Bells {
             .or_insert_with(|| watch::channel(0).0)
             .subscribe();
         Listener {
-            rx,
+            rx: Some(rx),
             owner: *owner,
             bells: self.clone(),
             _held: None,
@@ -80,7 +80,8 @@ impl EventBell for Bells {
 
 /// Hears one owner's rings (see [`EventBell::listen`]).
 pub struct Listener {
-    rx: watch::Receiver<u64>,
+    /// Taken out when the listener goes (see `Drop`).
+    rx: Option<watch::Receiver<u64>>,
     owner: UserId,
     bells: Bells,
     /// What keeps the rings coming while it lives (a cluster subscription).
@@ -97,7 +98,10 @@ impl Listener {
     /// Returns at the next ring since the listener was made (or since the
     /// last return).
     pub async fn rung(&mut self) {
-        if self.rx.changed().await.is_err() {
+        let Some(rx) = self.rx.as_mut() else {
+            return;
+        };
+        if rx.changed().await.is_err() {
             // The sender went (no other listener): nothing rings it now.
             std::future::pending::<()>().await;
         }
@@ -107,10 +111,12 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         let mut owners = self.bells.owners.lock().unwrap();
-        // This listener is the last one: the owner's entry goes with it.
+        // Let go under the lock, so that of two listeners going at once
+        // the second sees the first gone: the last one's entry goes.
+        drop(self.rx.take());
         if owners
             .get(&self.owner)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
+            .is_some_and(|tx| tx.receiver_count() == 0)
         {
             owners.remove(&self.owner);
         }

@@ -90,9 +90,13 @@ impl EventService {
         loop {
             // Listening before reading: an event committed after the read
             // rings a listener that already hears (on one Redis node the
-            // listening costs nothing; on a cluster, a subscription).
-            let mut listener = self.bell.listen(&user.id).await;
+            // listening costs nothing; on a cluster, a subscription, which
+            // an outage must not stretch past the deadline).
+            let listening = tokio::time::timeout_at(deadline, self.bell.listen(&user.id)).await;
             let page = self.pull(user, after, limit).await?;
+            let Ok(mut listener) = listening else {
+                return Ok(page);
+            };
             if !page.events.is_empty() {
                 return Ok(page);
             }
@@ -132,7 +136,13 @@ impl EventService {
                 "after is past the last event ({last}): it is not a cursor this API returned"
             )));
         }
-        let events = self.events.events(&user.id, after, limit).await?;
+        let mut events = self.events.events(&user.id, after, limit).await?;
+        // A read in several batches may have met the retention's removal
+        // between them: the page ends before its first gap (the next read,
+        // from there, is told).
+        if let Some(gap) = events.windows(2).position(|w| w[1].seq != w[0].seq + 1) {
+            events.truncate(gap + 1);
+        }
         // Numbers have no gap: a first event past `after + 1`, or none
         // where some were written, means the ones between are gone.
         let missed = match events.first() {
