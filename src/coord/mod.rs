@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     lock::{LockError, Locks},
     meta::retry::Transactions,
-    meta::{ContainerRepo, Fence, MetaError, MetaResult, Refusal, Settled},
+    meta::{ContainerRepo, Fence, MetaError, MetaResult, Refusal, Settled, UserTurns},
     vocab::{LockKey, OpId, Operation},
 };
 
@@ -29,16 +29,23 @@ use crate::{
 pub struct Applier {
     meta: Arc<dyn ContainerRepo>,
     txns: Transactions,
+    /// Each attempt runs in its owner's turn: it writes their record.
+    turns: Arc<UserTurns>,
     /// The most members one list of a container may hold
     /// (`FILEDOCK_MAX_CONTAINER_ITEMS`).
     max_items: usize,
 }
 
 impl Applier {
-    pub fn new(meta: Arc<dyn ContainerRepo>, txns: Transactions, max_items: usize) -> Self {
+    pub fn new(
+        meta: Arc<dyn ContainerRepo>,
+        (txns, turns): (Transactions, Arc<UserTurns>),
+        max_items: usize,
+    ) -> Self {
         Self {
             meta,
             txns,
+            turns,
             max_items,
         }
     }
@@ -52,8 +59,8 @@ impl Applier {
         op_id: Option<&OpId>,
     ) -> MetaResult<()> {
         let result = self
-            .txns
-            .run(op.metric_op(), || {
+            .turns
+            .run(&self.txns, op.metric_op(), op.owner_id(), || {
                 self.meta
                     .apply_op(op, fence.as_ref(), op_id, self.max_items)
             })
@@ -74,9 +81,20 @@ impl Applier {
             .value)
     }
 
-    /// Applies queued operations in one transaction (see [`ContainerRepo::apply_group`]).
+    /// Applies queued operations in one transaction (see
+    /// [`ContainerRepo::apply_group`]), in the turn of their owner (when
+    /// they have one; a group of several owners' takes none).
     pub async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {
-        self.meta.apply_group(ops, fence, self.max_items).await
+        let first = ops.first().map(|(op, _)| op.owner_id());
+        let one_owner = first.filter(|o| ops.iter().all(|(op, _)| op.owner_id() == *o));
+        let _turn = match one_owner {
+            Some(owner) => Some(self.turns.hold(owner).await),
+            None => None,
+        };
+        self.meta
+            .apply_group(ops, fence, self.max_items)
+            .await
+            .map(drop)
     }
 }
 

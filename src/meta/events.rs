@@ -14,7 +14,7 @@ use super::{
     error::MetaResult,
     records::{FileRecord, bson_time, now},
 };
-use crate::vocab::UserId;
+use crate::vocab::{Container, LinkKind, Operation, UserId};
 
 /// What happened. Stored by its name: a reader of an older version that
 /// meets a newer type passes it on as it is.
@@ -23,6 +23,18 @@ pub enum EventType {
     FileCreated,
     FileDeleted,
     FileRenamed,
+    SessionCreated,
+    SessionDeleted,
+    SessionFileAttached,
+    SessionFileDetached,
+    AgentCreated,
+    AgentDeleted,
+    AgentFileAttached,
+    AgentFileDetached,
+    AgentMcpConnected,
+    AgentMcpDisconnected,
+    AgentToolsetConnected,
+    AgentToolsetDisconnected,
 }
 
 impl EventType {
@@ -31,7 +43,59 @@ impl EventType {
             Self::FileCreated => "file.created",
             Self::FileDeleted => "file.deleted",
             Self::FileRenamed => "file.renamed",
+            Self::SessionCreated => "session.created",
+            Self::SessionDeleted => "session.deleted",
+            Self::SessionFileAttached => "session.file_attached",
+            Self::SessionFileDetached => "session.file_detached",
+            Self::AgentCreated => "agent.created",
+            Self::AgentDeleted => "agent.deleted",
+            Self::AgentFileAttached => "agent.file_attached",
+            Self::AgentFileDetached => "agent.file_detached",
+            Self::AgentMcpConnected => "agent.mcp_connected",
+            Self::AgentMcpDisconnected => "agent.mcp_disconnected",
+            Self::AgentToolsetConnected => "agent.toolset_connected",
+            Self::AgentToolsetDisconnected => "agent.toolset_disconnected",
         }
+    }
+
+    /// A container's creation, deletion, or a file put in (`Some(true)`)
+    /// or taken out of it.
+    fn of_container(c: &Container, attached: Option<bool>, deleted: bool) -> Self {
+        let session = matches!(c, Container::Session(_));
+        match (session, attached, deleted) {
+            (true, Some(true), _) => Self::SessionFileAttached,
+            (true, Some(false), _) => Self::SessionFileDetached,
+            (true, None, true) => Self::SessionDeleted,
+            (true, None, false) => Self::SessionCreated,
+            (false, Some(true), _) => Self::AgentFileAttached,
+            (false, Some(false), _) => Self::AgentFileDetached,
+            (false, None, true) => Self::AgentDeleted,
+            (false, None, false) => Self::AgentCreated,
+        }
+    }
+
+    fn of_link(kind: LinkKind, connected: bool) -> Self {
+        match (kind, connected) {
+            (LinkKind::Mcp, true) => Self::AgentMcpConnected,
+            (LinkKind::Mcp, false) => Self::AgentMcpDisconnected,
+            (LinkKind::Toolset, true) => Self::AgentToolsetConnected,
+            (LinkKind::Toolset, false) => Self::AgentToolsetDisconnected,
+        }
+    }
+}
+
+/// What a container's events name it by in their data.
+fn container_field(c: &Container) -> &'static str {
+    match c {
+        Container::Session(_) => "session_id",
+        Container::Agent(_) => "agent_id",
+    }
+}
+
+fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(map) => map,
+        _ => unreachable!("an object literal"),
     }
 }
 
@@ -57,10 +121,58 @@ impl EventDraft {
         Self {
             kind,
             subject: file.id.to_string(),
-            data: match data {
-                Value::Object(map) => map,
-                _ => unreachable!("an object literal"),
+            data: object(data),
+        }
+    }
+
+    /// A session's or agent's creation (`name`: an agent's) or deletion.
+    pub fn container(c: &Container, name: Option<&str>, deleted: bool) -> Self {
+        let mut data = object(json!({ container_field(c): c.id() }));
+        if let Some(name) = name {
+            data.insert("name".to_owned(), Value::from(name));
+        }
+        Self {
+            kind: EventType::of_container(c, None, deleted),
+            subject: c.id(),
+            data,
+        }
+    }
+
+    /// The event `op` writes when it changes its container (an attach of
+    /// a file already there, say, changes nothing and writes none).
+    pub fn of_op(op: &Operation) -> Self {
+        match op {
+            Operation::Attach {
+                container,
+                file_id,
+                attached,
+                ..
+            } => Self {
+                kind: EventType::of_container(container, Some(*attached), false),
+                subject: container.id(),
+                data: object(json!({
+                    container_field(container): container.id(),
+                    "file_id": file_id,
+                })),
             },
+            Operation::Link {
+                agent_id,
+                kind,
+                link_id,
+                connected,
+                ..
+            } => {
+                let field = match kind {
+                    LinkKind::Mcp => "mcp_id",
+                    LinkKind::Toolset => "toolset_id",
+                };
+                Self {
+                    kind: EventType::of_link(*kind, *connected),
+                    subject: agent_id.to_string(),
+                    data: object(json!({"agent_id": agent_id, field: link_id})),
+                }
+            }
+            Operation::Delete { container, .. } => Self::container(container, None, true),
         }
     }
 
@@ -115,6 +227,24 @@ pub struct EventRecord {
 impl EventRecord {
     pub fn id_for(owner: &UserId, seq: i64) -> String {
         format!("{owner}:{seq}")
+    }
+}
+
+/// The events a group of changes writes, per owner (in the order the
+/// owners first appear), each owner's in the group's order.
+#[derive(Default)]
+pub struct Owners(pub Vec<(UserId, Vec<EventDraft>)>);
+
+impl Owners {
+    pub fn add(&mut self, owner: &UserId, drafts: impl IntoIterator<Item = EventDraft>) {
+        let mut drafts = drafts.into_iter().peekable();
+        if drafts.peek().is_none() {
+            return;
+        }
+        match self.0.iter_mut().find(|(o, _)| o == owner) {
+            Some((_, mine)) => mine.extend(drafts),
+            None => self.0.push((*owner, drafts.collect())),
+        }
     }
 }
 

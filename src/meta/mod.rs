@@ -14,6 +14,7 @@ pub mod mongo;
 mod records;
 mod resumable;
 pub mod retry;
+mod turns;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -25,6 +26,7 @@ pub use self::events::{EventDraft, EventRecord, EventRepo, EventType};
 pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyMint, KeyRepo, REVOKED_KEPT, TokenRecord};
 pub use self::records::*;
 pub use self::resumable::{OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo};
+pub use self::turns::UserTurns;
 use crate::vocab::{
     AgentId, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
     UserId,
@@ -232,14 +234,16 @@ pub trait ContainerRepo: Send + Sync {
     /// `ContainerFull`, checked in the transaction (so concurrent writes cannot
     /// pass it together). With an operation id, the id is recorded in `processed_ops`
     /// in the same transaction, and an id seen before makes the call
-    /// `AlreadyApplied` without changing anything.
+    /// `AlreadyApplied` without changing anything. A write that changed
+    /// the container writes its event (numbered by a write of the owner's
+    /// document, the transaction's last); how many events it wrote (0 or 1).
     async fn apply_op(
         &self,
         op: &Operation,
         fence: Option<&Fence>,
         op_id: Option<&OpId>,
         max_items: usize,
-    ) -> MetaResult<()>;
+    ) -> MetaResult<usize>;
 
     /// Settles a queued operation that will not be applied (its waiter gave
     /// up, it was dead-lettered or refused): records its id in
@@ -250,14 +254,15 @@ pub trait ContainerRepo: Send + Sync {
 
     /// Applies queued operations in order in one transaction, recording each
     /// one's id (the second of the pair) as `apply_op` does,
-    /// under one fence: all or none. Any refusal, or an id seen before, fails
+    /// under one fence: all or none, with the events of those that changed
+    /// something (how many). Any refusal, or an id seen before, fails
     /// the whole group; the caller then applies them one at a time.
     async fn apply_group(
         &self,
         ops: &[(Operation, OpId)],
         fence: &Fence,
         max_items: usize,
-    ) -> MetaResult<()>;
+    ) -> MetaResult<usize>;
 }
 
 /// One method per unit of work; each mutating method is a single transaction

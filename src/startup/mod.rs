@@ -43,7 +43,10 @@ use crate::{
     http::{self, AppState},
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
     meta::retry::Transactions,
-    meta::{Bells, EventBell, FileRepo, MetadataStore, embedded::EmbeddedStore, mongo::MongoStore},
+    meta::{
+        Bells, ContainerRepo, EventBell, FileRepo, MetadataStore, embedded::EmbeddedStore,
+        mongo::MongoStore,
+    },
     metrics::Metrics,
     ports::Ports,
     redis_link::RedisLink,
@@ -151,7 +154,42 @@ impl AppState {
         } = ports.clone();
         let admin_key = admin_key(&settings)?;
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
-        let applier = Applier::new(meta.clone(), txns.clone(), settings.max_container_items);
+        // The events' bell: rung after each change that wrote an event, on
+        // Redis (heard by every instance) when it is configured.
+        let bell: Arc<dyn EventBell> = match RedisLink::from_settings(&settings)? {
+            Some(link) => Arc::new(RedisBell::on(
+                &link.counted(metrics.redis_commands.clone()),
+                &settings.redis_prefix,
+            )),
+            None => Arc::new(Bells::default()),
+        };
+        let files: Arc<dyn FileRepo> = Arc::new(Announced::<dyn FileRepo>::new(
+            meta.clone(),
+            bell.clone(),
+            metrics.clone(),
+        ));
+        let containers: Arc<dyn ContainerRepo> = Arc::new(Announced::<dyn ContainerRepo>::new(
+            meta.clone(),
+            bell.clone(),
+            metrics.clone(),
+        ));
+        // The commit and the admission gate plain and resumable uploads share.
+        let committer = Arc::new(Committer::new(
+            files.clone(),
+            meta.clone(),
+            blobs.clone(),
+            locks.clone(),
+            txns.clone(),
+            metrics.clone(),
+            &settings,
+        ));
+        // A container's change writes its event with a write of its owner's
+        // record: in the owner's turn, as their commits are.
+        let applier = Applier::new(
+            containers.clone(),
+            (txns.clone(), committer.turns()),
+            settings.max_container_items,
+        );
         // Queue mode on Redis: a link of its own (its own connections and
         // subscription); without Redis, the in-process queue below.
         let link = match settings.coordination {
@@ -177,27 +215,6 @@ impl AppState {
         };
         let links = LinkSigner::new(settings.link_secret.as_ref())?;
         let settings = Arc::new(settings);
-        // The events' bell: rung after each change that wrote an event, on
-        // Redis (heard by every instance) when it is configured.
-        let bell: Arc<dyn EventBell> = match RedisLink::from_settings(&settings)? {
-            Some(link) => Arc::new(RedisBell::on(
-                &link.counted(metrics.redis_commands.clone()),
-                &settings.redis_prefix,
-            )),
-            None => Arc::new(Bells::default()),
-        };
-        let files: Arc<dyn FileRepo> =
-            Arc::new(Announced::new(meta.clone(), bell.clone(), metrics.clone()));
-        // The commit and the admission gate plain and resumable uploads share.
-        let committer = Arc::new(Committer::new(
-            files.clone(),
-            meta.clone(),
-            blobs.clone(),
-            locks.clone(),
-            txns.clone(),
-            metrics.clone(),
-            &settings,
-        ));
         let admission = Arc::new(Admission::new(
             meta.clone(),
             meta.clone(),
@@ -255,7 +272,7 @@ impl AppState {
                 locks: locks.clone(),
                 txns,
             }),
-            containers: Arc::new(ContainerService::new(meta.clone(), coordinator, inserts)),
+            containers: Arc::new(ContainerService::new(containers, coordinator, inserts)),
             events: Arc::new(EventService::new(meta.clone(), bell, metrics.clone())),
             reconciler: Arc::new(Reconciler {
                 files: meta.clone(),

@@ -95,6 +95,15 @@ impl Operation {
         }
     }
 
+    /// The owner of what it writes to.
+    pub fn owner_id(&self) -> &UserId {
+        match self {
+            Self::Attach { owner_id, .. }
+            | Self::Link { owner_id, .. }
+            | Self::Delete { owner_id, .. } => owner_id,
+        }
+    }
+
     /// The array this write adds a member to, and the member as stored;
     /// `None` for a detach or a disconnect, which never grow a container.
     pub fn added_member(&self) -> Option<(&'static str, String)> {

@@ -9,6 +9,7 @@ mod cli;
 mod clients;
 mod cluster_failover;
 mod cluster_mode;
+mod container_events;
 mod content;
 mod crash;
 mod credentials;

@@ -1,7 +1,8 @@
-//! [`Announced`]: the file repository as the services see it, ringing the
-//! events' bell after each change that wrote an event committed (or may
-//! have: an unknown outcome rings too, and a reader that finds nothing new
-//! waits on), and counting the events written.
+//! [`Announced`]: a repository that writes events (the files', and the
+//! sessions' and agents' in `containers.rs`) as the services see it,
+//! ringing the events' bell after each change that wrote an event
+//! committed (or may have: an unknown outcome rings too, and a reader that
+//! finds nothing new waits on), and counting the events written.
 
 use std::sync::Arc;
 
@@ -16,38 +17,43 @@ use crate::{
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
 
-pub struct Announced {
-    files: Arc<dyn FileRepo>,
+pub struct Announced<R: ?Sized> {
+    pub(super) inner: Arc<R>,
     bell: Arc<dyn EventBell>,
     metrics: Arc<Metrics>,
 }
 
-impl Announced {
-    pub fn new(files: Arc<dyn FileRepo>, bell: Arc<dyn EventBell>, metrics: Arc<Metrics>) -> Self {
+impl<R: ?Sized> Announced<R> {
+    pub fn new(inner: Arc<R>, bell: Arc<dyn EventBell>, metrics: Arc<Metrics>) -> Self {
         Self {
-            files,
+            inner,
             bell,
             metrics,
         }
     }
 
-    /// Rings for `owner` when `written` events committed or `unknown`.
-    async fn announce(&self, owner: &UserId, written: u64, unknown: bool) {
+    /// Counts `written` events.
+    pub(super) fn metrics_written(&self, written: u64) {
         self.metrics.events_written.inc_by(written);
+    }
+
+    /// Rings for `owner` when `written` events committed or `unknown`.
+    pub(super) async fn announce(&self, owner: &UserId, written: u64, unknown: bool) {
+        self.metrics_written(written);
         if written > 0 || unknown {
             self.bell.ring(owner).await;
         }
     }
 }
 
-fn unknown<T>(r: &MetaResult<T>) -> bool {
+pub(super) fn unknown<T>(r: &MetaResult<T>) -> bool {
     matches!(r, Err(MetaError::OutcomeUnknown(_)))
 }
 
 #[async_trait]
-impl FileRepo for Announced {
+impl FileRepo for Announced<dyn FileRepo> {
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
-        let r = self.files.commit_upload(commit).await;
+        let r = self.inner.commit_upload(commit).await;
         let written = u64::from(matches!(r, Ok(CommitOutcome::Committed)));
         self.announce(&commit.file.owner_id, written, unknown(&r))
             .await;
@@ -59,14 +65,14 @@ impl FileRepo for Announced {
         user_id: &UserId,
         key: &IdempotencyKey,
     ) -> MetaResult<Option<IdempotencyRecord>> {
-        self.files.idempotency_record(user_id, key).await
+        self.inner.idempotency_record(user_id, key).await
     }
 
     async fn commit_uploads(
         &self,
         group: &[CommitUpload],
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
-        let r = self.files.commit_uploads(group).await;
+        let r = self.inner.commit_uploads(group).await;
         if let Some(first) = group.first() {
             let written = match &r {
                 Ok(outcomes) => outcomes
@@ -82,7 +88,7 @@ impl FileRepo for Announced {
     }
 
     async fn file(&self, owner_id: &UserId, file_id: &FileId) -> MetaResult<Option<FileRecord>> {
-        self.files.file(owner_id, file_id).await
+        self.inner.file(owner_id, file_id).await
     }
 
     async fn list_files(
@@ -91,7 +97,7 @@ impl FileRepo for Announced {
         after: Option<&FileId>,
         limit: usize,
     ) -> MetaResult<Vec<FileRecord>> {
-        self.files.list_files(owner_id, after, limit).await
+        self.inner.list_files(owner_id, after, limit).await
     }
 
     async fn delete_file(
@@ -100,7 +106,7 @@ impl FileRepo for Announced {
         file_id: &FileId,
         fence: Option<&Fence>,
     ) -> MetaResult<Option<DeletedFile>> {
-        let r = self.files.delete_file(owner_id, file_id, fence).await;
+        let r = self.inner.delete_file(owner_id, file_id, fence).await;
         let written = u64::from(matches!(r, Ok(Some(_))));
         self.announce(owner_id, written, unknown(&r)).await;
         r
@@ -114,7 +120,7 @@ impl FileRepo for Announced {
         fence: Option<&Fence>,
     ) -> MetaResult<Option<FileRecord>> {
         let r = self
-            .files
+            .inner
             .rename_file(owner_id, file_id, filename, fence)
             .await;
         let written = u64::from(matches!(r, Ok(Some(_))));
@@ -123,6 +129,6 @@ impl FileRepo for Announced {
     }
 
     async fn all_files(&self, after: Option<&FileId>, limit: usize) -> MetaResult<Vec<FileRecord>> {
-        self.files.all_files(after, limit).await
+        self.inner.all_files(after, limit).await
     }
 }

@@ -5,6 +5,7 @@
 //! that committed, never by polling the store).
 
 mod announced;
+mod containers;
 
 use std::{sync::Arc, time::Duration};
 

@@ -20,9 +20,8 @@ use std::{
 use tokio::sync::oneshot;
 
 use crate::{
-    domain::upload::UserTurns,
     meta::{
-        IntentRecord, MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo,
+        IntentRecord, MetaError, MetaResult, OpenLimits, ResumableRecord, ResumableRepo, UserTurns,
         retry::Transactions,
     },
     vocab::UserId,

@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub use self::hash::{CHECKSUM_ALGORITHMS, Checksum};
 use super::{
     DomainError, Filename,
-    upload::{Admission, Committer, UserTurns},
+    upload::{Admission, Committer},
 };
 use crate::{
     blob::{BlobError, BlobStore, BodyError, resumable::ResumableBlobs},
@@ -33,7 +33,7 @@ use crate::{
     lock::{LockError, LockGuard, Locks, TryLock},
     meta::{
         CleanupRepo, FileRecord, FileRepo, MetaError, OpenLimits, ResumableRecord, ResumableRepo,
-        UserRecord,
+        UserRecord, UserTurns,
     },
     vocab::{FileId, LockKey, UserId},
 };

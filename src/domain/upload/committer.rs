@@ -18,7 +18,6 @@ use super::{
     scope::{Hold, LockScope, scope},
     settle::Undo,
     staged::{OnDrop, Staged},
-    turns::UserTurns,
 };
 use crate::{
     blob::BlobStore,
@@ -28,7 +27,7 @@ use crate::{
     meta::retry::Transactions,
     meta::{
         CleanupRepo, CommitOutcome, CommitUpload, FileRecord, FileRepo, IdempotencyClaim,
-        IdempotencyRecord, IntentRecord, MetaError, MetaResult,
+        IdempotencyRecord, IntentRecord, MetaError, MetaResult, UserTurns,
     },
     metrics::Metrics,
     vocab::{FileId, Filename, IdempotencyKey, SizeCategory, UserId},

@@ -18,13 +18,11 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use super::turns::UserTurns;
-
 use crate::{
     domain::commit::UserCommitError,
     lock::{Held, LockError, Locks},
     meta::retry::Transactions,
-    meta::{CommitOutcome, CommitUpload, Fence, FileRepo, MetaError},
+    meta::{CommitOutcome, CommitUpload, Fence, FileRepo, MetaError, UserTurns},
     metrics::Metrics,
     vocab::{LockKey, SizeCategory, UserId},
 };

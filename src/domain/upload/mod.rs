@@ -22,7 +22,6 @@ mod slots;
 mod staged;
 #[cfg(test)]
 mod tests;
-mod turns;
 
 use std::{sync::Arc, time::Instant};
 
@@ -37,7 +36,6 @@ pub use self::{
     scope::Hold,
     slots::{KeyClaim, UploadSlot},
     staged::{OnDrop, Staged},
-    turns::UserTurns,
 };
 use self::{idempotency::same_request, slots::InFlight};
 use super::{DomainError, Filename, SizeCategory, digest::ExpectedDigest, media};

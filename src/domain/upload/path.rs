@@ -10,13 +10,14 @@ use async_trait::async_trait;
 use super::{
     group::{Answer, CommitGroups},
     intents::IntentBatches,
-    turns::UserTurns,
 };
 use crate::{
     domain::commit::user_commit,
     lock::Locks,
     meta::retry::Transactions,
-    meta::{CleanupRepo, CommitUpload, Fence, FileRepo, IntentRecord, MetaError, MetaResult},
+    meta::{
+        CleanupRepo, CommitUpload, Fence, FileRepo, IntentRecord, MetaError, MetaResult, UserTurns,
+    },
     metrics::Metrics,
     vocab::{LockKey, SizeCategory, UserId},
 };

@@ -4,15 +4,15 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{
-    EmbeddedStore, apply_fence_value, file_key, owned, owned_page, owner_index, txn::Txn,
-    users::owner_may_write,
+    EmbeddedStore, apply_fence_value, events::emit_for, file_key, owned, owned_page, owner_index,
+    txn::Txn, users::owner_may_write,
 };
 use crate::{
     meta::{
-        AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
-        SessionRecord, Settled,
+        AgentRecord, ContainerRepo, EventDraft, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
+        SessionRecord, Settled, events::Owners,
     },
-    vocab::{AgentId, FileId, OpId, Operation, SessionId, UserId},
+    vocab::{AgentId, Container, FileId, OpId, Operation, SessionId, UserId},
 };
 
 /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
@@ -28,8 +28,9 @@ pub(super) fn record_op(tx: &mut Txn, op_id: Option<&OpId>) -> MetaResult<()> {
     }
 }
 
-/// Adds `id` to (or removes it from) the array `field`, keeping one copy.
-pub(super) fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) {
+/// Adds `id` to (or removes it from) the array `field`, keeping one copy;
+/// whether that changed it.
+pub(super) fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) -> bool {
     if !doc[field].is_array() {
         doc[field] = Value::Array(Vec::new());
     }
@@ -40,6 +41,7 @@ pub(super) fn set_member(doc: &mut Value, field: &str, id: &str, present: bool) 
     } else if !present {
         list.retain(|v| v != id);
     }
+    has != present
 }
 
 /// `ContainerFull` if `op` would add a member to a list of `doc` that
@@ -56,13 +58,13 @@ fn check_room(doc: &Value, op: &Operation, max_items: usize) -> MetaResult<()> {
 }
 
 /// Applies a container write inside `tx`, checking and storing `fence` on
-/// the container.
+/// the container; the event it writes if it changed the container.
 pub(super) fn write_op(
     tx: &mut Txn,
     op: &Operation,
     fence: Option<&Fence>,
     max_items: usize,
-) -> MetaResult<()> {
+) -> MetaResult<Option<EventDraft>> {
     match op {
         Operation::Attach {
             owner_id,
@@ -90,8 +92,9 @@ pub(super) fn write_op(
                 _ if *attached => return Err(MetaError::NotFound),
                 _ => {} // detaching a file that is gone: nothing to undo on it
             }
-            set_member(&mut doc, "file_ids", &file_id.to_string(), *attached);
-            tx.put(&ckey, &doc)
+            let changed = set_member(&mut doc, "file_ids", &file_id.to_string(), *attached);
+            tx.put(&ckey, &doc)?;
+            Ok(changed.then(|| EventDraft::of_op(op)))
         }
         Operation::Link {
             owner_id,
@@ -104,8 +107,9 @@ pub(super) fn write_op(
             let mut doc = owned(tx.get::<Value>(&key)?, owner_id)?;
             apply_fence_value(&mut doc, fence)?;
             check_room(&doc, op, max_items)?;
-            set_member(&mut doc, kind.field(), link_id.as_str(), *connected);
-            tx.put(&key, &doc)
+            let changed = set_member(&mut doc, kind.field(), link_id.as_str(), *connected);
+            tx.put(&key, &doc)?;
+            Ok(changed.then(|| EventDraft::of_op(op)))
         }
         Operation::Delete {
             owner_id,
@@ -129,7 +133,7 @@ pub(super) fn write_op(
             }
             tx.delete(&ckey);
             tx.delete(&format!("{}{cid}", owner_index(collection, owner_id)));
-            Ok(())
+            Ok(Some(EventDraft::of_op(op)))
         }
     }
 }
@@ -142,7 +146,9 @@ impl ContainerRepo for EmbeddedStore {
             owner_may_write(tx, &session.owner_id)?;
             let index = owner_index("sessions", session.owner_id);
             tx.put(&format!("{index}{}", session.id), &())?;
-            tx.insert(&format!("sessions/{}", session.id), &session)
+            tx.insert(&format!("sessions/{}", session.id), &session)?;
+            let created = EventDraft::container(&Container::Session(session.id), None, false);
+            emit_for(tx, &session.owner_id, vec![created]).map(drop)
         })
         .await
     }
@@ -169,7 +175,10 @@ impl ContainerRepo for EmbeddedStore {
                 &format!("{}{}", owner_index("agents", agent.owner_id), agent.id),
                 &(),
             )?;
-            tx.insert(&format!("agents/{}", agent.id), &agent)
+            tx.insert(&format!("agents/{}", agent.id), &agent)?;
+            let created =
+                EventDraft::container(&Container::Agent(agent.id), Some(&agent.name), false);
+            emit_for(tx, &agent.owner_id, vec![created]).map(drop)
         })
         .await
     }
@@ -214,11 +223,12 @@ impl ContainerRepo for EmbeddedStore {
         fence: Option<&Fence>,
         op_id: Option<&OpId>,
         max_items: usize,
-    ) -> MetaResult<()> {
+    ) -> MetaResult<usize> {
         let (op, fence, op_id) = (op.clone(), fence.cloned(), op_id.copied());
         self.transaction(move |tx| {
             record_op(tx, op_id.as_ref())?;
-            write_op(tx, &op, fence.as_ref(), max_items)
+            let event = write_op(tx, &op, fence.as_ref(), max_items)?;
+            emit_for(tx, op.owner_id(), event.into_iter().collect())
         })
         .await
     }
@@ -250,14 +260,20 @@ impl ContainerRepo for EmbeddedStore {
         ops: &[(Operation, OpId)],
         fence: &Fence,
         max_items: usize,
-    ) -> MetaResult<()> {
+    ) -> MetaResult<usize> {
         let (ops, fence) = (ops.to_vec(), fence.clone());
         self.transaction(move |tx| {
+            let mut events = Owners::default();
             for (op, id) in &ops {
                 record_op(tx, Some(id))?;
-                write_op(tx, op, Some(&fence), max_items)?;
+                let event = write_op(tx, op, Some(&fence), max_items)?;
+                events.add(op.owner_id(), event);
             }
-            Ok(())
+            let mut written = 0;
+            for (owner, drafts) in events.0 {
+                written += emit_for(tx, &owner, drafts)?;
+            }
+            Ok(written)
         })
         .await
     }

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
-    meta::{EventDraft, EventRecord, EventRepo, MetaResult, UserRecord, events},
+    meta::{EventDraft, EventRecord, EventRepo, MetaError, MetaResult, UserRecord, events},
     vocab::UserId,
 };
 
@@ -44,6 +44,20 @@ pub(super) fn emit(tx: &mut Txn, user: &mut UserRecord, drafts: Vec<EventDraft>)
     }
     user.event_seq += n;
     Ok(())
+}
+
+/// [`emit`] for `owner`, reading and writing their user document; how many
+/// (`NotFound` if the owner is gone and there is one to write).
+pub(super) fn emit_for(tx: &mut Txn, owner: &UserId, drafts: Vec<EventDraft>) -> MetaResult<usize> {
+    let n = drafts.len();
+    if n == 0 {
+        return Ok(0);
+    }
+    let key = user_key(owner);
+    let mut user: UserRecord = tx.get(&key)?.ok_or(MetaError::NotFound)?;
+    emit(tx, &mut user, drafts)?;
+    tx.put(&key, &user)?;
+    Ok(n)
 }
 
 /// Deletes `owner`'s events numbered up to `upto`; how many.

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use bson::{Bson, Document, bson, doc};
-use mongodb::ClientSession;
+use mongodb::{ClientSession, options::ReturnDocument};
 
 use super::{
     MongoStore,
@@ -15,8 +15,8 @@ use super::{
 };
 use crate::{
     meta::{
-        AgentRecord, ContainerRepo, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
-        SessionRecord, Settled,
+        AgentRecord, ContainerRepo, EventDraft, Fence, MetaError, MetaResult, ProcessedOp, Refusal,
+        SessionRecord, Settled, events::Owners,
     },
     vocab::{AgentId, Container, OpId, Operation, SessionId, UserId},
 };
@@ -50,6 +50,31 @@ fn require_room(
     Ok(())
 }
 
+/// The list of an owned document an update changes.
+struct List<'a> {
+    collection: &'a str,
+    field: &'a str,
+    owner_id: &'a UserId,
+    id: Bson,
+}
+
+impl<'a> List<'a> {
+    fn new(collection: &'a str, field: &'a str, (owner_id, id): (&'a UserId, String)) -> Self {
+        Self {
+            collection,
+            field,
+            owner_id,
+            id: id.into(),
+        }
+    }
+}
+
+/// Whether the list `field` of `doc` holds `member`.
+fn holds(doc: &Document, field: &str, member: &str) -> bool {
+    doc.get_array(field)
+        .is_ok_and(|l| l.iter().any(|m| m.as_str() == Some(member)))
+}
+
 impl MongoStore {
     /// Records a queued operation's id; `AlreadyApplied` if it was seen before.
     async fn record_op(&self, s: &mut ClientSession, op_id: Option<&OpId>) -> MetaResult<()> {
@@ -77,14 +102,14 @@ impl MongoStore {
     }
 
     /// Applies a container write in `s`, checking and storing `fence` on the
-    /// container.
+    /// container; the event it writes if it changed the container.
     async fn write_op(
         &self,
         s: &mut ClientSession,
         op: &Operation,
         fence: Option<&Fence>,
         max_items: usize,
-    ) -> MetaResult<()> {
+    ) -> MetaResult<Option<EventDraft>> {
         let mut filter = doc! {};
         let bound = match op.added_member() {
             Some((field, member)) => {
@@ -133,8 +158,12 @@ impl MongoStore {
                 filter.extend(doc! {"_id": &cid, "owner_id": owner_id});
                 let mut update = doc! {verb: {"file_ids": file_id}};
                 add_fence(&mut filter, &mut update, "fence", fence);
-                self.update_owned(s, collection, filter, update, (owner_id, cid), fence, bound)
-                    .await
+                let list = List::new(collection, "file_ids", (owner_id, cid));
+                let before = self
+                    .update_owned(s, &list, (filter, update), fence, bound)
+                    .await?;
+                let changed = holds(&before, "file_ids", &file_id.to_string()) != *attached;
+                Ok(changed.then(|| EventDraft::of_op(op)))
             }
             Operation::Link {
                 owner_id,
@@ -147,16 +176,20 @@ impl MongoStore {
                 filter.extend(doc! {"_id": agent_id, "owner_id": owner_id});
                 let mut update = doc! {verb: {kind.field(): link_id}};
                 add_fence(&mut filter, &mut update, "fence", fence);
-                let owned = (owner_id, agent_id.to_string());
-                self.update_owned(s, "agents", filter, update, owned, fence, bound)
-                    .await
+                let list = List::new("agents", kind.field(), (owner_id, agent_id.to_string()));
+                let before = self
+                    .update_owned(s, &list, (filter, update), fence, bound)
+                    .await?;
+                let changed = holds(&before, kind.field(), link_id.as_str()) != *connected;
+                Ok(changed.then(|| EventDraft::of_op(op)))
             }
             Operation::Delete {
                 owner_id,
                 container,
             } => {
                 self.delete_container_in(s, owner_id, container, fence)
-                    .await
+                    .await?;
+                Ok(Some(EventDraft::of_op(op)))
             }
         }
     }
@@ -204,20 +237,29 @@ impl MongoStore {
         Ok(())
     }
 
-    /// A run of one agent's link changes: one `$pullAll`, one `$addToSet`.
+    /// A run of one agent's link changes: one `$pullAll`, one `$addToSet`;
+    /// the events of the changes that changed the list, in the run's order.
     async fn write_links(
         &self,
         s: &mut ClientSession,
         run: &LinkRun<'_>,
         fence: &Fence,
         max_items: usize,
-    ) -> MetaResult<()> {
+    ) -> MetaResult<Vec<EventDraft>> {
         let field = run.kind.field();
         let changes = [
             ("$pullAll", bson!(&run.remove)),
             ("$addToSet", bson!({"$each": &run.add})),
         ];
-        for ((verb, value), ids) in changes.into_iter().zip([&run.remove, &run.add]) {
+        // The list before each update: a link removed changed it if it was
+        // there before the `$pullAll`, one added if it was not there before
+        // the `$addToSet` (the run names each link once).
+        let mut before = [Document::new(), Document::new()];
+        for (((verb, value), ids), seen) in changes
+            .into_iter()
+            .zip([&run.remove, &run.add])
+            .zip(&mut before)
+        {
             if ids.is_empty() {
                 continue;
             }
@@ -230,40 +272,47 @@ impl MongoStore {
             }
             let mut update = doc! {verb: {field: value}};
             add_fence(&mut filter, &mut update, "fence", Some(fence));
-            let owned = (run.owner_id, run.agent_id.to_string());
-            self.update_owned(s, "agents", filter, update, owned, Some(fence), bound)
+            let list = List::new("agents", field, (run.owner_id, run.agent_id.to_string()));
+            *seen = self
+                .update_owned(s, &list, (filter, update), Some(fence), bound)
                 .await?;
         }
-        Ok(())
+        let [pulled, added] = &before;
+        Ok((run.ops.iter())
+            .filter(|(_, link, connected)| match connected {
+                true => !holds(added, field, link.as_str()),
+                false => holds(pulled, field, link.as_str()),
+            })
+            .map(|(op, ..)| EventDraft::of_op(op))
+            .collect())
     }
 
-    /// Applies a fenced update to an owned document (`owned`: its owner and
-    /// id); when nothing matched, tells `NotFound` (not the owner's, or
-    /// absent) from `StaleFence` and, when the filter bounds a list at
-    /// `bound` members, from `ContainerFull`.
-    #[allow(clippy::too_many_arguments)]
+    /// Applies a fenced update (`change`: filter and update) to a list of
+    /// an owned document; the document before it, with that list alone.
+    /// When nothing matched, tells `NotFound` (not the owner's, or absent)
+    /// from `StaleFence` and, when the filter bounds the list at `bound`
+    /// members, from `ContainerFull`.
     async fn update_owned(
         &self,
         s: &mut ClientSession,
-        collection: &str,
-        filter: Document,
-        update: Document,
-        owned: (&UserId, impl Into<Bson>),
+        list: &List<'_>,
+        (filter, update): (Document, Document),
         fence: Option<&Fence>,
         bound: Option<usize>,
-    ) -> MetaResult<()> {
-        let (owner_id, id) = owned;
-        let coll = self.db.collection::<Document>(collection);
-        let updated = coll
-            .update_one(filter, update)
+    ) -> MetaResult<Document> {
+        let coll = self.db.collection::<Document>(list.collection);
+        let before = coll
+            .find_one_and_update(filter, update)
+            .projection(doc! {list.field: 1})
+            .return_document(ReturnDocument::Before)
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        if updated.matched_count == 1 {
-            return Ok(());
+        if let Some(before) = before {
+            return Ok(before);
         }
         match coll
-            .find_one(doc! {"_id": id, "owner_id": owner_id})
+            .find_one(doc! {"_id": &list.id, "owner_id": list.owner_id})
             .session(&mut *s)
             .await
         {
@@ -285,7 +334,8 @@ impl MongoStore {
 #[async_trait]
 impl ContainerRepo for MongoStore {
     async fn insert_session(&self, session: &SessionRecord) -> MetaResult<()> {
-        self.insert_owned(&session.owner_id, &self.sessions(), session)
+        let created = EventDraft::container(&Container::Session(session.id), None, false);
+        self.insert_owned(&session.owner_id, &self.sessions(), session, created)
             .await
     }
 
@@ -301,7 +351,8 @@ impl ContainerRepo for MongoStore {
     }
 
     async fn insert_agent(&self, agent: &AgentRecord) -> MetaResult<()> {
-        self.insert_owned(&agent.owner_id, &self.agents(), agent)
+        let created = EventDraft::container(&Container::Agent(agent.id), Some(&agent.name), false);
+        self.insert_owned(&agent.owner_id, &self.agents(), agent, created)
             .await
     }
 
@@ -348,11 +399,14 @@ impl ContainerRepo for MongoStore {
         fence: Option<&Fence>,
         op_id: Option<&OpId>,
         max_items: usize,
-    ) -> MetaResult<()> {
+    ) -> MetaResult<usize> {
         let mut s = self.txns.begin(fence).await?;
         let result = async {
             self.record_op(&mut s, op_id).await?;
-            self.write_op(&mut s, op, fence, max_items).await
+            let event = self.write_op(&mut s, op, fence, max_items).await?;
+            // Last: the owner's document is written as late as it can be.
+            self.emit(&mut s, op.owner_id(), event.into_iter().collect())
+                .await
         }
         .await;
         self.txns.finish(s, fence, result).await
@@ -382,7 +436,7 @@ impl ContainerRepo for MongoStore {
         ops: &[(Operation, OpId)],
         fence: &Fence,
         max_items: usize,
-    ) -> MetaResult<()> {
+    ) -> MetaResult<usize> {
         let mut s = self.txns.begin(Some(fence)).await?;
         let result = async {
             let records: Vec<ProcessedOp> = ops
@@ -395,15 +449,24 @@ impl ContainerRepo for MongoStore {
                 .session(&mut s)
                 .await
                 .map_err(classify)?;
+            let mut events = Owners::default();
             for step in plan_group(ops) {
                 match step {
-                    GroupStep::One(op) => self.write_op(&mut s, op, Some(fence), max_items).await?,
+                    GroupStep::One(op) => {
+                        let event = self.write_op(&mut s, op, Some(fence), max_items).await?;
+                        events.add(op.owner_id(), event);
+                    }
                     GroupStep::Links(run) => {
-                        self.write_links(&mut s, &run, fence, max_items).await?
+                        let drafts = self.write_links(&mut s, &run, fence, max_items).await?;
+                        events.add(run.owner_id, drafts);
                     }
                 }
             }
-            Ok(())
+            let mut written = 0;
+            for (owner, drafts) in events.0 {
+                written += self.emit(&mut s, &owner, drafts).await?;
+            }
+            Ok(written)
         }
         .await;
         self.txns.finish(s, Some(fence), result).await

@@ -9,13 +9,13 @@ use bson::{Bson, Document, doc};
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use mongodb::{
-    Collection,
-    options::{CollectionOptions, ReadConcern},
+    ClientSession, Collection,
+    options::{CollectionOptions, ReadConcern, ReturnDocument},
 };
 
 use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
-    meta::{EventRecord, EventRepo, MetaResult},
+    meta::{EventDraft, EventRecord, EventRepo, MetaError, MetaResult, events},
     vocab::UserId,
 };
 
@@ -29,6 +29,55 @@ pub(super) struct EventSeq {
 impl MongoStore {
     pub(super) fn events(&self) -> Collection<EventRecord> {
         self.db.collection("events")
+    }
+
+    /// Inserts `drafts` as `owner`'s events after number `last_before`.
+    pub(super) async fn insert_events(
+        &self,
+        s: &mut ClientSession,
+        owner: UserId,
+        last_before: i64,
+        drafts: Vec<EventDraft>,
+    ) -> MetaResult<()> {
+        if drafts.is_empty() {
+            return Ok(());
+        }
+        let numbered = events::number(owner, last_before, drafts);
+        self.events()
+            .insert_many(&numbered)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    /// Numbers `drafts` as `owner`'s next events (one `$inc` of the user
+    /// document's `event_seq`: the write that orders them among the
+    /// owner's other changes) and inserts them, in `s`; how many.
+    /// `NotFound` if the owner is gone.
+    pub(super) async fn emit(
+        &self,
+        s: &mut ClientSession,
+        owner: &UserId,
+        drafts: Vec<EventDraft>,
+    ) -> MetaResult<usize> {
+        let n = drafts.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        let numbered = self
+            .db
+            .collection::<EventSeq>("users")
+            .find_one_and_update(doc! {"_id": owner}, doc! {"$inc": {"event_seq": n as i64}})
+            .projection(doc! {"event_seq": 1})
+            .return_document(ReturnDocument::After)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?
+            .ok_or(MetaError::NotFound)?;
+        self.insert_events(s, *owner, numbered.event_seq - n as i64, drafts)
+            .await?;
+        Ok(n)
     }
 
     /// `name` read with majority read concern: only what a majority holds,

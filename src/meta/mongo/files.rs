@@ -16,7 +16,7 @@ use super::{
 use crate::{
     meta::{
         CommitOutcome, CommitUpload, DeletedFile, EventDraft, Fence, FileRecord, FileRepo,
-        IdempotencyRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, events, group,
+        IdempotencyRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
@@ -285,26 +285,6 @@ impl MongoStore {
             self.insert_events(s, *owner, user.event_seq - 1, vec![event])
                 .await?;
         }
-        Ok(())
-    }
-
-    /// Inserts `drafts` as `owner`'s events after number `last_before`.
-    async fn insert_events(
-        &self,
-        s: &mut ClientSession,
-        owner: UserId,
-        last_before: i64,
-        drafts: Vec<EventDraft>,
-    ) -> MetaResult<()> {
-        if drafts.is_empty() {
-            return Ok(());
-        }
-        let numbered = events::number(owner, last_before, drafts);
-        self.events()
-            .insert_many(&numbered)
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
         Ok(())
     }
 

@@ -14,6 +14,8 @@ pub(super) struct LinkRun<'a> {
     pub(super) kind: LinkKind,
     pub(super) add: Vec<&'a LinkId>,
     pub(super) remove: Vec<&'a LinkId>,
+    /// Its operations in order: each link and whether it is connected.
+    pub(super) ops: Vec<(&'a Operation, &'a LinkId, bool)>,
 }
 
 pub(super) enum GroupStep<'a> {
@@ -51,9 +53,11 @@ pub(super) fn plan_group(ops: &[(Operation, OpId)]) -> Vec<GroupStep<'_>> {
                 kind: *kind,
                 add: Vec::new(),
                 remove: Vec::new(),
+                ops: Vec::new(),
             }));
         }
         if let Some(GroupStep::Links(run)) = steps.last_mut() {
+            run.ops.push((op, link, *connected));
             match connected {
                 true => run.add.push(link),
                 false => run.remove.push(link),

@@ -4,17 +4,19 @@
 use async_trait::async_trait;
 use bson::doc;
 use chrono::{DateTime, Utc};
-use mongodb::Collection;
+use mongodb::{Collection, options::ReturnDocument};
 use serde::Serialize;
 
 use super::{
     MongoStore,
     errors::{classify, classify_sent},
+    events::EventSeq,
     find_sorted,
 };
 use crate::{
     meta::{
-        ApiKeyRecord, KeyMint, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord, UserRepo,
+        ApiKeyRecord, EventDraft, KeyMint, KeyRepo, MetaError, MetaResult, TokenRecord, UserRecord,
+        UserRepo,
     },
     vocab::{ApiKeyHash, KeyId, UserId},
 };
@@ -31,14 +33,17 @@ impl MongoStore {
         owner: &UserId,
         into: &Collection<T>,
         record: &T,
+        event: EventDraft,
     ) -> MetaResult<()>
     where
         T: Serialize + Send + Sync,
     {
-        self.insert_minted(owner, into, record, None).await
+        self.insert_minted(owner, into, (record, Some(event)), None)
+            .await
     }
 
-    /// [`MongoStore::insert_owned`], and in the same transaction: the key
+    /// [`MongoStore::insert_owned`] (its event, if any, numbered by the
+    /// write of the owner's document), and in the same transaction: the key
     /// `check.by` of the owner's still exists (`MinterRevoked`; written,
     /// so that its delete committing meanwhile conflicts with this
     /// transaction), and at most `check.max` documents of `into` match
@@ -49,7 +54,7 @@ impl MongoStore {
         &self,
         owner: &UserId,
         into: &Collection<T>,
-        record: &T,
+        (record, event): (&T, Option<EventDraft>),
         check: Option<MintCheck<'_>>,
     ) -> MetaResult<()>
     where
@@ -57,18 +62,20 @@ impl MongoStore {
     {
         let mut s = self.txns.begin(None).await?;
         let result = async {
+            let n = i64::from(event.is_some());
             let user = self
-                .users()
-                .update_one(
+                .db
+                .collection::<EventSeq>("users")
+                .find_one_and_update(
                     doc! {"_id": owner, "deleting_since": null},
-                    doc! {"$inc": {"owned_seq": 1}},
+                    doc! {"$inc": {"owned_seq": 1, "event_seq": n}},
                 )
+                .projection(doc! {"event_seq": 1})
+                .return_document(ReturnDocument::After)
                 .session(&mut s)
                 .await
-                .map_err(classify)?;
-            if user.matched_count == 0 {
-                return Err(MetaError::UserDeleting);
-            }
+                .map_err(classify)?
+                .ok_or(MetaError::UserDeleting)?;
             if let Some(id) = check.as_ref().and_then(|c| c.new_key)
                 && self
                     .revoked_keys()
@@ -85,6 +92,9 @@ impl MongoStore {
                 .session(&mut s)
                 .await
                 .map_err(classify)?;
+            let drafts = event.into_iter().collect();
+            self.insert_events(&mut s, *owner, user.event_seq - n, drafts)
+                .await?;
             let Some(check) = check else {
                 return Ok(());
             };
@@ -203,7 +213,7 @@ impl KeyRepo for MongoStore {
             max: mint.max,
             too_many: MetaError::TooManyKeys(mint.max),
         };
-        (self.insert_minted(&key.user_id, &self.keys(), key, Some(check))).await
+        (self.insert_minted(&key.user_id, &self.keys(), (key, None), Some(check))).await
     }
 
     async fn key_by_hash(
@@ -294,7 +304,7 @@ impl KeyRepo for MongoStore {
             max: max_live,
             too_many: MetaError::TooManyTokens(max_live),
         };
-        (self.insert_minted(&token.user_id, &self.tokens(), token, Some(check))).await
+        (self.insert_minted(&token.user_id, &self.tokens(), (token, None), Some(check))).await
     }
 
     async fn token_by_hash(

@@ -3,9 +3,9 @@
 //! changes and the files read back. A change writes its event in its own
 //! transaction, so an event exists exactly when its change does: whatever
 //! the faults, the events are numbered 1, 2, 3… with no gap, one per
-//! committed upload, rename and delete. (Session, agent and key changes
-//! write none yet; a user deleted mid-run is not read: their events went
-//! with them.)
+//! committed upload, rename and delete; the sessions' and agents' events
+//! are checked by `container_event_checks.rs`. (Key changes write none
+//! yet; a user deleted mid-run is not read: their events went with them.)
 //!
 //! An event is matched to its change by what the history knows of it: a
 //! `file.created` by its subject (an id an answer named: an acknowledged
@@ -38,6 +38,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::{
+    container_event_checks,
     history::{Event, FinalEvent, FinalFile, FinalUser, Op},
     model::Told,
     verdict::Verdict,
@@ -120,6 +121,9 @@ fn parsed(e: &Value) -> FinalEvent {
         filename: text(&e["data"]["filename"]),
         size: e["data"]["size"].as_i64(),
         sha256: text(&e["data"]["sha256"]),
+        member: ["file_id", "mcp_id", "toolset_id"]
+            .iter()
+            .find_map(|f| text(&e["data"][f])),
     }
 }
 
@@ -131,7 +135,8 @@ pub fn check_events(history: &[&Event], fin: &FinalUser, v: &mut Verdict) {
         .chain(created(&uploads, fin))
         .chain(deleted(history, fin))
         .chain(renamed(history, fin))
-        .chain(per_file(fin));
+        .chain(per_file(fin))
+        .chain(container_event_checks::check(history, fin));
     for note in wrong {
         v.note(
             |v| &mut v.bad_events,
@@ -141,8 +146,7 @@ pub fn check_events(history: &[&Event], fin: &FinalUser, v: &mut Verdict) {
 }
 
 /// The seqs are 1, 2, 3… in the order read, every event is the user's,
-/// and of a kind a file change writes (nothing else writes one yet: a new
-/// kind of event joins here).
+/// and of a kind a change writes (a new kind of event joins here).
 fn numbering(fin: &FinalUser) -> Vec<String> {
     let mut wrong = Vec::new();
     let mut next = 1;
@@ -164,7 +168,10 @@ fn numbering(fin: &FinalUser) -> Vec<String> {
         if e.owner != fin.id {
             wrong.push(format!("event {} is of the owner {:?}", e.seq, e.owner));
         }
-        if ![CREATED, RENAMED, DELETED].contains(&e.kind.as_str()) {
+        let kind = e.kind.as_str();
+        if ![CREATED, RENAMED, DELETED].contains(&kind)
+            && !container_event_checks::KINDS.contains(&kind)
+        {
             wrong.push(format!(
                 "event {} is a {:?}, which no change writes",
                 e.seq, e.kind
@@ -370,7 +377,7 @@ fn renamed(history: &[&Event], fin: &FinalUser) -> Vec<String> {
 /// last (`shape_off`); and how they end (`end_off`).
 fn per_file(fin: &FinalUser) -> Vec<String> {
     let mut of: BTreeMap<&str, Vec<&FinalEvent>> = BTreeMap::new();
-    for e in &fin.events {
+    for e in fin.events.iter().filter(|e| e.kind.starts_with("file.")) {
         of.entry(e.subject.as_str()).or_default().push(e);
     }
     let mut wrong = Vec::new();
@@ -472,6 +479,7 @@ mod tests {
             filename: Some(name.to_owned()),
             size: Some(3),
             sha256: Some(SHA.to_owned()),
+            member: None,
         }
     }
 

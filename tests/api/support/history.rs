@@ -325,15 +325,19 @@ pub struct FinalAgent {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FinalEvent {
     pub seq: i64,
-    /// Its `type`: `file.created`, `file.renamed` or `file.deleted`.
+    /// Its `type`: `file.created`, `file.renamed`, `file.deleted`, or a
+    /// session's or agent's (`container_event_checks.rs`).
     pub kind: String,
-    /// The file's id.
+    /// The file's id, or the session's or agent's.
     pub subject: String,
     pub owner: String,
     /// What its `data` says of the file as the change left it.
     pub filename: Option<String>,
     pub size: Option<i64>,
     pub sha256: Option<String>,
+    /// What a session's or agent's event says was put in or taken out:
+    /// its `file_id`, `mcp_id` or `toolset_id`.
+    pub member: Option<String>,
 }
 
 /// One user's state read back after healing and the final sweep.

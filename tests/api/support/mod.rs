@@ -8,6 +8,7 @@ pub mod account_workload;
 pub mod accounts;
 pub mod checker;
 pub mod cluster;
+pub mod container_event_checks;
 pub mod container_workload;
 pub mod event_checks;
 pub mod failover_waiters;

@@ -1,6 +1,7 @@
 //! The frequent writes that change a user's record — a commit (its stored
 //! bytes and file count, its upload's reservation given back), a resumable
 //! upload's creation, a deferred length's declaration, an upload's end —
+//! — and every change that writes an event, which the user's record numbers —
 //! conflict when two of one user's run at once, and one is retried after a
 //! pause. Within this instance each of their transaction attempts takes
 //! the user's turn (striped, so that the memory is fixed), which leaves the
@@ -17,13 +18,11 @@ use std::{
 
 use tokio::sync::{Mutex, MutexGuard};
 
-use crate::{
-    meta::{
-        MetaResult,
-        retry::{Retried, Transactions},
-    },
-    vocab::UserId,
+use super::{
+    MetaResult,
+    retry::{Retried, Transactions},
 };
+use crate::vocab::UserId;
 
 /// How many users' writes can run at once in one instance (two users on
 /// one stripe take turns too).

@@ -1,0 +1,163 @@
+//! Events of sessions and agents: a creation, a deletion, a file attached
+//! or detached, an MCP server or toolset connected or disconnected each
+//! writes one event in its own transaction, numbered with the owner's file
+//! events (one sequence per owner, no gap); a write that changes nothing
+//! (a file attached twice) writes none. Run in lock and in queue mode
+//! (scripts/test.sh), so grouped writes are covered too.
+
+use std::collections::BTreeMap;
+
+use futures::future::join_all;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::{events::all_events, helpers::*};
+
+/// `method path` as `user`, answered with a 2xx.
+async fn call(app: &TestApp, user: &TestUser, method: &str, path: String, body: Option<Value>) {
+    let (status, answer) = app.json(method, path.clone(), user, body).await;
+    assert!(status.is_success(), "{method} {path}: {status} {answer}");
+}
+
+async fn create(app: &TestApp, user: &TestUser, path: &str, body: Option<Value>) -> String {
+    let (status, made) = app.json("POST", path, user, body).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    made["id"].as_str().unwrap().to_owned()
+}
+
+/// Each event as `type subject data-field=value…` (the data's fields in
+/// name order), to compare whole.
+fn shown(e: &Value) -> String {
+    let data = e["data"].as_object().unwrap();
+    let fields: BTreeMap<&String, String> = data
+        .iter()
+        .map(|(k, v)| (k, v.as_str().map_or(v.to_string(), str::to_owned)))
+        .collect();
+    let fields: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(
+        "{} {} {}",
+        e["type"].as_str().unwrap(),
+        e["subject"].as_str().unwrap(),
+        fields.join(" ")
+    )
+}
+
+#[tokio::test]
+async fn each_change_to_a_session_or_agent_writes_one_event_and_a_change_of_nothing_none() {
+    let app = spawn_app().await;
+    let ann = app.create_user("ann").await;
+    let s = create(&app, &ann, "/v1/sessions", None).await;
+    let a = create(&app, &ann, "/v1/agents", Some(json!({"name": "helper"}))).await;
+    let f = app.upload_json(&ann, "notes.txt", b"notes".to_vec()).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let file = Some(json!({"file_id": f}));
+    let writes = [
+        ("POST", format!("/v1/sessions/{s}/files"), file.clone()),
+        // Already there: changes nothing, writes no event.
+        ("POST", format!("/v1/sessions/{s}/files"), file.clone()),
+        ("POST", format!("/v1/agents/{a}/files"), file.clone()),
+        ("PUT", format!("/v1/agents/{a}/mcps/github"), None),
+        ("PUT", format!("/v1/agents/{a}/mcps/github"), None),
+        ("PUT", format!("/v1/agents/{a}/toolsets/search"), None),
+        ("DELETE", format!("/v1/agents/{a}/mcps/github"), None),
+        ("DELETE", format!("/v1/agents/{a}/mcps/github"), None),
+        ("DELETE", format!("/v1/agents/{a}/toolsets/search"), None),
+        ("DELETE", format!("/v1/sessions/{s}/files/{f}"), None),
+        ("DELETE", format!("/v1/sessions/{s}/files/{f}"), None),
+        ("DELETE", format!("/v1/agents/{a}"), None),
+        ("DELETE", format!("/v1/sessions/{s}"), None),
+    ];
+    for (method, path, body) in writes {
+        call(&app, &ann, method, path, body).await;
+    }
+    let events = all_events(&app, &ann, 100).await;
+    let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>(), "no gap");
+    assert!(events.iter().all(|e| e["owner_id"] == ann.id.as_str()));
+    let got: Vec<String> = events.iter().map(shown).collect();
+    let created = "file.created".to_owned();
+    assert_eq!(
+        got.iter()
+            .filter(|e| !e.starts_with(&created))
+            .cloned()
+            .collect::<Vec<_>>(),
+        [
+            format!("session.created {s} session_id={s}"),
+            format!("agent.created {a} agent_id={a} name=helper"),
+            format!("session.file_attached {s} file_id={f} session_id={s}"),
+            format!("agent.file_attached {a} agent_id={a} file_id={f}"),
+            format!("agent.mcp_connected {a} agent_id={a} mcp_id=github"),
+            format!("agent.toolset_connected {a} agent_id={a} toolset_id=search"),
+            format!("agent.mcp_disconnected {a} agent_id={a} mcp_id=github"),
+            format!("agent.toolset_disconnected {a} agent_id={a} toolset_id=search"),
+            format!("session.file_detached {s} file_id={f} session_id={s}"),
+            format!("agent.deleted {a} agent_id={a}"),
+            format!("session.deleted {s} session_id={s}"),
+        ],
+        "{got:#?}"
+    );
+    assert!(got[2].starts_with(&created), "{got:#?}");
+}
+
+/// One user's writes to twenty containers at once (each under its own
+/// lock, or in its own queue bucket) all write the same user's event
+/// counter: every one succeeds, with one event each and no gap.
+#[tokio::test]
+async fn writes_to_many_containers_of_one_user_at_once_all_succeed_with_one_event_each() {
+    let app = spawn_app().await;
+    let ann = app.create_user("ann").await;
+    let mut sessions = Vec::new();
+    let mut agents = Vec::new();
+    for _ in 0..10 {
+        sessions.push(create(&app, &ann, "/v1/sessions", None).await);
+        agents.push(create(&app, &ann, "/v1/agents", Some(json!({"name": "a"}))).await);
+    }
+    let mut files = Vec::new();
+    for i in 0..3 {
+        let up = app.upload_json(&ann, "f.txt", format!("file {i}").into_bytes());
+        files.push(up.await["id"].as_str().unwrap().to_owned());
+    }
+    let mut writes = Vec::new();
+    for f in &files {
+        let body = Some(json!({"file_id": f}));
+        for s in &sessions {
+            writes.push(("POST", format!("/v1/sessions/{s}/files"), body.clone()));
+        }
+        for a in &agents {
+            writes.push(("POST", format!("/v1/agents/{a}/files"), body.clone()));
+        }
+    }
+    for a in &agents {
+        for m in 0..5 {
+            writes.push(("PUT", format!("/v1/agents/{a}/mcps/m{m}"), None));
+        }
+    }
+    let sent = writes.len();
+    let answers = join_all(
+        writes
+            .into_iter()
+            .map(|(method, path, body)| app.json(method, path, &ann, body)),
+    )
+    .await;
+    for (status, body) in &answers {
+        assert_eq!(*status, StatusCode::OK, "{body}");
+    }
+    let events = all_events(&app, &ann, 1000).await;
+    let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>(), "no gap");
+    let mut by_type: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &events {
+        *by_type.entry(e["type"].as_str().unwrap()).or_default() += 1;
+    }
+    let expected = BTreeMap::from([
+        ("agent.created", 10),
+        ("agent.file_attached", 30),
+        ("agent.mcp_connected", 50),
+        ("file.created", 3),
+        ("session.created", 10),
+        ("session.file_attached", 30),
+    ]);
+    assert_eq!(by_type, expected, "{sent} writes");
+}
