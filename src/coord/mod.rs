@@ -29,7 +29,8 @@ use crate::{
 pub struct Applier {
     meta: Arc<dyn ContainerRepo>,
     txns: Transactions,
-    /// Each attempt runs in its owner's turn: it writes their record.
+    /// A change that writes an event writes its owner's record: each
+    /// attempt runs in the owner's turn, as their commits' do.
     turns: Arc<UserTurns>,
     /// The most members one list of a container may hold
     /// (`FILEDOCK_MAX_CONTAINER_ITEMS`).
@@ -151,15 +152,30 @@ impl LockCoordinator {
     /// Runs `op`, recording `op_id` with it when it has one (an operation
     /// that may also sit in the queue must apply once, whichever path gets
     /// to it first).
+    ///
+    /// The change runs under the owner's commit lock too, taken inside the
+    /// resource's: one that changes something writes the owner's record
+    /// (its event's number), as their uploads' commits do under that lock,
+    /// so one user's writes to different sessions and agents, on any
+    /// instance, take turns there instead of conflicting past the last
+    /// retry. (The queue takes no such lock: its workers wait out a
+    /// conflict, and a lock held by a killed process would stall them.)
     pub async fn run_as(&self, op: Operation, op_id: Option<&OpId>) -> Result<(), CoordError> {
+        let commit = LockKey::user_commit(op.owner_id());
         self.locks
             .with_lock(&op.lock_key(), async |held| {
                 let fence = Fence::of_lock(held.fence(), op.fence_slot());
-                match self.applier.apply(&op, fence, op_id).await {
-                    Err(MetaError::OutcomeUnknown(_)) => {
+                let applied = self
+                    .locks
+                    .with_lock(&commit, async |_| {
+                        Ok::<_, CoordError>(self.applier.apply(&op, fence, op_id).await?)
+                    })
+                    .await;
+                match applied {
+                    Err(CoordError::Meta(MetaError::OutcomeUnknown(_))) => {
                         Err(CoordError::OutcomeUnknown(op.resource_path()))
                     }
-                    other => Ok(other?),
+                    other => other,
                 }
             })
             .await

@@ -136,16 +136,15 @@ impl ContainerService {
     /// The session after a change to it applied. A read-back that fails
     /// must not make the answer a failure (the change is in): the outcome is
     /// then reported unknown, with where to read the session. A session
-    /// deleted since (a delete that came right after the change) is
-    /// `NotFound`: the change went with it and left nothing to read.
+    /// deleted since (a delete that came right after the change) is `None`:
+    /// the change applied (its event says so) and left nothing to read.
     pub async fn session_after_change(
         &self,
         user: &UserRecord,
         id: &SessionId,
-    ) -> Result<SessionRecord, DomainError> {
+    ) -> Result<Option<SessionRecord>, DomainError> {
         match self.meta.session(&user.id, id).await {
-            Ok(Some(session)) => Ok(session),
-            Ok(None) => Err(DomainError::NotFound),
+            Ok(found) => Ok(found),
             Err(_) => Err(DomainError::OutcomeUnknown(Some(format!(
                 "/v1/sessions/{id}"
             )))),
@@ -157,10 +156,9 @@ impl ContainerService {
         &self,
         user: &UserRecord,
         id: &AgentId,
-    ) -> Result<AgentRecord, DomainError> {
+    ) -> Result<Option<AgentRecord>, DomainError> {
         match self.meta.agent(&user.id, id).await {
-            Ok(Some(agent)) => Ok(agent),
-            Ok(None) => Err(DomainError::NotFound),
+            Ok(found) => Ok(found),
             Err(_) => Err(DomainError::OutcomeUnknown(Some(format!(
                 "/v1/agents/{id}"
             )))),

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    error::{ApiResult, ok},
+    error::{ApiResult, applied, ok},
     extract::{AppJson, AppQuery, AuthCaller, AuthUser, path_id},
     listing::{ListQuery, page_response},
     sessions::FileRef,
@@ -98,7 +98,7 @@ pub async fn attach(
         .containers
         .set_attachment(&user, Container::Agent(id), file_id, true)
         .await?;
-    ok(view(state.containers.agent_after_change(&user, &id).await?))
+    applied(state.containers.agent_after_change(&user, &id).await?, view)
 }
 
 /// `DELETE /v1/agents/{id}/files/{file_id}`: detach (idempotent) → the agent.
@@ -113,7 +113,7 @@ pub async fn detach(
         .containers
         .set_attachment(&user, Container::Agent(id), file_id, false)
         .await?;
-    ok(view(state.containers.agent_after_change(&user, &id).await?))
+    applied(state.containers.agent_after_change(&user, &id).await?, view)
 }
 
 async fn link(
@@ -131,7 +131,7 @@ async fn link(
         .containers
         .set_link(&user, &id, kind, link_id, connected)
         .await?;
-    ok(view(state.containers.agent_after_change(&user, &id).await?))
+    applied(state.containers.agent_after_change(&user, &id).await?, view)
 }
 
 /// `PUT /v1/agents/{id}/mcps/{mcp_id}`: connect (idempotent) → the agent.

@@ -186,6 +186,16 @@ pub fn ok<T: IntoResponse>(v: T) -> ApiResult {
     Ok(v.into_response())
 }
 
+/// The answer to a change that applied: `200` with what it changed as
+/// `view` shows it, or `204` when that was deleted right after (the change
+/// applied all the same: failing it would be untrue).
+pub fn applied<T, V: IntoResponse>(after: Option<T>, view: impl FnOnce(T) -> V) -> ApiResult {
+    match after {
+        Some(changed) => ok(view(changed)),
+        None => ok(StatusCode::NO_CONTENT),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    error::{ApiResult, ok},
+    error::{ApiResult, applied, ok},
     extract::{AppJson, AppQuery, AuthCaller, AuthUser, path_id},
     listing::{ListQuery, page_response},
     state::AppState,
@@ -107,7 +107,8 @@ async fn change(
         .containers
         .set_attachment(user, Container::Session(id), file_id, attached)
         .await?;
-    ok(view(
+    applied(
         state.containers.session_after_change(user, &id).await?,
-    ))
+        view,
+    )
 }

@@ -14,7 +14,7 @@ use super::{
     error::MetaResult,
     records::{FileRecord, bson_time, now},
 };
-use crate::vocab::{Container, LinkKind, Operation, UserId};
+use crate::vocab::{Container, KeyId, LinkKind, Operation, UserId};
 
 /// What happened. Stored by its name: a reader of an older version that
 /// meets a newer type passes it on as it is.
@@ -35,6 +35,8 @@ pub enum EventType {
     AgentMcpDisconnected,
     AgentToolsetConnected,
     AgentToolsetDisconnected,
+    KeyCreated,
+    KeyRevoked,
 }
 
 impl EventType {
@@ -55,6 +57,8 @@ impl EventType {
             Self::AgentMcpDisconnected => "agent.mcp_disconnected",
             Self::AgentToolsetConnected => "agent.toolset_connected",
             Self::AgentToolsetDisconnected => "agent.toolset_disconnected",
+            Self::KeyCreated => "key.created",
+            Self::KeyRevoked => "key.revoked",
         }
     }
 
@@ -135,6 +139,19 @@ impl EventDraft {
             kind: EventType::of_container(c, None, deleted),
             subject: c.id(),
             data,
+        }
+    }
+
+    /// A key's minting or revocation: its id and name (never its secret
+    /// or hash).
+    pub fn key(id: &KeyId, name: &str, revoked: bool) -> Self {
+        Self {
+            kind: match revoked {
+                false => EventType::KeyCreated,
+                true => EventType::KeyRevoked,
+            },
+            subject: id.to_string(),
+            data: object(json!({"key_id": id, "name": name})),
         }
     }
 

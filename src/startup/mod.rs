@@ -44,7 +44,7 @@ use crate::{
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
     meta::retry::Transactions,
     meta::{
-        Bells, ContainerRepo, EventBell, FileRepo, MetadataStore, embedded::EmbeddedStore,
+        Bells, ContainerRepo, EventBell, FileRepo, KeyRepo, MetadataStore, embedded::EmbeddedStore,
         mongo::MongoStore,
     },
     metrics::Metrics,
@@ -173,6 +173,11 @@ impl AppState {
             bell.clone(),
             metrics.clone(),
         ));
+        let keys: Arc<dyn KeyRepo> = Arc::new(Announced::<dyn KeyRepo>::new(
+            meta.clone(),
+            bell.clone(),
+            metrics.clone(),
+        ));
         // The commit and the admission gate plain and resumable uploads share.
         let committer = Arc::new(Committer::new(
             files.clone(),
@@ -256,7 +261,7 @@ impl AppState {
             links: Arc::new(links),
             users: Arc::new(UserService::new(
                 (meta.clone(), meta.clone()),
-                meta.clone(),
+                keys,
                 AuthCache::new(settings.auth_cache_ttl),
                 (settings.user_quota_bytes, settings.max_keys_per_user),
                 inserts.clone(),

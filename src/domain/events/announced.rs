@@ -1,5 +1,6 @@
 //! [`Announced`]: a repository that writes events (the files', and the
-//! sessions' and agents' in `containers.rs`) as the services see it,
+//! sessions' and agents' in `containers.rs`, the keys' in `keys.rs`) as
+//! the services see it,
 //! ringing the events' bell after each change that wrote an event
 //! committed (or may have: an unknown outcome rings too, and a reader that
 //! finds nothing new waits on), and counting the events written.

@@ -6,6 +6,7 @@
 
 mod announced;
 mod containers;
+mod keys;
 
 use std::{sync::Arc, time::Duration};
 

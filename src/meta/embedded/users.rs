@@ -7,11 +7,11 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::{EmbeddedStore, txn::Txn, user_key};
+use super::{EmbeddedStore, events::emit_for, txn::Txn, user_key};
 use crate::{
     meta::{
-        ApiKeyRecord, KeyMint, KeyRepo, MetaError, MetaResult, OpenLimits, TokenRecord, UserRecord,
-        UserRepo,
+        ApiKeyRecord, EventDraft, KeyMint, KeyRepo, MetaError, MetaResult, OpenLimits, TokenRecord,
+        UserRecord, UserRepo,
     },
     vocab::{ApiKeyHash, KeyId, UserId},
 };
@@ -185,7 +185,9 @@ impl KeyRepo for EmbeddedStore {
             if tx.keys(&user_keys(&key.user_id), None, max)?.len() >= max {
                 return Err(MetaError::TooManyKeys(max));
             }
-            put_key(tx, &key)
+            put_key(tx, &key)?;
+            let minted = EventDraft::key(&key.id, &key.name, false);
+            emit_for(tx, &key.user_id, vec![minted]).map(drop)
         })
         .await
     }
@@ -236,11 +238,12 @@ impl KeyRepo for EmbeddedStore {
     }
 
     async fn delete_key(&self, user: &UserId, id: &KeyId) -> MetaResult<bool> {
-        let (index, id) = (format!("{}{id}", user_keys(user)), *id);
+        let (index, id, user) = (format!("{}{id}", user_keys(user)), *id, *user);
         self.transaction(move |tx| {
             let Some(hash) = tx.get::<ApiKeyHash>(&index)? else {
                 return Ok(false);
             };
+            let name = (tx.get::<ApiKeyRecord>(&hash_key(&hash))?).map(|k| k.name);
             tx.delete(&index);
             tx.delete(&hash_key(&hash));
             tx.put(&revoked_key(&id), &crate::meta::now())?;
@@ -252,6 +255,8 @@ impl KeyRepo for EmbeddedStore {
                     None => tx.delete(&k),
                 }
             }
+            let revoked = EventDraft::key(&id, name.as_deref().unwrap_or_default(), true);
+            emit_for(tx, &user, vec![revoked])?;
             Ok(true)
         })
         .await

@@ -73,8 +73,23 @@ impl MongoStore {
             .return_document(ReturnDocument::After)
             .session(&mut *s)
             .await
-            .map_err(classify)?
-            .ok_or(MetaError::NotFound)?;
+            .map_err(classify)?;
+        let Some(numbered) = numbered else {
+            let there = self
+                .users()
+                .find_one(doc! {"_id": owner})
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+            tracing::warn!(
+                found = there.is_some(),
+                "emit: the owner's document was not matched"
+            );
+            return Err(match there {
+                Some(_) => MetaError::Other("the owner's document was not matched".into()),
+                None => MetaError::NotFound,
+            });
+        };
         self.insert_events(s, *owner, numbered.event_seq - n as i64, drafts)
             .await?;
         Ok(n)

@@ -213,7 +213,8 @@ impl KeyRepo for MongoStore {
             max: mint.max,
             too_many: MetaError::TooManyKeys(mint.max),
         };
-        (self.insert_minted(&key.user_id, &self.keys(), (key, None), Some(check))).await
+        let minted = EventDraft::key(&key.id, &key.name, false);
+        (self.insert_minted(&key.user_id, &self.keys(), (key, Some(minted)), Some(check))).await
     }
 
     async fn key_by_hash(
@@ -264,13 +265,13 @@ impl KeyRepo for MongoStore {
         let result = async {
             let deleted = self
                 .keys()
-                .delete_one(doc! {"_id": id, "user_id": user})
+                .find_one_and_delete(doc! {"_id": id, "user_id": user})
                 .session(&mut s)
                 .await
                 .map_err(classify)?;
-            if deleted.deleted_count == 0 {
+            let Some(deleted) = deleted else {
                 return Ok(false);
-            }
+            };
             self.revoked_keys()
                 .update_one(
                     doc! {"_id": id},
@@ -285,6 +286,8 @@ impl KeyRepo for MongoStore {
                 .session(&mut s)
                 .await
                 .map_err(classify)?;
+            let revoked = EventDraft::key(id, &deleted.name, true);
+            self.emit(&mut s, user, vec![revoked]).await?;
             Ok(true)
         }
         .await;

@@ -45,7 +45,7 @@ fn first_sent(history: &[&Event], e: &Event) -> Instant {
 
 /// A revocation (or a user's deletion) that may have applied: a 404 to it
 /// says the key (or the user) was already gone.
-pub(super) fn revoked(e: &Event) -> Told {
+pub fn revoked(e: &Event) -> Told {
     match &e.answer {
         Answer::Failed(c) if c == "not_found" => Told::Ok,
         a => a.told(),

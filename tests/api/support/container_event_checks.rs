@@ -191,6 +191,34 @@ fn end_off(live: &BTreeMap<(Holder, String), Folded>, fin: &FinalUser) -> Vec<St
     wrong
 }
 
+/// What happened to the container `id`: its requests (kind, member,
+/// answer, sent and answered in ms from the first) and its events.
+fn timeline(history: &[&Event], fin: &FinalUser, id: &str) -> String {
+    let mine: Vec<&&Event> = (history.iter())
+        .filter(|e| e.op.container().is_some_and(|c| c.id() == id))
+        .collect();
+    let Some(start) = mine.iter().map(|e| e.invoked).min() else {
+        return "no request names it".to_owned();
+    };
+    let ms = |t: std::time::Instant| t.duration_since(start).as_millis();
+    let requests: Vec<String> = (mine.iter())
+        .map(|e| {
+            let member = match &e.op {
+                Op::Attach { file_id, .. } | Op::Detach { file_id, .. } => file_id.as_str(),
+                Op::Link { link, .. } => link.as_str(),
+                _ => "",
+            };
+            let (a, b) = (ms(e.invoked), ms(e.completed));
+            format!("{} {member} {:?} {a}..{b}", e.op.kind(), e.answer)
+        })
+        .collect();
+    let events: Vec<String> = (fin.events.iter())
+        .filter(|e| e.subject == id)
+        .map(|e| format!("{} {} {:?}", e.seq, e.kind, e.member))
+        .collect();
+    format!("requests {requests:?}, events {events:?}")
+}
+
 /// Whether a request answered `a` may have applied (a container delete
 /// answered 404 may be a resend of one that did).
 fn may_have(a: &Answer, delete: bool) -> bool {
@@ -202,6 +230,8 @@ fn explained(history: &[&Event], fin: &FinalUser) -> Vec<String> {
     // Requests per (container, list or "" for the container itself,
     // member, adds): how many may have applied, and whether one was acknowledged.
     let mut sent: BTreeMap<(String, &str, String, bool), (usize, bool)> = BTreeMap::new();
+    // Every answer per key, to tell what happened when one is off.
+    let mut answers: BTreeMap<(String, &str, String, bool), Vec<&Answer>> = BTreeMap::new();
     let mut unnamed: BTreeMap<Holder, usize> = BTreeMap::new();
     for &e in history {
         let (container, list, member, adds, delete) = match &e.op {
@@ -250,7 +280,9 @@ fn explained(history: &[&Event], fin: &FinalUser) -> Vec<String> {
             }
             _ => continue,
         };
-        let entry = sent.entry((container, list, member, adds)).or_default();
+        let key = (container, list, member, adds);
+        answers.entry(key.clone()).or_default().push(&e.answer);
+        let entry = sent.entry(key).or_default();
         if may_have(&e.answer, delete) {
             entry.0 += 1;
         }
@@ -280,8 +312,10 @@ fn explained(history: &[&Event], fin: &FinalUser) -> Vec<String> {
     for (key, n) in &seen {
         let (may, _) = sent.get(key).copied().unwrap_or_default();
         if *n > may {
+            let told = answers.get(key);
             wrong.push(format!(
-                "{n} events of {key:?}, which {may} requests that may have applied asked for"
+                "{n} events of {key:?}, which {may} requests that may have applied asked for (answers: {told:?}); {}",
+                timeline(history, fin, &key.0)
             ));
         }
     }

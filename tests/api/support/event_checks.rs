@@ -4,8 +4,9 @@
 //! transaction, so an event exists exactly when its change does: whatever
 //! the faults, the events are numbered 1, 2, 3… with no gap, one per
 //! committed upload, rename and delete; the sessions' and agents' events
-//! are checked by `container_event_checks.rs`. (Key changes write none
-//! yet; a user deleted mid-run is not read: their events went with them.)
+//! are checked by `container_event_checks.rs`, the keys' by
+//! `key_event_checks.rs`. (A user deleted mid-run is not read: their events
+//! went with them.)
 //!
 //! An event is matched to its change by what the history knows of it: a
 //! `file.created` by its subject (an id an answer named: an acknowledged
@@ -40,6 +41,7 @@ use serde_json::Value;
 use crate::support::{
     container_event_checks,
     history::{Event, FinalEvent, FinalFile, FinalUser, Op},
+    key_event_checks,
     model::Told,
     verdict::Verdict,
 };
@@ -124,6 +126,7 @@ fn parsed(e: &Value) -> FinalEvent {
         member: ["file_id", "mcp_id", "toolset_id"]
             .iter()
             .find_map(|f| text(&e["data"][f])),
+        name: text(&e["data"]["name"]),
     }
 }
 
@@ -136,7 +139,8 @@ pub fn check_events(history: &[&Event], fin: &FinalUser, v: &mut Verdict) {
         .chain(deleted(history, fin))
         .chain(renamed(history, fin))
         .chain(per_file(fin))
-        .chain(container_event_checks::check(history, fin));
+        .chain(container_event_checks::check(history, fin))
+        .chain(key_event_checks::check(history, fin));
     for note in wrong {
         v.note(
             |v| &mut v.bad_events,
@@ -169,9 +173,9 @@ fn numbering(fin: &FinalUser) -> Vec<String> {
             wrong.push(format!("event {} is of the owner {:?}", e.seq, e.owner));
         }
         let kind = e.kind.as_str();
-        if ![CREATED, RENAMED, DELETED].contains(&kind)
-            && !container_event_checks::KINDS.contains(&kind)
-        {
+        let known = [CREATED, RENAMED, DELETED].iter();
+        let known = known.chain(&container_event_checks::KINDS);
+        if !known.chain(&key_event_checks::KINDS).any(|k| *k == kind) {
             wrong.push(format!(
                 "event {} is a {:?}, which no change writes",
                 e.seq, e.kind
@@ -480,6 +484,7 @@ mod tests {
             size: Some(3),
             sha256: Some(SHA.to_owned()),
             member: None,
+            name: None,
         }
     }
 

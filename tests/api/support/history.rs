@@ -338,6 +338,8 @@ pub struct FinalEvent {
     /// What a session's or agent's event says was put in or taken out:
     /// its `file_id`, `mcp_id` or `toolset_id`.
     pub member: Option<String>,
+    /// A key's event's `name` (`key_event_checks.rs`).
+    pub name: Option<String>,
 }
 
 /// One user's state read back after healing and the final sweep.

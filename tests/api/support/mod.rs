@@ -15,6 +15,7 @@ pub mod failover_waiters;
 pub mod fault_proxy;
 pub mod faulty_blobs;
 pub mod history;
+pub mod key_event_checks;
 pub mod lives;
 pub mod mints;
 pub mod model;
