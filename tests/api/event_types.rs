@@ -113,10 +113,12 @@ async fn each_change_to_a_session_or_agent_writes_one_event_and_a_change_of_noth
 
 /// One user's writes to twenty containers at once (each under its own
 /// lock, or in its own queue bucket) all write the same user's event
-/// counter: every one succeeds, with one event each and no gap. On the
-/// real servers, through two instances at once (half the writes each).
+/// counter, as twenty uploads of the user's meanwhile do: every one
+/// succeeds, with one event each and no gap. On the real servers, through
+/// two instances at once (half the writes each).
 #[tokio::test]
 async fn writes_to_many_containers_of_one_user_at_once_all_succeed_with_one_event_each() {
+    const UPLOADS: usize = 20;
     let app = spawn_app().await;
     let other = match real_backends() {
         true => Some(spawn_app_with(app.settings.clone()).await),
@@ -150,21 +152,24 @@ async fn writes_to_many_containers_of_one_user_at_once_all_succeed_with_one_even
         }
     }
     let sent = writes.len();
-    let answers = join_all(
-        writes
-            .into_iter()
-            .enumerate()
-            .map(|(i, (method, path, body))| {
-                let via = match &other {
-                    Some(other) if i % 2 == 1 => other,
-                    _ => &app,
-                };
-                via.json(method, path, &ann, body)
-            }),
-    )
-    .await;
+    let via = |i: usize| match &other {
+        Some(other) if i % 2 == 1 => other,
+        _ => &app,
+    };
+    let changes = writes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (method, path, body))| via(i).json(method, path, &ann, body));
+    // Uploads of the same user meanwhile: their commits write the same
+    // user document.
+    let uploads = (0..UPLOADS).map(|i| via(i).upload_raw(&ann, "u.txt", format!("up {i}").into()));
+    let (answers, uploaded) = futures::future::join(join_all(changes), join_all(uploads)).await;
     for (status, body) in &answers {
         assert_eq!(*status, StatusCode::OK, "{body}");
+    }
+    for res in uploaded {
+        let status = res.status();
+        assert_eq!(status, StatusCode::CREATED, "{}", res.text().await.unwrap());
     }
     let events = all_events(&app, &ann, 1000).await;
     let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
@@ -177,7 +182,7 @@ async fn writes_to_many_containers_of_one_user_at_once_all_succeed_with_one_even
         ("agent.created", 10),
         ("agent.file_attached", 30),
         ("agent.mcp_connected", 50),
-        ("file.created", 3),
+        ("file.created", 3 + UPLOADS),
         ("session.created", 10),
         ("session.file_attached", 30),
     ]);
