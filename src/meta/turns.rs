@@ -19,7 +19,7 @@ use std::{
 use tokio::sync::{Mutex, MutexGuard};
 
 use super::{
-    MetaResult,
+    error::MetaResult,
     retry::{Retried, Transactions},
 };
 use crate::vocab::UserId;
