@@ -21,7 +21,7 @@ use crate::{
     lock::{LockError, Locks},
     meta::retry::Transactions,
     meta::{ContainerRepo, Fence, MetaError, MetaResult, Refusal, Settled, UserTurns},
-    vocab::{LockKey, OpId, Operation},
+    vocab::{LockKey, OpId, Operation, UserId},
 };
 
 /// Applies operations to the metadata store: what every coordinator ends in.
@@ -83,15 +83,10 @@ impl Applier {
     }
 
     /// Applies queued operations in one transaction (see
-    /// [`ContainerRepo::apply_group`]), in the turn of their owner (when
-    /// they have one; a group of several owners' takes none).
+    /// [`ContainerRepo::apply_group`]), in the turns of their owners.
     pub async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {
-        let first = ops.first().map(|(op, _)| op.owner_id());
-        let one_owner = first.filter(|o| ops.iter().all(|(op, _)| op.owner_id() == *o));
-        let _turn = match one_owner {
-            Some(owner) => Some(self.turns.hold(owner).await),
-            None => None,
-        };
+        let owners: Vec<&UserId> = ops.iter().map(|(op, _)| op.owner_id()).collect();
+        let _turns = self.turns.hold_all(&owners).await;
         self.meta
             .apply_group(ops, fence, self.max_items)
             .await

@@ -17,8 +17,8 @@ use crate::{
     config::SweepSettings,
     lock::{LockError, LockKey, Locks, TryLock},
     meta::{
-        self, CleanupRepo, DeletionRepo, EventRepo, KeyRepo, MetaError, OrphanRecord, OrphanStatus,
-        ResumableRecord, ResumableRepo,
+        self, CleanupRepo, DeletionRepo, EventBell, EventDraft, EventRepo, KeyRepo, MetaError,
+        OrphanRecord, OrphanStatus, ResumableRecord, ResumableRepo,
     },
     metrics::{Metrics, OutcomeLabel, StatusLabel},
     vocab::OrphanId,
@@ -93,8 +93,10 @@ pub struct Sweeper {
     pub(crate) settings: SweepSettings,
     /// Users being deleted: each pass carries their deletion on.
     pub(crate) deletions: Arc<dyn DeletionRepo>,
-    /// Events past their retention go.
+    /// Events past their retention go; an expired upload's claim, which
+    /// writes its `upload.expired`, rings for it.
     pub(crate) events: Arc<dyn EventRepo>,
+    pub(crate) bell: Arc<dyn EventBell>,
     /// How long after a deletion began a request that authenticated just
     /// before may still write (the auth cache's lifetime and a grace): the
     /// deletion ends only past it.
@@ -286,6 +288,10 @@ impl Sweeper {
                     .await?
             {
                 return Ok(());
+            }
+            if EventDraft::expiry_told_by(&upload) {
+                self.metrics.events_written.inc();
+                self.bell.ring(&upload.user_id).await;
             }
             self.abort_claimed(&upload, report, tried).await
         }

@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 use super::{
     error::MetaResult,
     records::{FileRecord, bson_time, now},
+    resumable::ResumableRecord,
 };
 use crate::vocab::{Container, KeyId, LinkKind, Operation, UserId};
 
@@ -37,6 +38,7 @@ pub enum EventType {
     AgentToolsetDisconnected,
     KeyCreated,
     KeyRevoked,
+    UploadExpired,
 }
 
 impl EventType {
@@ -59,6 +61,7 @@ impl EventType {
             Self::AgentToolsetDisconnected => "agent.toolset_disconnected",
             Self::KeyCreated => "key.created",
             Self::KeyRevoked => "key.revoked",
+            Self::UploadExpired => "upload.expired",
         }
     }
 
@@ -153,6 +156,30 @@ impl EventDraft {
             subject: id.to_string(),
             data: object(json!({"key_id": id, "name": name})),
         }
+    }
+
+    /// A resumable upload that expired before its file committed: its id
+    /// (the file's, had it committed), name, declared length (`None`:
+    /// deferred) and the bytes it had received.
+    pub fn upload_expired(upload: &ResumableRecord) -> Self {
+        Self {
+            kind: EventType::UploadExpired,
+            subject: upload.id.to_string(),
+            data: object(json!({
+                "upload_id": upload.id,
+                "filename": upload.filename,
+                "length": upload.length,
+                "offset": upload.offset,
+            })),
+        }
+    }
+
+    /// Whether the claim of an expired `upload` writes [`Self::upload_expired`]:
+    /// not for one whose file committed (its state only lingered), nor for
+    /// one put back after a claim whose clean-up failed (counted no more:
+    /// its expiry was told when it was first claimed).
+    pub fn expiry_told_by(upload: &ResumableRecord) -> bool {
+        upload.open && !upload.committed
     }
 
     /// The event `op` writes when it changes its container (an attach of

@@ -47,8 +47,25 @@ impl UserTurns {
     /// record runs: its holder waits for nothing but the store meanwhile
     /// (no lock, no other turn), so that no two holders wait on each other.
     pub async fn hold(&self, user: &UserId) -> MutexGuard<'_, ()> {
-        let stripe = self.hasher.hash_one(user) as usize % STRIPES;
-        self.stripes[stripe].lock().await
+        self.stripes[self.stripe(user)].lock().await
+    }
+
+    /// The turns of all of `users` at once (a group commit of several
+    /// users' writes), taken in stripe order: two holders of several never
+    /// wait on each other, and a holder of one waits on nobody.
+    pub async fn hold_all(&self, users: &[&UserId]) -> Vec<MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = users.iter().map(|u| self.stripe(u)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut held = Vec::with_capacity(stripes.len());
+        for s in stripes {
+            held.push(self.stripes[s].lock().await);
+        }
+        held
+    }
+
+    fn stripe(&self, user: &UserId) -> usize {
+        self.hasher.hash_one(user) as usize % STRIPES
     }
 
     /// `txn`, retried and counted as `op` by `txns`, each attempt in

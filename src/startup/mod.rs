@@ -278,7 +278,11 @@ impl AppState {
                 txns,
             }),
             containers: Arc::new(ContainerService::new(containers, coordinator, inserts)),
-            events: Arc::new(EventService::new(meta.clone(), bell, metrics.clone())),
+            events: Arc::new(EventService::new(
+                meta.clone(),
+                bell.clone(),
+                metrics.clone(),
+            )),
             reconciler: Arc::new(Reconciler {
                 files: meta.clone(),
                 cleanup: meta.clone(),
@@ -296,6 +300,7 @@ impl AppState {
                 settings: settings.sweep.clone(),
                 deletions: meta.clone(),
                 events: meta.clone(),
+                bell: bell.clone(),
                 deletion_settle: settings.auth_cache_ttl + REQUEST_GRACE,
             }),
             queue,

@@ -15,12 +15,16 @@ use futures::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use filedock::domain::sweeper::Outcome;
+
 use crate::{
     events::all_events,
     faults::{mongo_addr, through_mongo_proxy},
     helpers::*,
     keys::admin_key_for,
     support::fault_proxy::FaultProxy,
+    tus,
+    tus_reserve::expire_and_sweep,
 };
 
 /// `method path` as `user`, answered with a 2xx.
@@ -282,5 +286,51 @@ async fn a_change_whose_container_is_deleted_before_its_read_back_is_answered_ap
     assert_eq!(
         kinds,
         ["agent.created", "agent.mcp_connected", "agent.deleted"]
+    );
+}
+
+/// A resumable upload that expires writes `upload.expired` when the
+/// sweeper claims it, once (not again when put back after a failed clean-up
+/// and claimed anew); one whose file committed writes its `file.created`
+/// and nothing when its lingering state goes.
+#[tokio::test]
+async fn an_upload_that_expires_writes_upload_expired_once_and_a_committed_one_none() {
+    let app = spawn_app().await;
+    let ann = app.create_user("ann").await;
+    let lapsed = tus::create(&app, &ann, 10).await;
+    let res = tus::patch(&app, &ann, &lapsed, 0, &tus::data(4)).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let done = tus::create(&app, &ann, 3).await;
+    let res = tus::patch(&app, &ann, &done, 0, &tus::data(3)).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let meta = &app.state.ports.meta;
+    let mut claimed = meta
+        .resumable(&lapsed.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let report = expire_and_sweep(&app, &lapsed).await;
+    assert_eq!(report.resumables_expired, 1, "{report:?}");
+    expire_and_sweep(&app, &done).await;
+    // Put back as the sweeper does when a claimed upload's clean-up fails,
+    // and claimed again: its expiry was told already.
+    claimed.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
+    meta.restore_resumable(&claimed).await.unwrap();
+    let again = app.state.sweeper.try_run_once().await.unwrap();
+    assert!(matches!(again, Outcome::Swept(_)));
+    assert!(
+        meta.resumable(&claimed.id).await.unwrap().is_none(),
+        "claimed again"
+    );
+    let events = all_events(&app, &ann, 100).await;
+    let got: Vec<String> = events.iter().map(shown).collect();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert!(
+        got[0].starts_with(&format!("file.created {done} ")),
+        "{got:#?}"
+    );
+    assert_eq!(
+        got[1],
+        format!("upload.expired {lapsed} filename=big.bin length=10 offset=4 upload_id={lapsed}")
     );
 }

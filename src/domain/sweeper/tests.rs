@@ -102,6 +102,7 @@ fn sweeper(kit: &Kit, resumables: Arc<dyn ResumableRepo>) -> Sweeper {
         },
         deletions: kit.meta.clone(),
         events: kit.meta.clone(),
+        bell: Arc::new(crate::meta::Bells::default()),
         deletion_settle: Duration::ZERO,
     }
 }

@@ -5,11 +5,11 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::{EmbeddedStore, txn::Txn, user_key};
+use super::{EmbeddedStore, events::emit, txn::Txn, user_key};
 use crate::{
     meta::{
-        IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
-        ResumableRepo, UserRecord, group::Held, resumable::uncounted,
+        EventDraft, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
+        ResumableRecord, ResumableRepo, UserRecord, group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -55,10 +55,14 @@ pub(super) fn held(tx: &mut Txn, id: &FileId) -> MetaResult<Held> {
 
 /// Deletes upload `id` if `claim` holds for it, giving back what it held
 /// of its user's counters, in `tx`: whether it was deleted.
+/// Deletes upload `id` if `claim` says so, giving back what it held of its
+/// user's counters; an expired one's claim (`expired`) writes its
+/// `upload.expired` (see [`EventDraft::expiry_told_by`]).
 fn delete_counted(
     tx: &mut Txn,
     id: &FileId,
     claim: impl Fn(&ResumableRecord) -> bool,
+    expired: bool,
 ) -> MetaResult<bool> {
     let key = resumable_key(id);
     let Some(upload) = tx.get::<ResumableRecord>(&key)? else {
@@ -71,6 +75,9 @@ fn delete_counted(
         && let Some(mut user) = tx.get::<UserRecord>(&user_key(&upload.user_id))?
     {
         release(tx, &mut user, id)?;
+        if expired && EventDraft::expiry_told_by(&upload) {
+            emit(tx, &mut user, vec![EventDraft::upload_expired(&upload)])?;
+        }
         tx.put(&user_key(&user.id), &user)?;
     }
     tx.delete(&key);
@@ -172,7 +179,7 @@ impl ResumableRepo for EmbeddedStore {
 
     async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
         let id = *id;
-        self.transaction(move |tx| delete_counted(tx, &id, |_| true))
+        self.transaction(move |tx| delete_counted(tx, &id, |_| true, false))
             .await
             .map(|_| ())
     }
@@ -184,7 +191,7 @@ impl ResumableRepo for EmbeddedStore {
     ) -> MetaResult<bool> {
         let id = *id;
         let deleted = self
-            .transaction(move |tx| delete_counted(tx, &id, |r| r.expires_at == expires_at))
+            .transaction(move |tx| delete_counted(tx, &id, |r| r.expires_at == expires_at, true))
             .await;
         match deleted {
             // A PATCH wrote it at the same moment: it renewed it.

@@ -9,11 +9,11 @@ use bson::{Document, doc};
 use chrono::{DateTime, Utc};
 use mongodb::{ClientSession, options::ReturnDocument};
 
-use super::{MongoStore, errors::classify, find_sorted};
+use super::{MongoStore, errors::classify, events::EventSeq, find_sorted};
 use crate::{
     meta::{
-        IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
-        ResumableRepo, group::Held, resumable::uncounted,
+        EventDraft, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
+        ResumableRecord, ResumableRepo, group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -206,10 +206,14 @@ impl MongoStore {
     /// Deletes the upload `filter` matches (by `_id`, and maybe more) and
     /// gives back what it held of its user's counters, in `s`: whether one
     /// was deleted.
+    /// Deletes the upload `filter` matches, giving back what it held of its
+    /// user's counters; an expired one's claim (`expired`) writes its
+    /// `upload.expired` (see [`EventDraft::expiry_told_by`]).
     async fn delete_resumable_in(
         &self,
         s: &mut ClientSession,
         filter: Document,
+        expired: bool,
     ) -> MetaResult<bool> {
         let Some(upload) = self
             .resumables()
@@ -220,16 +224,28 @@ impl MongoStore {
         else {
             return Ok(false);
         };
+        // Its user's counters, and its expiry's event numbered on the same
+        // document (no event once the user is gone: nothing to number it).
         if upload.open || upload.reserved != 0 {
             let open = i64::from(upload.open);
-            self.users()
-                .update_one(
-                    doc! {"_id": &upload.user_id},
-                    doc! {"$inc": {"reserved_bytes": -upload.reserved, "open_uploads": -open}},
-                )
+            let mut inc = doc! {"reserved_bytes": -upload.reserved, "open_uploads": -open};
+            let told = expired && EventDraft::expiry_told_by(&upload);
+            if told {
+                inc.insert("event_seq", 1_i64);
+            }
+            let user = self
+                .db
+                .collection::<EventSeq>("users")
+                .find_one_and_update(doc! {"_id": &upload.user_id}, doc! {"$inc": inc})
+                .projection(doc! {"event_seq": 1})
+                .return_document(ReturnDocument::After)
                 .session(&mut *s)
                 .await
                 .map_err(classify)?;
+            if let (true, Some(user)) = (told, user) {
+                let drafts = vec![EventDraft::upload_expired(&upload)];
+                (self.insert_events(s, upload.user_id, user.event_seq - 1, drafts)).await?;
+            }
         }
         let deleted = self
             .resumables()
@@ -294,7 +310,9 @@ impl ResumableRepo for MongoStore {
 
     async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
         let mut s = self.txns.begin(None).await?;
-        let result = self.delete_resumable_in(&mut s, doc! {"_id": id}).await;
+        let result = self
+            .delete_resumable_in(&mut s, doc! {"_id": id}, false)
+            .await;
         self.txns.finish(s, None, result).await.map(|_| ())
     }
 
@@ -306,7 +324,7 @@ impl ResumableRepo for MongoStore {
         let expires_at = bson::DateTime::from_chrono(expires_at);
         let filter = doc! {"_id": id, "expires_at": expires_at};
         let mut s = self.txns.begin(None).await?;
-        let result = self.delete_resumable_in(&mut s, filter).await;
+        let result = self.delete_resumable_in(&mut s, filter, true).await;
         match self.txns.finish(s, None, result).await {
             // A PATCH wrote it at the same moment (it renewed it), or the
             // user's counters changed: the next pass claims it again.

@@ -49,6 +49,7 @@ use crate::support::{
 const CREATED: &str = "file.created";
 const RENAMED: &str = "file.renamed";
 const DELETED: &str = "file.deleted";
+const EXPIRED: &str = "upload.expired";
 /// Events one read asks for.
 const PAGE: usize = 500;
 /// Most events one user has here: past it a cursor that never ends stops
@@ -139,6 +140,7 @@ pub fn check_events(history: &[&Event], fin: &FinalUser, v: &mut Verdict) {
         .chain(deleted(history, fin))
         .chain(renamed(history, fin))
         .chain(per_file(fin))
+        .chain(expired(history, fin))
         .chain(container_event_checks::check(history, fin))
         .chain(key_event_checks::check(history, fin));
     for note in wrong {
@@ -173,7 +175,7 @@ fn numbering(fin: &FinalUser) -> Vec<String> {
             wrong.push(format!("event {} is of the owner {:?}", e.seq, e.owner));
         }
         let kind = e.kind.as_str();
-        let known = [CREATED, RENAMED, DELETED].iter();
+        let known = [CREATED, RENAMED, DELETED, EXPIRED].iter();
         let known = known.chain(&container_event_checks::KINDS);
         if !known.chain(&key_event_checks::KINDS).any(|k| *k == kind) {
             wrong.push(format!(
@@ -299,6 +301,44 @@ fn count_off(up: &Sent<'_>, subjects: &[&str]) -> Option<String> {
             up.ids
         )
     })
+}
+
+/// An `upload.expired` names a resumable upload of the user's that was not
+/// acknowledged (one that was committed its file), has no `file.created`
+/// (its file never committed), and is told once.
+fn expired(history: &[&Event], fin: &FinalUser) -> Vec<String> {
+    let mut told: BTreeMap<&str, Told> = BTreeMap::new();
+    for &e in history {
+        if let (
+            Op::Upload {
+                resumable: true, ..
+            },
+            Some(id),
+        ) = (&e.op, &e.file_id)
+        {
+            let t = told.entry(id.as_str()).or_insert(Told::Failed);
+            if e.answer.told() == Told::Ok {
+                *t = Told::Ok;
+            }
+        }
+    }
+    let created: BTreeSet<&str> = of_kind(fin, CREATED).map(|e| e.subject.as_str()).collect();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let mut wrong = Vec::new();
+    for e in of_kind(fin, EXPIRED) {
+        let id = e.subject.as_str();
+        let off = match told.get(id) {
+            None => Some("no resumable upload of the user's"),
+            Some(Told::Ok) => Some("an acknowledged upload"),
+            _ if created.contains(id) => Some("an upload whose file.created was read"),
+            _ if !seen.insert(id) => Some("an upload told expired before"),
+            _ => None,
+        };
+        if let Some(off) = off {
+            wrong.push(format!("upload.expired {} names {id}: {off}", e.seq));
+        }
+    }
+    wrong
 }
 
 /// An acknowledged delete has its `file.deleted`; a `file.deleted` names a
