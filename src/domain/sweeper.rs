@@ -284,7 +284,7 @@ impl Sweeper {
             if upload.expires_at >= now
                 || !self
                     .resumables
-                    .delete_resumable_if_expires(&upload.id, upload.expires_at)
+                    .delete_resumable_if_expires(&upload.id, upload.expires_at, true)
                     .await?
             {
                 return Ok(());

@@ -249,11 +249,14 @@ pub trait ResumableRepo: Send + Sync {
     /// renewed it since it was read), giving back what it held of its
     /// user's counters in the same transaction: `false`, and nothing
     /// changed, if one did or the upload is gone. The sweeper claims an expired upload so,
-    /// which is safe with or without the upload's lock.
+    /// which is safe with or without the upload's lock; with `tell`, the
+    /// claim writes its `upload.expired` (see `EventDraft::expiry_told_by`;
+    /// a user's deletion, which ends their uploads, tells none).
     async fn delete_resumable_if_expires(
         &self,
         id: &FileId,
         expires_at: DateTime<Utc>,
+        tell: bool,
     ) -> MetaResult<bool>;
 
     /// Puts back an upload [`Self::delete_resumable_if_expires`] claimed

@@ -165,13 +165,13 @@ async fn the_sweeper_claims_an_upload_only_at_the_expiry_it_read() {
     );
     assert!(
         !meta
-            .delete_resumable_if_expires(&id, read.expires_at)
+            .delete_resumable_if_expires(&id, read.expires_at, true)
             .await
             .unwrap()
     );
     let kept = meta.resumable(&id).await.unwrap().unwrap();
     assert!(
-        meta.delete_resumable_if_expires(&id, kept.expires_at)
+        meta.delete_resumable_if_expires(&id, kept.expires_at, true)
             .await
             .unwrap()
     );

@@ -99,8 +99,11 @@ impl ResumableRepo for LosesAdvanceAnswer {
         &self,
         id: &FileId,
         expires_at: DateTime<Utc>,
+        tell: bool,
     ) -> MetaResult<bool> {
-        self.inner.delete_resumable_if_expires(id, expires_at).await
+        self.inner
+            .delete_resumable_if_expires(id, expires_at, tell)
+            .await
     }
 
     async fn expired_resumables(

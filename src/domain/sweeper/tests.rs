@@ -65,8 +65,11 @@ impl ResumableRepo for StaleListing {
         &self,
         id: &FileId,
         expires_at: DateTime<Utc>,
+        tell: bool,
     ) -> MetaResult<bool> {
-        self.0.delete_resumable_if_expires(id, expires_at).await
+        self.0
+            .delete_resumable_if_expires(id, expires_at, tell)
+            .await
     }
 
     async fn expired_resumables(

@@ -109,7 +109,7 @@ impl Sweeper {
                 };
                 let claimed = self
                     .resumables
-                    .delete_resumable_if_expires(&upload.id, upload.expires_at)
+                    .delete_resumable_if_expires(&upload.id, upload.expires_at, false)
                     .await?;
                 match claimed {
                     true => self.abort_claimed(&upload, report, &mut tried).await,

@@ -54,10 +54,9 @@ pub(super) fn held(tx: &mut Txn, id: &FileId) -> MetaResult<Held> {
 }
 
 /// Deletes upload `id` if `claim` holds for it, giving back what it held
-/// of its user's counters, in `tx`: whether it was deleted.
-/// Deletes upload `id` if `claim` says so, giving back what it held of its
-/// user's counters; an expired one's claim (`expired`) writes its
-/// `upload.expired` (see [`EventDraft::expiry_told_by`]).
+/// of its user's counters, in `tx`: whether it was deleted. An expired
+/// one's claim (`expired`) writes its `upload.expired` (see
+/// [`EventDraft::expiry_told_by`]).
 fn delete_counted(
     tx: &mut Txn,
     id: &FileId,
@@ -188,10 +187,11 @@ impl ResumableRepo for EmbeddedStore {
         &self,
         id: &FileId,
         expires_at: DateTime<Utc>,
+        tell: bool,
     ) -> MetaResult<bool> {
         let id = *id;
         let deleted = self
-            .transaction(move |tx| delete_counted(tx, &id, |r| r.expires_at == expires_at, true))
+            .transaction(move |tx| delete_counted(tx, &id, |r| r.expires_at == expires_at, tell))
             .await;
         match deleted {
             // A PATCH wrote it at the same moment: it renewed it.

@@ -205,9 +205,7 @@ impl MongoStore {
 
     /// Deletes the upload `filter` matches (by `_id`, and maybe more) and
     /// gives back what it held of its user's counters, in `s`: whether one
-    /// was deleted.
-    /// Deletes the upload `filter` matches, giving back what it held of its
-    /// user's counters; an expired one's claim (`expired`) writes its
+    /// was deleted. An expired one's claim (`expired`) writes its
     /// `upload.expired` (see [`EventDraft::expiry_told_by`]).
     async fn delete_resumable_in(
         &self,
@@ -320,11 +318,12 @@ impl ResumableRepo for MongoStore {
         &self,
         id: &FileId,
         expires_at: DateTime<Utc>,
+        tell: bool,
     ) -> MetaResult<bool> {
         let expires_at = bson::DateTime::from_chrono(expires_at);
         let filter = doc! {"_id": id, "expires_at": expires_at};
         let mut s = self.txns.begin(None).await?;
-        let result = self.delete_resumable_in(&mut s, filter, true).await;
+        let result = self.delete_resumable_in(&mut s, filter, tell).await;
         match self.txns.finish(s, None, result).await {
             // A PATCH wrote it at the same moment (it renewed it), or the
             // user's counters changed: the next pass claims it again.
