@@ -26,9 +26,10 @@ const UPLOAD_PART: &[u8] = b"partNumber=";
 const XADD: &[u8] = b"XADD";
 /// How long an armed cut may wait for its command before it goes back
 /// under the deck.
-const ARMED_FOR: Duration = Duration::from_secs(6);
-/// How often a dealt fault that did not fire is dealt again.
-const REDEALS: usize = 3;
+const ARMED_FOR: Duration = Duration::from_secs(10);
+/// How often a dealt fault that did not fire is dealt again (3 deals of
+/// 6 s once left an upload's commit and an S3 part uncut, in a slow run).
+const REDEALS: usize = 5;
 /// The pause between two faults.
 const BETWEEN: std::ops::Range<u64> = 300..1200;
 
