@@ -304,22 +304,31 @@ fn count_off(up: &Sent<'_>, subjects: &[&str]) -> Option<String> {
 }
 
 /// An `upload.expired` names a resumable upload of the user's that was not
-/// acknowledged (one that was committed its file), has no `file.created`
-/// (its file never committed), and is told once.
+/// acknowledged (one that was committed its file): by its id, or, for one
+/// whose creation's answer was lost (its id known to nobody), by its name
+/// (each upload's own), which must then not have been answered as failed
+/// (a creation refused stores nothing). It has no `file.created` (its file
+/// never committed), and is told once.
 fn expired(history: &[&Event], fin: &FinalUser) -> Vec<String> {
-    let mut told: BTreeMap<&str, Told> = BTreeMap::new();
+    let mut by_id: BTreeMap<&str, Told> = BTreeMap::new();
+    let mut by_name: BTreeMap<&str, Told> = BTreeMap::new();
+    let best = |t: &mut Told, now: Told| {
+        if now == Told::Ok || (now == Told::Maybe && *t == Told::Failed) {
+            *t = now;
+        }
+    };
     for &e in history {
-        if let (
-            Op::Upload {
-                resumable: true, ..
-            },
-            Some(id),
-        ) = (&e.op, &e.file_id)
-        {
-            let t = told.entry(id.as_str()).or_insert(Told::Failed);
-            if e.answer.told() == Told::Ok {
-                *t = Told::Ok;
-            }
+        let Op::Upload {
+            resumable: true,
+            name,
+            ..
+        } = &e.op
+        else {
+            continue;
+        };
+        best(by_name.entry(name).or_insert(Told::Failed), e.answer.told());
+        if let Some(id) = &e.file_id {
+            best(by_id.entry(id).or_insert(Told::Failed), e.answer.told());
         }
     }
     let created: BTreeSet<&str> = of_kind(fin, CREATED).map(|e| e.subject.as_str()).collect();
@@ -327,9 +336,11 @@ fn expired(history: &[&Event], fin: &FinalUser) -> Vec<String> {
     let mut wrong = Vec::new();
     for e in of_kind(fin, EXPIRED) {
         let id = e.subject.as_str();
-        let off = match told.get(id) {
-            None => Some("no resumable upload of the user's"),
-            Some(Told::Ok) => Some("an acknowledged upload"),
+        let named = e.filename.as_deref().and_then(|n| by_name.get(n));
+        let off = match (by_id.get(id), named) {
+            (None, None) => Some("no resumable upload of the user's"),
+            (Some(Told::Ok), _) | (None, Some(Told::Ok)) => Some("an acknowledged upload"),
+            (None, Some(Told::Failed)) => Some("an upload whose creation was answered failed"),
             _ if created.contains(id) => Some("an upload whose file.created was read"),
             _ if !seen.insert(id) => Some("an upload told expired before"),
             _ => None,
@@ -627,6 +638,79 @@ mod tests {
         assert_reported(&v, "which was answered failed");
         // No file f3 was read back, and no file.deleted names it.
         assert_reported(&v, "f3 is gone");
+    }
+
+    #[test]
+    fn an_expiry_names_an_unacknowledged_resumable_upload_by_id_or_by_name() {
+        let tus = |name: &str| match upload(name) {
+            Op::Upload {
+                user,
+                name,
+                sha256,
+                size,
+                key,
+                attempt,
+                via,
+                ..
+            } => Op::Upload {
+                user,
+                name,
+                sha256,
+                size,
+                key,
+                attempt,
+                resumable: true,
+                via,
+            },
+            other => other,
+        };
+        let mut history = history();
+        history.push(sent(
+            tus("lost.bin"),
+            Answer::Unknown("transport".into()),
+            None,
+        ));
+        history.push(sent(
+            tus("refused.bin"),
+            Answer::Failed("unavailable".into()),
+            None,
+        ));
+        history.push(sent(
+            tus("gone.bin"),
+            Answer::Failed("gone".into()),
+            Some("t3"),
+        ));
+        history.push(sent(tus("done.bin"), Answer::Ok, Some("t4")));
+        let mine: Vec<&Event> = history.iter().collect();
+        let expiry = |seq, id: &str, name: &str| event(seq, EXPIRED, id, name);
+        let check = |extra: Vec<FinalEvent>| {
+            let mut fin = clean();
+            fin.events.extend(extra);
+            fin.files.insert("t4".into(), file("done.bin"));
+            fin.events.push(event(99, CREATED, "t4", "done.bin"));
+            expired(&mine, &fin)
+        };
+        assert_eq!(
+            check(vec![
+                expiry(6, "t9", "lost.bin"),
+                expiry(7, "t3", "gone.bin")
+            ]),
+            Vec::<String>::new()
+        );
+        let wrong = check(vec![
+            expiry(6, "t8", "refused.bin"),
+            expiry(7, "t4", "done.bin"),
+            expiry(8, "t3", "gone.bin"),
+            expiry(9, "t3", "gone.bin"),
+            expiry(10, "t7", "nobody.bin"),
+        ]);
+        let expected = [
+            "upload.expired 6 names t8: an upload whose creation was answered failed",
+            "upload.expired 7 names t4: an acknowledged upload",
+            "upload.expired 9 names t3: an upload told expired before",
+            "upload.expired 10 names t7: no resumable upload of the user's",
+        ];
+        assert_eq!(wrong, expected);
     }
 
     #[test]
