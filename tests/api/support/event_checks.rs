@@ -305,10 +305,10 @@ fn count_off(up: &Sent<'_>, subjects: &[&str]) -> Option<String> {
 
 /// An `upload.expired` names a resumable upload of the user's that was not
 /// acknowledged (one that was committed its file): by its id, or, for one
-/// whose creation's answer was lost (its id known to nobody), by its name
-/// (each upload's own), which must then not have been answered as failed
-/// (a creation refused stores nothing). It has no `file.created` (its file
-/// never committed), and is told once.
+/// whose creation's answer was lost (its id known to nobody; the workload
+/// records it failed, as no file can come of it), by its name (each
+/// upload's own). It has no `file.created` (its file never committed), and
+/// is told once.
 fn expired(history: &[&Event], fin: &FinalUser) -> Vec<String> {
     let mut by_id: BTreeMap<&str, Told> = BTreeMap::new();
     let mut by_name: BTreeMap<&str, Told> = BTreeMap::new();
@@ -340,7 +340,6 @@ fn expired(history: &[&Event], fin: &FinalUser) -> Vec<String> {
         let off = match (by_id.get(id), named) {
             (None, None) => Some("no resumable upload of the user's"),
             (Some(Told::Ok), _) | (None, Some(Told::Ok)) => Some("an acknowledged upload"),
-            (None, Some(Told::Failed)) => Some("an upload whose creation was answered failed"),
             _ if created.contains(id) => Some("an upload whose file.created was read"),
             _ if !seen.insert(id) => Some("an upload told expired before"),
             _ => None,
@@ -671,8 +670,8 @@ mod tests {
             None,
         ));
         history.push(sent(
-            tus("refused.bin"),
-            Answer::Failed("unavailable".into()),
+            tus("lost2.bin"),
+            Answer::Failed("create: transport".into()),
             None,
         ));
         history.push(sent(
@@ -693,19 +692,18 @@ mod tests {
         assert_eq!(
             check(vec![
                 expiry(6, "t9", "lost.bin"),
-                expiry(7, "t3", "gone.bin")
+                expiry(7, "t3", "gone.bin"),
+                expiry(8, "t8", "lost2.bin"),
             ]),
             Vec::<String>::new()
         );
         let wrong = check(vec![
-            expiry(6, "t8", "refused.bin"),
             expiry(7, "t4", "done.bin"),
             expiry(8, "t3", "gone.bin"),
             expiry(9, "t3", "gone.bin"),
             expiry(10, "t7", "nobody.bin"),
         ]);
         let expected = [
-            "upload.expired 6 names t8: an upload whose creation was answered failed",
             "upload.expired 7 names t4: an acknowledged upload",
             "upload.expired 9 names t3: an upload told expired before",
             "upload.expired 10 names t7: no resumable upload of the user's",
