@@ -17,7 +17,7 @@ use crate::{
     config::SweepSettings,
     lock::{LockError, LockKey, Locks, TryLock},
     meta::{
-        self, CleanupRepo, DeletionRepo, EventBell, EventDraft, EventRepo, KeyRepo, MetaError,
+        self, Claim, CleanupRepo, DeletionRepo, EventBell, EventRepo, KeyRepo, MetaError,
         OrphanRecord, OrphanStatus, ResumableRecord, ResumableRepo,
     },
     metrics::{Metrics, OutcomeLabel, StatusLabel},
@@ -97,6 +97,10 @@ pub struct Sweeper {
     /// writes its `upload.expired`, rings for it.
     pub(crate) events: Arc<dyn EventRepo>,
     pub(crate) bell: Arc<dyn EventBell>,
+    /// Wakes this instance's event sequencer each pass: an event whose
+    /// instance died before placing it in the feed is placed then (and a
+    /// deleted user's events, which go once placed).
+    pub(crate) sequencer: Arc<tokio::sync::Notify>,
     /// How long after a deletion began a request that authenticated just
     /// before may still write (the auth cache's lifetime and a grace): the
     /// deletion ends only past it.
@@ -106,6 +110,8 @@ pub struct Sweeper {
 impl Sweeper {
     /// One pass, unless another instance is sweeping.
     pub async fn try_run_once(&self) -> anyhow::Result<Outcome> {
+        // Whoever sweeps: this instance places what no commit placed.
+        self.sequencer.notify_one();
         let outcome = self.under_lock(self.pass()).await;
         self.update_gauges().await;
         outcome
@@ -115,6 +121,8 @@ impl Sweeper {
     /// staging): what the worker runs every [`DELETION_PASS_DELAY`] while
     /// one is under way, between its full passes.
     pub async fn try_run_deletions(&self) -> anyhow::Result<Outcome> {
+        // A deletion removes a user's events once placed in the feed.
+        self.sequencer.notify_one();
         self.under_lock(async {
             let mut report = SweepReport::default();
             self.delete_users(&mut report).await?;
@@ -281,17 +289,19 @@ impl Sweeper {
             let Some(upload) = self.resumables.resumable(&listed.id).await? else {
                 return Ok(());
             };
-            if upload.expires_at >= now
-                || !self
-                    .resumables
-                    .delete_resumable_if_expires(&upload.id, upload.expires_at, true)
-                    .await?
-            {
+            if upload.expires_at >= now {
                 return Ok(());
             }
-            if EventDraft::expiry_told_by(&upload) {
-                self.metrics.events_written.inc();
-                self.bell.ring(&upload.user_id).await;
+            let claim =
+                self.resumables
+                    .delete_resumable_if_expires(&upload.id, upload.expires_at, true);
+            match claim.await? {
+                Claim::Missed => return Ok(()),
+                Claim::Claimed { told: false } => {}
+                Claim::Claimed { told: true } => {
+                    self.metrics.events_written.inc();
+                    self.bell.ring(&upload.user_id).await;
+                }
             }
             self.abort_claimed(&upload, report, tried).await
         }

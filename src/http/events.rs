@@ -1,5 +1,7 @@
 //! `GET /v1/events?after=&limit=&wait=`: the caller's events in sequence
-//! order, waiting up to `wait` seconds for one when there is none yet.
+//! order, waiting up to `wait` seconds for one when there is none yet; with
+//! the admin key, every owner's, in the feed's order (each owner's in
+//! sequence order), the cursor a place in the feed.
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use serde_json::json;
 
 use super::{
     error::{ApiResult, ok},
-    extract::{AppQuery, AuthUser},
+    extract::{AdminOrUser, AppQuery},
     state::AppState,
 };
 use crate::domain::{
@@ -39,16 +41,18 @@ fn cursor(raw: Option<&str>) -> Result<i64, DomainError> {
 
 /// `GET /v1/events`.
 pub async fn list(
-    AuthUser(user): AuthUser,
+    caller: AdminOrUser,
     State(state): State<AppState>,
     AppQuery(q): AppQuery<EventsQuery>,
 ) -> ApiResult {
     let after = cursor(q.after.as_deref())?;
     let wait = Duration::from_secs(q.wait.unwrap_or(0).min(u32::MAX.into()));
-    let EventPage { events, cursor } = state
-        .events
-        .pull_waiting(&user, after, q.limit.unwrap_or(DEFAULT_LIMIT), wait)
-        .await?;
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    let events = &state.events;
+    let EventPage { events, cursor } = match caller {
+        AdminOrUser::User(user) => events.pull_waiting(&user, after, limit, wait).await?,
+        AdminOrUser::Admin => events.pull_feed_waiting(after, limit, wait).await?,
+    };
     let events: Vec<_> = events
         .into_iter()
         .map(|e| {

@@ -64,12 +64,37 @@ impl FromRequestParts<AppState> for AuthCaller {
 /// A request carrying the admin key.
 pub struct Admin;
 
+impl Admin {
+    /// Whether the request carries the admin key.
+    pub fn carried_by(parts: &Parts, state: &AppState) -> bool {
+        bearer(parts).is_some_and(|key| secrets_match(key, state.admin_key.expose_secret()))
+    }
+}
+
+/// The admin, or the user whose key or token the request carries.
+pub enum AdminOrUser {
+    Admin,
+    User(UserRecord),
+}
+
+impl FromRequestParts<AppState> for AdminOrUser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if Admin::carried_by(parts, state) {
+            return Ok(Self::Admin);
+        }
+        let AuthUser(user) = AuthUser::from_request_parts(parts, state).await?;
+        Ok(Self::User(user))
+    }
+}
+
 impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         match bearer(parts) {
-            Some(key) if secrets_match(key, state.admin_key.expose_secret()) => Ok(Self),
+            Some(_) if Self::carried_by(parts, state) => Ok(Self),
             // A user's key is a known caller without the right: 403, not 401.
             Some(key) if state.users.authenticate(key).await.is_ok() => Err(ApiError::Forbidden),
             _ => Err(DomainError::Unauthenticated.into()),

@@ -38,6 +38,7 @@ pub enum EventType {
     AgentToolsetDisconnected,
     KeyCreated,
     KeyRevoked,
+    UserDeleted,
     UploadExpired,
 }
 
@@ -61,6 +62,7 @@ impl EventType {
             Self::AgentToolsetDisconnected => "agent.toolset_disconnected",
             Self::KeyCreated => "key.created",
             Self::KeyRevoked => "key.revoked",
+            Self::UserDeleted => "user.deleted",
             Self::UploadExpired => "upload.expired",
         }
     }
@@ -158,6 +160,16 @@ impl EventDraft {
         }
     }
 
+    /// A user's deletion, begun: the one of their events it keeps (for the
+    /// admin's reader) while it removes the rest with their data.
+    pub fn user_deleted(user: &UserId) -> Self {
+        Self {
+            kind: EventType::UserDeleted,
+            subject: user.to_string(),
+            data: object(json!({"user_id": user})),
+        }
+    }
+
     /// A resumable upload that expired before its file committed: its id
     /// (the file's, had it committed), name, declared length (`None`:
     /// deferred) and the bytes it had received.
@@ -243,6 +255,7 @@ impl EventDraft {
             subject: self.subject,
             time,
             data: self.data,
+            feed: None,
         }
     }
 }
@@ -266,6 +279,11 @@ pub struct EventRecord {
     #[serde(with = "bson_time")]
     pub time: DateTime<Utc>,
     pub data: Map<String, Value>,
+    /// Its place in the feed of every owner's events (the admin's reader),
+    /// given after its transaction committed ([`EventRepo::sequence_events`]):
+    /// 1, 2, 3… in an order that keeps each owner's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feed: Option<i64>,
 }
 
 impl EventRecord {
@@ -327,4 +345,37 @@ pub trait EventRepo: Send + Sync {
 
     /// When the oldest event kept was written.
     async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>>;
+
+    /// Places up to `limit` events not in the feed yet at its end, in one
+    /// transaction: each owner's from their first one not placed on, in
+    /// sequence order (an owner's later event never commits before an
+    /// earlier one: both write the owner's document), owners in id order;
+    /// how many. Two at once conflict (`WriteConflict`) on the feed's
+    /// counter: positions are never given twice nor skipped.
+    async fn sequence_events(&self, limit: usize) -> MetaResult<usize>;
+
+    /// The events placed in the feed after position `after`, in feed
+    /// order, at most `limit` (a deleted user's are gone from it: only
+    /// their `user.deleted` stays).
+    async fn feed(&self, after: i64, limit: usize) -> MetaResult<Vec<EventRecord>>;
+
+    /// The feed's last position given, and the highest the retention
+    /// removed, as durably as [`Self::feed`] reads.
+    async fn feed_bounds(&self) -> MetaResult<FeedBounds>;
 }
+
+/// See [`EventRepo::feed_bounds`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedBounds {
+    /// The last position given (0: none yet).
+    #[serde(default)]
+    pub last: i64,
+    /// The highest position of an event the retention removed: a reader
+    /// whose cursor is below it may have missed one.
+    #[serde(default)]
+    pub floor: i64,
+}
+
+/// The key of the one document (MongoDB) or entry (embedded) that holds
+/// the feed's [`FeedBounds`].
+pub const FEED_STATE: &str = "event_feed";

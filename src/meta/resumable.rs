@@ -199,6 +199,21 @@ pub fn uncounted(upload: &ResumableRecord) -> ResumableRecord {
     }
 }
 
+/// What [`ResumableRepo::delete_resumable_if_expires`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Nothing: a PATCH renewed the upload since it was read, or it is gone.
+    Missed,
+    /// Deleted; `told`: with its `upload.expired` event written.
+    Claimed { told: bool },
+}
+
+impl Claim {
+    pub fn claimed(self) -> bool {
+        matches!(self, Claim::Claimed { .. })
+    }
+}
+
 #[async_trait]
 pub trait ResumableRepo: Send + Sync {
     /// Inserts the uploads (all of one user) with their intents and counts
@@ -251,13 +266,14 @@ pub trait ResumableRepo: Send + Sync {
     /// changed, if one did or the upload is gone. The sweeper claims an expired upload so,
     /// which is safe with or without the upload's lock; with `tell`, the
     /// claim writes its `upload.expired` (see `EventDraft::expiry_told_by`;
-    /// a user's deletion, which ends their uploads, tells none).
+    /// none once its user is gone; a user's deletion, which ends their
+    /// uploads, tells none).
     async fn delete_resumable_if_expires(
         &self,
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
-    ) -> MetaResult<bool>;
+    ) -> MetaResult<Claim>;
 
     /// Puts back an upload [`Self::delete_resumable_if_expires`] claimed
     /// (its abort failed), counting nothing: the claim gave back what it

@@ -29,7 +29,7 @@ use crate::{
     domain::{
         auth_cache::AuthCache,
         containers::ContainerService,
-        events::{Announced, EventService},
+        events::{Announced, EventService, Kicking},
         files::FileService,
         links::LinkSigner,
         reconcile::Reconciler,
@@ -156,13 +156,16 @@ impl AppState {
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
         // The events' bell: rung after each change that wrote an event, on
         // Redis (heard by every instance) when it is configured.
-        let bell: Arc<dyn EventBell> = match RedisLink::from_settings(&settings)? {
+        let heard: Arc<dyn EventBell> = match RedisLink::from_settings(&settings)? {
             Some(link) => Arc::new(RedisBell::on(
                 &link.counted(metrics.redis_commands.clone()),
                 &settings.redis_prefix,
             )),
             None => Arc::new(Bells::default()),
         };
+        // The writes' rings wake this instance's sequencer too (the feed).
+        let kick = Arc::new(tokio::sync::Notify::new());
+        let bell: Arc<dyn EventBell> = Arc::new(Kicking::new(heard.clone(), kick.clone()));
         let files: Arc<dyn FileRepo> = Arc::new(Announced::<dyn FileRepo>::new(
             meta.clone(),
             bell.clone(),
@@ -280,8 +283,9 @@ impl AppState {
             containers: Arc::new(ContainerService::new(containers, coordinator, inserts)),
             events: Arc::new(EventService::new(
                 meta.clone(),
-                bell.clone(),
+                heard,
                 metrics.clone(),
+                kick.clone(),
             )),
             reconciler: Arc::new(Reconciler {
                 files: meta.clone(),
@@ -301,6 +305,7 @@ impl AppState {
                 deletions: meta.clone(),
                 events: meta.clone(),
                 bell: bell.clone(),
+                sequencer: kick.clone(),
                 deletion_settle: settings.auth_cache_ttl + REQUEST_GRACE,
             }),
             queue,
@@ -436,6 +441,7 @@ impl Application {
         if let Some(queue) = &self.state.queue {
             workers.add("queue manager", queue.spawn_workers(shutdown.child_token()));
         }
+        workers.spawn(self.state.events.sequencer(), shutdown.child_token());
         let metrics_server =
             self.metrics_addr()
                 .zip(self.metrics_listener.take())

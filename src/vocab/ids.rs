@@ -43,6 +43,11 @@ macro_rules! uuid_id {
                 Self(Uuid::now_v7())
             }
 
+            /// The nil id, which [`Self::new`] never gives.
+            pub fn nil() -> Self {
+                Self(Uuid::nil())
+            }
+
             /// Accepts only the canonical form (hyphenated, lower-case hex), so
             /// that one resource has one URL; anything else is not an id.
             pub fn parse(raw: &str) -> Option<Self> {

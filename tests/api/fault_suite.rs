@@ -31,7 +31,9 @@
 //! and every user's reservations (`reserved_bytes`, `open_uploads`) given
 //! back; and each user's events (`GET /v1/events`) one per committed
 //! upload, rename and delete, numbered 1, 2, 3… with no gap
-//! (`support/event_checks.rs`).
+//! (`support/event_checks.rs`); and the admin's feed of every user's
+//! events holding each of those once, each owner's in order
+//! (`support/feed_checks.rs`).
 //!
 //! `FILEDOCK_FAULT_SEED` replays a run; `FILEDOCK_FAULT_SECS` deals more
 //! decks until that many seconds have passed (a soak); by default one deck.
@@ -57,6 +59,7 @@ use crate::{
         accounts::{accounts_summary, check_account, check_deleted},
         checker::check,
         cluster::{AUTH_CACHE, Cluster, GRACE, TUS_EXPIRY},
+        feed_checks::{check_feed, check_followed, feed_summary, follow_feed, read_feed_settled},
         history::{Event, Holder},
         lives::deletes_summary,
         mints::{check_deleted_creds, mints_summary},
@@ -223,6 +226,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     }
 
     let running = Arc::new(AtomicBool::new(true));
+    let follower = follow_feed(world.bases.clone());
     let stop = tokio_util::sync::CancellationToken::new();
     let upkeep = tokio::spawn(maintenance(cluster.state.clone(), stop.clone()));
     let clients: Vec<_> = (0..CLIENTS)
@@ -295,6 +299,11 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     check_deleted_creds(DOOMED, &probed, &mut v);
     let probed = probe_links(&world.bases, &mine(DOOMED)).await;
     check_deleted_links(DOOMED, &probed, &mut v);
+    let feed = read_feed_settled(&world.bases, &fin.users).await;
+    let doomed = &world.users[DOOMED].id;
+    check_feed(&feed, &fin.users, doomed, &mine(DOOMED), &mut v);
+    let followed = follower.finish().await;
+    check_followed(&followed, &feed, doomed, &mut v);
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
     // A young stray seen beside and gone by the end was a clean-up in flight.
     let mut strays = deleted;
@@ -363,7 +372,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} fired={}",
+        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -381,6 +390,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         accounts_summary(&v.kinds, left.len()),
         mints_summary(&history),
         links_summary(&history, links),
+        feed_summary(&feed, &followed),
         fired.join(","),
     );
     if v.violations() + v.open_defects > 0 {

@@ -5,7 +5,7 @@
 
 use filedock::{
     domain::sweeper::{Outcome, SweepReport},
-    meta::IntentRecord,
+    meta::{Claim, IntentRecord},
     vocab::{BlobKey, FileId},
 };
 use futures::StreamExt;
@@ -163,18 +163,12 @@ async fn the_sweeper_claims_an_upload_only_at_the_expiry_it_read() {
             .await
             .unwrap()
     );
-    assert!(
-        !meta
-            .delete_resumable_if_expires(&id, read.expires_at, true)
-            .await
-            .unwrap()
-    );
+    let missed = meta.delete_resumable_if_expires(&id, read.expires_at, true);
+    assert_eq!(missed.await.unwrap(), Claim::Missed);
     let kept = meta.resumable(&id).await.unwrap().unwrap();
-    assert!(
-        meta.delete_resumable_if_expires(&id, kept.expires_at, true)
-            .await
-            .unwrap()
-    );
+    // Open and never committed: its expiry is told.
+    let claimed = meta.delete_resumable_if_expires(&id, kept.expires_at, true);
+    assert_eq!(claimed.await.unwrap(), Claim::Claimed { told: true });
     assert!(meta.resumable(&id).await.unwrap().is_none());
 }
 

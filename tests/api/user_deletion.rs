@@ -157,7 +157,11 @@ async fn assert_nothing_left(settings: &filedock::config::Settings, user: &str, 
     assert!(meta.list_files(&id, None, 10).await.unwrap().is_empty());
     assert!(meta.list_sessions(&id, None, 10).await.unwrap().is_empty());
     assert!(meta.list_agents(&id, None, 10).await.unwrap().is_empty());
-    assert!(meta.events(&id, 0, 10).await.unwrap().is_empty(), "events");
+    // All but the one that tells the deletion (the admin's feed shows it).
+    let kinds: Vec<String> = (meta.events(&id, 0, 10).await.unwrap().into_iter())
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["user.deleted"], "events");
     assert!(meta.user_intents(&id, 10).await.unwrap().is_empty());
     assert!(meta.user_resumables(&id, 10).await.unwrap().is_empty());
     let orphans = meta.orphans(None, 100_000).await.unwrap();
@@ -399,7 +403,11 @@ async fn writes_another_instance_still_authenticates_are_refused_by_the_mark() {
     assert!(files.unwrap().is_empty());
     assert!(meta.list_sessions(&id, None, 10).await.unwrap().is_empty());
     assert!(meta.list_agents(&id, None, 10).await.unwrap().is_empty());
-    assert!(meta.events(&id, 0, 10).await.unwrap().is_empty(), "events");
+    // All but the one that tells the deletion (the admin's feed shows it).
+    let kinds: Vec<String> = (meta.events(&id, 0, 10).await.unwrap().into_iter())
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["user.deleted"], "events");
     let stored = first.blob_keys(&ann).await;
     assert!(stored.is_empty(), "blobs stored: {stored:?}");
 }

@@ -6,17 +6,20 @@
 
 mod announced;
 mod containers;
+mod feed;
 mod keys;
 
-use std::{sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 
 pub use self::announced::Announced;
+pub use self::feed::{Kicking, Sequencer, feed_channel};
 use super::DomainError;
 use crate::{
     meta::{EventBell, EventRecord, EventRepo, UserRecord},
     metrics::Metrics,
+    vocab::UserId,
 };
 
 /// What one read may ask for.
@@ -36,6 +39,8 @@ pub struct EventService {
     events: Arc<dyn EventRepo>,
     bell: Arc<dyn EventBell>,
     metrics: Arc<Metrics>,
+    /// What wakes the sequencer ([`Kicking`] rings it).
+    kick: Arc<Notify>,
 }
 
 /// Counts a reader waiting for an event while it lives (a client that goes
@@ -56,16 +61,25 @@ impl Drop for Waiting {
 }
 
 impl EventService {
+    /// `bell`: the events' bell (not a [`Kicking`] one); `kick`: what the
+    /// [`Kicking`] bell the writes ring wakes.
     pub fn new(
         events: Arc<dyn EventRepo>,
         bell: Arc<dyn EventBell>,
         metrics: Arc<Metrics>,
+        kick: Arc<Notify>,
     ) -> Self {
         Self {
             events,
             bell,
             metrics,
+            kick,
         }
+    }
+
+    /// This instance's sequencer, to run as a worker.
+    pub fn sequencer(&self) -> Sequencer {
+        Sequencer::new(self.events.clone(), self.bell.clone(), self.kick.clone())
     }
 
     /// As [`Self::pull`], waiting up to `wait` (at most [`MAX_WAIT`]) for
@@ -79,6 +93,34 @@ impl EventService {
         limit: usize,
         wait: Duration,
     ) -> Result<EventPage, DomainError> {
+        self.waiting(&user.id, wait, || self.pull(user, after, limit))
+            .await
+    }
+
+    /// As [`Self::pull_feed`], waiting up to `wait` as [`Self::pull_waiting`]
+    /// does, for an event placed in the feed.
+    pub async fn pull_feed_waiting(
+        &self,
+        after: i64,
+        limit: usize,
+        wait: Duration,
+    ) -> Result<EventPage, DomainError> {
+        self.waiting(&feed_channel(), wait, || self.pull_feed(after, limit))
+            .await
+    }
+
+    /// `read` until it finds events or `wait` passes, read again each time
+    /// `channel`'s bell rings.
+    async fn waiting<F, R>(
+        &self,
+        channel: &UserId,
+        wait: Duration,
+        read: F,
+    ) -> Result<EventPage, DomainError>
+    where
+        F: Fn() -> R,
+        R: Future<Output = Result<EventPage, DomainError>>,
+    {
         if wait > MAX_WAIT {
             return Err(DomainError::InvalidRequest(format!(
                 "wait must be at most {} seconds",
@@ -86,7 +128,7 @@ impl EventService {
             )));
         }
         if wait.is_zero() {
-            return self.pull(user, after, limit).await;
+            return read().await;
         }
         let deadline = Instant::now() + wait;
         loop {
@@ -94,8 +136,8 @@ impl EventService {
             // rings a listener that already hears (on one Redis node the
             // listening costs nothing; on a cluster, a subscription, which
             // an outage must not stretch past the deadline).
-            let listening = tokio::time::timeout_at(deadline, self.bell.listen(&user.id)).await;
-            let page = self.pull(user, after, limit).await?;
+            let listening = tokio::time::timeout_at(deadline, self.bell.listen(channel)).await;
+            let page = read().await?;
             let Ok(mut listener) = listening else {
                 return Ok(page);
             };
@@ -122,11 +164,7 @@ impl EventService {
         after: i64,
         limit: usize,
     ) -> Result<EventPage, DomainError> {
-        if !(1..=MAX_LIMIT).contains(&limit) {
-            return Err(DomainError::InvalidRequest(format!(
-                "limit must be between 1 and {MAX_LIMIT}"
-            )));
-        }
+        check_limit(limit)?;
         // Read first: every event numbered up to `last` is in what the
         // read below sees, unless the retention removed it.
         let last = match after {
@@ -156,5 +194,39 @@ impl EventService {
         }
         let cursor = events.last().map_or(after, |e| e.seq);
         Ok(EventPage { events, cursor })
+    }
+
+    /// Every owner's events placed in the feed after position `after` (0:
+    /// from the oldest kept), at most `limit`, in feed order (which keeps
+    /// each owner's sequence order); the cursor is the last one's place.
+    /// `CursorExpired` if the retention removed one after `after`. A
+    /// deleted user's events leave it with their data, but for their
+    /// `user.deleted`: a reader meets no gap for them.
+    pub async fn pull_feed(&self, after: i64, limit: usize) -> Result<EventPage, DomainError> {
+        check_limit(limit)?;
+        let last = self.events.feed_bounds().await?.last;
+        if after > last {
+            return Err(DomainError::InvalidRequest(format!(
+                "after is past the feed's last place ({last}): it is not a cursor this API returned"
+            )));
+        }
+        let events = self.events.feed(after, limit).await?;
+        // Read after the events: the retention marks the feed before it
+        // removes any, so a removal the read above met is seen here.
+        let floor = self.events.feed_bounds().await?.floor;
+        if after > 0 && after < floor {
+            return Err(DomainError::CursorExpired(after));
+        }
+        let cursor = events.last().and_then(|e| e.feed).unwrap_or(after);
+        Ok(EventPage { events, cursor })
+    }
+}
+
+fn check_limit(limit: usize) -> Result<(), DomainError> {
+    match (1..=MAX_LIMIT).contains(&limit) {
+        true => Ok(()),
+        false => Err(DomainError::InvalidRequest(format!(
+            "limit must be between 1 and {MAX_LIMIT}"
+        ))),
     }
 }

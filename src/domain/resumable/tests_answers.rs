@@ -21,7 +21,7 @@ use crate::{
         test_kit::{Kit, body, stalled},
     },
     meta::{
-        IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
+        Claim, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
         ResumableRepo, UserRecord,
     },
     vocab::{FileId, Filename, LockKey},
@@ -100,7 +100,7 @@ impl ResumableRepo for LosesAdvanceAnswer {
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
-    ) -> MetaResult<bool> {
+    ) -> MetaResult<Claim> {
         self.inner
             .delete_resumable_if_expires(id, expires_at, tell)
             .await

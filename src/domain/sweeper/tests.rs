@@ -15,8 +15,8 @@ use crate::{
         test_kit::{Kit, body},
     },
     meta::{
-        CleanupRepo, IntentRecord, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
-        ResumableRepo, UserRecord, embedded::EmbeddedStore,
+        Claim, CleanupRepo, IntentRecord, MetaResult, OpenLimits, Progress, Reserve,
+        ResumableRecord, ResumableRepo, UserRecord, embedded::EmbeddedStore,
     },
     metrics::Metrics,
     vocab::{FileId, Filename, WriteHandle},
@@ -66,7 +66,7 @@ impl ResumableRepo for StaleListing {
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
-    ) -> MetaResult<bool> {
+    ) -> MetaResult<Claim> {
         self.0
             .delete_resumable_if_expires(id, expires_at, tell)
             .await
@@ -106,6 +106,7 @@ fn sweeper(kit: &Kit, resumables: Arc<dyn ResumableRepo>) -> Sweeper {
         deletions: kit.meta.clone(),
         events: kit.meta.clone(),
         bell: Arc::new(crate::meta::Bells::default()),
+        sequencer: Arc::default(),
         deletion_settle: Duration::ZERO,
     }
 }

@@ -111,7 +111,7 @@ impl Sweeper {
                     .resumables
                     .delete_resumable_if_expires(&upload.id, upload.expires_at, false)
                     .await?;
-                match claimed {
+                match claimed.claimed() {
                     true => self.abort_claimed(&upload, report, &mut tried).await,
                     false => Ok(()),
                 }

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use super::{
     EmbeddedStore,
-    events::{events_of, purge_events},
+    events::{emit, events_of, purge_events, purged},
     files::delete_file_in,
     owner_index,
     txn::Txn,
@@ -13,8 +13,8 @@ use super::{
 };
 use crate::{
     meta::{
-        DeletionRepo, IntentRecord, MetaResult, OrphanRecord, ResumableRecord, TokenRecord,
-        UserRecord, now,
+        DeletionRepo, EventDraft, EventRecord, IntentRecord, MetaResult, OrphanRecord,
+        ResumableRecord, TokenRecord, UserRecord, now,
     },
     vocab::{ApiKeyHash, FileId, UserId},
 };
@@ -77,6 +77,9 @@ impl DeletionRepo for EmbeddedStore {
                 return Ok(Some(user));
             }
             user.deleting_since = Some(now());
+            // Told once, numbered after their last event; kept by the
+            // purge of the rest.
+            emit(tx, &mut user, vec![EventDraft::user_deleted(&id)])?;
             tx.put(&ukey, &user)?;
             tx.put(&deleting_key(&id), &id)?;
             delete_credentials(tx, id)?;
@@ -166,8 +169,10 @@ impl DeletionRepo for EmbeddedStore {
                     return Ok(false);
                 }
             }
-            if !tx.keys(&events_of(&id), None, 1)?.is_empty() {
-                return Ok(false);
+            for k in tx.keys(&events_of(&id), None, 2)? {
+                if tx.get::<EventRecord>(&k)?.is_some_and(|e| purged(&e)) {
+                    return Ok(false);
+                }
             }
             if !scan::<IntentRecord>(tx, "intents/", 1, |i| i.user_id == id)?.is_empty()
                 || !scan::<ResumableRecord>(tx, "resumables/", 1, |r| r.user_id == id)?.is_empty()

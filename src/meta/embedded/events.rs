@@ -1,7 +1,10 @@
 //! Events in the embedded store: `events/{owner}/{seq:020}`, so that an
 //! owner's events are one key range in sequence order, and beside each an
 //! entry `event_times/{time_ms:015}/{owner}/{seq:020}`, so that the oldest
-//! (the retention's) are one key range too.
+//! (the retention's) are one key range too. The feed of every owner's
+//! events: `feed_pending/{owner}/{seq:020}` for each event not placed in it
+//! yet (each owner's in order), `feed/{position:020}` naming the event at
+//! each place, and [`FEED_STATE`] its bounds.
 
 use std::collections::HashMap;
 
@@ -10,11 +13,16 @@ use chrono::{DateTime, Utc};
 
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
-    meta::{EventDraft, EventRecord, EventRepo, MetaError, MetaResult, UserRecord, events},
+    meta::{
+        EventDraft, EventRecord, EventRepo, EventType, FEED_STATE, FeedBounds, MetaError,
+        MetaResult, UserRecord, events,
+    },
     vocab::UserId,
 };
 
 const TIMES: &str = "event_times/";
+const PENDING: &str = "feed_pending/";
+const FEED: &str = "feed/";
 
 /// Where `owner`'s events are kept.
 pub(super) fn events_of(owner: &UserId) -> String {
@@ -34,13 +42,55 @@ fn time_key(e: &EventRecord) -> String {
     )
 }
 
+fn pending_key(e: &EventRecord) -> String {
+    format!("{PENDING}{}/{:020}", e.owner_id, e.seq)
+}
+
+fn feed_key(position: i64) -> String {
+    format!("{FEED}{position:020}")
+}
+
+/// Writes `e` with the entries that find it (by owner, time and feed).
+fn index(tx: &mut Txn, e: &EventRecord) -> MetaResult<()> {
+    tx.insert(&event_key(&e.owner_id, e.seq), e)?;
+    tx.put(&time_key(e), &())?;
+    match e.feed {
+        Some(p) => tx.put(&feed_key(p), &event_key(&e.owner_id, e.seq)),
+        None => tx.put(&pending_key(e), &()),
+    }
+}
+
+/// Gives `e`, not placed in the feed, its entry that has the sequencer
+/// place it, unless it has one; whether it had none.
+pub(super) fn pend(tx: &mut Txn, e: &EventRecord) -> MetaResult<bool> {
+    let key = pending_key(e);
+    if tx.get::<()>(&key)?.is_some() {
+        return Ok(false);
+    }
+    tx.put(&key, &())?;
+    Ok(true)
+}
+
+/// Deletes `e` (stored under `key`) and the entries that find it.
+fn unindex(tx: &mut Txn, key: &str, e: &EventRecord) {
+    tx.delete(&time_key(e));
+    match e.feed {
+        Some(p) => tx.delete(&feed_key(p)),
+        None => tx.delete(&pending_key(e)),
+    }
+    tx.delete(key);
+}
+
+fn feed_state(tx: &mut Txn) -> MetaResult<FeedBounds> {
+    Ok(tx.get(FEED_STATE)?.unwrap_or_default())
+}
+
 /// Numbers `drafts` after `user`'s last event and writes them in `tx`; the
 /// caller writes `user` (its `event_seq` moved on) in the same transaction.
 pub(super) fn emit(tx: &mut Txn, user: &mut UserRecord, drafts: Vec<EventDraft>) -> MetaResult<()> {
     let n = drafts.len() as i64;
     for event in events::number(user.id, user.event_seq, drafts) {
-        tx.insert(&event_key(&event.owner_id, event.seq), &event)?;
-        tx.put(&time_key(&event), &())?;
+        index(tx, &event)?;
     }
     user.event_seq += n;
     Ok(())
@@ -60,41 +110,86 @@ pub(super) fn emit_for(tx: &mut Txn, owner: &UserId, drafts: Vec<EventDraft>) ->
     Ok(n)
 }
 
-/// Deletes `owner`'s events numbered up to `upto`; how many.
+/// Deletes `owner`'s events numbered up to `upto` (the feed's floor raised
+/// to the highest place among them); how many.
 fn drop_first(tx: &mut Txn, owner: &UserId, upto: i64) -> MetaResult<usize> {
     let prefix = events_of(owner);
-    let (mut gone, mut after) = (0, None::<String>);
-    loop {
+    let (mut gone, mut after, mut floor) = (0, None::<String>, 0);
+    'pages: loop {
         let keys = tx.keys(&prefix, after.as_deref(), 1000)?;
         let Some(last) = keys.last() else {
-            return Ok(gone);
+            break;
         };
         after = Some(last[prefix.len()..].to_owned());
         for k in &keys {
             let Some(e) = tx.get::<EventRecord>(k)? else {
                 continue;
             };
-            if e.seq > upto {
-                return Ok(gone);
+            // Only events placed in the feed go (as on MongoDB): a prefix.
+            if e.seq > upto || e.feed.is_none() {
+                break 'pages;
             }
-            tx.delete(&time_key(&e));
-            tx.delete(k);
+            floor = floor.max(e.feed.unwrap_or(0));
+            unindex(tx, k, &e);
             gone += 1;
         }
     }
+    let mut state = feed_state(tx)?;
+    if floor > state.floor {
+        state.floor = floor;
+        tx.put(FEED_STATE, &state)?;
+    }
+    Ok(gone)
 }
 
-/// Deletes up to `limit` of `owner`'s first events (a user's deletion);
-/// how many.
+/// Whether a user's deletion removes `e`: all their events but the one
+/// that tells it.
+pub(super) fn purged(e: &EventRecord) -> bool {
+    e.kind != EventType::UserDeleted.as_str()
+}
+
+/// Deletes up to `limit` of `owner`'s first events (a user's deletion),
+/// all but their `user.deleted`, once placed in the feed (the sequencer
+/// places the others soon: the next pass takes them); how many.
 pub(super) fn purge_events(tx: &mut Txn, owner: &UserId, limit: usize) -> MetaResult<usize> {
-    let keys = tx.keys(&events_of(owner), None, limit)?;
-    for k in &keys {
-        if let Some(e) = tx.get::<EventRecord>(k)? {
-            tx.delete(&time_key(&e));
+    let mut gone = 0;
+    for k in tx.keys(&events_of(owner), None, limit)? {
+        if let Some(e) = tx.get::<EventRecord>(&k)?
+            && purged(&e)
+            && e.feed.is_some()
+        {
+            unindex(tx, &k, &e);
+            gone += 1;
         }
-        tx.delete(k);
     }
-    Ok(keys.len())
+    Ok(gone)
+}
+
+/// Removes the events written before `before` (`{time_ms:015}`), at most
+/// `limit` of them found: each owner's up to the highest number among the
+/// old ones, a prefix (see `EventRepo::expire_events`); how many.
+fn expire(tx: &mut Txn, before: &str, limit: usize) -> MetaResult<usize> {
+    let mut upto: HashMap<UserId, i64> = HashMap::new();
+    for k in tx.keys(TIMES, None, limit)? {
+        // `{time_ms}/{owner}/{seq}`, oldest first.
+        let mut parts = k[TIMES.len()..].split('/');
+        let (Some(time), Some(owner), Some(seq)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if time >= before {
+            break;
+        }
+        if let (Some(owner), Ok(seq)) = (UserId::parse(owner), seq.parse::<i64>()) {
+            let max = upto.entry(owner).or_insert(seq);
+            *max = (*max).max(seq);
+        }
+    }
+    let mut gone = 0;
+    for (owner, upto) in upto {
+        gone += drop_first(tx, &owner, upto)?;
+    }
+    Ok(gone)
 }
 
 #[async_trait]
@@ -128,33 +223,16 @@ impl EventRepo for EmbeddedStore {
 
     async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize> {
         let before = format!("{:015}", before.timestamp_millis().max(0));
-        self.transaction(move |tx| {
-            // Each owner's events up to the highest number among the old
-            // ones go: a prefix (see `EventRepo::expire_events`).
-            let mut upto: HashMap<UserId, i64> = HashMap::new();
-            for k in tx.keys(TIMES, None, limit)? {
-                // `{time_ms}/{owner}/{seq}`, oldest first.
-                let mut parts = k[TIMES.len()..].split('/');
-                let (Some(time), Some(owner), Some(seq)) =
-                    (parts.next(), parts.next(), parts.next())
-                else {
-                    continue;
-                };
-                if time >= before.as_str() {
-                    break;
-                }
-                if let (Some(owner), Ok(seq)) = (UserId::parse(owner), seq.parse::<i64>()) {
-                    let max = upto.entry(owner).or_insert(seq);
-                    *max = (*max).max(seq);
-                }
+        // It writes the feed's floor, which a sequencer placing events at
+        // the same moment writes too: the loser of that race runs again.
+        let mut conflicts = 0;
+        loop {
+            let before = before.clone();
+            match self.transaction(move |tx| expire(tx, &before, limit)).await {
+                Err(MetaError::WriteConflict) if conflicts < 5 => conflicts += 1,
+                r => return r,
             }
-            let mut gone = 0;
-            for (owner, upto) in upto {
-                gone += drop_first(tx, &owner, upto)?;
-            }
-            Ok(gone)
-        })
-        .await
+        }
     }
 
     async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>> {
@@ -167,5 +245,56 @@ impl EventRepo for EmbeddedStore {
             Ok(ms.and_then(DateTime::from_timestamp_millis))
         })
         .await
+    }
+
+    async fn sequence_events(&self, limit: usize) -> MetaResult<usize> {
+        self.transaction(move |tx| {
+            // `{owner}/{seq}`: each owner's in sequence order.
+            let pending = tx.keys(PENDING, None, limit)?;
+            if pending.is_empty() {
+                return Ok(0);
+            }
+            let mut state = feed_state(tx)?;
+            for k in &pending {
+                tx.delete(k);
+                let Some((owner, seq)) = k[PENDING.len()..].split_once('/') else {
+                    continue;
+                };
+                let (Some(owner), Ok(seq)) = (UserId::parse(owner), seq.parse::<i64>()) else {
+                    continue;
+                };
+                let key = event_key(&owner, seq);
+                let Some(mut e) = tx.get::<EventRecord>(&key)? else {
+                    continue;
+                };
+                state.last += 1;
+                e.feed = Some(state.last);
+                tx.put(&key, &e)?;
+                tx.put(&feed_key(state.last), &key)?;
+            }
+            tx.put(FEED_STATE, &state)?;
+            Ok(pending.len())
+        })
+        .await
+    }
+
+    async fn feed(&self, after: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
+        self.transaction(move |tx| {
+            let after = format!("{:020}", after.max(0));
+            let mut out = Vec::new();
+            for k in tx.keys(FEED, Some(&after), limit)? {
+                if let Some(key) = tx.get::<String>(&k)?
+                    && let Some(e) = tx.get::<EventRecord>(&key)?
+                {
+                    out.push(e);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn feed_bounds(&self) -> MetaResult<FeedBounds> {
+        self.transaction(feed_state).await
     }
 }

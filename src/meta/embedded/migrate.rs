@@ -3,9 +3,9 @@
 
 use serde_json::Value;
 
-use super::{EmbeddedStore, owner_index, user_key, users::put_key};
+use super::{EmbeddedStore, events, owner_index, user_key, users::put_key};
 use crate::{
-    meta::{ApiKeyRecord, FIRST_KEY_NAME, MetaResult, UserRecord},
+    meta::{ApiKeyRecord, EventRecord, FIRST_KEY_NAME, MetaResult, UserRecord},
     vocab::{ApiKeyHash, KeyId, UserId},
 };
 
@@ -25,6 +25,13 @@ impl EmbeddedStore {
         let moved = self.migrate_single_keys()?;
         if moved > 0 {
             tracing::info!(moved, "moved users' single keys into api keys");
+        }
+        let pending = pend_unplaced_events(self)?;
+        if pending > 0 {
+            tracing::info!(
+                pending,
+                "events written before the feed now wait to be placed in it"
+            );
         }
         Ok(())
     }
@@ -117,4 +124,31 @@ impl EmbeddedStore {
         tx.commit(self)?;
         Ok(moved)
     }
+}
+
+/// Marks that every event written before the feed existed has its entry
+/// `feed_pending/…` (so that this runs once, not at every open).
+const FEED_PENDING_DONE: &str = "migrations/feed_pending";
+
+/// Gives every event not placed in the feed the entry that has the
+/// sequencer place it (events written before the feed had none: they
+/// would never be placed, and neither the retention nor a user's
+/// deletion, which remove only placed events, would remove them); how many.
+fn pend_unplaced_events(store: &EmbeddedStore) -> MetaResult<usize> {
+    let mut tx = store.begin()?;
+    if tx.get::<Value>(FEED_PENDING_DONE)?.is_some() {
+        return Ok(0);
+    }
+    let mut pended = 0;
+    for key in tx.keys("events/", None, usize::MAX)? {
+        if let Some(event) = tx.get::<EventRecord>(&key)?
+            && event.feed.is_none()
+            && events::pend(&mut tx, &event)?
+        {
+            pended += 1;
+        }
+    }
+    tx.put(FEED_PENDING_DONE, &true)?;
+    tx.commit(store)?;
+    Ok(pended)
 }

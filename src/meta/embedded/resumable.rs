@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use super::{EmbeddedStore, events::emit, txn::Txn, user_key};
 use crate::{
     meta::{
-        EventDraft, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
+        Claim, EventDraft, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
         ResumableRecord, ResumableRepo, UserRecord, group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
@@ -62,25 +62,28 @@ fn delete_counted(
     id: &FileId,
     claim: impl Fn(&ResumableRecord) -> bool,
     expired: bool,
-) -> MetaResult<bool> {
+) -> MetaResult<Claim> {
     let key = resumable_key(id);
     let Some(upload) = tx.get::<ResumableRecord>(&key)? else {
-        return Ok(false);
+        return Ok(Claim::Missed);
     };
     if !claim(&upload) {
-        return Ok(false);
+        return Ok(Claim::Missed);
     }
+    let mut told = false;
     if (upload.open || upload.reserved != 0)
         && let Some(mut user) = tx.get::<UserRecord>(&user_key(&upload.user_id))?
     {
         release(tx, &mut user, id)?;
-        if expired && EventDraft::expiry_told_by(&upload) {
+        // A user being deleted has told it last (`user.deleted`).
+        if expired && EventDraft::expiry_told_by(&upload) && user.deleting_since.is_none() {
             emit(tx, &mut user, vec![EventDraft::upload_expired(&upload)])?;
+            told = true;
         }
         tx.put(&user_key(&user.id), &user)?;
     }
     tx.delete(&key);
-    Ok(true)
+    Ok(Claim::Claimed { told })
 }
 
 #[async_trait]
@@ -188,14 +191,14 @@ impl ResumableRepo for EmbeddedStore {
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
-    ) -> MetaResult<bool> {
+    ) -> MetaResult<Claim> {
         let id = *id;
         let deleted = self
             .transaction(move |tx| delete_counted(tx, &id, |r| r.expires_at == expires_at, tell))
             .await;
         match deleted {
             // A PATCH wrote it at the same moment: it renewed it.
-            Err(MetaError::WriteConflict) => Ok(false),
+            Err(MetaError::WriteConflict) => Ok(Claim::Missed),
             r => r,
         }
     }

@@ -3,10 +3,11 @@
 use async_trait::async_trait;
 use bson::{Document, doc};
 
-use super::{MongoStore, errors::classify, find_sorted};
+use super::{MongoStore, errors::classify, events::purged_of, find_sorted};
 use crate::{
     meta::{
-        DeletionRepo, IntentRecord, MetaResult, OrphanRecord, ResumableRecord, UserRecord, now,
+        DeletionRepo, EventDraft, IntentRecord, MetaResult, OrphanRecord, ResumableRecord,
+        UserRecord, now,
     },
     vocab::{FileId, UserId},
 };
@@ -53,6 +54,10 @@ impl DeletionRepo for MongoStore {
                     .await
                     .map_err(classify)?;
                 user.deleting_since = Some(since);
+                // Told once, numbered after their last event; kept by the
+                // purge of the rest.
+                self.emit(&mut s, id, vec![EventDraft::user_deleted(id)])
+                    .await?;
             }
             let marked = Some(user);
             if marked.is_some() {
@@ -139,18 +144,18 @@ impl DeletionRepo for MongoStore {
     async fn finish_user_deletion(&self, id: &UserId) -> MetaResult<bool> {
         let mut s = self.txns.begin(None).await?;
         let result = async {
-            for (collection, field) in [
-                ("files", "owner_id"),
-                ("sessions", "owner_id"),
-                ("agents", "owner_id"),
-                ("events", "owner_id"),
-                ("upload_intents", "user_id"),
-                ("resumable_uploads", "user_id"),
+            for (collection, filter) in [
+                ("files", doc! {"owner_id": id}),
+                ("sessions", doc! {"owner_id": id}),
+                ("agents", doc! {"owner_id": id}),
+                ("events", purged_of(id)),
+                ("upload_intents", doc! {"user_id": id}),
+                ("resumable_uploads", doc! {"user_id": id}),
             ] {
                 let left = self
                     .db
                     .collection::<Document>(collection)
-                    .find_one(doc! {field: id})
+                    .find_one(filter)
                     .session(&mut s)
                     .await
                     .map_err(classify)?;

@@ -15,7 +15,9 @@ use mongodb::{
 
 use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
-    meta::{EventDraft, EventRecord, EventRepo, MetaError, MetaResult, events},
+    meta::{
+        EventDraft, EventRecord, EventRepo, EventType, FeedBounds, MetaError, MetaResult, events,
+    },
     vocab::UserId,
 };
 
@@ -75,20 +77,7 @@ impl MongoStore {
             .await
             .map_err(classify)?;
         let Some(numbered) = numbered else {
-            let there = self
-                .users()
-                .find_one(doc! {"_id": owner})
-                .session(&mut *s)
-                .await
-                .map_err(classify)?;
-            tracing::warn!(
-                found = there.is_some(),
-                "emit: the owner's document was not matched"
-            );
-            return Err(match there {
-                Some(_) => MetaError::Other("the owner's document was not matched".into()),
-                None => MetaError::NotFound,
-            });
+            return Err(MetaError::NotFound);
         };
         self.insert_events(s, *owner, numbered.event_seq - n as i64, drafts)
             .await?;
@@ -98,19 +87,20 @@ impl MongoStore {
     /// `name` read with majority read concern: only what a majority holds,
     /// so that an event a failover could roll back (and its number then
     /// given to another change) is never shown.
-    fn majority<T: Send + Sync>(&self, name: &str) -> Collection<T> {
+    pub(super) fn majority<T: Send + Sync>(&self, name: &str) -> Collection<T> {
         let majority = CollectionOptions::builder()
             .read_concern(ReadConcern::majority())
             .build();
         self.db.collection_with_options(name, majority)
     }
 
-    /// Deletes up to `limit` of `owner`'s first events (a user's deletion);
-    /// how many.
+    /// Deletes up to `limit` of `owner`'s first events (a user's deletion),
+    /// all but their `user.deleted`, once placed in the feed (the sequencer
+    /// places the others soon: the next pass takes them); how many.
     pub(super) async fn purge_events(&self, owner: &UserId, limit: usize) -> MetaResult<usize> {
         let first = find_sorted(
             self.events(),
-            doc! {"owner_id": owner},
+            placed(purged_of(owner)),
             doc! {"seq": 1},
             limit,
         )
@@ -118,13 +108,26 @@ impl MongoStore {
         let Some(last) = first.last() else {
             return Ok(0);
         };
-        let gone = self
-            .events()
-            .delete_many(doc! {"owner_id": owner, "seq": {"$lte": last.seq}})
-            .await
-            .map_err(classify)?;
+        let mut upto = placed(purged_of(owner));
+        upto.insert("seq", doc! {"$lte": last.seq});
+        let gone = self.events().delete_many(upto).await.map_err(classify)?;
         Ok(gone.deleted_count as usize)
     }
+}
+
+/// The events a user's deletion removes: all of `owner`'s but the one that
+/// tells it.
+pub(super) fn purged_of(owner: &UserId) -> Document {
+    doc! {"owner_id": owner, "type": {"$ne": EventType::UserDeleted.as_str()}}
+}
+
+/// Only events placed in the feed are removed (by a user's deletion or the
+/// retention): what the sequencer writes and what they delete never meet,
+/// so neither starves the other (SecantusDB retries a `deleteMany` that
+/// meets a transaction's write from scratch), and the feed misses none.
+fn placed(mut filter: Document) -> Document {
+    filter.insert("feed", doc! {"$ne": null});
+    filter
 }
 
 #[async_trait]
@@ -153,9 +156,11 @@ impl EventRepo for MongoStore {
         let old: Vec<Document> = self
             .db
             .collection::<Document>("events")
-            .find(doc! {"time": {"$lt": bson::DateTime::from_chrono(before)}})
+            .find(placed(
+                doc! {"time": {"$lt": bson::DateTime::from_chrono(before)}},
+            ))
             .sort(doc! {"time": 1})
-            .projection(doc! {"owner_id": 1, "seq": 1})
+            .projection(doc! {"owner_id": 1, "seq": 1, "feed": 1})
             .limit(i64::try_from(limit).unwrap_or(i64::MAX))
             .await
             .map_err(classify)?
@@ -166,20 +171,28 @@ impl EventRepo for MongoStore {
         // prefix, so that no owner's events lose one in the middle
         // whatever the instances' clocks said of their times.
         let mut upto: HashMap<String, (Bson, i64)> = HashMap::new();
+        // The highest place in the feed that goes: that of the highest
+        // number of an owner among them (an owner's are placed in order).
+        let mut floor = 0;
         for d in old {
             let (Some(owner), Ok(seq)) = (d.get("owner_id"), d.get_i64("seq")) else {
                 continue;
             };
+            floor = floor.max(d.get_i64("feed").unwrap_or(0));
             let entry = upto
                 .entry(owner.to_string())
                 .or_insert_with(|| (owner.clone(), seq));
             entry.1 = entry.1.max(seq);
         }
+        // The feed is marked first: a reader from below what goes is told.
+        if floor > 0 {
+            self.raise_feed_floor(floor).await?;
+        }
         let mut gone = 0;
         for (owner, seq) in upto.into_values() {
             let deleted = self
                 .events()
-                .delete_many(doc! {"owner_id": owner, "seq": {"$lte": seq}})
+                .delete_many(placed(doc! {"owner_id": owner, "seq": {"$lte": seq}}))
                 .await
                 .map_err(classify)?;
             gone += deleted.deleted_count as usize;
@@ -190,5 +203,17 @@ impl EventRepo for MongoStore {
     async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>> {
         let oldest = find_sorted(self.events(), doc! {}, doc! {"time": 1}, 1).await?;
         Ok(oldest.first().map(|e| e.time))
+    }
+
+    async fn sequence_events(&self, limit: usize) -> MetaResult<usize> {
+        self.sequence_events_in_txn(limit).await
+    }
+
+    async fn feed(&self, after: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
+        self.feed_after(after, limit).await
+    }
+
+    async fn feed_bounds(&self) -> MetaResult<FeedBounds> {
+        self.read_feed_bounds().await
     }
 }

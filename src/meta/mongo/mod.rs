@@ -13,6 +13,7 @@ mod containers;
 mod deletion;
 mod errors;
 mod events;
+mod feed;
 mod files;
 mod migrate;
 mod op_group;
@@ -193,6 +194,11 @@ impl MongoStore {
         // never given twice.
         self.events()
             .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
+            .await?;
+        // The feed's sequencing finds the events not placed yet (each
+        // owner's in order), and the admin's reader reads it in order.
+        self.events()
+            .create_index(index(doc! {"feed": 1, "owner_id": 1, "seq": 1}, false))
             .await?;
         // The sweeper removes the oldest first (FILEDOCK_EVENT_RETENTION_SECS).
         self.events()

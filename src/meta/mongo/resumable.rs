@@ -12,7 +12,7 @@ use mongodb::{ClientSession, options::ReturnDocument};
 use super::{MongoStore, errors::classify, events::EventSeq, find_sorted};
 use crate::{
     meta::{
-        EventDraft, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
+        Claim, EventDraft, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
         ResumableRecord, ResumableRepo, group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
@@ -207,12 +207,27 @@ impl MongoStore {
     /// gives back what it held of its user's counters, in `s`: whether one
     /// was deleted. An expired one's claim (`expired`) writes its
     /// `upload.expired` (see [`EventDraft::expiry_told_by`]).
+    /// Whether `user`'s deletion has begun (or they are gone): their
+    /// `user.deleted` is their last event, so an expiry tells nothing then.
+    async fn user_leaving(&self, s: &mut ClientSession, user: &UserId) -> MetaResult<bool> {
+        let found = self
+            .db
+            .collection::<Document>("users")
+            .find_one(doc! {"_id": user})
+            .projection(doc! {"deleting_since": 1})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        Ok(found
+            .is_none_or(|u| matches!(u.get("deleting_since"), Some(d) if d != &bson::Bson::Null)))
+    }
+
     async fn delete_resumable_in(
         &self,
         s: &mut ClientSession,
         filter: Document,
         expired: bool,
-    ) -> MetaResult<bool> {
+    ) -> MetaResult<Claim> {
         let Some(upload) = self
             .resumables()
             .find_one(filter.clone())
@@ -220,15 +235,18 @@ impl MongoStore {
             .await
             .map_err(classify)?
         else {
-            return Ok(false);
+            return Ok(Claim::Missed);
         };
+        let mut told = false;
         // Its user's counters, and its expiry's event numbered on the same
         // document (no event once the user is gone: nothing to number it).
         if upload.open || upload.reserved != 0 {
             let open = i64::from(upload.open);
             let mut inc = doc! {"reserved_bytes": -upload.reserved, "open_uploads": -open};
-            let told = expired && EventDraft::expiry_told_by(&upload);
-            if told {
+            let tell = expired
+                && EventDraft::expiry_told_by(&upload)
+                && !self.user_leaving(s, &upload.user_id).await?;
+            if tell {
                 inc.insert("event_seq", 1_i64);
             }
             let user = self
@@ -240,9 +258,10 @@ impl MongoStore {
                 .session(&mut *s)
                 .await
                 .map_err(classify)?;
-            if let (true, Some(user)) = (told, user) {
+            if let (true, Some(user)) = (tell, user) {
                 let drafts = vec![EventDraft::upload_expired(&upload)];
                 (self.insert_events(s, upload.user_id, user.event_seq - 1, drafts)).await?;
+                told = true;
             }
         }
         let deleted = self
@@ -251,7 +270,10 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        Ok(deleted.deleted_count > 0)
+        Ok(match deleted.deleted_count {
+            0 => Claim::Missed,
+            _ => Claim::Claimed { told },
+        })
     }
 }
 
@@ -319,7 +341,7 @@ impl ResumableRepo for MongoStore {
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
-    ) -> MetaResult<bool> {
+    ) -> MetaResult<Claim> {
         let expires_at = bson::DateTime::from_chrono(expires_at);
         let filter = doc! {"_id": id, "expires_at": expires_at};
         let mut s = self.txns.begin(None).await?;
@@ -327,7 +349,7 @@ impl ResumableRepo for MongoStore {
         match self.txns.finish(s, None, result).await {
             // A PATCH wrote it at the same moment (it renewed it), or the
             // user's counters changed: the next pass claims it again.
-            Err(MetaError::WriteConflict) => Ok(false),
+            Err(MetaError::WriteConflict) => Ok(Claim::Missed),
             r => r,
         }
     }

@@ -153,6 +153,12 @@ impl Cluster {
         let dir = settings.data_dir.clone();
         std::fs::create_dir_all(&dir).unwrap();
         let state = AppState::build(settings.clone()).await.unwrap();
+        // The suite's own sweeps write events too (an expiry's): its
+        // sequencer places them as an instance's would (ends with the test).
+        filedock::worker::spawn(
+            state.events.sequencer(),
+            tokio_util::sync::CancellationToken::new(),
+        );
         let mut cluster = Self {
             mongo,
             redis,

@@ -339,30 +339,17 @@ fn explained(history: &[&Event], fin: &FinalUser) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use super::*;
     use crate::support::history::FinalAgent;
 
     fn sent(op: Op, answer: Answer) -> Event {
-        let now = Instant::now();
-        Event {
-            op,
-            invoked: now,
-            completed: now,
-            answer,
-            file_id: None,
-        }
+        Event::at_once(op, answer)
     }
 
     fn event(seq: i64, kind: &str, subject: &str, member: Option<&str>) -> FinalEvent {
         FinalEvent {
-            seq,
-            kind: kind.to_owned(),
-            subject: subject.to_owned(),
-            owner: "u".to_owned(),
             member: member.map(str::to_owned),
-            ..Default::default()
+            ..FinalEvent::of(seq, kind, subject, "u")
         }
     }
 

@@ -114,7 +114,7 @@ pub async fn read_events(
 
 /// One event of `GET /v1/events` as the checker keeps it (a field that is
 /// missing reads as nothing, and the checks find it wrong).
-fn parsed(e: &Value) -> FinalEvent {
+pub fn parsed(e: &Value) -> FinalEvent {
     let text = |v: &Value| v.as_str().map(str::to_owned);
     FinalEvent {
         seq: e["seq"].as_i64().unwrap_or(-1),
@@ -492,8 +492,6 @@ fn end_off(id: &str, events: &[&FinalEvent], file: Option<&FinalFile>) -> Option
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use super::*;
     use crate::support::history::Answer;
 
@@ -501,13 +499,9 @@ mod tests {
     const SHA: &str = "ab12";
 
     fn sent(op: Op, answer: Answer, file_id: Option<&str>) -> Event {
-        let now = Instant::now();
         Event {
-            op,
-            invoked: now,
-            completed: now,
-            answer,
             file_id: file_id.map(str::to_owned),
+            ..Event::at_once(op, answer)
         }
     }
 
@@ -526,15 +520,10 @@ mod tests {
 
     fn event(seq: i64, kind: &str, id: &str, name: &str) -> FinalEvent {
         FinalEvent {
-            seq,
-            kind: kind.to_owned(),
-            subject: id.to_owned(),
-            owner: USER.to_owned(),
             filename: Some(name.to_owned()),
             size: Some(3),
             sha256: Some(SHA.to_owned()),
-            member: None,
-            name: None,
+            ..FinalEvent::of(seq, kind, id, USER)
         }
     }
 

@@ -298,6 +298,21 @@ pub struct Event {
     pub file_id: Option<String>,
 }
 
+#[cfg(test)]
+impl Event {
+    /// `op`, answered `answer` as soon as it was sent (the checkers' tests).
+    pub fn at_once(op: Op, answer: Answer) -> Self {
+        let now = Instant::now();
+        Self {
+            op,
+            invoked: now,
+            completed: now,
+            answer,
+            file_id: None,
+        }
+    }
+}
+
 /// A file as read back.
 #[derive(Clone, Debug)]
 pub struct FinalFile {
@@ -340,6 +355,21 @@ pub struct FinalEvent {
     pub member: Option<String>,
     /// A key's event's `name` (`key_event_checks.rs`).
     pub name: Option<String>,
+}
+
+#[cfg(test)]
+impl FinalEvent {
+    /// Event `seq` of `owner`, of type `kind` about `subject`, saying no more
+    /// (the checkers' tests).
+    pub fn of(seq: i64, kind: &str, subject: &str, owner: &str) -> Self {
+        Self {
+            seq,
+            kind: kind.to_owned(),
+            subject: subject.to_owned(),
+            owner: owner.to_owned(),
+            ..Self::default()
+        }
+    }
 }
 
 /// One user's state read back after healing and the final sweep.

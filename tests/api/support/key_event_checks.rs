@@ -80,29 +80,16 @@ pub fn check(history: &[&Event], fin: &FinalUser) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use super::*;
 
     fn sent(op: Op, answer: Answer) -> Event {
-        let now = Instant::now();
-        Event {
-            op,
-            invoked: now,
-            completed: now,
-            answer,
-            file_id: None,
-        }
+        Event::at_once(op, answer)
     }
 
     fn event(seq: i64, kind: &str, name: &str) -> FinalEvent {
         FinalEvent {
-            seq,
-            kind: kind.to_owned(),
-            subject: format!("id-{name}"),
-            owner: "u".to_owned(),
             name: Some(name.to_owned()),
-            ..Default::default()
+            ..FinalEvent::of(seq, kind, &format!("id-{name}"), "u")
         }
     }
 

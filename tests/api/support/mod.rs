@@ -14,6 +14,7 @@ pub mod event_checks;
 pub mod failover_waiters;
 pub mod fault_proxy;
 pub mod faulty_blobs;
+pub mod feed_checks;
 pub mod history;
 pub mod key_event_checks;
 pub mod lives;

@@ -1,0 +1,101 @@
+//! The feed of every owner's events on MongoDB (see
+//! [`EventRepo::sequence_events`]): an event's `feed` field, unset until a
+//! sequencing transaction sets it, and the `event_feed` document's counter
+//! (`last`) and retention mark (`floor`).
+
+use bson::{Document, doc};
+use mongodb::{Collection, options::ReturnDocument};
+
+use super::{MongoStore, errors::classify, find_sorted};
+use crate::meta::{EventRecord, FEED_STATE, FeedBounds, MetaResult};
+
+impl MongoStore {
+    fn feed_state(&self) -> Collection<FeedBounds> {
+        self.db.collection(FEED_STATE)
+    }
+
+    /// See [`EventRepo::sequence_events`](crate::meta::EventRepo::sequence_events).
+    pub(super) async fn sequence_events_in_txn(&self, limit: usize) -> MetaResult<usize> {
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            let mut found = self
+                .db
+                .collection::<Document>("events")
+                .find(doc! {"feed": null})
+                .sort(doc! {"feed": 1, "owner_id": 1, "seq": 1})
+                .projection(doc! {"_id": 1})
+                .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            let mut pending = Vec::new();
+            while let Some(event) = found.next(&mut s).await {
+                pending.push(event.map_err(classify)?);
+            }
+            let n = pending.len() as i64;
+            if n == 0 {
+                return Ok(0);
+            }
+            let state = self
+                .feed_state()
+                .find_one_and_update(doc! {"_id": FEED_STATE}, doc! {"$inc": {"last": n}})
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .session(&mut s)
+                .await
+                .map_err(classify)?
+                .unwrap_or_default();
+            for (event, position) in pending.iter().zip(state.last - n + 1..) {
+                let id = event.get("_id").cloned().unwrap_or_default();
+                self.events()
+                    .update_one(
+                        doc! {"_id": id, "feed": null},
+                        doc! {"$set": {"feed": position}},
+                    )
+                    .session(&mut s)
+                    .await
+                    .map_err(classify)?;
+            }
+            Ok(pending.len())
+        }
+        .await;
+        self.txns.finish(s, None, result).await
+    }
+
+    pub(super) async fn feed_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> MetaResult<Vec<EventRecord>> {
+        let filter = doc! {"feed": {"$gt": after}};
+        find_sorted(self.majority("events"), filter, doc! {"feed": 1}, limit).await
+    }
+
+    pub(super) async fn read_feed_bounds(&self) -> MetaResult<FeedBounds> {
+        let state = self
+            .majority::<FeedBounds>(FEED_STATE)
+            .find_one(doc! {"_id": FEED_STATE})
+            .projection(doc! {"last": 1, "floor": 1})
+            .await
+            .map_err(classify)?;
+        Ok(state.unwrap_or_default())
+    }
+
+    /// Marks the feed up to `position` as removed by the retention (before
+    /// it removes them: a reader never misses one without being told). In a
+    /// transaction: a plain write that meets a sequencing transaction's
+    /// would wait for it on SecantusDB (for up to its lifetime, were its
+    /// instance killed); this one fails, and the next pass tries again.
+    pub(super) async fn raise_feed_floor(&self, position: i64) -> MetaResult<()> {
+        let mut s = self.txns.begin(None).await?;
+        let result = self
+            .feed_state()
+            .update_one(doc! {"_id": FEED_STATE}, doc! {"$max": {"floor": position}})
+            .upsert(true)
+            .session(&mut s)
+            .await
+            .map(|_| ())
+            .map_err(classify);
+        self.txns.finish(s, None, result).await
+    }
+}
