@@ -62,6 +62,24 @@ async fn user_and_agent(base: &str) -> (String, String) {
     (key, agent["id"].as_str().unwrap().to_owned())
 }
 
+/// Waits until the feed (the admin's read) holds every event of the user
+/// whose key is `key`: their sequencer has placed them all.
+async fn until_feed_holds_all(base: &str, key: &str) {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let url = format!("{base}/v1/events?limit=1000");
+        let (_, own) = call(&client, "GET", url.clone(), key, None).await;
+        let (_, all) = call(&client, "GET", url, ADMIN_KEY, None).await;
+        let own = own["events"].as_array().map_or(0, Vec::len);
+        if own > 0 && all["events"].as_array().map_or(0, Vec::len) >= own {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the feed never held the events");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The MCP ids enqueued for `agent`, in stream (enqueue) order.
 async fn enqueued_links(settings: &filedock::config::Settings, agent: &str) -> Vec<String> {
     let client = redis::Client::open(std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap()).unwrap();
@@ -219,8 +237,12 @@ async fn a_transaction_left_open_by_a_dead_process_does_not_hold_up_the_queue() 
     }
     let settings = test_settings();
     // The user is made first, elsewhere: creating one (user and key) is a
-    // transaction too, and would reach the crash point.
-    let (key, agent) = user_and_agent(&spawn_binary(&settings, &QUEUE).await.base).await;
+    // transaction too, and would reach the crash point; and so would
+    // placing its events in the feed, so that instance places them first.
+    let first = spawn_binary(&settings, &QUEUE).await;
+    let (key, agent) = user_and_agent(&first.base).await;
+    until_feed_holds_all(&first.base, &key).await;
+    drop(first);
     let crash = [QUEUE[0], ("FILEDOCK_TEST_CRASH_AT", "before_txn_commit")];
     let mut doomed = spawn_binary(&settings, &crash).await;
     let client = reqwest::Client::new();
