@@ -13,18 +13,11 @@ use futures::future::join_all;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::{events::all_events, helpers::*};
+use crate::{events::all_events, helpers::*, user_deletion::admin};
 
 /// `GET /v1/events{query}` with the admin key: status and body.
 async fn feed_page(base: &str, query: &str) -> (StatusCode, Value) {
-    let res = reqwest::Client::new()
-        .get(format!("{base}/v1/events{query}"))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
-    let status = res.status();
-    (status, res.json().await.unwrap_or(Value::Null))
+    admin(base, "GET", &format!("/v1/events{query}")).await
 }
 
 /// The whole feed, `limit` at a time from the first, with each event's
@@ -215,23 +208,13 @@ async fn a_deleted_user_s_events_leave_the_feed_but_their_user_deleted() {
         }
     }
     until_placed(&app.base, 6).await;
-    let res = reqwest::Client::new()
-        .delete(format!("{}/v1/admin/users/{}", app.base, ann.id))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let user = format!("/v1/admin/users/{}", ann.id);
+    let (status, _) = admin(&app.base, "DELETE", &user).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
     let started = Instant::now();
     loop {
         app.state.sweeper.try_run_once().await.unwrap();
-        let res = reqwest::Client::new()
-            .get(format!("{}/v1/admin/users/{}", app.base, ann.id))
-            .bearer_auth(ADMIN_KEY)
-            .send()
-            .await
-            .unwrap();
-        if res.status() == StatusCode::NOT_FOUND {
+        if admin(&app.base, "GET", &user).await.0 == StatusCode::NOT_FOUND {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(60), "stalled");

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::{helpers::*, tus::TUS};
 
-async fn admin(base: &str, method: &str, path: &str) -> (StatusCode, Value) {
+pub(crate) async fn admin(base: &str, method: &str, path: &str) -> (StatusCode, Value) {
     let res = reqwest::Client::new()
         .request(method.parse().unwrap(), format!("{base}{path}"))
         .bearer_auth(ADMIN_KEY)

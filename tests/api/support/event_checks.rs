@@ -630,27 +630,12 @@ mod tests {
 
     #[test]
     fn an_expiry_names_an_unacknowledged_resumable_upload_by_id_or_by_name() {
-        let tus = |name: &str| match upload(name) {
-            Op::Upload {
-                user,
-                name,
-                sha256,
-                size,
-                key,
-                attempt,
-                via,
-                ..
-            } => Op::Upload {
-                user,
-                name,
-                sha256,
-                size,
-                key,
-                attempt,
-                resumable: true,
-                via,
-            },
-            other => other,
+        let tus = |name: &str| {
+            let mut op = upload(name);
+            if let Op::Upload { resumable, .. } = &mut op {
+                *resumable = true;
+            }
+            op
         };
         let mut history = history();
         history.push(sent(
