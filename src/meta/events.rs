@@ -354,10 +354,11 @@ pub trait EventRepo: Send + Sync {
     /// counter: positions are never given twice nor skipped.
     async fn sequence_events(&self, limit: usize) -> MetaResult<usize>;
 
-    /// The events placed in the feed after position `after`, in feed
-    /// order, at most `limit` (a deleted user's are gone from it: only
-    /// their `user.deleted` stays).
-    async fn feed(&self, after: i64, limit: usize) -> MetaResult<Vec<EventRecord>>;
+    /// The events placed in the feed after position `after` up to `upto`,
+    /// in feed order, at most `limit` (a deleted user's are gone from it:
+    /// only their `user.deleted` stays). The caller bounds the range: a
+    /// store may read all of it before it limits (SecantusDB does).
+    async fn feed(&self, after: i64, upto: i64, limit: usize) -> MetaResult<Vec<EventRecord>>;
 
     /// The feed's last position given, and the highest the retention
     /// removed, as durably as [`Self::feed`] reads.

@@ -106,6 +106,10 @@ impl Sequencer {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "could not place events in the feed; trying again");
+                    // A placing whose answer was lost may have placed some
+                    // (and the next finds nothing to ring for): a spare
+                    // ring costs each waiting reader one read.
+                    self.bell.ring(&feed_channel()).await;
                     return true;
                 }
             }

@@ -197,27 +197,45 @@ impl EventService {
     }
 
     /// Every owner's events placed in the feed after position `after` (0:
-    /// from the oldest kept), at most `limit`, in feed order (which keeps
-    /// each owner's sequence order); the cursor is the last one's place.
-    /// `CursorExpired` if the retention removed one after `after`. A
-    /// deleted user's events leave it with their data, but for their
-    /// `user.deleted`: a reader meets no gap for them.
+    /// from the retention's mark), at most `limit`, in feed order (which
+    /// keeps each owner's sequence order); the cursor is the last one's
+    /// place, or with none the last place read. `CursorExpired` if the
+    /// retention removed one after `after`. A deleted user's events leave
+    /// it with their data, but for their `user.deleted`: a reader meets no
+    /// gap for them.
     pub async fn pull_feed(&self, after: i64, limit: usize) -> Result<EventPage, DomainError> {
         check_limit(limit)?;
-        let last = self.events.feed_bounds().await?.last;
-        if after > last {
+        let bounds = self.events.feed_bounds().await?;
+        if after > bounds.last {
             return Err(DomainError::InvalidRequest(format!(
-                "after is past the feed's last place ({last}): it is not a cursor this API returned"
+                "after is past the feed's last place ({}): it is not a cursor this API returned",
+                bounds.last
             )));
         }
-        let events = self.events.feed(after, limit).await?;
+        if after > 0 && after < bounds.floor {
+            return Err(DomainError::CursorExpired(after));
+        }
+        // Every place up to `last` was given with its event in one
+        // committed transaction. Read a window of places at a time (a
+        // store may read a whole range before it limits: the cost stays
+        // that of a page, not of the feed behind it), widened past the
+        // places that deleted users' events left empty.
+        let (mut from, mut width) = (after.max(bounds.floor), limit as i64);
+        let (events, upto) = loop {
+            let upto = bounds.last.min(from.saturating_add(width));
+            let events = self.events.feed(from, upto, limit).await?;
+            if !events.is_empty() || upto == bounds.last {
+                break (events, upto);
+            }
+            (from, width) = (upto, width.saturating_mul(2));
+        };
         // Read after the events: the retention marks the feed before it
         // removes any, so a removal the read above met is seen here.
         let floor = self.events.feed_bounds().await?.floor;
         if after > 0 && after < floor {
             return Err(DomainError::CursorExpired(after));
         }
-        let cursor = events.last().and_then(|e| e.feed).unwrap_or(after);
+        let cursor = events.last().and_then(|e| e.feed).unwrap_or(upto);
         Ok(EventPage { events, cursor })
     }
 }

@@ -278,11 +278,14 @@ impl EventRepo for EmbeddedStore {
         .await
     }
 
-    async fn feed(&self, after: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
+    async fn feed(&self, after: i64, upto: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
         self.transaction(move |tx| {
-            let after = format!("{:020}", after.max(0));
+            let (after, upto) = (format!("{:020}", after.max(0)), feed_key(upto));
             let mut out = Vec::new();
             for k in tx.keys(FEED, Some(&after), limit)? {
+                if k > upto {
+                    break;
+                }
                 if let Some(key) = tx.get::<String>(&k)?
                     && let Some(e) = tx.get::<EventRecord>(&key)?
                 {

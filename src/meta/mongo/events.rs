@@ -138,7 +138,16 @@ impl EventRepo for MongoStore {
         after: i64,
         limit: usize,
     ) -> MetaResult<Vec<EventRecord>> {
-        let filter = doc! {"owner_id": owner, "seq": {"$gt": after}};
+        // An owner's numbers have no gap above what the retention removed:
+        // past a cursor, the page is the range (after, after + limit], and
+        // asked as that (SecantusDB reads a whole range before it limits: a
+        // page would cost all the owner's events after it). From 0, the
+        // first kept is not known: that read costs what the owner keeps.
+        let seq = match after {
+            0 => doc! {"$gt": 0},
+            _ => doc! {"$gt": after, "$lte": after.saturating_add(limit as i64)},
+        };
+        let filter = doc! {"owner_id": owner, "seq": seq};
         find_sorted(self.majority("events"), filter, doc! {"seq": 1}, limit).await
     }
 
@@ -209,8 +218,8 @@ impl EventRepo for MongoStore {
         self.sequence_events_in_txn(limit).await
     }
 
-    async fn feed(&self, after: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
-        self.feed_after(after, limit).await
+    async fn feed(&self, after: i64, upto: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
+        self.feed_between(after, upto, limit).await
     }
 
     async fn feed_bounds(&self) -> MetaResult<FeedBounds> {

@@ -58,23 +58,38 @@ async fn read_feed(client: &reqwest::Client, base: &str) -> FeedRead {
                 .push(format!("the feed after {after} answered {status}: {page}"));
             return read;
         }
-        let got: Vec<FinalEvent> = (page["events"].as_array().into_iter().flatten())
-            .map(parsed)
-            .collect();
-        let cursor = page["cursor"].as_str().and_then(|c| c.parse::<i64>().ok());
-        match (got.is_empty(), cursor) {
-            (true, Some(c)) if c == after => return read,
-            (false, Some(c)) if c >= after + got.len() as i64 => after = c,
-            _ => {
-                read.off.push(format!(
-                    "the feed's page after {after} of {} events has cursor {:?}",
-                    got.len(),
-                    page["cursor"]
-                ));
+        match next_page(&page, after, PAGE) {
+            Ok((got, _)) if got.is_empty() => return read,
+            Ok((got, cursor)) => {
+                after = cursor;
+                read.events.extend(got);
+            }
+            Err(wrong) => {
+                read.off.push(wrong);
                 return read;
             }
         }
-        read.events.extend(got);
+    }
+}
+
+/// A page of the feed read after `after` with `limit`: its events and the
+/// cursor to read on from; or what is wrong with it (a cursor that does
+/// not move on past its events, or goes back).
+fn next_page(page: &Value, after: i64, limit: usize) -> Result<(Vec<FinalEvent>, i64), String> {
+    let got: Vec<FinalEvent> = (page["events"].as_array().into_iter().flatten())
+        .map(parsed)
+        .collect();
+    let cursor = page["cursor"].as_str().and_then(|c| c.parse::<i64>().ok());
+    match (got.is_empty(), cursor) {
+        // None, the cursor at the feed's end (past places that deleted
+        // users' events left empty).
+        (true, Some(c)) if c >= after => Ok((got, c)),
+        (false, Some(c)) if c >= after + got.len() as i64 && got.len() <= limit => Ok((got, c)),
+        _ => Err(format!(
+            "the feed's page after {after} of {} events has cursor {:?}",
+            got.len(),
+            page["cursor"]
+        )),
     }
 }
 
@@ -171,26 +186,19 @@ async fn follow(bases: Vec<String>, stop: CancellationToken) -> FeedRead {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
-        let got: Vec<FinalEvent> = (page["events"].as_array().into_iter().flatten())
-            .map(parsed)
-            .collect();
-        let cursor = page["cursor"].as_str().and_then(|c| c.parse::<i64>().ok());
-        match (got.is_empty(), cursor) {
-            (true, Some(c)) if c == after => {
+        match next_page(&page, after, FOLLOW_PAGE) {
+            Ok((got, cursor)) if got.is_empty() => {
+                after = cursor;
                 if catching_up {
                     return read;
                 }
             }
-            (false, Some(c)) if c >= after + got.len() as i64 && got.len() <= FOLLOW_PAGE => {
-                after = c;
+            Ok((got, cursor)) => {
+                after = cursor;
                 read.events.extend(got);
             }
-            _ => {
-                read.off.push(format!(
-                    "following: the page after {after} of {} events has cursor {:?}",
-                    got.len(),
-                    page["cursor"]
-                ));
+            Err(wrong) => {
+                read.off.push(format!("following: {wrong}"));
                 return read;
             }
         }
