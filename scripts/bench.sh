@@ -8,6 +8,7 @@
 # cost vs files held (FILEDOCK_BENCH_HELD_MAX=10000 stops it at 10k files),
 # `scripts/bench.sh 2c` the lock hand-off on one Redis node vs a Redis Cluster,
 # `scripts/bench.sh 4c` lock vs queue on one Redis node vs a Redis Cluster,
+# `scripts/bench.sh 12` what the events cost (A/B against FILEDOCK_BENCH_BASE_BIN's builds),
 # `scripts/bench.sh 13` small tus uploads against tus-node-server (installed
 # from npm into ~/.cache/filedock/tus-node, once); with
 # FILEDOCK_BENCH_BASE_BIN=<another filedock build> it runs that build too (A/B).

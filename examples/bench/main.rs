@@ -6,6 +6,8 @@
 //!
 //! Run it with `scripts/bench.sh` (which starts the stack and builds this).
 
+mod cost;
+mod events;
 mod group;
 mod handoff;
 mod held;
@@ -21,6 +23,7 @@ use bytes::Bytes;
 use filedock::testing::Server;
 
 use self::{
+    events::events,
     group::group_commit,
     handoff::{hand_off, hand_off_on_a_cluster},
     held::cost_vs_files_held,
@@ -72,6 +75,9 @@ async fn main() {
     }
     if run("9") {
         memory_under_concurrency(&client, &mut r).await;
+    }
+    if run("12") {
+        events(&client, &mut r).await;
     }
     if run("13") {
         small_tus(&client, &mut r).await;

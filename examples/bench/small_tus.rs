@@ -5,8 +5,8 @@
 //! uploads on filedock; alternating, three repetitions. For filedock, what
 //! each upload cost, from its own metrics: MongoDB commands, Redis
 //! commands, S3 requests (by operation) and its process's CPU time. With
-//! `FILEDOCK_BENCH_BASE_BIN` (another build of filedock, say main before a
-//! change) that build runs the same loads in the same run: the A/B.
+//! `FILEDOCK_BENCH_BASE_BIN` (other builds of filedock, comma-separated, say
+//! main before a change) those builds run the same loads in the same run: the A/B.
 //! Then the CPU per 4 KiB plain upload, 32 users and one user's burst.
 
 use std::{
@@ -15,9 +15,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use filedock::testing::{Server, free_port, metric_by_label, metric_in, metrics_text};
+use filedock::testing::{Server, free_port};
 
-use crate::support::*;
+use crate::{
+    cost::{Runs, counters, per_upload},
+    support::*,
+};
 
 const MIB: usize = 1 << 20;
 const UPLOADS: usize = 100;
@@ -109,108 +112,6 @@ async fn tus_node() -> Server {
     Server::wait_until_up(child, port, 400, Duration::from_millis(25)).await
 }
 
-/// What a filedock server's counters say one load cost, per upload.
-#[derive(Clone, Default)]
-struct Cost {
-    mongo: f64,
-    redis: f64,
-    s3: BTreeMap<String, f64>,
-    /// The server's own CPU (filedock's, or the peer's).
-    cpu_ms: f64,
-    /// The stack's servers' CPU, by name (`FILEDOCK_BENCH_STACK_PIDS`).
-    stack_ms: BTreeMap<String, f64>,
-}
-
-impl Cost {
-    fn s3_total(&self) -> f64 {
-        self.s3.values().sum()
-    }
-}
-
-/// The stack's server processes, `name=pid` pairs from
-/// `FILEDOCK_BENCH_STACK_PIDS` (set by `scripts/bench.sh`).
-fn stack_pids() -> Vec<(String, u32)> {
-    std::env::var("FILEDOCK_BENCH_STACK_PIDS")
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|p| {
-            let (name, pid) = p.split_once('=')?;
-            Some((name.to_owned(), pid.parse().ok()?))
-        })
-        .collect()
-}
-
-/// The counters a load moves, as they stand now; filedock's own metrics
-/// only when `filedock` (the peer has none).
-async fn counters(server: &Server, filedock: bool) -> Cost {
-    let mut pids = stack_pids();
-    pids.push(("load".to_owned(), std::process::id()));
-    let stack_ms = pids
-        .into_iter()
-        .map(|(name, pid)| (name, proc_cpu_secs(pid) * 1000.0))
-        .collect();
-    let cpu_ms = server.cpu_secs() * 1000.0;
-    if !filedock {
-        return Cost {
-            cpu_ms,
-            stack_ms,
-            ..Cost::default()
-        };
-    }
-    let text = metrics_text(&server.base).await;
-    Cost {
-        mongo: metric_in(&text, "filedock_mongo_commands_total", ""),
-        redis: metric_in(&text, "filedock_redis_commands_total", ""),
-        s3: metric_by_label(&text, "filedock_s3_requests_total"),
-        cpu_ms,
-        stack_ms,
-    }
-}
-
-/// `after − before` of each of `after`'s entries, per `n`.
-fn rise(
-    before: &BTreeMap<String, f64>,
-    after: &BTreeMap<String, f64>,
-    n: f64,
-) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), (v - before.get(k).unwrap_or(&0.0)) / n))
-        .collect()
-}
-
-/// `after − before`, per upload.
-fn per_upload(before: &Cost, after: &Cost, n: usize) -> Cost {
-    let n = n as f64;
-    Cost {
-        mongo: (after.mongo - before.mongo) / n,
-        redis: (after.redis - before.redis) / n,
-        s3: rise(&before.s3, &after.s3, n)
-            .into_iter()
-            .filter(|(_, v)| *v > 0.0)
-            .collect(),
-        cpu_ms: (after.cpu_ms - before.cpu_ms) / n,
-        stack_ms: rise(&before.stack_ms, &after.stack_ms, n),
-    }
-}
-
-/// One row's repetitions: the batches and (filedock) what they cost.
-#[derive(Default)]
-struct Runs {
-    batches: Vec<Batch>,
-    costs: Vec<Cost>,
-}
-
-impl Runs {
-    /// The median repetition by wall time, with its cost.
-    fn median(&self) -> (Batch, Option<Cost>) {
-        let mut order: Vec<usize> = (0..self.batches.len()).collect();
-        order.sort_by_key(|&i| self.batches[i].wall);
-        let mid = order[order.len() / 2];
-        (self.batches[mid], self.costs.get(mid).cloned())
-    }
-}
-
 fn mib_s(b: &Batch, size: usize) -> f64 {
     (b.ok * size) as f64 / MIB as f64 / b.wall.as_secs_f64()
 }
@@ -222,10 +123,7 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
 
     );
     let http = reqwest::Client::new();
-    let mut builds = vec![("this", Server::start(&[]).await)];
-    if let Ok(base) = std::env::var("FILEDOCK_BENCH_BASE_BIN") {
-        builds.push(("base", Server::start_bin(&base, &[]).await));
-    }
+    let builds = start_builds().await;
     let peer = tus_node().await;
     let keys: Vec<String> = {
         let mut keys = Vec::new();
@@ -261,16 +159,11 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
     let mut s3_ops = Vec::new();
     for (which, &(b, tus)) in rows.iter().enumerate() {
         let (batch, cost) = runs[which].median();
-        let build = b.map_or("tus-node-server 2.4.5", |b| builds[b].0);
+        let build = b.map_or("tus-node-server 2.4.5", |b| builds[b].0.as_str());
         let path = if tus { "tus" } else { "plain" };
         let mibs = mib_s(&batch, MIB);
         rate.insert((b, tus), mibs);
         let c = cost.unwrap_or_default();
-        let stack = |name: &str| {
-            c.stack_ms
-                .get(name)
-                .map_or(String::new(), |ms| format!("{ms:.2}"))
-        };
         let counted = match b {
             Some(_) => format!("{:.1} | {:.1} | {:.1}", c.mongo, c.redis, c.s3_total()),
             None => " | | ".to_owned(),
@@ -278,10 +171,10 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
         let cost_cols = format!(
             "{counted} | {:.2} | {} | {} | {} | {}",
             c.cpu_ms,
-            stack("mongo"),
-            stack("s3"),
-            stack("redis"),
-            stack("load")
+            c.stack("mongo"),
+            c.stack("s3"),
+            c.stack("redis"),
+            c.stack("load")
         );
         if b.is_some() {
             let ops: Vec<String> = c.s3.iter().map(|(op, n)| format!("{op} {n:.2}")).collect();
@@ -321,7 +214,7 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
 async fn one_load(
     client: &Client,
     http: &reqwest::Client,
-    builds: &[(&str, Server)],
+    builds: &[(String, Server)],
     keys: &[String],
     peer: &Server,
     b: Option<usize>,
@@ -356,7 +249,7 @@ async fn one_load(
 
 /// filedock's CPU per 4 KiB plain upload: 32 users with one in flight
 /// each, and one user's 32 at once (grouped).
-async fn cpu_per_small_upload(client: &Client, builds: &[(&str, Server)], r: &mut Report) {
+async fn cpu_per_small_upload(client: &Client, builds: &[(String, Server)], r: &mut Report) {
     const N: usize = 640;
     r.section(
         "13b. filedock's CPU per 4 KiB plain upload, 640 uploads, 32 in flight (issue 44)",

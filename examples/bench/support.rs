@@ -30,8 +30,14 @@ pub(crate) trait BenchServer: Sized {
     async fn start(extra: &[(&str, &str)]) -> Self {
         Self::start_bin(&env("FILEDOCK_BIN"), extra).await
     }
-    /// The build at `bin`.
-    async fn start_bin(bin: &str, extra: &[(&str, &str)]) -> Self;
+    /// The build at `bin`, on a database and prefixes of its own.
+    async fn start_bin(bin: &str, extra: &[(&str, &str)]) -> Self {
+        Self::start_bin_with_id(bin, &run_id(), extra).await
+    }
+    /// The build at `bin` on the database, Redis and S3 prefixes and data
+    /// directory named by `id` (see [`run_id`]): a second instance started
+    /// with an `id` already used shares them with the first (a cluster).
+    async fn start_bin_with_id(bin: &str, id: &str, extra: &[(&str, &str)]) -> Self;
     fn peak_rss_mib(&self) -> u64;
     /// The CPU time the process has used (user and system), in seconds.
     fn cpu_secs(&self) -> f64;
@@ -39,8 +45,7 @@ pub(crate) trait BenchServer: Sized {
 
 /// A filedock server process (release build) on its own database and prefixes.
 impl BenchServer for Server {
-    async fn start_bin(bin: &str, extra: &[(&str, &str)]) -> Self {
-        let id = run_id();
+    async fn start_bin_with_id(bin: &str, id: &str, extra: &[(&str, &str)]) -> Self {
         let port = free_port();
         let data = std::env::temp_dir().join(format!("filedock-bench-{id}"));
         let child = Command::new(bin)
@@ -78,6 +83,32 @@ impl BenchServer for Server {
     fn cpu_secs(&self) -> f64 {
         proc_cpu_secs(self.child.id())
     }
+}
+
+/// The builds an A/B runs, `(name, path)`: "this" (`$FILEDOCK_BIN`), then
+/// each of the comma-separated paths in `FILEDOCK_BENCH_BASE_BIN` (other
+/// builds of filedock, say main before a change), named by its file name.
+pub(crate) fn builds() -> Vec<(String, String)> {
+    let bases = std::env::var("FILEDOCK_BENCH_BASE_BIN").unwrap_or_default();
+    let bases = bases.split(',').map(str::trim).filter(|p| !p.is_empty());
+    let named = bases.map(|path| {
+        let name = std::path::Path::new(path)
+            .file_name()
+            .map_or(path.into(), |n| n.to_string_lossy().into_owned());
+        (name, path.to_owned())
+    });
+    std::iter::once(("this".to_owned(), env("FILEDOCK_BIN")))
+        .chain(named)
+        .collect()
+}
+
+/// A server of each of [`builds`], with its name.
+pub(crate) async fn start_builds() -> Vec<(String, Server)> {
+    let mut servers = Vec::new();
+    for (name, path) in builds() {
+        servers.push((name, Server::start_bin(&path, &[]).await));
+    }
+    servers
 }
 
 /// The CPU time (user + system) process `pid` has used, in seconds; 0 when
