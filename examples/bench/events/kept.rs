@@ -35,7 +35,7 @@ pub(super) async fn cost_vs_events_kept(client: &Client, r: &mut Report) {
              {UPLOADS} × 4 KiB uploads by {USERS} new users, one in flight each, then \
              {SINGLES} single uploads (issue 45)"
         ),
-        "| server | events kept | uploads/s | p50 | MongoDB cmds / upload | SecantusDB CPU ms / upload | one upload (p50) |",
+        "| server | events kept | uploads/s | p50 | MongoDB cmds / upload | SecantusDB CPU ms / upload | one upload (p50) | feed page of 100 from place 1 (p50) |",
     );
     let grown = Server::start(&[]).await;
     let started = Instant::now();
@@ -49,24 +49,28 @@ pub(super) async fn cost_vs_events_kept(client: &Client, r: &mut Report) {
     }
     let mut runs = [Runs::default(), Runs::default()];
     let mut singles = [Vec::new(), Vec::new()];
+    let mut feeds = [Vec::new(), Vec::new()];
     for rep in 0..REPS {
         for i in 0..2 {
             let which = (i + rep) % 2;
             let tag = format!("kept-{rep}");
-            let (batch, cost, single) = one_rep(client, servers[which], &tag).await;
+            let (batch, cost, single, feed) = one_rep(client, servers[which], &tag).await;
             runs[which].batches.push(batch);
             runs[which].costs.push(cost);
             singles[which].push(single);
+            feeds[which].push(feed);
         }
     }
     let [a, b] = [0, 1].map(|w| {
         let (batch, cost) = runs[w].median();
         let single = median_f(singles[w].clone());
+        let feed = median_f(feeds[w].clone());
         Figures {
             kept: kept[w],
             batch,
             cost: cost.unwrap_or_default(),
             single,
+            feed,
         }
     });
     r.row(a.row("fresh"));
@@ -88,13 +92,15 @@ struct Figures {
     cost: Cost,
     /// The single uploads' p50, in ms.
     single: f64,
+    /// The p50 of the admin's page of 100 from the feed's first place, in ms.
+    feed: f64,
 }
 
 impl Figures {
     fn row(&self, server: &str) -> String {
         let b = &self.batch;
         format!(
-            "| {server} | {:.0} | {:.0} ({}/{}) | {} | {:.1} | {} | {:.1} ms |",
+            "| {server} | {:.0} | {:.0} ({}/{}) | {} | {:.1} | {} | {:.1} ms | {:.1} ms |",
             self.kept,
             b.rate(),
             b.ok,
@@ -103,6 +109,7 @@ impl Figures {
             self.cost.mongo,
             self.cost.stack("mongo"),
             self.single,
+            self.feed,
         )
     }
 
@@ -113,18 +120,21 @@ impl Figures {
 
 fn ratio_row(fresh: &Figures, grown: &Figures) -> String {
     format!(
-        "| grown ÷ fresh | | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
+        "| grown ÷ fresh | | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× | {:.2}× |",
         grown.batch.rate() / fresh.batch.rate(),
         grown.batch.p50.as_secs_f64() / fresh.batch.p50.as_secs_f64(),
         grown.cost.mongo / fresh.cost.mongo,
         grown.secantus() / fresh.secantus(),
         grown.single / fresh.single,
+        grown.feed / fresh.feed,
     )
 }
 
 /// The timed load on `server` by `USERS` users new to it, what it cost per
-/// upload, and the p50 (ms) of `SINGLES` sequential uploads after it.
-async fn one_rep(client: &Client, server: &Server, tag: &str) -> (Batch, Cost, f64) {
+/// upload, and the p50 (ms) of `SINGLES` sequential uploads after it and
+/// of as many reads of the admin's feed page of 100 from place 1 (all the
+/// events kept follow it).
+async fn one_rep(client: &Client, server: &Server, tag: &str) -> (Batch, Cost, f64, f64) {
     let mut keys = Vec::new();
     for u in 0..USERS {
         keys.push(client.user(server, &format!("{tag}-{u}")).await);
@@ -140,7 +150,23 @@ async fn one_rep(client: &Client, server: &Server, tag: &str) -> (Batch, Cost, f
     }
     let single = Batch::from(singles, Duration::ZERO).p50;
     let cost = per_upload(&before, &after, UPLOADS);
-    (batch, cost, single.as_secs_f64() * 1000.0)
+    let mut pages = Vec::new();
+    for _ in 0..SINGLES {
+        let started = Instant::now();
+        let res = (client.http)
+            .get(format!("{}/v1/events?after=1&limit=100", server.base))
+            .bearer_auth(ADMIN)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await;
+        pages.push((
+            res.is_ok_and(|r| r.status().is_success()),
+            started.elapsed(),
+        ));
+    }
+    let feed = Batch::from(pages, Duration::ZERO).p50;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    (batch, cost, ms(single), ms(feed))
 }
 
 /// Grows `server`'s events to `target` without growing its files: `USERS`
