@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::helpers::*;
 
-fn mongo_uri() -> String {
+pub(crate) fn mongo_uri() -> String {
     std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap()
 }
 
