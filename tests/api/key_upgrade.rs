@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::helpers::*;
 
-pub(crate) fn mongo_uri() -> String {
+fn mongo_uri() -> String {
     std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap()
 }
 

@@ -1,10 +1,13 @@
 //! Events on MongoDB: written by the changes' own transactions (`files.rs`),
-//! read here in an owner's sequence order (the `(owner_id, seq)` index);
-//! their feed (the admin's reader, the retention) in `feed.rs`.
+//! read here in an owner's sequence order (the `(owner_id, seq)` index) and
+//! expired oldest first (the `time` index).
 
 use async_trait::async_trait;
-use bson::{Document, doc};
+use std::collections::HashMap;
+
+use bson::{Bson, Document, doc};
 use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 use mongodb::{
     ClientSession, Collection,
     options::{CollectionOptions, ReadConcern, ReturnDocument},
@@ -47,7 +50,7 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        self.pend(s, &numbered).await
+        Ok(())
     }
 
     /// Numbers `drafts` as `owner`'s next events (one `$inc` of the user
@@ -95,23 +98,17 @@ impl MongoStore {
     /// all but their `user.deleted`, once placed in the feed (the sequencer
     /// places the others soon: the next pass takes them); how many.
     pub(super) async fn purge_events(&self, owner: &UserId, limit: usize) -> MetaResult<usize> {
-        let mut purged = purged_of(owner);
-        let waiting = self.pending_of(owner).await?;
-        if !waiting.is_empty() {
-            purged.insert("_id", doc! {"$nin": waiting});
-        }
-        let first = find_sorted(self.events(), purged.clone(), doc! {"seq": 1}, limit).await?;
+        let first = find_sorted(
+            self.events(),
+            placed(purged_of(owner)),
+            doc! {"seq": 1},
+            limit,
+        )
+        .await?;
         let Some(last) = first.last() else {
             return Ok(0);
         };
-        // Their places first: a crash in between leaves placed events
-        // without a place (the next pass removes them), not places
-        // naming the user.
-        let ids: Vec<&str> = first.iter().map(|e| e.id.as_str()).collect();
-        (self.places().delete_many(doc! {"event": {"$in": ids}}))
-            .await
-            .map_err(classify)?;
-        let mut upto = purged;
+        let mut upto = placed(purged_of(owner));
         upto.insert("seq", doc! {"$lte": last.seq});
         let gone = self.events().delete_many(upto).await.map_err(classify)?;
         Ok(gone.deleted_count as usize)
@@ -122,6 +119,15 @@ impl MongoStore {
 /// tells it.
 pub(super) fn purged_of(owner: &UserId) -> Document {
     doc! {"owner_id": owner, "type": {"$ne": EventType::UserDeleted.as_str()}}
+}
+
+/// Only events placed in the feed are removed (by a user's deletion or the
+/// retention): what the sequencer writes and what they delete never meet,
+/// so neither starves the other (SecantusDB retries a `deleteMany` that
+/// meets a transaction's write from scratch), and the feed misses none.
+fn placed(mut filter: Document) -> Document {
+    filter.insert("feed", doc! {"$ne": null});
+    filter
 }
 
 #[async_trait]
@@ -156,11 +162,56 @@ impl EventRepo for MongoStore {
     }
 
     async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize> {
-        self.expire_placed(before, limit).await
+        let old: Vec<Document> = self
+            .db
+            .collection::<Document>("events")
+            .find(placed(
+                doc! {"time": {"$lt": bson::DateTime::from_chrono(before)}},
+            ))
+            .sort(doc! {"time": 1})
+            .projection(doc! {"owner_id": 1, "seq": 1, "feed": 1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)?;
+        // Each owner's events up to the highest number among them go: a
+        // prefix, so that no owner's events lose one in the middle
+        // whatever the instances' clocks said of their times.
+        let mut upto: HashMap<String, (Bson, i64)> = HashMap::new();
+        // The highest place in the feed that goes: that of the highest
+        // number of an owner among them (an owner's are placed in order).
+        let mut floor = 0;
+        for d in old {
+            let (Some(owner), Ok(seq)) = (d.get("owner_id"), d.get_i64("seq")) else {
+                continue;
+            };
+            floor = floor.max(d.get_i64("feed").unwrap_or(0));
+            let entry = upto
+                .entry(owner.to_string())
+                .or_insert_with(|| (owner.clone(), seq));
+            entry.1 = entry.1.max(seq);
+        }
+        // The feed is marked first: a reader from below what goes is told.
+        if floor > 0 {
+            self.raise_feed_floor(floor).await?;
+        }
+        let mut gone = 0;
+        for (owner, seq) in upto.into_values() {
+            let deleted = self
+                .events()
+                .delete_many(placed(doc! {"owner_id": owner, "seq": {"$lte": seq}}))
+                .await
+                .map_err(classify)?;
+            gone += deleted.deleted_count as usize;
+        }
+        Ok(gone)
     }
 
     async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>> {
-        self.oldest_placed().await
+        let oldest = find_sorted(self.events(), doc! {}, doc! {"time": 1}, 1).await?;
+        Ok(oldest.first().map(|e| e.time))
     }
 
     async fn sequence_events(&self, limit: usize) -> MetaResult<usize> {

@@ -6,14 +6,10 @@
 use bson::{Document, doc};
 use futures::TryStreamExt;
 
-use super::{
-    MongoStore, Res,
-    errors::classify,
-    feed::{LAYOUT, Pending, Place},
-};
+use super::{MongoStore, Res, errors::classify};
 use crate::{
     meta::{
-        ApiKeyRecord, FEED_STATE, FIRST_KEY_NAME, MetaError, MetaResult,
+        ApiKeyRecord, FIRST_KEY_NAME, MetaResult,
         retry::{TxnRetryPolicy, with_txn_retry},
     },
     vocab::{ApiKeyHash, KeyId, UserId},
@@ -32,10 +28,6 @@ impl MongoStore {
         let moved = self.migrate_single_keys().await?;
         if moved > 0 {
             tracing::info!(moved, "moved users' single keys into api keys");
-        }
-        let events = self.migrate_feed().await?;
-        if events > 0 {
-            tracing::info!(events, "moved the feed's places out of the events");
         }
         Ok(())
     }
@@ -142,104 +134,5 @@ impl MongoStore {
         }
         .await;
         self.txns.finish(s, None, result).await
-    }
-}
-
-/// An event as the feed's first layout kept it: its place in it, if any.
-#[derive(serde::Deserialize)]
-struct PlacedIn {
-    #[serde(rename = "_id")]
-    id: String,
-    owner_id: UserId,
-    seq: i64,
-    feed: Option<i64>,
-}
-
-/// How many places or marks one insert writes.
-const FEED_BATCH: usize = 500;
-
-impl MongoStore {
-    /// The feed's first layout kept an event's place in the event
-    /// (`feed`, unset until placed); now a place is a `feed` document and
-    /// an event waiting for one has a `feed_pending` mark (feed.rs). Moves
-    /// a store over once (the `event_feed` document's `layout`, which a
-    /// new store gets at its first start): a place for each placed event,
-    /// a mark for each other. Nothing places before it is done (the
-    /// sequencer requires the layout), so no mark is made for an event
-    /// placed meanwhile; after a crash it runs again and writes the same
-    /// (places by position, marks by event id). Instances of the older
-    /// version must be stopped first. How many events it moved.
-    async fn migrate_feed(&self) -> MetaResult<usize> {
-        let state = (self.db.collection::<Document>(FEED_STATE))
-            .find_one(doc! {"_id": FEED_STATE})
-            .await
-            .map_err(classify)?;
-        if state.is_some_and(|s| s.get_i32("layout") == Ok(LAYOUT)) {
-            return Ok(0);
-        }
-        let mut old = (self.db.collection::<PlacedIn>("events"))
-            .find(doc! {})
-            .projection(doc! {"_id": 1, "owner_id": 1, "seq": 1, "feed": 1})
-            .await
-            .map_err(classify)?;
-        let (mut places, mut pending, mut moved) = (Vec::new(), Vec::new(), 0);
-        while let Some(event) = old.try_next().await.map_err(classify)? {
-            moved += 1;
-            match event.feed {
-                Some(place) => places.push(Place {
-                    place,
-                    event: event.id,
-                }),
-                None => pending.push(Pending::of(event.id, event.owner_id, event.seq)),
-            }
-            if places.len() + pending.len() >= FEED_BATCH {
-                self.write_moved(&mut places, &mut pending).await?;
-            }
-        }
-        self.write_moved(&mut places, &mut pending).await?;
-        (self.db.collection::<Document>(FEED_STATE))
-            .update_one(doc! {"_id": FEED_STATE}, doc! {"$set": {"layout": LAYOUT}})
-            .upsert(true)
-            .await
-            .map_err(classify)?;
-        // The first layout's indexes: each cost every insert of an event.
-        for index in ["feed_1_owner_id_1_seq_1", "time_1"] {
-            let _ = self.events().drop_index(index).await;
-        }
-        Ok(moved)
-    }
-
-    /// Writes (and empties) `places` and `pending`; one already written (a
-    /// run before that crashed) is left as it is.
-    async fn write_moved(
-        &self,
-        places: &mut Vec<Place>,
-        pending: &mut Vec<Pending>,
-    ) -> MetaResult<()> {
-        fn written(
-            r: Result<mongodb::results::InsertManyResult, mongodb::error::Error>,
-        ) -> MetaResult<()> {
-            match r.map_err(classify) {
-                Ok(_) | Err(MetaError::Duplicate) => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
-        if !places.is_empty() {
-            written(
-                self.places()
-                    .insert_many(places.drain(..))
-                    .ordered(false)
-                    .await,
-            )?;
-        }
-        if !pending.is_empty() {
-            written(
-                self.pending()
-                    .insert_many(pending.drain(..))
-                    .ordered(false)
-                    .await,
-            )?;
-        }
-        Ok(())
     }
 }

@@ -195,14 +195,14 @@ impl MongoStore {
         self.events()
             .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
             .await?;
-        // The feed's sequencing takes the events waiting for a place in
-        // each owner's order (its places are found by their `_id`).
-        self.pending()
-            .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
+        // The feed's sequencing finds the events not placed yet (each
+        // owner's in order), and the admin's reader reads it in order.
+        self.events()
+            .create_index(index(doc! {"feed": 1, "owner_id": 1, "seq": 1}, false))
             .await?;
-        // A user's deletion removes their events' places.
-        self.places()
-            .create_index(index(doc! {"event": 1}, true))
+        // The sweeper removes the oldest first (FILEDOCK_EVENT_RETENTION_SECS).
+        self.events()
+            .create_index(index(doc! {"time": 1}, false))
             .await?;
         self.permissions()
             .create_index(index(doc! {"file_id": 1, "user_id": 1}, true))
