@@ -272,7 +272,6 @@ async fn a_feed_cursor_from_before_the_retention_s_removal_is_told() {
     assert_eq!(page["events"].as_array().unwrap().len(), 0, "{page}");
     assert_eq!(page["cursor"], "3");
     let young = app.upload_json(&ann, "young.txt", b"young".to_vec()).await;
-    // Read from the start, the feed begins after the retention's mark.
     until_placed(&app.base, 1).await;
     app.state.sweeper.try_run_once().await.unwrap();
     let (status, page) = feed_page(&app.base, "").await;

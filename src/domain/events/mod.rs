@@ -197,7 +197,7 @@ impl EventService {
     }
 
     /// Every owner's events placed in the feed after position `after` (0:
-    /// from the retention's mark), at most `limit`, in feed order (which
+    /// from the oldest kept), at most `limit`, in feed order (which
     /// keeps each owner's sequence order); the cursor is the last one's
     /// place, or with none the last place read. `CursorExpired` if the
     /// retention removed one after `after`. A deleted user's events leave
@@ -219,8 +219,8 @@ impl EventService {
         // committed transaction. Read a window of places at a time (a
         // store may read a whole range before it limits: the cost stays
         // that of a page, not of the feed behind it), widened past the
-        // places that deleted users' events left empty.
-        let (mut from, mut width) = (after.max(bounds.floor), limit as i64);
+        // places left empty (by deleted users' events, by the retention).
+        let (mut from, mut width) = (after, limit as i64);
         let (events, upto) = loop {
             let upto = bounds.last.min(from.saturating_add(width));
             let events = self.events.feed(from, upto, limit).await?;
