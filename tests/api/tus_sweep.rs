@@ -6,7 +6,7 @@
 use filedock::{
     domain::sweeper::{Outcome, SweepReport},
     meta::{Claim, IntentRecord},
-    vocab::{BlobKey, FileId},
+    vocab::{BlobKey, FileId, UserId},
 };
 use futures::StreamExt;
 use reqwest::StatusCode;
@@ -170,6 +170,30 @@ async fn the_sweeper_claims_an_upload_only_at_the_expiry_it_read() {
     let claimed = meta.delete_resumable_if_expires(&id, kept.expires_at, true);
     assert_eq!(claimed.await.unwrap(), Claim::Claimed { told: true });
     assert!(meta.resumable(&id).await.unwrap().is_none());
+}
+
+/// Once a user's deletion began, their `user.deleted` is their last event:
+/// the expiry of an upload of theirs claimed after it tells nothing.
+#[tokio::test]
+async fn an_expiry_claimed_after_a_user_s_deletion_began_tells_nothing() {
+    let app = spawn_app().await;
+    let user = app.create_user("leaving").await;
+    let id: FileId = create(&app, &user, 10).await.parse().unwrap();
+    let meta = &app.state.ports.meta;
+    let upload = meta.resumable(&id).await.unwrap().unwrap();
+    let owner: UserId = user.id.parse().unwrap();
+    assert!(meta.begin_user_deletion(&owner).await.unwrap().is_some());
+    let claimed = meta.delete_resumable_if_expires(&id, upload.expires_at, true);
+    assert_eq!(claimed.await.unwrap(), Claim::Claimed { told: false });
+    let kinds: Vec<String> = (meta.events(&owner, 0, 100).await.unwrap().into_iter())
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("user.deleted"),
+        "{kinds:?}"
+    );
+    assert!(!kinds.contains(&"upload.expired".to_owned()), "{kinds:?}");
 }
 
 /// A PATCH renews the upload's intent to the very instant it renews the

@@ -254,7 +254,7 @@ impl EventRepo for EmbeddedStore {
             if pending.is_empty() {
                 return Ok(0);
             }
-            let mut state = feed_state(tx)?;
+            let (mut state, mut placed) = (feed_state(tx)?, 0);
             for k in &pending {
                 tx.delete(k);
                 let Some((owner, seq)) = k[PENDING.len()..].split_once('/') else {
@@ -271,9 +271,10 @@ impl EventRepo for EmbeddedStore {
                 e.feed = Some(state.last);
                 tx.put(&key, &e)?;
                 tx.put(&feed_key(state.last), &key)?;
+                placed += 1;
             }
             tx.put(FEED_STATE, &state)?;
-            Ok(pending.len())
+            Ok(placed)
         })
         .await
     }

@@ -203,10 +203,6 @@ impl MongoStore {
         Ok(Some(next))
     }
 
-    /// Deletes the upload `filter` matches (by `_id`, and maybe more) and
-    /// gives back what it held of its user's counters, in `s`: whether one
-    /// was deleted. An expired one's claim (`expired`) writes its
-    /// `upload.expired` (see [`EventDraft::expiry_told_by`]).
     /// Whether `user`'s deletion has begun (or they are gone): their
     /// `user.deleted` is their last event, so an expiry tells nothing then.
     async fn user_leaving(&self, s: &mut ClientSession, user: &UserId) -> MetaResult<bool> {
@@ -222,6 +218,11 @@ impl MongoStore {
             .is_none_or(|u| matches!(u.get("deleting_since"), Some(d) if d != &bson::Bson::Null)))
     }
 
+    /// Deletes the upload `filter` matches (by `_id`, and maybe more) and
+    /// gives back what it held of its user's counters, in `s`: whether one
+    /// was deleted ([`Claim`]). An expired one's claim (`expired`) writes its
+    /// `upload.expired` (see [`EventDraft::expiry_told_by`]), but for a
+    /// user leaving.
     async fn delete_resumable_in(
         &self,
         s: &mut ClientSession,
