@@ -28,8 +28,12 @@ use crate::{
 };
 
 const PAGE: usize = 1000;
-/// How long the feed may take to hold every event the users read.
-const SETTLE: Duration = Duration::from_secs(20);
+/// How long the feed may take to hold every event the users read: an
+/// instance killed in the middle of a placing leaves its transaction open
+/// on the feed's counter until the store reaps it (60 s, MongoDB's and
+/// SecantusDB's `transactionLifetimeLimitSeconds`), and no sequencer
+/// places anything until then (seen: a kill at the end of a run).
+const SETTLE: Duration = Duration::from_secs(90);
 
 /// The feed as read: its events in order, and what was wrong with the
 /// reading itself.
