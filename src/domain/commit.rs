@@ -6,18 +6,23 @@ use std::future::Future;
 use super::{DomainError, UserId};
 use crate::{
     lock::{LockError, LockKey, Locks},
-    meta::MetaError,
     meta::retry::{Retried, Transactions},
+    meta::{MetaError, UserTurns},
 };
 
 /// Runs `txn`, a transaction that writes the user document, under the
-/// user's commit lock, retried on WriteConflict and counted as `op`. Without
-/// the lock, commits of different size categories (different locks, one
-/// document) conflict, and a steady stream in one category can starve
-/// another's retries past the last attempt: 6 of 8 runs of 100 mixed uploads
-/// on the test stack had a `write_conflict` failure.
+/// user's commit lock, retried on WriteConflict and counted as `op`, each
+/// attempt in the user's turn in this instance. Without the lock, commits
+/// of different size categories (different locks, one document) conflict,
+/// and a steady stream in one category can starve another's retries past
+/// the last attempt: 6 of 8 runs of 100 mixed uploads on the test stack had
+/// a `write_conflict` failure. Without the turn, the writers of the
+/// document that take no commit lock (the queue's workers, a resumable
+/// upload's creation) conflict with it: a file's delete racing two attaches
+/// of the file in queue mode was answered `409 write_conflict` on CI.
 pub(crate) async fn user_commit<T, F, Fut>(
     locks: &Locks,
+    turns: &UserTurns,
     txns: &Transactions,
     user: &UserId,
     op: &str,
@@ -29,7 +34,7 @@ where
 {
     locks
         .with_lock(&LockKey::user_commit(user), async |_| {
-            Ok(txns.run(op, txn).await?)
+            Ok(turns.run(txns, op, user, txn).await?)
         })
         .await
 }

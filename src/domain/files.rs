@@ -11,7 +11,9 @@ use crate::{
     blob::{BlobStore, ByteRange, ByteStream, PresignedHeaders},
     lock::{LockKey, Locks},
     meta::retry::Transactions,
-    meta::{CleanupRepo, Fence, FileRecord, FileRepo, MetaError, OrphanStatus, UserRecord},
+    meta::{
+        CleanupRepo, Fence, FileRecord, FileRepo, MetaError, OrphanStatus, UserRecord, UserTurns,
+    },
 };
 
 /// Reading, listing, renaming and deleting files, and the ports that takes.
@@ -21,6 +23,9 @@ pub struct FileService {
     pub(crate) cleanup: Arc<dyn CleanupRepo>,
     pub(crate) blobs: Arc<dyn BlobStore>,
     pub(crate) locks: Arc<Locks>,
+    /// The users' turns in this instance: a delete or a rename writes the
+    /// owner's record (its event's number), as their commits do.
+    pub(crate) turns: Arc<UserTurns>,
     pub(crate) txns: Transactions,
 }
 
@@ -153,7 +158,10 @@ impl FileService {
             .locks
             .with_lock(&lock, async |held| {
                 let fence = Fence::of_lock(held.fence(), category.as_str());
-                user_commit(&self.locks, &self.txns, user_id, op, || txn(fence.clone())).await
+                user_commit(&self.locks, &self.turns, &self.txns, user_id, op, || {
+                    txn(fence.clone())
+                })
+                .await
             })
             .await;
         written.map(|r| r.value).map_err(|e| match e {

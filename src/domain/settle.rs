@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     lock::Locks,
-    meta::{MetaError, MetaResult, retry::Transactions},
+    meta::{MetaError, MetaResult, UserTurns, retry::Transactions},
     vocab::UserId,
 };
 
@@ -30,6 +30,8 @@ const PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_
 #[derive(Clone)]
 pub struct OwnedInserts {
     pub locks: std::sync::Arc<Locks>,
+    /// The users' turns in this instance (see [`user_commit`]).
+    pub turns: std::sync::Arc<UserTurns>,
     pub txns: Transactions,
     pub settle_window: Duration,
 }
@@ -57,7 +59,7 @@ impl OwnedInserts {
         let mut pause = PAUSE.0;
         let mut sent = false;
         loop {
-            let tried = user_commit(&self.locks, &self.txns, owner, op, &insert).await;
+            let tried = user_commit(&self.locks, &self.turns, &self.txns, owner, op, &insert).await;
             let retry = match tried {
                 Ok(_) => return Ok(()),
                 Err(UserCommitError::Meta(MetaError::Duplicate)) if sent => return Ok(()),

@@ -94,6 +94,7 @@ impl UserService {
         // their commits, not starved by them into write conflicts.
         let marked = user_commit(
             &self.inserts.locks,
+            &self.inserts.turns,
             &self.inserts.txns,
             id,
             "begin_user_deletion",
@@ -141,6 +142,7 @@ impl UserService {
         // racing them into write conflicts.
         let set = user_commit(
             &self.inserts.locks,
+            &self.inserts.turns,
             &self.inserts.txns,
             id,
             "set_quota",
@@ -216,6 +218,7 @@ impl UserService {
         let delete = || self.keys.delete_key(user, id);
         let deleted = match user_commit(
             &self.inserts.locks,
+            &self.inserts.turns,
             &self.inserts.txns,
             user,
             "delete_key",
@@ -361,6 +364,7 @@ mod tests {
             (None, 100),
             OwnedInserts {
                 locks: kit.locks.clone(),
+                turns: Arc::default(),
                 txns: Transactions::new(defaults.txn_retry, Arc::new(Metrics::default())),
                 settle_window: defaults.settle_window,
             },

@@ -4,12 +4,15 @@
 //! — and every change that writes an event, which the user's record numbers —
 //! conflict when two of one user's run at once, and one is retried after a
 //! pause. Within this instance each of their transaction attempts takes
-//! the user's turn (striped, so that the memory is fixed), which leaves the
-//! retry for writes from other instances and for the rarer writes that take
-//! no turn (a file's deletion, a quota change, the user's deletion, the
-//! sweeper): a client creating uploads in parallel while earlier ones
-//! commit (Uppy sends several at once) is neither slowed by retries nor
-//! answered `409 write_conflict` for racing itself.
+//! the user's turn (striped, so that the memory is fixed), as does every
+//! write under the user's commit lock (a file's delete or rename, a quota
+//! change, a key's mint or revocation, the start of the user's deletion),
+//! which leaves the retry for writes from other instances and for the rarer
+//! writes that take no turn (a deletion's later passes, the sweeper): a
+//! client creating uploads in parallel while earlier ones commit (Uppy
+//! sends several at once) is neither slowed by retries nor answered
+//! `409 write_conflict` for racing itself, nor is a delete racing the
+//! queue's workers.
 
 use std::{
     future::Future,

@@ -193,9 +193,10 @@ impl AppState {
         ));
         // A container's change writes its event with a write of its owner's
         // record: in the owner's turn, as their commits are.
+        let turns = committer.turns();
         let applier = Applier::new(
             containers.clone(),
-            (txns.clone(), committer.turns()),
+            (txns.clone(), turns.clone()),
             settings.max_container_items,
         );
         // Queue mode on Redis: a link of its own (its own connections and
@@ -250,6 +251,7 @@ impl AppState {
         ));
         let inserts = OwnedInserts {
             locks: locks.clone(),
+            turns: turns.clone(),
             txns: txns.clone(),
             settle_window: settings.settle_window,
         };
@@ -278,6 +280,7 @@ impl AppState {
                 cleanup: meta.clone(),
                 blobs: blobs.clone(),
                 locks: locks.clone(),
+                turns,
                 txns,
             }),
             containers: Arc::new(ContainerService::new(containers, coordinator, inserts)),

@@ -323,6 +323,105 @@ async fn deleting_a_file_while_it_is_being_attached_never_leaves_a_dangling_id()
     );
 }
 
+/// A file's delete and rename write the owner's record (their events'
+/// numbers), as every change to their sessions does: racing a burst of such
+/// changes (in queue mode, applied by the queue's workers, which take no
+/// commit lock) they take turns with them, and none is answered
+/// `409 write_conflict` (CI saw a delete racing two attaches answered so).
+#[tokio::test]
+async fn deletes_and_renames_racing_a_burst_of_changes_to_the_owner_s_sessions_all_succeed() {
+    const SESSIONS: usize = 8;
+    const ROUNDS: usize = 6;
+    let app = spawn_app().await;
+    let u = app.create_user("u").await;
+    let mut sessions = Vec::new();
+    let mut kept = Vec::new();
+    for i in 0..SESSIONS {
+        sessions.push(app.new_session(&u).await);
+        kept.push(app.new_file(&u, i).await);
+    }
+    let renamed = app.new_file(&u, SESSIONS).await;
+    let mut refused = Vec::new();
+    for round in 0..ROUNDS {
+        let doomed = app.new_file(&u, 100 + round).await;
+        // Each change changes something (attached in even rounds, detached
+        // in odd ones), so each writes an event.
+        let changes = sessions.iter().zip(&kept).map(|(s, f)| {
+            if round % 2 == 0 {
+                app.json(
+                    "POST",
+                    format!("/v1/sessions/{s}/files"),
+                    &u,
+                    Some(json!({"file_id": f})),
+                )
+            } else {
+                app.json("DELETE", format!("/v1/sessions/{s}/files/{f}"), &u, None)
+            }
+        });
+        // The file being deleted, attached everywhere at once: each attach
+        // lands before the delete (which detaches it) or finds no file.
+        let attaches = sessions.iter().map(|s| {
+            app.json(
+                "POST",
+                format!("/v1/sessions/{s}/files"),
+                &u,
+                Some(json!({"file_id": doomed})),
+            )
+        });
+        let delete = app.json("DELETE", format!("/v1/files/{doomed}"), &u, None);
+        let rename = app.json(
+            "PATCH",
+            format!("/v1/files/{renamed}"),
+            &u,
+            Some(json!({"name": format!("round-{round}.txt")})),
+        );
+        let (changed, attached, (deleted, _), (renamed_status, body)) =
+            tokio::join!(join_all(changes), join_all(attaches), delete, rename);
+        for (status, body) in attached {
+            if status != StatusCode::OK && status != StatusCode::BAD_REQUEST {
+                refused.push(format!("round {round}: an attach answered {status} {body}"));
+            }
+        }
+        for (status, body) in changed {
+            if status != StatusCode::OK {
+                refused.push(format!("round {round}: a change answered {status} {body}"));
+            }
+        }
+        if deleted != StatusCode::NO_CONTENT {
+            refused.push(format!("round {round}: the delete answered {deleted}"));
+        }
+        if renamed_status != StatusCode::OK {
+            refused.push(format!(
+                "round {round}: the rename answered {renamed_status} {body}"
+            ));
+        }
+    }
+    assert!(refused.is_empty(), "{refused:#?}");
+    // One instance: its writes of the user's record take turns, so none
+    // conflicts with another (a conflict is retried, but only three times).
+    let conflicts = app.metric("filedock_txn_write_conflicts_total", "").await;
+    assert_eq!(
+        conflicts, 0.0,
+        "transactions retried after a write conflict"
+    );
+    for s in &sessions {
+        let (_, session) = app.json("GET", format!("/v1/sessions/{s}"), &u, None).await;
+        let left: HashSet<_> = ids(&session, "file_ids").into_iter().collect();
+        assert!(
+            left.iter().all(|f| kept.contains(f)),
+            "a session names a deleted file: {session}"
+        );
+    }
+    let (_, file) = app
+        .json("GET", format!("/v1/files/{renamed}"), &u, None)
+        .await;
+    assert_eq!(
+        file["filename"],
+        format!("round-{}.txt", ROUNDS - 1),
+        "{file}"
+    );
+}
+
 #[tokio::test]
 async fn deleting_a_file_detaches_it_everywhere() {
     let app = spawn_app().await;

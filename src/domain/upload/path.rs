@@ -69,11 +69,17 @@ impl CommitPath for OneByOne {
             }
             None => None,
         };
-        let committed = user_commit(&self.locks, &self.txns, user, "commit_upload", || async {
-            let _turn = self.turns.hold(user).await;
-            self.metrics.upload_commit_txns.inc();
-            self.files.commit_upload(&commit).await
-        })
+        let committed = user_commit(
+            &self.locks,
+            &self.turns,
+            &self.txns,
+            user,
+            "commit_upload",
+            || async {
+                self.metrics.upload_commit_txns.inc();
+                self.files.commit_upload(&commit).await
+            },
+        )
         .await
         .map(|r| r.value);
         if let Some(held) = held {
