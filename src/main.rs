@@ -99,6 +99,11 @@ async fn serve(command: Command) -> anyhow::Result<()> {
     tune_allocator();
     let settings = Settings::from_env()?;
     telemetry::init(settings.log_json);
+    // Names only: a value may be a secret.
+    let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+    for unknown in settings.check_variables(names)? {
+        tracing::warn!("{unknown}");
+    }
     match command {
         Command::Serve => {
             let app = Application::build(settings).await?;

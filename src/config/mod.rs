@@ -3,11 +3,13 @@
 pub mod media;
 mod modes;
 mod table;
+mod unknown;
 
 pub use media::AllowedTypes;
 
 pub use modes::{Coordination, Environment, LockScope, LockStrategy, RedisMode, SignedLinks};
 pub use table::{SETTINGS, Setting, default_of};
+pub use unknown::{Unknown, unknown_variables};
 
 use std::{path::PathBuf, str::FromStr, time::Duration};
 
@@ -359,6 +361,24 @@ impl Settings {
 
     pub fn is_production(&self) -> bool {
         self.env == Environment::Production
+    }
+
+    /// The variables among `names` that look like settings and are none
+    /// ([`unknown_variables`]), to warn of; in production, an error naming
+    /// them all (a typo there is a setting silently at its default).
+    pub fn check_variables(
+        &self,
+        names: impl IntoIterator<Item = String>,
+    ) -> anyhow::Result<Vec<Unknown>> {
+        let unknown = unknown_variables(names);
+        if self.is_production() && !unknown.is_empty() {
+            let listed: Vec<String> = unknown.iter().map(ToString::to_string).collect();
+            bail!(
+                "production mode refuses to start with variables that are no setting: {}",
+                listed.join("; ")
+            );
+        }
+        Ok(unknown)
     }
 }
 

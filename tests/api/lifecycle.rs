@@ -229,3 +229,68 @@ async fn a_panicking_request_is_answered_500_counted_and_the_process_serves_on()
     state.sweeper.try_run_once().await.unwrap();
     assert_eq!(assert_bucket_matches_metadata(&state).await, 0);
 }
+
+/// A `FILEDOCK_*` variable that is no setting is named at start-up with the
+/// setting it meant: production refuses to start (a typo there would run
+/// with that setting at its default without a word), development starts
+/// and warns. Neither prints the variable's value (it may be a secret).
+#[tokio::test]
+async fn a_mistyped_setting_stops_production_and_is_warned_of_in_development() {
+    let settings = test_settings();
+    std::fs::create_dir_all(&settings.data_dir).unwrap();
+    let secret = format!("adm_{}", uuid::Uuid::new_v4().simple());
+    let typos = [
+        ("FILEDOCK_REDIS_MOD", "cluster"),
+        ("FILEDOCK_ADMIN_KY", secret.as_str()),
+    ];
+    let named = |out: &str| {
+        for (typo, meant) in [
+            ("FILEDOCK_REDIS_MOD", "FILEDOCK_REDIS_MODE"),
+            ("FILEDOCK_ADMIN_KY", "FILEDOCK_ADMIN_KEY"),
+        ] {
+            assert!(
+                out.contains(&format!("{typo} is not a setting; did you mean {meant}?")),
+                "{typo} not named with {meant}: {out}"
+            );
+        }
+        assert!(!out.contains(&secret), "a value was printed: {out}");
+    };
+    let start = |env: &str, log: &std::path::Path, port: u16| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_filedock"));
+        command
+            .envs(binary_env(&settings))
+            .envs(typos)
+            .env("FILEDOCK_ENV", env)
+            .env("FILEDOCK_ALLOW_EMBEDDED", "true")
+            .env("FILEDOCK_BIND", format!("127.0.0.1:{port}"))
+            .stdout(std::fs::File::create(log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(log).unwrap());
+        command.spawn().unwrap()
+    };
+
+    let log = settings.data_dir.join("production.log");
+    let port = free_port();
+    let mut child = start("production", &log, port);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("production started with variables that are no setting");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success(), "production exited {status}");
+    named(&std::fs::read_to_string(&log).unwrap());
+
+    let log = settings.data_dir.join("development.log");
+    let port = free_port();
+    let child = start("development", &log, port);
+    let server = Server::wait_until_up(child, port, 200, Duration::from_millis(50)).await;
+    let health = reqwest::get(format!("{}/healthz", server.base)).await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    drop(server);
+    named(&std::fs::read_to_string(&log).unwrap());
+}
