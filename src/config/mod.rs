@@ -8,7 +8,7 @@ mod unknown;
 pub use media::AllowedTypes;
 
 pub use modes::{Coordination, Environment, LockScope, LockStrategy, RedisMode, SignedLinks};
-pub use table::{SETTINGS, Setting, default_of};
+pub use table::{OLDER_NAMES, SETTINGS, Setting, default_of};
 pub use unknown::{Unknown, unknown_variables};
 
 use std::{path::PathBuf, str::FromStr, time::Duration};
@@ -64,8 +64,12 @@ pub struct Settings {
     pub max_keys_per_user: usize,
     /// The most tokens one user may hold that have not expired.
     pub max_tokens_per_user: usize,
-    /// After SIGTERM, how long in-flight requests may take to finish.
-    pub shutdown_grace: Duration,
+    /// After SIGTERM, how long the instance is unready yet still accepts
+    /// (`FILEDOCK_DRAIN_READY_GRACE_SECS`).
+    pub drain_ready_grace: Duration,
+    /// Then how long in-flight requests may take to finish, and after them
+    /// the background workers (`FILEDOCK_DRAIN_SECS`).
+    pub drain: Duration,
     /// Uploads one user may have in flight on one instance.
     pub max_uploads_per_user: usize,
     /// The most members one list of a session or agent may hold (its files,
@@ -203,7 +207,13 @@ impl Settings {
     /// seam for tests.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
         let vars = Vars(move |name: &str| {
-            lookup(&format!("FILEDOCK_{name}")).or_else(|| default_of(name).map(str::to_owned))
+            let older = || {
+                let (_, var) = OLDER_NAMES.iter().find(|(n, _)| *n == name)?;
+                lookup(var)
+            };
+            lookup(&format!("FILEDOCK_{name}"))
+                .or_else(older)
+                .or_else(|| default_of(name).map(str::to_owned))
         });
         let s3 = match vars.get("S3_ENDPOINT") {
             None => None,
@@ -264,7 +274,8 @@ impl Settings {
             token_max_lifetime: vars.secs("TOKEN_MAX_SECS")?,
             max_keys_per_user: vars.value("MAX_KEYS_PER_USER")?,
             max_tokens_per_user: vars.value("MAX_TOKENS_PER_USER")?,
-            shutdown_grace: vars.secs("SHUTDOWN_GRACE_SECS")?,
+            drain_ready_grace: vars.secs("DRAIN_READY_GRACE_SECS")?,
+            drain: vars.secs("DRAIN_SECS")?,
             max_uploads_per_user: vars.value("MAX_UPLOADS_PER_USER")?,
             max_container_items: vars.value("MAX_CONTAINER_ITEMS")?,
             upload_group_commit: vars.value("UPLOAD_GROUP_COMMIT")?,
@@ -484,6 +495,24 @@ mod tests {
         let embedded = Settings::embedded("/tmp/x");
         assert_eq!(embedded.data_dir, PathBuf::from("/tmp/x"));
         assert_eq!(embedded.bind, default_of("BIND").unwrap());
+    }
+
+    #[test]
+    fn a_renamed_setting_is_read_by_its_older_name_when_the_newer_is_unset() {
+        let drain = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Settings::from_lookup(|n| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()))
+                .unwrap()
+                .drain
+        };
+        assert_eq!(drain(&[]), Duration::from_secs(30));
+        let older = ("FILEDOCK_SHUTDOWN_GRACE_SECS", "3");
+        assert_eq!(drain(&[older]), Duration::from_secs(3));
+        let newer = ("FILEDOCK_DRAIN_SECS", "7");
+        assert_eq!(drain(&[older, newer]), Duration::from_secs(7));
     }
 
     #[test]

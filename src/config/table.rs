@@ -21,6 +21,10 @@ impl Setting {
     }
 }
 
+/// Settings renamed, as (`name` without `FILEDOCK_`, the older variable):
+/// the older one is read when the newer is unset.
+pub const OLDER_NAMES: &[(&str, &str)] = &[("DRAIN_SECS", "FILEDOCK_SHUTDOWN_GRACE_SECS")];
+
 /// The default of `FILEDOCK_{name}` (or `name`), if it has one.
 pub fn default_of(name: &str) -> Option<&'static str> {
     SETTINGS
@@ -351,9 +355,21 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
-        var: "FILEDOCK_SHUTDOWN_GRACE_SECS",
-        meaning: "after SIGTERM: new connections are refused, in-flight requests get this long",
+        var: "FILEDOCK_DRAIN_READY_GRACE_SECS",
+        meaning: "after SIGTERM: /readyz answers 503 at once and every response closes its connection, while new connections are still accepted for this long (for a balancer's probe to notice)",
+        value: Some("5"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_DRAIN_SECS",
+        meaning: "then: new connections are refused, tus PATCHes in flight store what arrived and answer 503 draining, long polls answer; other requests in flight get this long, then background workers stop",
         value: Some("30"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_SHUTDOWN_GRACE_SECS",
+        meaning: "the older name of FILEDOCK_DRAIN_SECS, read when that is unset",
+        value: None,
         shown: None,
     },
     Setting {

@@ -49,9 +49,17 @@ pub async fn list(
     let wait = Duration::from_secs(q.wait.unwrap_or(0).min(u32::MAX.into()));
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     let events = &state.events;
-    let EventPage { events, cursor } = match caller {
-        AdminOrUser::User(user) => events.pull_waiting(&user, after, limit, wait).await?,
-        AdminOrUser::Admin => events.pull_feed_waiting(after, limit, wait).await?,
+    let caller = &caller;
+    let pull = |wait| async move {
+        match caller {
+            AdminOrUser::User(user) => events.pull_waiting(user, after, limit, wait).await,
+            AdminOrUser::Admin => events.pull_feed_waiting(after, limit, wait).await,
+        }
+    };
+    // A long poll answers with what it has once the instance drains.
+    let EventPage { events, cursor } = tokio::select! {
+        page = pull(wait) => page?,
+        () = state.drain.closing().cancelled() => pull(Duration::ZERO).await?,
     };
     let events: Vec<_> = events
         .into_iter()

@@ -18,8 +18,13 @@ pub async fn healthz() -> ApiResult {
     ok(Json(json!({"status": "ok"})))
 }
 
-/// 200 when every dependency answers within 2 s; 503 naming those that do not.
+/// 200 when every dependency answers within 2 s; 503 naming those that do
+/// not; 503 `draining` at once when the instance is shutting down.
 pub async fn readyz(State(state): State<AppState>) -> ApiResult {
+    if state.drain.is_unready() {
+        let body = json!({"status": "draining", "checks": {}, "failing": ["draining"]});
+        return ok((StatusCode::SERVICE_UNAVAILABLE, Json(body)));
+    }
     let limit = Duration::from_secs(2);
     let check = |r: Result<Result<(), String>, tokio::time::error::Elapsed>| match r {
         Ok(Ok(())) => "ok",

@@ -7,6 +7,7 @@ mod admin;
 mod agents;
 pub mod audit;
 mod conditional;
+pub mod drain;
 pub mod error;
 mod events;
 mod extract;
@@ -157,6 +158,10 @@ pub fn router(state: AppState) -> Router {
                 // Inside `observe`: a panic is answered and counted as a 500.
                 .layer(CatchPanicLayer::custom(answer_panic(state.metrics.clone())))
                 .layer(middleware::from_fn(tus::tus_resumable_header))
+                .layer(middleware::from_fn_with_state(
+                    state.clone(),
+                    close_connections_while_draining,
+                ))
                 .option_layer(cors),
         )
         .with_state(state)
@@ -311,4 +316,21 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
             )
             .max_age(Duration::from_secs(600)),
     )
+}
+
+/// Every response of an unready instance closes its connection: a client
+/// (or balancer) that keeps connections open opens its next one elsewhere
+/// before the listener closes.
+pub async fn close_connections_while_draining(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    if state.drain.is_unready() {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }

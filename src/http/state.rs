@@ -37,6 +37,8 @@ pub struct AppState {
     pub events: Arc<EventService>,
     pub sweeper: Arc<Sweeper>,
     pub reconciler: Arc<Reconciler>,
+    /// The stages of a drain (SIGTERM), which the handlers heed.
+    pub drain: super::drain::Drain,
     /// The Redis queue, whose workers run with the server (queue mode).
     pub(crate) queue: Option<Arc<RedisQueue>>,
     /// The adapters themselves: for readiness checks, admin listings and tests.

@@ -4,7 +4,13 @@
 //! is the id the file commits under: after the last PATCH it is at
 //! `/v1/files/{id}`.
 
-use std::io;
+use std::{
+    io,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use axum::{
     body::Body,
@@ -17,6 +23,7 @@ use base64::Engine;
 use futures::TryStreamExt;
 
 use super::{
+    drain,
     error::{ApiError, error_body},
     extract::{AuthUser, media_type, path_id},
     state::AppState,
@@ -87,6 +94,10 @@ pub enum TusError {
     /// The body does not match its `Upload-Checksum`: 460 (the checksum
     /// extension's Checksum Mismatch) `checksum_mismatch`.
     ChecksumMismatch,
+    /// The instance is shutting down and cut the body (what arrived is
+    /// kept, unless a checksum needed all of it): 503 `draining`, with
+    /// `Retry-After` and the connection closed.
+    Draining,
     Api(ApiError),
 }
 
@@ -128,6 +139,15 @@ impl IntoResponse for TusError {
                 "checksum_mismatch",
                 ResumableError::ChecksumMismatch.to_string(),
             ),
+            Self::Draining => {
+                let message =
+                    "this instance is shutting down; HEAD gives the offset to resume from";
+                let status = StatusCode::SERVICE_UNAVAILABLE;
+                let mut res = error_body(status, "draining", message.into());
+                res.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return res;
+            }
         };
         error_body(status, code, message)
     }
@@ -345,12 +365,21 @@ async fn run_patch(
         body.into_data_stream()
             .map_err(|e| BodyError::Read(io::Error::other(e))),
     );
+    // Cut when the instance drains: what arrived is stored as for a client gone.
+    let drained = Arc::new(AtomicBool::new(false));
+    let body = drain::cut_when_closing(body, &state.drain, drained.clone());
     let task = tokio::spawn(async move {
         service
             .patch(&user, &id, offset, length, checksum, body)
             .await
     });
     match task.await {
+        // The cut's answer (a body that could not be read), told truly.
+        Ok(Err(ResumableError::Domain(DomainError::InvalidRequest(_))))
+            if drained.load(Ordering::SeqCst) =>
+        {
+            Err(TusError::Draining)
+        }
         Ok(patched) => patched.map_err(TusError::from),
         // The task's panic is the handler's: the panic layer answers and counts it.
         Err(e) => match e.try_into_panic() {

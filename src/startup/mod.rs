@@ -257,6 +257,7 @@ impl AppState {
         };
         Ok(Self {
             audit: http::audit::Audit::new(metrics.clone()),
+            drain: http::drain::Drain::default(),
             tokens: Arc::new(TokenService::new(
                 meta.clone(),
                 meta.clone(),
@@ -430,7 +431,7 @@ impl Application {
     }
 
     /// Serves until `shutdown` fires, then finishes in-flight requests.
-    /// Background workers get `shutdown_grace` too, after the requests,
+    /// Background workers get `FILEDOCK_DRAIN_SECS` too, after the requests,
     /// and are waited for: when this returns, they have let go of their
     /// leases and stores.
     pub async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -466,11 +467,18 @@ impl Application {
                  they stop working on restart and on other instances"
             );
         }
-        serve::serve(self.listener, router, &self.state.settings, shutdown).await;
+        let drain = self.state.drain.clone();
+        serve::serve(
+            self.listener,
+            router,
+            &self.state.settings,
+            (shutdown, &drain),
+        )
+        .await;
         if let Some(server) = metrics_server {
             let _ = server.await;
         }
-        let grace = self.state.settings.shutdown_grace;
+        let grace = self.state.settings.drain;
         workers.drain(std::time::Instant::now() + grace).await;
         Ok(())
     }

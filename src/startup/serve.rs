@@ -32,7 +32,7 @@ use tokio::{net::TcpListener, sync::Semaphore, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tower::ServiceExt;
 
-use crate::config::Settings;
+use crate::{config::Settings, http::drain::Drain};
 
 /// The most an HTTP/1 connection buffers of what it reads (hyper's default
 /// is 400 KiB): an upload waiting for the memory budget stops reading
@@ -41,14 +41,24 @@ use crate::config::Settings;
 /// request's head must fit in it.
 const HTTP1_READ_BUFFER: usize = 64 << 10;
 
-/// Serves `router` on `listener` until `shutdown` fires; then stops
-/// accepting and gives in-flight requests `shutdown_grace` to finish.
+/// Serves `router` on `listener` until `shutdown` fires; then drains
+/// (`crate::http::drain`): unready at once, still accepting for
+/// `drain_ready_grace`; then the listener closes, `drain` lets go of what
+/// would outlive it, and in-flight requests get `settings.drain` to finish.
 pub(super) async fn serve(
     listener: TcpListener,
     router: Router,
     settings: &Settings,
-    shutdown: CancellationToken,
+    (shutdown, drain): (CancellationToken, &Drain),
 ) {
+    let ready_grace = settings.drain_ready_grace;
+    let stop_accepting = async {
+        shutdown.cancelled().await;
+        drain.begin();
+        tracing::info!(?ready_grace, "draining: unready, still accepting");
+        tokio::time::sleep(ready_grace).await;
+    };
+    tokio::pin!(stop_accepting);
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -66,7 +76,7 @@ pub(super) async fn serve(
     loop {
         let slot = tokio::select! {
             slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-            _ = shutdown.cancelled() => break,
+            () = &mut stop_accepting => break,
         };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -78,7 +88,7 @@ pub(super) async fn serve(
                     continue;
                 }
             },
-            _ = shutdown.cancelled() => break,
+            () = &mut stop_accepting => break,
         };
         let activity = Arc::new(Activity::new());
         let seen = activity.clone();
@@ -93,11 +103,11 @@ pub(super) async fn serve(
         let conn = builder
             .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
             .into_owned();
-        let (timeout, shutdown) = (settings.header_timeout, shutdown.clone());
+        let (timeout, closing) = (settings.header_timeout, drain.closing().clone());
         connections.spawn(async move {
             let _slot = slot;
             tokio::pin!(conn);
-            let mut closing = false;
+            let mut shutting = false;
             // Set when the connection was told to close for being idle: a
             // client that does not take part in the close (an HTTP/2 client
             // that never answers the GOAWAY's PING) is cut off then.
@@ -111,16 +121,16 @@ pub(super) async fn serve(
                         }
                         break;
                     }
-                    _ = shutdown.cancelled(), if !closing => {
+                    _ = closing.cancelled(), if !shutting => {
                         conn.as_mut().graceful_shutdown();
-                        closing = true;
+                        shutting = true;
                     }
-                    _ = tokio::time::sleep_until(wake), if !closing || cut_off.is_some() => {
+                    _ = tokio::time::sleep_until(wake), if !shutting || cut_off.is_some() => {
                         let idle = activity.idle_until(timeout) <= Instant::now();
                         match cut_off {
                             None if idle => {
                                 conn.as_mut().graceful_shutdown();
-                                closing = true;
+                                shutting = true;
                                 cut_off = Some(Instant::now() + timeout);
                             }
                             Some(_) if activity.is_idle() => break,
@@ -132,12 +142,16 @@ pub(super) async fn serve(
             }
         });
     }
-    // New connections are refused at once; in-flight requests get `grace`
-    // to finish. Past it they are cut: an upload cut short leaves at most
-    // an intent, which the sweeper turns into an orphan and deletes.
+    // New connections are refused from now; what would outlive the drain
+    // lets go (tus PATCHes, long polls), and the other requests in flight
+    // get `grace` to finish. Past it they are cut: an upload cut short
+    // leaves at most an intent, which the sweeper turns into an orphan and
+    // deletes.
     drop(listener);
+    drain.close();
+    tracing::info!("draining: the listener is closed");
     connections.close();
-    let grace = settings.shutdown_grace;
+    let grace = settings.drain;
     if tokio::time::timeout(grace, connections.wait())
         .await
         .is_err()

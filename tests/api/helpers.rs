@@ -39,6 +39,8 @@ pub fn test_settings() -> Settings {
     let mut s = Settings::embedded(dir);
     s.bind = "127.0.0.1:0".into();
     s.admin_key = Some(SecretString::from(ADMIN_KEY));
+    // A test's server stops at once (the drain's own tests set it).
+    s.drain_ready_grace = std::time::Duration::ZERO;
     // scripts/test.sh reruns the platform tests with FILEDOCK_TEST_COORDINATION=queue.
     if let Ok(c) = std::env::var("FILEDOCK_TEST_COORDINATION") {
         s.coordination = c.parse().expect("lock or queue");
@@ -104,6 +106,11 @@ impl TestUser {
 impl TestApp {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Begins stopping the server, as SIGTERM does (see [`Self::stop`]).
+    pub fn begin_stop(&self) {
+        self.shutdown.cancel();
     }
 
     /// Stops the server and waits until it has let go of its stores.
@@ -316,6 +323,7 @@ pub fn binary_env(s: &Settings) -> Vec<(String, String)> {
         ),
         ("FILEDOCK_ADMIN_KEY".into(), ADMIN_KEY.into()),
         ("FILEDOCK_SWEEP_INTERVAL_SECS".into(), "0".into()),
+        ("FILEDOCK_DRAIN_READY_GRACE_SECS".into(), "0".into()),
         ("RUST_LOG".into(), "warn".into()),
     ];
     if real_backends() {

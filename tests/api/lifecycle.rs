@@ -289,7 +289,9 @@ async fn a_mistyped_setting_stops_production_and_is_warned_of_in_development() {
     let port = free_port();
     let child = start("development", &log, port);
     let server = Server::wait_until_up(child, port, 200, Duration::from_millis(50)).await;
-    let health = reqwest::get(format!("{}/healthz", server.base)).await.unwrap();
+    let health = reqwest::get(format!("{}/healthz", server.base))
+        .await
+        .unwrap();
     assert_eq!(health.status(), StatusCode::OK);
     drop(server);
     named(&std::fs::read_to_string(&log).unwrap());

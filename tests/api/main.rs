@@ -14,6 +14,7 @@ mod crash;
 mod credentials;
 mod deletion;
 mod deletion_trickle;
+mod drain;
 mod event_feed;
 mod event_types;
 mod events;
