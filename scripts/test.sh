@@ -19,6 +19,8 @@ echo "== filedock tests: the layers of src/ (dependency rule, no cycle)"
 bash scripts/layers.sh
 echo "== filedock checks: docker-compose.yml parses and pins every image"
 bash scripts/compose-check.sh
+echo "== filedock checks: deploy/kubernetes renders and validates (kubectl kustomize, kubernetes-validate --strict)"
+bash scripts/k8s-check.sh
 echo "== filedock tests: embedded adapters"
 cargo test --locked --all-targets
 # The tests that write to sessions and agents, again in queue mode.
