@@ -104,6 +104,13 @@ async fn serve(command: Command) -> anyhow::Result<()> {
     for unknown in settings.check_variables(names)? {
         tracing::warn!("{unknown}");
     }
+    for (name, older) in config::OLDER_NAMES {
+        if std::env::var_os(older).is_some() {
+            tracing::warn!(
+                "{older} is the older name of FILEDOCK_{name}; it is read while that is unset"
+            );
+        }
+    }
     match command {
         Command::Serve => {
             let app = Application::build(settings).await?;

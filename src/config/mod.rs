@@ -375,18 +375,29 @@ impl Settings {
     }
 
     /// The variables among `names` that look like settings and are none
-    /// ([`unknown_variables`]), to warn of; in production, an error naming
-    /// them all (a typo there is a setting silently at its default).
+    /// ([`unknown_variables`]), to warn of; an error instead, naming them,
+    /// for a typo of `FILEDOCK_ENV` (whatever the mode: the one meant may
+    /// be production) and, in production, for every name near a setting (a
+    /// typo there leaves that setting at its default). A name near none
+    /// (another program's, or a setting of a newer version rolled back
+    /// from) is warned of in production too.
     pub fn check_variables(
         &self,
         names: impl IntoIterator<Item = String>,
     ) -> anyhow::Result<Vec<Unknown>> {
         let unknown = unknown_variables(names);
-        if self.is_production() && !unknown.is_empty() {
-            let listed: Vec<String> = unknown.iter().map(ToString::to_string).collect();
+        let refused: Vec<String> = unknown
+            .iter()
+            .filter(|u| match u.closest {
+                Some(setting) => self.is_production() || setting == "FILEDOCK_ENV",
+                None => false,
+            })
+            .map(ToString::to_string)
+            .collect();
+        if !refused.is_empty() {
             bail!(
-                "production mode refuses to start with variables that are no setting: {}",
-                listed.join("; ")
+                "refusing to start with variables that are no setting: {}",
+                refused.join("; ")
             );
         }
         Ok(unknown)
@@ -495,6 +506,27 @@ mod tests {
         let embedded = Settings::embedded("/tmp/x");
         assert_eq!(embedded.data_dir, PathBuf::from("/tmp/x"));
         assert_eq!(embedded.bind, default_of("BIND").unwrap());
+    }
+
+    #[test]
+    fn a_typo_stops_production_and_a_typo_of_the_mode_stops_any_mode() {
+        let names = |n: &[&str]| n.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let development = Settings::from_lookup(|_| None).unwrap();
+        let production =
+            Settings::from_lookup(|n| (n == "FILEDOCK_ENV").then(|| "production".into())).unwrap();
+        let typo = names(&["FILEDOCK_REDIS_MOD"]);
+        let warned = development.check_variables(typo.clone()).unwrap();
+        assert_eq!(warned[0].closest, Some("FILEDOCK_REDIS_MODE"));
+        let err = production.check_variables(typo).unwrap_err().to_string();
+        assert!(err.contains("did you mean FILEDOCK_REDIS_MODE?"), "{err}");
+        let err = development
+            .check_variables(names(&["FILEDOCK_EVN"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("did you mean FILEDOCK_ENV?"), "{err}");
+        // Near no setting (a newer version's, rolled back from): a warning.
+        let far = names(&["FILEDOCK_COLOUR_SCHEME"]);
+        assert_eq!(production.check_variables(far).unwrap().len(), 1);
     }
 
     #[test]

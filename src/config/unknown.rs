@@ -1,7 +1,7 @@
 //! `FILEDOCK_*` variables that are no setting. Left alone, a typo is
 //! silent: `FILEDOCK_REDIS_MOD=cluster` runs single-node without a word.
-//! At start-up each is named with the setting it most likely meant (a
-//! warning in development, a refusal to start in production).
+//! At start-up each is named with the setting it most likely meant
+//! (`Settings::check_variables` says when that refuses to start).
 
 use std::fmt;
 
@@ -32,13 +32,11 @@ pub struct Unknown {
 
 impl fmt::Display for Unknown {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Escaped: a name is the environment's, and may hold a line break.
+        let var = self.var.escape_debug();
         match self.closest {
-            Some(setting) => write!(f, "{} is not a setting; did you mean {setting}?", self.var),
-            None => write!(
-                f,
-                "{} is not a setting (`filedock --help` lists them)",
-                self.var
-            ),
+            Some(setting) => write!(f, "{var} is not a setting; did you mean {setting}?"),
+            None => write!(f, "{var} is not a setting (`filedock --help` lists them)"),
         }
     }
 }

@@ -229,8 +229,8 @@ impl UserService {
             Err(UserCommitError::Lock(e @ LockError::Unavailable(_))) => {
                 tracing::warn!(error = %e, "revoking a key without the user's commit lock");
                 self.inserts
-                    .txns
-                    .run("delete_key", delete)
+                    .turns
+                    .run(&self.inserts.txns, "delete_key", user, delete)
                     .await
                     .map_err(Into::into)
             }

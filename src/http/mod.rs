@@ -139,6 +139,12 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(JSON_BODY_LIMIT))
         .layer(
             ServiceBuilder::new()
+                // Outermost: every answer of a draining instance, a
+                // panic's 500 included, closes its connection.
+                .layer(middleware::from_fn_with_state(
+                    state.clone(),
+                    close_connections_while_draining,
+                ))
                 .layer(middleware::from_fn(sanitize_request_id))
                 .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeRequestUuid))
                 .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
@@ -158,10 +164,6 @@ pub fn router(state: AppState) -> Router {
                 // Inside `observe`: a panic is answered and counted as a 500.
                 .layer(CatchPanicLayer::custom(answer_panic(state.metrics.clone())))
                 .layer(middleware::from_fn(tus::tus_resumable_header))
-                .layer(middleware::from_fn_with_state(
-                    state.clone(),
-                    close_connections_while_draining,
-                ))
                 .option_layer(cors),
         )
         .with_state(state)

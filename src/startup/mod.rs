@@ -430,29 +430,37 @@ impl Application {
         &self.state
     }
 
-    /// Serves until `shutdown` fires, then finishes in-flight requests.
-    /// Background workers get `FILEDOCK_DRAIN_SECS` too, after the requests,
+    /// Serves until `shutdown` fires, then drains (`serve::serve`).
+    /// Background workers run until the requests are done, then get
+    /// `FILEDOCK_DRAIN_SECS` to stop,
     /// and are waited for: when this returns, they have let go of their
     /// leases and stores.
     pub async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let router = http::router(self.state.clone());
+        // The workers (and the metrics listener) run on through the drain:
+        // requests in flight may wait on the queue's workers (queue mode),
+        // and the queue's buckets are given back only once they are done.
+        let requests_done = CancellationToken::new();
         let mut workers = Workers::default();
         let interval = self.state.settings.sweep.interval;
         if !interval.is_zero() {
             let sweeper = SweepWorker::new(self.state.sweeper.clone(), interval);
-            workers.spawn(sweeper, shutdown.child_token());
+            workers.spawn(sweeper, requests_done.child_token());
         }
         if let Some(queue) = &self.state.queue {
-            workers.add("queue manager", queue.spawn_workers(shutdown.child_token()));
+            workers.add(
+                "queue manager",
+                queue.spawn_workers(requests_done.child_token()),
+            );
         }
-        workers.spawn(self.state.events.sequencer(), shutdown.child_token());
+        workers.spawn(self.state.events.sequencer(), requests_done.child_token());
         let metrics_server =
             self.metrics_addr()
                 .zip(self.metrics_listener.take())
                 .map(|(addr, l)| {
                     tracing::info!(%addr, "metrics listening");
                     let metrics = http::metrics_router(self.state.clone());
-                    let stop = shutdown.clone().cancelled_owned();
+                    let stop = requests_done.clone().cancelled_owned();
                     tokio::spawn(async move {
                         if let Err(e) = axum::serve(l, metrics).with_graceful_shutdown(stop).await {
                             tracing::warn!(error = %e, "the metrics listener failed");
@@ -475,6 +483,7 @@ impl Application {
             (shutdown, &drain),
         )
         .await;
+        requests_done.cancel();
         if let Some(server) = metrics_server {
             let _ = server.await;
         }

@@ -104,14 +104,28 @@ pub(super) async fn serve(
             .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
             .into_owned();
         let (timeout, closing) = (settings.header_timeout, drain.closing().clone());
+        // A connection open when the drain begins is told to close then (an
+        // idle one at once, a busy one after its request, HTTP/2 by GOAWAY):
+        // its client's next connection still finds the listener accepting.
+        // One accepted during the drain's grace closes after each answer
+        // (`Connection: close`), or at the listener's close (HTTP/2).
+        let unready = (!drain.is_unready()).then(|| drain.unready().clone());
         connections.spawn(async move {
             let _slot = slot;
             tokio::pin!(conn);
             let mut shutting = false;
-            // Set when the connection was told to close for being idle: a
-            // client that does not take part in the close (an HTTP/2 client
-            // that never answers the GOAWAY's PING) is cut off then.
+            // Set when the connection was told to close (idle, or the
+            // drain): a client that does not take part in the close (an
+            // HTTP/2 client that never answers the GOAWAY's PING) is cut
+            // off then, once it has no request in progress.
             let mut cut_off: Option<Instant> = None;
+            let drained = async {
+                match &unready {
+                    Some(unready) => unready.cancelled().await,
+                    None => closing.cancelled().await,
+                }
+            };
+            tokio::pin!(drained);
             loop {
                 let wake = cut_off.unwrap_or_else(|| activity.idle_until(timeout));
                 tokio::select! {
@@ -121,9 +135,10 @@ pub(super) async fn serve(
                         }
                         break;
                     }
-                    _ = closing.cancelled(), if !shutting => {
+                    () = &mut drained, if !shutting => {
                         conn.as_mut().graceful_shutdown();
                         shutting = true;
+                        cut_off = Some(Instant::now() + timeout);
                     }
                     _ = tokio::time::sleep_until(wake), if !shutting || cut_off.is_some() => {
                         let idle = activity.idle_until(timeout) <= Instant::now();

@@ -37,6 +37,7 @@ async fn a_drain_turns_unready_first_then_lets_a_patch_go_with_what_arrived() {
     let u = app.create_user("u").await;
     // Another user's upload while unready (it must not wake `u`'s long poll).
     let v = app.create_user("v").await;
+    let session = app.new_session(&v).await;
     let bytes = data(CHUNK * CHUNKS);
     let id = create(&app, &u, bytes.len()).await;
 
@@ -103,6 +104,10 @@ async fn a_drain_turns_unready_first_then_lets_a_patch_go_with_what_arrived() {
         "an unready instance closes each connection after its answer"
     );
     let late: Value = uploaded.json().await.unwrap();
+    // A change to a session while draining applies (in queue mode the
+    // queue's workers run on until the requests are done).
+    let (attached, body) = attach(&fresh(), &app.base, &v.key, &session, &late["id"]).await;
+    assert_eq!(attached, StatusCode::OK, "an attach while draining: {body}");
     assert!(
         began.elapsed() < ready_grace,
         "the checks outlasted the grace"
@@ -161,4 +166,22 @@ async fn a_drain_turns_unready_first_then_lets_a_patch_go_with_what_arrived() {
         StatusCode::OK,
         "the upload taken while unready"
     );
+}
+
+/// Attaches `file` to `session` as `key`'s user: the status and the body.
+async fn attach(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    session: &str,
+    file: &Value,
+) -> (StatusCode, Value) {
+    let res = client
+        .post(format!("{base}/v1/sessions/{session}/files"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({ "file_id": file }))
+        .send()
+        .await
+        .unwrap();
+    (res.status(), res.json().await.unwrap_or(Value::Null))
 }
