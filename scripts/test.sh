@@ -24,7 +24,7 @@ bash scripts/k8s-check.sh
 echo "== filedock tests: embedded adapters"
 cargo test --locked --all-targets
 # The tests that write to sessions and agents, again in queue mode.
-QUEUE_MODE_TESTS=(platform:: deletion:: account:: clients:: bounded:: event_types:: drain:: faults::an_applied_attach_whose_read_back_fails_is_not_answered_failed)
+QUEUE_MODE_TESTS=(platform:: deletion:: account:: clients:: bounded:: event_types:: drain:: rolling_restart:: faults::an_applied_attach_whose_read_back_fails_is_not_answered_failed)
 echo "== filedock tests: sessions and agents in queue mode (in-process queue)"
 FILEDOCK_TEST_COORDINATION=queue cargo test --locked --test api -- "${QUEUE_MODE_TESTS[@]}"
 echo "== filedock tests: the upload page in a real browser (Chromium, Playwright)"

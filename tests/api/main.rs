@@ -44,6 +44,7 @@ mod quotas;
 mod real;
 mod redis_cluster;
 mod rename;
+mod rolling_restart;
 mod same_user;
 mod sentinel_mode;
 mod support;

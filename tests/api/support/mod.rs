@@ -25,6 +25,7 @@ pub mod own_cluster;
 pub mod own_sentinel;
 pub mod readback;
 pub mod redis_cluster;
+pub mod round_robin;
 pub mod sentinel;
 pub mod servers;
 pub mod sets;

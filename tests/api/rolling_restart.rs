@@ -1,0 +1,304 @@
+//! Deploys without a failed request (issue 48, part 2): three instances on
+//! the real stack behind a round-robin proxy that skips a closed port (as a
+//! balancer in front of them); while clients upload (plain and tus),
+//! attach and connect MCPs through it, each instance in turn drains (the
+//! path SIGTERM takes) and starts again on its port. Counted: every answer
+//! a client got (any that is not a success is a failure; a connection
+//! refused or cut before an answer is retried, as any client behind a
+//! balancer would), and every write a client was told succeeded, read back
+//! at the end.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use base64::Engine;
+use reqwest::{Client, RequestBuilder, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    helpers::*,
+    support::round_robin::RoundRobin,
+    tus::{OCTETS, TUS},
+};
+
+const INSTANCES: usize = 3;
+const CLIENTS: usize = 6;
+const PLAIN_BYTES: usize = 64 << 10;
+const TUS_BYTES: usize = 128 << 10;
+
+/// What one client did and was told.
+#[derive(Default)]
+struct Tally {
+    requests: usize,
+    /// Connections refused or cut before an answer, sent again.
+    retried: usize,
+    failed: Vec<String>,
+    /// Files it was told are stored: id and SHA-256.
+    files: Vec<(String, String)>,
+    attached: Vec<String>,
+    mcps: Vec<String>,
+}
+
+impl Tally {
+    /// Sends what `request` builds until an answer comes back; a transport
+    /// error (refused, reset, closed before the answer) is sent again.
+    async fn send(&mut self, what: &str, request: impl Fn() -> RequestBuilder) -> Option<Response> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.requests += 1;
+            match request().send().await {
+                Ok(res) => return Some(res),
+                Err(_) if Instant::now() < deadline => {
+                    self.retried += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    self.failed.push(format!("{what}: no answer in 30 s: {e}"));
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The answer, if it is `expected`; otherwise a failure, counted.
+    async fn answered(
+        &mut self,
+        what: &str,
+        res: Option<Response>,
+        expected: StatusCode,
+    ) -> Option<Response> {
+        let res = res?;
+        if res.status() == expected {
+            return Some(res);
+        }
+        let status = res.status();
+        let body = res.text().await.unwrap_or_default();
+        self.failed.push(format!("{what}: {status} {body}"));
+        None
+    }
+}
+
+/// One client's loop until `stop`: a plain upload (with an
+/// `Idempotency-Key`, so that sending it again is safe), attached to its
+/// session; an MCP connected to its agent; every third round a tus upload.
+async fn client(
+    base: String,
+    (key, session, agent): (String, String, String),
+    seed: u64,
+    stop: CancellationToken,
+) -> Tally {
+    let http = Client::new();
+    let mut t = Tally::default();
+    let mut round = 0u64;
+    while !stop.is_cancelled() {
+        round += 1;
+        let bytes = pseudo_random_bytes(PLAIN_BYTES, seed * 1_000_000 + round);
+        let idempotency = uuid::Uuid::new_v4().to_string();
+        let res = t
+            .send("upload", || {
+                http.post(format!("{base}/v1/files?filename=r{round}.bin"))
+                    .bearer_auth(&key)
+                    .header("idempotency-key", &idempotency)
+                    .body(bytes.clone())
+            })
+            .await;
+        let Some(res) = t.answered("upload", res, StatusCode::CREATED).await else {
+            continue;
+        };
+        let file: Value = res.json().await.unwrap();
+        let id = file["id"].as_str().unwrap().to_owned();
+        t.files.push((id.clone(), sha256_hex(&bytes)));
+        let res = t
+            .send("attach", || {
+                http.post(format!("{base}/v1/sessions/{session}/files"))
+                    .bearer_auth(&key)
+                    .json(&json!({ "file_id": id }))
+            })
+            .await;
+        if t.answered("attach", res, StatusCode::OK).await.is_some() {
+            t.attached.push(id);
+        }
+        let mcp = format!("mcp-{round}");
+        let res = t
+            .send("connect", || {
+                http.put(format!("{base}/v1/agents/{agent}/mcps/{mcp}"))
+                    .bearer_auth(&key)
+            })
+            .await;
+        if t.answered("connect", res, StatusCode::OK).await.is_some() {
+            t.mcps.push(mcp);
+        }
+        if round % 3 == 0 {
+            tus_upload(&http, &base, &key, &mut t, seed * 1_000_000 + round).await;
+        }
+    }
+    t
+}
+
+/// A tus upload in one PATCH, resumed from `HEAD`'s offset when the PATCH
+/// gets no answer.
+async fn tus_upload(http: &Client, base: &str, key: &str, t: &mut Tally, seed: u64) {
+    let bytes = pseudo_random_bytes(TUS_BYTES, seed);
+    let name = base64::engine::general_purpose::STANDARD.encode(format!("t{seed}.bin"));
+    let res = t
+        .send("tus create", || {
+            http.post(format!("{base}/v1/uploads"))
+                .bearer_auth(key)
+                .header("tus-resumable", TUS)
+                .header("upload-length", TUS_BYTES.to_string())
+                .header("upload-metadata", format!("filename {name}"))
+        })
+        .await;
+    let Some(res) = t.answered("tus create", res, StatusCode::CREATED).await else {
+        return;
+    };
+    let location = res.headers()["location"].to_str().unwrap().to_owned();
+    let id = location.rsplit('/').next().unwrap().to_owned();
+    let upload = format!("{base}/v1/uploads/{id}");
+    let mut offset = 0usize;
+    for _ in 0..10 {
+        let rest = bytes[offset..].to_vec();
+        let res = t
+            .send("tus patch", || {
+                http.patch(&upload)
+                    .bearer_auth(key)
+                    .header("tus-resumable", TUS)
+                    .header("content-type", OCTETS)
+                    .header("upload-offset", offset.to_string())
+                    .body(rest.clone())
+            })
+            .await;
+        if t.answered("tus patch", res, StatusCode::NO_CONTENT)
+            .await
+            .is_some()
+        {
+            t.files.push((id, sha256_hex(&bytes)));
+            return;
+        }
+        // Where it is now, then the rest from there.
+        let res = t
+            .send("tus head", || {
+                http.head(&upload)
+                    .bearer_auth(key)
+                    .header("tus-resumable", TUS)
+            })
+            .await;
+        let Some(res) = t.answered("tus head", res, StatusCode::OK).await else {
+            return;
+        };
+        offset = res.headers()["upload-offset"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if offset == TUS_BYTES {
+            t.files.push((id, sha256_hex(&bytes)));
+            return;
+        }
+    }
+    t.failed
+        .push(format!("tus {id}: not done after 10 PATCHes"));
+}
+
+#[tokio::test]
+async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
+    if !real_backends() {
+        // The embedded store is one process's: instances cannot share it.
+        return;
+    }
+    let mut base = test_settings();
+    base.drain_ready_grace = Duration::from_millis(500);
+    base.drain = Duration::from_secs(10);
+    let ports: Vec<u16> = (0..INSTANCES).map(|_| free_port()).collect();
+    let settings_of = |i: usize| {
+        let mut s = base.clone();
+        s.bind = format!("127.0.0.1:{}", ports[i]);
+        s.data_dir = base.data_dir.join(format!("instance-{i}"));
+        s
+    };
+    let mut apps = Vec::new();
+    for i in 0..INSTANCES {
+        apps.push(Some(spawn_app_with(settings_of(i)).await));
+    }
+    let backends: Vec<SocketAddr> = ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
+        .collect();
+    let proxy = RoundRobin::start(backends).await;
+
+    let first = apps[0].as_ref().unwrap();
+    let mut users = Vec::new();
+    for i in 0..CLIENTS {
+        let u = first.create_user(&format!("roll-{i}")).await;
+        let session = first.new_session(&u).await;
+        let agent = first.new_agent(&u).await;
+        users.push((u, session, agent));
+    }
+    let stop = CancellationToken::new();
+    let clients: Vec<_> = users
+        .iter()
+        .enumerate()
+        .map(|(i, (u, session, agent))| {
+            let who = (u.key.clone(), session.clone(), agent.clone());
+            tokio::spawn(client(proxy.base.clone(), who, i as u64, stop.clone()))
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut stops = Vec::new();
+    for app in &mut apps {
+        let began = Instant::now();
+        let settings = app.take().unwrap().stop().await;
+        let stopped = began.elapsed();
+        *app = Some(spawn_app_with(settings).await);
+        stops.push((stopped, began.elapsed()));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    let mut tallies = Vec::new();
+    for c in clients {
+        tallies.push(c.await.unwrap());
+    }
+
+    let requests: usize = tallies.iter().map(|t| t.requests).sum();
+    let retried: usize = tallies.iter().map(|t| t.retried).sum();
+    let written: usize = tallies.iter().map(|t| t.files.len()).sum();
+    eprintln!(
+        "rolling restart ({:?} mode): {requests} requests, {retried} sent again after a refused or cut connection, {written} files written; each instance's drain and restart: {stops:?}",
+        base.coordination
+    );
+    let failed: Vec<&String> = tallies.iter().flat_map(|t| &t.failed).collect();
+    assert!(failed.is_empty(), "failed requests: {failed:#?}");
+    assert!(
+        written >= CLIENTS * 3,
+        "too little traffic to count: {written}"
+    );
+
+    // Every write a client was told succeeded, read on one instance.
+    let app = apps[0].as_ref().unwrap();
+    for ((u, session, agent), t) in users.iter().zip(&tallies) {
+        for (id, sha) in &t.files {
+            let got = app.download(u, id).await;
+            assert_eq!(got.status(), StatusCode::OK, "file {id}");
+            assert_eq!(&sha256_hex(&got.bytes().await.unwrap()), sha, "file {id}");
+        }
+        let (_, s) = app
+            .json("GET", format!("/v1/sessions/{session}"), u, None)
+            .await;
+        let (_, a) = app
+            .json("GET", format!("/v1/agents/{agent}"), u, None)
+            .await;
+        let has =
+            |v: &Value, field: &str, id: &str| v[field].as_array().unwrap().iter().any(|x| x == id);
+        for id in &t.attached {
+            assert!(has(&s, "file_ids", id), "attached {id} is not in {s}");
+        }
+        for mcp in &t.mcps {
+            assert!(has(&a, "mcp_ids", mcp), "connected {mcp} is not in {a}");
+        }
+    }
+}
