@@ -131,7 +131,7 @@ async fn client(
         if t.answered("connect", res, StatusCode::OK).await.is_some() {
             t.mcps.push(mcp);
         }
-        if round % 3 == 0 {
+        if round.is_multiple_of(3) {
             tus_upload(&http, &base, &key, &mut t, seed * 1_000_000 + round).await;
         }
     }
