@@ -4,9 +4,10 @@
 # Kubernetes schemas, offline and strict (kubernetes-validate, from PyPI,
 # installed once into ~/.cache/filedock); every image pinned (a tag other
 # than latest, or a digest); every Deployment's containers with a
-# readiness and a liveness probe; the pods' termination grace longer than
-# the drain they run (preStop + FILEDOCK_DRAIN_READY_GRACE_SECS +
-# FILEDOCK_DRAIN_SECS); no Secret in the files.
+# readiness probe on /readyz and a liveness probe on /healthz; the pods'
+# termination grace longer than the drain they run (preStop +
+# FILEDOCK_DRAIN_READY_GRACE_SECS + FILEDOCK_DRAIN_SECS for the requests and
+# as long again for the workers); no Secret in the files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${FILEDOCK_CACHE:-$HOME/.cache/filedock}"
@@ -40,11 +41,15 @@ if "Secret" in kinds:
     problems.append("a Secret is in the files (reference it; create it apart)")
 
 def pod_spec(d):
-    if d["kind"] == "Deployment":
+    if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
         return d["spec"]["template"]["spec"]
     if d["kind"] == "CronJob":
         return d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    if d["kind"] == "Pod":
+        return d["spec"]
     return None
+
+PROBES = {"readinessProbe": "/readyz", "livenessProbe": "/healthz"}
 
 config = {}
 for d in docs:
@@ -55,7 +60,7 @@ for d in docs:
     if spec is None:
         continue
     name = f'{d["kind"]}/{d["metadata"]["name"]}'
-    for c in spec["containers"]:
+    for c in spec["containers"] + spec.get("initContainers", []):
         image = c["image"]
         digest = "@sha256:" in image
         tag = image.rsplit("/", 1)[-1].partition(":")[2]
@@ -66,13 +71,15 @@ for d in docs:
             problems.append(f"{name}: {c['name']} may write its root filesystem or escalate")
         if not spec.get("securityContext", {}).get("runAsNonRoot"):
             problems.append(f"{name}: may run as root")
-        if d["kind"] == "Deployment":
-            for probe in ["readinessProbe", "livenessProbe"]:
-                if probe not in c:
-                    problems.append(f"{name}: {c['name']} has no {probe}")
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet") and c in spec["containers"]:
+            for probe, path in PROBES.items():
+                got = c.get(probe, {}).get("httpGet", {}).get("path")
+                if got != path:
+                    problems.append(f"{name}: {c['name']} has no {probe} on {path} (has {got})")
             stop = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
             pre = int(stop[-1]) if stop[:1] == ["sleep"] else 0
-            drain = int(config.get("FILEDOCK_DRAIN_READY_GRACE_SECS", 5)) + int(config.get("FILEDOCK_DRAIN_SECS", 30))
+            # The requests get FILEDOCK_DRAIN_SECS, then the workers as long again.
+            drain = int(config.get("FILEDOCK_DRAIN_READY_GRACE_SECS", 5)) + 2 * int(config.get("FILEDOCK_DRAIN_SECS", 30))
             grace = spec.get("terminationGracePeriodSeconds", 30)
             if grace <= pre + drain:
                 problems.append(f"{name}: terminationGracePeriodSeconds {grace} <= preStop {pre} + drain {drain}")

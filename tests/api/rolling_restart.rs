@@ -9,7 +9,12 @@
 //! at the end.
 
 use std::{
+    collections::HashSet,
     net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -32,6 +37,9 @@ const TUS_BYTES: usize = 128 << 10;
 /// What one client did and was told.
 #[derive(Default)]
 struct Tally {
+    /// Answers received, by every client together (to see that each
+    /// drain met traffic).
+    answers: Arc<AtomicUsize>,
     requests: usize,
     /// Connections refused or cut before an answer, sent again.
     retried: usize,
@@ -50,7 +58,10 @@ impl Tally {
         loop {
             self.requests += 1;
             match request().send().await {
-                Ok(res) => return Some(res),
+                Ok(res) => {
+                    self.answers.fetch_add(1, Ordering::SeqCst);
+                    return Some(res);
+                }
                 Err(_) if Instant::now() < deadline => {
                     self.retried += 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -88,10 +99,17 @@ async fn client(
     base: String,
     (key, session, agent): (String, String, String),
     seed: u64,
-    stop: CancellationToken,
+    (stop, answers): (CancellationToken, Arc<AtomicUsize>),
 ) -> Tally {
-    let http = Client::new();
-    let mut t = Tally::default();
+    // No request waits longer than this for its answer.
+    let http = Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut t = Tally {
+        answers,
+        ..Tally::default()
+    };
     let mut round = 0u64;
     while !stop.is_cancelled() {
         round += 1;
@@ -203,7 +221,7 @@ async fn tus_upload(http: &Client, base: &str, key: &str, t: &mut Tally, seed: u
         .push(format!("tus {id}: not done after 10 PATCHes"));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
     if !real_backends() {
         // The embedded store is one process's: instances cannot share it.
@@ -238,37 +256,48 @@ async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
         users.push((u, session, agent));
     }
     let stop = CancellationToken::new();
+    let answers = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = users
         .iter()
         .enumerate()
         .map(|(i, (u, session, agent))| {
             let who = (u.key.clone(), session.clone(), agent.clone());
-            tokio::spawn(client(proxy.base.clone(), who, i as u64, stop.clone()))
+            tokio::spawn(client(
+                proxy.base.clone(),
+                who,
+                i as u64,
+                (stop.clone(), answers.clone()),
+            ))
         })
         .collect();
 
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut stops = Vec::new();
     for app in &mut apps {
-        let began = Instant::now();
+        let (began, before) = (Instant::now(), answers.load(Ordering::SeqCst));
         let settings = app.take().unwrap().stop().await;
         let stopped = began.elapsed();
+        let during = answers.load(Ordering::SeqCst) - before;
         *app = Some(spawn_app_with(settings).await);
-        stops.push((stopped, began.elapsed()));
+        stops.push((stopped, began.elapsed(), during));
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.cancel();
     let mut tallies = Vec::new();
     for c in clients {
-        tallies.push(c.await.unwrap());
+        let done = tokio::time::timeout(Duration::from_secs(60), c).await;
+        tallies.push(
+            done.expect("a client still running a minute after the roll")
+                .unwrap(),
+        );
     }
 
     let requests: usize = tallies.iter().map(|t| t.requests).sum();
     let retried: usize = tallies.iter().map(|t| t.retried).sum();
     let written: usize = tallies.iter().map(|t| t.files.len()).sum();
     eprintln!(
-        "rolling restart ({:?} mode): {requests} requests, {retried} sent again after a refused or cut connection, {written} files written; each instance's drain and restart: {stops:?}",
+        "rolling restart ({:?} mode): {requests} requests, {retried} sent again after a refused or cut connection, {written} files written; each instance's (drain, drain and restart, answers meanwhile): {stops:?}",
         base.coordination
     );
     let failed: Vec<&String> = tallies.iter().flat_map(|t| &t.failed).collect();
@@ -277,10 +306,19 @@ async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
         written >= CLIENTS * 3,
         "too little traffic to count: {written}"
     );
+    assert!(
+        stops.iter().all(|&(_, _, during)| during > 0),
+        "a drain met no traffic: {stops:?}"
+    );
 
     // Every write a client was told succeeded, read on one instance.
     let app = apps[0].as_ref().unwrap();
     for ((u, session, agent), t) in users.iter().zip(&tallies) {
+        // No more files than acknowledged (an upload sent again after a
+        // cut connection carried its Idempotency-Key: applied once).
+        let listed: HashSet<String> = app.list_ids(u).await.into_iter().collect();
+        let acknowledged: HashSet<String> = t.files.iter().map(|(id, _)| id.clone()).collect();
+        assert_eq!(listed, acknowledged, "{}'s files", u.id);
         for (id, sha) in &t.files {
             let got = app.download(u, id).await;
             assert_eq!(got.status(), StatusCode::OK, "file {id}");
@@ -300,5 +338,8 @@ async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
         for mcp in &t.mcps {
             assert!(has(&a, "mcp_ids", mcp), "connected {mcp} is not in {a}");
         }
+    }
+    for app in apps.into_iter().flatten() {
+        app.stop().await;
     }
 }

@@ -31,7 +31,10 @@ impl RoundRobin {
                 let inbound = tokio::select! {
                     accepted = listener.accept() => match accepted {
                         Ok((inbound, _)) => inbound,
-                        Err(_) => continue,
+                        Err(_) => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
                     },
                     () = stopped.cancelled() => return,
                 };
