@@ -62,16 +62,7 @@ async fn a_drain_turns_unready_first_then_lets_a_patch_go_with_what_arrived() {
         .body(reqwest::Body::wrap_stream(body))
         .send();
     // A long poll past the user's events so far: it would wait its 60 s.
-    let end: Value = app
-        .client
-        .get(app.url("/v1/events?limit=1000"))
-        .bearer_auth(&u.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, end) = app.json("GET", "/v1/events?limit=1000", &u, None).await;
     let after = end["cursor"].as_str().unwrap().to_owned();
     let poll = app
         .client

@@ -212,6 +212,8 @@ impl Cluster {
 
     fn instance_env(&self) -> Vec<(String, String)> {
         let mut env = binary_env(&self.settings);
+        // A drain (the `drain` fault) is unready a second before it closes.
+        env.push(("FILEDOCK_DRAIN_READY_GRACE_SECS".into(), "1".into()));
         let redis = match (&self.own_cluster, &self.own_sentinel) {
             (Some(own), _) => [
                 ("FILEDOCK_REDIS_URL", own.seeds()),
@@ -293,6 +295,37 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// SIGTERMs instance `i` (its counters read first) and waits for its
+    /// drain to end: it must exit 0 within the drain's bound.
+    pub async fn drain(&mut self, i: usize) {
+        let counted = self.counted_by(i).await;
+        let instance = &mut self.instances[i];
+        for (before, now) in instance.counted_before.iter_mut().zip(counted) {
+            *before += now;
+        }
+        let Some(mut child) = instance.child.take() else {
+            return;
+        };
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        // The ready grace, the requests' 30 s, the workers' as long again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(75);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("instance {i} did not end its drain in 75 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            status.success(),
+            "instance {i} ended its drain with {status}"
+        );
     }
 
     /// [`COUNTERS`] as instance `i`'s current process has them (0 if it

@@ -60,6 +60,10 @@ pub enum Fault {
     Pause,
     /// SIGKILL, then the instance starts again on its port.
     Kill,
+    /// SIGTERM: the instance drains (unready, then its tus PATCHes and long
+    /// polls let go, the rest finish) and must exit 0; then it starts again
+    /// on its port, as in a rolling deploy.
+    Drain,
     RedisRestart,
     RedisFlush,
     /// On a Redis Cluster: a master SIGKILLed (its replica promoted, its
@@ -99,6 +103,7 @@ impl fmt::Display for Fault {
             Self::MongoCutAfterTusUpdate => "mongo-cut-after-tus-update",
             Self::Pause => "pause",
             Self::Kill => "kill",
+            Self::Drain => "drain",
             Self::RedisRestart => "redis-restart",
             Self::RedisFlush => "redis-flush",
             Self::ClusterMasterKill => "cluster-master-kill",
@@ -111,7 +116,7 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 17] = [
+    const ALL: [Fault; 18] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -123,6 +128,7 @@ impl Fault {
         Self::MongoCutAfterTusUpdate,
         Self::Pause,
         Self::Kill,
+        Self::Drain,
         Self::RedisRestart,
         Self::RedisFlush,
         Self::ClusterMasterKill,
@@ -253,6 +259,12 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             unsafe { libc::kill(pid, libc::SIGSTOP) };
             tokio::time::sleep(pause).await;
             unsafe { libc::kill(pid, libc::SIGCONT) };
+            true
+        }
+        Fault::Drain => {
+            c.drain(instance).await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
+            c.start_instance(instance).await;
             true
         }
         Fault::Kill => {
