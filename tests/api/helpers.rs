@@ -363,7 +363,11 @@ pub fn binary_env(s: &Settings) -> Vec<(String, String)> {
 
 /// Starts the `filedock` binary on `settings`' backends and waits until it answers.
 pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Server {
-    let port = free_port();
+    spawn_binary_on(settings, extra_env, free_port()).await
+}
+
+/// [`spawn_binary`] on `port` (one an instance keeps across its restarts).
+pub async fn spawn_binary_on(settings: &Settings, extra_env: &[(&str, &str)], port: u16) -> Server {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_filedock"))
         .envs(binary_env(settings))
         .envs(extra_env.iter().copied())
@@ -373,6 +377,27 @@ pub async fn spawn_binary(settings: &Settings, extra_env: &[(&str, &str)]) -> Se
         .spawn()
         .unwrap();
     Server::wait_until_up(child, port, 200, std::time::Duration::from_millis(50)).await
+}
+
+/// Sends `server` SIGTERM and waits for it to exit (its drain), at most
+/// `within`: how it exited, and how long that took; SIGKILLed and a panic
+/// past `within`.
+pub async fn terminate(
+    server: &mut Server,
+    within: std::time::Duration,
+) -> (std::process::ExitStatus, std::time::Duration) {
+    let began = std::time::Instant::now();
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return (status, began.elapsed());
+        }
+        if began.elapsed() > within {
+            let _ = server.child.kill();
+            panic!("{} did not end its drain in {within:?}", server.base);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// The objects without a file record and the file records without an

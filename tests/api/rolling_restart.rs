@@ -1,12 +1,13 @@
-//! Deploys without a failed request (issue 48, part 2): three instances on
-//! the real stack behind a round-robin proxy that skips a closed port (as a
-//! balancer in front of them); while clients upload (plain and tus),
-//! attach and connect MCPs through it, each instance in turn drains (the
-//! path SIGTERM takes) and starts again on its port. Counted: every answer
-//! a client got (any that is not a success is a failure; a connection
-//! refused or cut before an answer is retried, as any client behind a
-//! balancer would), and every write a client was told succeeded, read back
-//! at the end.
+//! Deploys without a failed request (issue 48, part 2): three `filedock`
+//! processes on the real stack behind a round-robin proxy that skips a
+//! closed port (as a balancer in front of them); while clients upload
+//! (plain and tus), attach and connect MCPs through it, each process in
+//! turn gets SIGTERM, must end its drain with exit 0, and starts again on
+//! its port. Counted: every answer a client got (any that is not a success
+//! is a failure; a connection refused or cut before an answer is retried,
+//! as any client behind a balancer would), and every write a client was
+//! told succeeded, read back at the end. In queue mode, how long fewer
+//! than all the buckets were held during the roll.
 
 use std::{
     collections::HashSet,
@@ -22,6 +23,8 @@ use base64::Engine;
 use reqwest::{Client, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+use filedock::config::{Coordination, Settings};
 
 use crate::{
     helpers::*,
@@ -221,40 +224,63 @@ async fn tus_upload(http: &Client, base: &str, key: &str, t: &mut Tally, seed: u
         .push(format!("tus {id}: not done after 10 PATCHes"));
 }
 
+/// The instances' `FILEDOCK_DRAIN_*`: unready a second before the listener
+/// closes, then up to 10 s for what is in flight.
+const DRAIN_ENV: [(&str, &str); 2] = [
+    ("FILEDOCK_DRAIN_READY_GRACE_SECS", "1"),
+    ("FILEDOCK_DRAIN_SECS", "10"),
+];
+
+/// Starts instance `i` of the roll: the `filedock` binary on `port`, on the
+/// test's stores, with its own data directory.
+async fn start_instance(settings: &Settings, i: usize, port: u16) -> Server {
+    let dir = settings.data_dir.join(format!("instance-{i}"));
+    let dir = dir.display().to_string();
+    let coordination = match settings.coordination {
+        Coordination::Lock => "lock",
+        Coordination::Queue => "queue",
+    };
+    let mut env = DRAIN_ENV.to_vec();
+    env.extend([
+        ("FILEDOCK_DATA_DIR", dir.as_str()),
+        ("FILEDOCK_COORDINATION", coordination),
+    ]);
+    spawn_binary_on(settings, &env, port).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
     if !real_backends() {
         // The embedded store is one process's: instances cannot share it.
         return;
     }
-    let mut base = test_settings();
-    base.drain_ready_grace = Duration::from_millis(500);
-    base.drain = Duration::from_secs(10);
+    let settings = test_settings();
+    // The users, sessions and agents, made on the stores before the roll.
+    let setup = spawn_app_with(settings.clone()).await;
+    let mut users = Vec::new();
+    for i in 0..CLIENTS {
+        let u = setup.create_user(&format!("roll-{i}")).await;
+        let session = setup.new_session(&u).await;
+        let agent = setup.new_agent(&u).await;
+        users.push((u, session, agent));
+    }
+    let settings = setup.stop().await;
+
     let ports: Vec<u16> = (0..INSTANCES).map(|_| free_port()).collect();
-    let settings_of = |i: usize| {
-        let mut s = base.clone();
-        s.bind = format!("127.0.0.1:{}", ports[i]);
-        s.data_dir = base.data_dir.join(format!("instance-{i}"));
-        s
-    };
-    let mut apps = Vec::new();
-    for i in 0..INSTANCES {
-        apps.push(Some(spawn_app_with(settings_of(i)).await));
+    let mut instances = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        instances.push(start_instance(&settings, i, *port).await);
     }
     let backends: Vec<SocketAddr> = ports
         .iter()
         .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
         .collect();
     let proxy = RoundRobin::start(backends).await;
+    let bases: Vec<String> = instances.iter().map(|s| s.base.clone()).collect();
+    let queue = matches!(settings.coordination, Coordination::Queue);
+    let sampling = CancellationToken::new();
+    let buckets = queue.then(|| tokio::spawn(buckets_held(bases.clone(), sampling.clone())));
 
-    let first = apps[0].as_ref().unwrap();
-    let mut users = Vec::new();
-    for i in 0..CLIENTS {
-        let u = first.create_user(&format!("roll-{i}")).await;
-        let session = first.new_session(&u).await;
-        let agent = first.new_agent(&u).await;
-        users.push((u, session, agent));
-    }
     let stop = CancellationToken::new();
     let answers = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = users
@@ -271,15 +297,21 @@ async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
         })
         .collect();
 
+    // Each instance in turn: SIGTERM, its drain to exit 0, started again
+    // on its port; a pause before the next.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut stops = Vec::new();
-    for app in &mut apps {
-        let (began, before) = (Instant::now(), answers.load(Ordering::SeqCst));
-        let settings = app.take().unwrap().stop().await;
-        let stopped = began.elapsed();
+    for (i, instance) in instances.iter_mut().enumerate() {
+        let before = answers.load(Ordering::SeqCst);
+        let (status, drained) = terminate(instance, Duration::from_secs(75)).await;
+        assert!(
+            status.success(),
+            "instance {i} ended its drain with {status}"
+        );
         let during = answers.load(Ordering::SeqCst) - before;
-        *app = Some(spawn_app_with(settings).await);
-        stops.push((stopped, began.elapsed(), during));
+        let began = std::time::Instant::now();
+        *instance = start_instance(&settings, i, ports[i]).await;
+        stops.push((drained, began.elapsed(), during));
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -297,8 +329,8 @@ async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
     let retried: usize = tallies.iter().map(|t| t.retried).sum();
     let written: usize = tallies.iter().map(|t| t.files.len()).sum();
     eprintln!(
-        "rolling restart ({:?} mode): {requests} requests, {retried} sent again after a refused or cut connection, {written} files written; each instance's (drain, drain and restart, answers meanwhile): {stops:?}",
-        base.coordination
+        "rolling restart ({:?} mode): {requests} requests, {retried} sent again after a refused or cut connection, {written} files written; each instance's (SIGTERM to exit, start, answers during the drain): {stops:?}",
+        settings.coordination
     );
     let failed: Vec<&String> = tallies.iter().flat_map(|t| &t.failed).collect();
     assert!(failed.is_empty(), "failed requests: {failed:#?}");
@@ -310,9 +342,25 @@ async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
         stops.iter().all(|&(_, _, during)| during > 0),
         "a drain met no traffic: {stops:?}"
     );
+    if let Some(buckets) = buckets {
+        // Every bucket owned again once the roll is over.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held_now(&reqwest::Client::new(), &bases).await != BUCKETS {
+            assert!(
+                Instant::now() < deadline,
+                "buckets unowned 10 s after the roll"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        sampling.cancel();
+        let (longest, total) = buckets.await.unwrap();
+        eprintln!(
+            "queue buckets during the roll: fewer than {BUCKETS} held for {total:?} in all, {longest:?} at the longest (an instance that does not answer counts as holding none: an upper bound)"
+        );
+    }
 
     // Every write a client was told succeeded, read on one instance.
-    let app = apps[0].as_ref().unwrap();
+    let app = spawn_app_with(settings).await;
     for ((u, session, agent), t) in users.iter().zip(&tallies) {
         // No more files than acknowledged (an upload sent again after a
         // cut connection carried its Idempotency-Key: applied once).
@@ -339,7 +387,54 @@ async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
             assert!(has(&a, "mcp_ids", mcp), "connected {mcp} is not in {a}");
         }
     }
-    for app in apps.into_iter().flatten() {
-        app.stop().await;
+    app.stop().await;
+    for instance in &mut instances {
+        terminate(instance, Duration::from_secs(75)).await;
     }
+}
+
+/// The queue's buckets, each held by at most one instance.
+const BUCKETS: usize = 64;
+
+/// How many buckets the instances at `bases` hold together
+/// (`GET /v1/admin/queue`'s `buckets_held`; one that does not answer
+/// within 200 ms counts none).
+async fn held_now(http: &Client, bases: &[String]) -> usize {
+    let mut held = 0;
+    for base in bases {
+        let res = http
+            .get(format!("{base}/v1/admin/queue"))
+            .bearer_auth(ADMIN_KEY)
+            .timeout(Duration::from_millis(200))
+            .send()
+            .await;
+        if let Ok(res) = res
+            && let Ok(body) = res.json::<Value>().await
+        {
+            held += body["buckets_held"].as_u64().unwrap_or(0) as usize;
+        }
+    }
+    held
+}
+
+/// Samples [`held_now`] every 25 ms until `stop`: how long, at the longest
+/// and in all, fewer than every bucket were held.
+async fn buckets_held(bases: Vec<String>, stop: CancellationToken) -> (Duration, Duration) {
+    let http = Client::new();
+    let (mut longest, mut total, mut since) = (Duration::ZERO, Duration::ZERO, None);
+    let mut last = Instant::now();
+    while !stop.is_cancelled() {
+        let short = held_now(&http, &bases).await < BUCKETS;
+        let now = Instant::now();
+        if short {
+            total += now - last;
+            let began = *since.get_or_insert(last);
+            longest = longest.max(now - began);
+        } else {
+            since = None;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (longest, total)
 }
