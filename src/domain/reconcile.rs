@@ -129,7 +129,7 @@ impl Reconciler {
         let Some(blob @ BlobKey::File { user, file }) = BlobKey::parse(key) else {
             return Ok(Owner::None);
         };
-        if self.cleanup.intent(&file).await?.is_some() {
+        if self.cleanup.intent(&user, &file).await?.is_some() {
             return Ok(Owner::Upload);
         }
         if self.files.file(&user, &file).await?.is_some() {

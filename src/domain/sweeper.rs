@@ -210,13 +210,19 @@ impl Sweeper {
         for intent in self.meta.intents(stale_before, BATCH).await? {
             // A resumable upload waits for its client between PATCHes until it
             // expires (above), however long that is.
-            if self.resumables.resumable(&intent.id).await?.is_some() {
+            if self
+                .resumables
+                .resumable(&intent.user_id, &intent.id)
+                .await?
+                .is_some()
+            {
                 continue;
             }
             // Abandoning is a transaction that deletes the intent: if the
             // upload commits first, there is nothing to abandon.
             // It is re-checked there too: its upload may have refreshed it since.
-            let abandoned = self.meta.abandon_intent(&intent.id, Some(stale_before));
+            let abandoned =
+                (self.meta).abandon_intent(&intent.user_id, &intent.id, Some(stale_before));
             let abandoned = match abandoned.await {
                 // Another transaction holds it (a live commit, or one a cut
                 // link stranded until it is ended): the next pass sees.
@@ -286,15 +292,22 @@ impl Sweeper {
         };
         let result = async {
             // The listing may be stale: a PATCH may have renewed it since.
-            let Some(upload) = self.resumables.resumable(&listed.id).await? else {
+            let Some(upload) = self
+                .resumables
+                .resumable(&listed.user_id, &listed.id)
+                .await?
+            else {
                 return Ok(());
             };
             if upload.expires_at >= now {
                 return Ok(());
             }
-            let claim =
-                self.resumables
-                    .delete_resumable_if_expires(&upload.id, upload.expires_at, true);
+            let claim = self.resumables.delete_resumable_if_expires(
+                &upload.user_id,
+                &upload.id,
+                upload.expires_at,
+                true,
+            );
             match claim.await? {
                 Claim::Missed => return Ok(()),
                 Claim::Claimed { told: false } => {}
@@ -348,7 +361,11 @@ impl Sweeper {
                 return Err(e.into());
             }
             report.resumables_expired += 1;
-            if let Some(orphan) = self.meta.abandon_intent(&upload.id, None).await? {
+            if let Some(orphan) = self
+                .meta
+                .abandon_intent(&upload.user_id, &upload.id, None)
+                .await?
+            {
                 report.intents_abandoned += 1;
                 tried.insert(orphan.id);
                 self.delete(orphan, report).await?;

@@ -123,7 +123,10 @@ pub trait FileRepo: Send + Sync {
 }
 
 /// Cleanup: upload intents (uploads in flight) and orphans (blobs that
-/// still have to go). The sweeper and reconcile work from it.
+/// still have to go). The sweeper and reconcile work from it. An intent is
+/// found by its id and its user (`owner`), who is known wherever one is
+/// read or written: a sharded cluster then reads the one shard that holds
+/// the user's documents (README "Scaling out: MongoDB sharded").
 #[async_trait]
 pub trait CleanupRepo: Send + Sync {
     async fn put_intent(&self, intent: &IntentRecord) -> MetaResult<()>;
@@ -131,10 +134,16 @@ pub trait CleanupRepo: Send + Sync {
     /// Writes several intents at once (one `insert_many`).
     async fn put_intents(&self, intents: &[IntentRecord]) -> MetaResult<()>;
 
-    async fn delete_intent(&self, file_id: &FileId) -> MetaResult<()>;
+    async fn delete_intent(&self, owner: &UserId, file_id: &FileId) -> MetaResult<()>;
 
-    /// The intent of the upload that will commit as `file_id`, if it is in flight.
-    async fn intent(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>>;
+    /// The intent of `owner`'s upload that will commit as `file_id`, if it
+    /// is in flight.
+    async fn intent(&self, owner: &UserId, file_id: &FileId) -> MetaResult<Option<IntentRecord>>;
+
+    /// [`Self::intent`] whoever's it is: on a sharded cluster, a read of
+    /// every shard. Only for what knows no owner (the sweeper, of the local
+    /// blob store's staging files, whose names carry none).
+    async fn intent_by_id_alone(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>>;
 
     /// Intents whose upload was last alive before `before`, oldest first.
     async fn intents(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<Vec<IntentRecord>>;
@@ -144,6 +153,7 @@ pub trait CleanupRepo: Send + Sync {
     /// updated, `None` if it is gone. One round trip.
     async fn touch_intent(
         &self,
+        owner: &UserId,
         file_id: &FileId,
         until: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<IntentRecord>>;
@@ -154,6 +164,7 @@ pub trait CleanupRepo: Send + Sync {
     /// or was refreshed since.
     async fn abandon_intent(
         &self,
+        owner: &UserId,
         file_id: &FileId,
         stale_before: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<OrphanRecord>>;

@@ -214,6 +214,10 @@ impl Claim {
     }
 }
 
+/// Resumable uploads' records. One is found by its id and its user
+/// (`owner`), who is known wherever one is read or written: a sharded
+/// cluster then reads the one shard that holds the user's documents
+/// (README "Scaling out: MongoDB sharded").
 #[async_trait]
 pub trait ResumableRepo: Send + Sync {
     /// Inserts the uploads (all of one user) with their intents and counts
@@ -237,12 +241,19 @@ pub trait ResumableRepo: Send + Sync {
     /// nothing); `None` if the upload is gone.
     async fn reserve_deferred(
         &self,
+        owner: &UserId,
         id: &FileId,
         what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>>;
 
-    async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>>;
+    /// `owner`'s upload `id`, if there is one.
+    async fn resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<Option<ResumableRecord>>;
+
+    /// [`Self::resumable`] whoever's it is: on a sharded cluster, a read of
+    /// every shard. Only for what knows no owner (the sweeper, of the local
+    /// blob store's staging files, whose names carry none).
+    async fn resumable_by_id_alone(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>>;
 
     /// Replaces the record with `upload` (keeping the stored `reserved`,
     /// `open` and `length`, which only the counting writes change) if its
@@ -258,7 +269,7 @@ pub trait ResumableRepo: Send + Sync {
 
     /// Deletes the upload and gives back what it still holds of its user's
     /// counters (its reservation, its open slot), in one transaction.
-    async fn delete_resumable(&self, id: &FileId) -> MetaResult<()>;
+    async fn delete_resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<()>;
 
     /// Deletes the record if its expiry is still `expires_at` (no PATCH
     /// renewed it since it was read), giving back what it held of its
@@ -270,6 +281,7 @@ pub trait ResumableRepo: Send + Sync {
     /// uploads, tells none).
     async fn delete_resumable_if_expires(
         &self,
+        owner: &UserId,
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,

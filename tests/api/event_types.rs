@@ -305,7 +305,7 @@ async fn an_upload_that_expires_writes_upload_expired_once_and_a_committed_one_n
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let meta = &app.state.ports.meta;
     let mut claimed = meta
-        .resumable(&lapsed.parse().unwrap())
+        .resumable_by_id_alone(&lapsed.parse().unwrap())
         .await
         .unwrap()
         .unwrap();
@@ -319,7 +319,10 @@ async fn an_upload_that_expires_writes_upload_expired_once_and_a_committed_one_n
     let again = app.state.sweeper.try_run_once().await.unwrap();
     assert!(matches!(again, Outcome::Swept(_)));
     assert!(
-        meta.resumable(&claimed.id).await.unwrap().is_none(),
+        meta.resumable(&claimed.user_id, &claimed.id)
+            .await
+            .unwrap()
+            .is_none(),
         "claimed again"
     );
     let events = all_events(&app, &ann, 100).await;

@@ -22,7 +22,7 @@ const GROUP_MAX: usize = 32;
 const ARRIVAL_LIMIT: Duration = Duration::from_secs(30);
 
 /// Takes `u`'s commit lock, as another instance committing for them would.
-async fn hold_commit_lock(app: &TestApp, u: &TestUser) -> Held {
+pub(crate) async fn hold_commit_lock(app: &TestApp, u: &TestUser) -> Held {
     let user = UserId::parse(&u.id).unwrap();
     app.state
         .ports
@@ -33,7 +33,7 @@ async fn hold_commit_lock(app: &TestApp, u: &TestUser) -> Held {
 }
 
 /// Waits until `n` uploads have stored their bytes and wait for a commit.
-async fn until_waiting(app: &TestApp, n: usize) {
+pub(crate) async fn until_waiting(app: &TestApp, n: usize) {
     let deadline = tokio::time::Instant::now() + ARRIVAL_LIMIT;
     loop {
         let waiting = app.metric("filedock_upload_commits_waiting", "").await;
@@ -330,7 +330,7 @@ async fn a_refused_group_is_committed_one_upload_at_a_time() {
         app.state
             .ports
             .meta
-            .abandon_intent(&swept, None)
+            .abandon_intent(&u.user_id(), &swept, None)
             .await
             .unwrap()
             .is_some(),

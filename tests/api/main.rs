@@ -47,6 +47,7 @@ mod rename;
 mod rolling_restart;
 mod same_user;
 mod sentinel_mode;
+mod shard_keys;
 mod support;
 mod tokens;
 mod tus;

@@ -377,7 +377,7 @@ async fn a_terminated_upload_leaves_nothing() {
         app.state
             .ports
             .meta
-            .resumable(&id.parse().unwrap())
+            .resumable_by_id_alone(&id.parse().unwrap())
             .await
             .unwrap()
             .is_none()
@@ -410,7 +410,11 @@ async fn an_expired_upload_is_aborted_by_the_sweeper_and_a_live_one_is_not() {
 
     // Expire it, as if no PATCH had come for FILEDOCK_TUS_EXPIRY_SECS.
     let meta = &app.state.ports.meta;
-    let mut upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
+    let mut upload = meta
+        .resumable_by_id_alone(&id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
         meta.advance_resumable(&upload, upload.progress())
@@ -426,7 +430,7 @@ async fn an_expired_upload_is_aborted_by_the_sweeper_and_a_live_one_is_not() {
         (1, 1)
     );
     assert!(
-        meta.resumable(&id.parse().unwrap())
+        meta.resumable_by_id_alone(&id.parse().unwrap())
             .await
             .unwrap()
             .is_none()
@@ -611,7 +615,7 @@ async fn a_resumable_upload_type_is_detected_and_held_to_the_allow_list() {
         app.state
             .ports
             .meta
-            .resumable(&id.parse().unwrap())
+            .resumable_by_id_alone(&id.parse().unwrap())
             .await
             .unwrap()
             .is_none()

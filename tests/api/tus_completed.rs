@@ -188,7 +188,11 @@ async fn a_completed_upload_is_forgotten_when_it_expires_and_its_file_stays() {
 
     // Expire it, as if FILEDOCK_TUS_EXPIRY_SECS had passed.
     let meta = &app.state.ports.meta;
-    let mut upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
+    let mut upload = meta
+        .resumable_by_id_alone(&id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(upload.committed, "the record says the file is committed");
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
@@ -209,7 +213,7 @@ async fn a_completed_upload_is_forgotten_when_it_expires_and_its_file_stays() {
         "the record goes, the file's blob does not"
     );
     assert!(
-        meta.resumable(&id.parse().unwrap())
+        meta.resumable_by_id_alone(&id.parse().unwrap())
             .await
             .unwrap()
             .is_none()

@@ -115,7 +115,7 @@ async fn a_length_below_the_offset_is_never_set_and_never_passed() {
 
     // As a declaration read before a PATCH without the lock moved the offset.
     let now = meta
-        .reserve_deferred(&file_id, Reserve::Length(50), None)
+        .reserve_deferred(&user.user_id(), &file_id, Reserve::Length(50), None)
         .await
         .unwrap()
         .unwrap();
@@ -123,7 +123,7 @@ async fn a_length_below_the_offset_is_never_set_and_never_passed() {
 
     // As a PATCH without the lock that read the offset before a declaration.
     let declared = meta
-        .reserve_deferred(&file_id, Reserve::Length(150), None)
+        .reserve_deferred(&user.user_id(), &file_id, Reserve::Length(150), None)
         .await
         .unwrap()
         .unwrap();
@@ -153,11 +153,11 @@ async fn a_state_read_before_the_last_part_was_stored_is_never_written_back() {
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let meta = &app.state.ports.meta;
     let file_id = id.parse().unwrap();
-    let stale = meta.resumable(&file_id).await.unwrap().unwrap();
+    let stale = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
 
     let res = patch_declaring(&app, &user, &id, 6, 6, b"").await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
-    let done = meta.resumable(&file_id).await.unwrap().unwrap();
+    let done = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
     assert!(done.committed);
     assert_eq!((done.offset, done.parts.len()), (6, 1));
 
@@ -168,7 +168,7 @@ async fn a_state_read_before_the_last_part_was_stored_is_never_written_back() {
             .unwrap(),
         "written back over the finished upload"
     );
-    let now = meta.resumable(&file_id).await.unwrap().unwrap();
+    let now = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
     assert_eq!(now, done, "unchanged");
     // Nor once only its commit is left to mark.
     let mut unmarked = done.clone();

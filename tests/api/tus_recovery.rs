@@ -222,7 +222,11 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
 
     // Expire it, as if no PATCH had come for FILEDOCK_TUS_EXPIRY_SECS.
     let meta = &app.state.ports.meta;
-    let mut upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
+    let mut upload = meta
+        .resumable_by_id_alone(&id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(upload.completed);
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
@@ -235,7 +239,7 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
     };
     assert_eq!((report.resumables_expired, report.orphans_deleted), (1, 1));
     assert!(
-        meta.resumable(&id.parse().unwrap())
+        meta.resumable_by_id_alone(&id.parse().unwrap())
             .await
             .unwrap()
             .is_none()
@@ -327,7 +331,8 @@ async fn an_upload_swept_before_its_completion_is_not_completed_into_a_stray() {
     );
     let file_id = id.parse().unwrap();
     let meta = &app.state.ports.meta;
-    let orphan = meta.abandon_intent(&file_id, None).await.unwrap();
+    let owner = user.user_id();
+    let orphan = meta.abandon_intent(&owner, &file_id, None).await.unwrap();
     assert!(orphan.is_some(), "the sweeper took the intent");
     assert!(matches!(
         app.state.sweeper.try_run_once().await.unwrap(),
@@ -392,7 +397,12 @@ async fn an_expired_upload_whose_abort_failed_is_aborted_by_the_next_pass() {
         1,
         "aborted again: {second:?}"
     );
-    assert!(meta.resumable(&file_id).await.unwrap().is_none());
+    assert!(
+        meta.resumable_by_id_alone(&file_id)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(counts(&app, &user).await, (0, 0, 0), "given back once");
     assert_eq!(app.intents().await, 0);
     assert_eq!(staging_left(&app).await, 0, "staging left behind");

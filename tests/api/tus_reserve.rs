@@ -31,7 +31,7 @@ pub(crate) async fn expire_and_sweep(
 ) -> filedock::domain::sweeper::SweepReport {
     let meta = &app.state.ports.meta;
     let file_id: FileId = id.parse().unwrap();
-    let mut upload = meta.resumable(&file_id).await.unwrap().unwrap();
+    let mut upload = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
     upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
         meta.advance_resumable(&upload, upload.progress())
@@ -47,7 +47,11 @@ pub(crate) async fn expire_and_sweep(
 /// What upload `id`'s record holds of its user's counters: `(reserved, open)`.
 async fn held(app: &TestApp, id: &str) -> (i64, bool) {
     let meta = &app.state.ports.meta;
-    let upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
+    let upload = meta
+        .resumable_by_id_alone(&id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     (upload.reserved, upload.open)
 }
 

@@ -151,7 +151,7 @@ async fn a_small_upload_costs_at_most_15_mongodb_commands_and_ends_marked_commit
         .state
         .ports
         .meta
-        .resumable(&id.parse().unwrap())
+        .resumable_by_id_alone(&id.parse().unwrap())
         .await
         .unwrap()
         .expect("kept until it expires");
@@ -161,7 +161,7 @@ async fn a_small_upload_costs_at_most_15_mongodb_commands_and_ends_marked_commit
         app.state
             .ports
             .meta
-            .intent(&id.parse().unwrap())
+            .intent(&user.user_id(), &id.parse().unwrap())
             .await
             .unwrap(),
         None
@@ -190,7 +190,11 @@ async fn a_retried_commit_renews_the_expiry_of_the_upload_it_finishes() {
     assert_eq!(refused.await.status(), StatusCode::TOO_MANY_REQUESTS);
     // As if the refusal were most of an expiry ago.
     let meta = &app.state.ports.meta;
-    let mut upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
+    let mut upload = meta
+        .resumable_by_id_alone(&id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     upload.expires_at = filedock::meta::now() + chrono::Duration::minutes(1);
     assert!(
         meta.advance_resumable(&upload, upload.progress())
@@ -200,7 +204,11 @@ async fn a_retried_commit_renews_the_expiry_of_the_upload_it_finishes() {
 
     let retried = patch(&app, &user, &id, bytes.len(), b"").await;
     assert_eq!(retried.status(), StatusCode::NO_CONTENT);
-    let upload = meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap();
+    let upload = meta
+        .resumable_by_id_alone(&id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(upload.committed);
     let left = upload.expires_at - filedock::meta::now();
     let expiry = chrono::Duration::from_std(app.settings.tus_expiry).unwrap();

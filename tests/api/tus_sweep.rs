@@ -102,10 +102,11 @@ async fn staging_no_live_upload_owns_goes_with_the_sweep_and_a_live_uploads_stay
     );
     let meta = &app.state.ports.meta;
     let dead_id: FileId = dead.parse().unwrap();
-    meta.delete_resumable(&dead_id).await.unwrap();
+    let owner = user.user_id();
+    meta.delete_resumable(&owner, &dead_id).await.unwrap();
     let past = filedock::meta::now() - chrono::Duration::seconds(1);
     assert!(
-        meta.touch_intent(&dead_id, Some(past))
+        meta.touch_intent(&owner, &dead_id, Some(past))
             .await
             .unwrap()
             .is_some()
@@ -154,7 +155,7 @@ async fn the_sweeper_claims_an_upload_only_at_the_expiry_it_read() {
     let user = app.create_user("claim").await;
     let id: FileId = create(&app, &user, 10).await.parse().unwrap();
     let meta = &app.state.ports.meta;
-    let read = meta.resumable(&id).await.unwrap().unwrap();
+    let read = meta.resumable_by_id_alone(&id).await.unwrap().unwrap();
     // A PATCH renews it after the sweeper read it.
     let mut renewed = read.clone();
     renewed.expires_at = read.expires_at + chrono::Duration::seconds(60);
@@ -163,13 +164,13 @@ async fn the_sweeper_claims_an_upload_only_at_the_expiry_it_read() {
             .await
             .unwrap()
     );
-    let missed = meta.delete_resumable_if_expires(&id, read.expires_at, true);
+    let missed = meta.delete_resumable_if_expires(&read.user_id, &id, read.expires_at, true);
     assert_eq!(missed.await.unwrap(), Claim::Missed);
-    let kept = meta.resumable(&id).await.unwrap().unwrap();
+    let kept = meta.resumable_by_id_alone(&id).await.unwrap().unwrap();
     // Open and never committed: its expiry is told.
-    let claimed = meta.delete_resumable_if_expires(&id, kept.expires_at, true);
+    let claimed = meta.delete_resumable_if_expires(&kept.user_id, &id, kept.expires_at, true);
     assert_eq!(claimed.await.unwrap(), Claim::Claimed { told: true });
-    assert!(meta.resumable(&id).await.unwrap().is_none());
+    assert!(meta.resumable_by_id_alone(&id).await.unwrap().is_none());
 }
 
 /// Once a user's deletion began, their `user.deleted` is their last event:
@@ -180,10 +181,10 @@ async fn an_expiry_claimed_after_a_user_s_deletion_began_tells_nothing() {
     let user = app.create_user("leaving").await;
     let id: FileId = create(&app, &user, 10).await.parse().unwrap();
     let meta = &app.state.ports.meta;
-    let upload = meta.resumable(&id).await.unwrap().unwrap();
+    let upload = meta.resumable_by_id_alone(&id).await.unwrap().unwrap();
     let owner: UserId = user.id.parse().unwrap();
     assert!(meta.begin_user_deletion(&owner).await.unwrap().is_some());
-    let claimed = meta.delete_resumable_if_expires(&id, upload.expires_at, true);
+    let claimed = meta.delete_resumable_if_expires(&owner, &id, upload.expires_at, true);
     assert_eq!(claimed.await.unwrap(), Claim::Claimed { told: false });
     let kinds: Vec<String> = (meta.events(&owner, 0, 100).await.unwrap().into_iter())
         .map(|e| e.kind)
@@ -208,7 +209,8 @@ async fn a_patch_renews_the_intent_as_long_as_the_upload() {
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let file_id: FileId = id.parse().unwrap();
     let meta = &app.state.ports.meta;
-    let intent = meta.intent(&file_id).await.unwrap().unwrap();
-    let upload = meta.resumable(&file_id).await.unwrap().unwrap();
+    let owner = user.user_id();
+    let intent = meta.intent(&owner, &file_id).await.unwrap().unwrap();
+    let upload = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
     assert_eq!(intent.alive_until, Some(upload.expires_at));
 }

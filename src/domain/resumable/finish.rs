@@ -99,7 +99,7 @@ impl ResumableService {
             };
             tokio::select! {
                 r = finished => r.map(Patched::into_upload),
-                never = self.admission.keep_alive(id) => match never {},
+                never = self.admission.keep_alive(&user.id, id) => match never {},
             }
         }
         .await;
@@ -142,7 +142,7 @@ impl ResumableService {
         // sweeper took it since is refused: the intent is gone).
         let intent = match fresh.intent.take() {
             Some(intent) => Some(intent),
-            None => self.cleanup.intent(&upload.id).await?,
+            None => self.cleanup.intent(&upload.user_id, &upload.id).await?,
         };
         let Some(intent) = intent else {
             return self.taken(user, upload).await;
@@ -204,7 +204,7 @@ impl ResumableService {
                 return Err(e.into());
             }
             // The sweeper may have taken it meanwhile (and its blob).
-            Err(e) => match self.cleanup.intent(&upload.id).await? {
+            Err(e) => match self.cleanup.intent(&upload.user_id, &upload.id).await? {
                 None => return self.taken(user, upload).await,
                 Some(_) => return Err(e.into()),
             },

@@ -93,7 +93,7 @@ impl ResumableService {
         let reserved = self
             .turns
             .run(txns, "declare_length", &upload.user_id, || {
-                self.resumables.reserve_deferred(&upload.id, what, quota)
+                (self.resumables).reserve_deferred(&upload.user_id, &upload.id, what, quota)
             })
             .await;
         Ok(reserved?.value.ok_or(DomainError::NotFound)?)

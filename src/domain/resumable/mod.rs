@@ -248,7 +248,7 @@ impl ResumableService {
                 // It may have applied: its delete gives back what it
                 // counted, and the intent goes with it.
                 let _ = self.drop_state(&user.id, &record.id).await;
-                let _ = self.cleanup.delete_intent(&record.id).await;
+                let _ = self.cleanup.delete_intent(&user.id, &record.id).await;
             }
             let _ = self.parts.abort(&record.key, &record.handle).await;
             return Err(e.into());
@@ -261,7 +261,7 @@ impl ResumableService {
 
     /// The upload, if `user` owns it and it has not expired.
     pub async fn find(&self, user: &UserRecord, id: &FileId) -> Result<ResumableRecord> {
-        match self.resumables.resumable(id).await? {
+        match self.resumables.resumable(&user.id, id).await? {
             Some(r) if r.user_id == user.id && r.expires_at > crate::meta::now() => Ok(r),
             _ => Err(DomainError::NotFound.into()),
         }
@@ -277,7 +277,7 @@ impl ResumableService {
             let record = self.find(user, id).await?;
             if !record.all_stored() {
                 self.parts.abort(&record.key, &record.handle).await?;
-                self.cleanup.delete_intent(id).await?;
+                self.cleanup.delete_intent(&user.id, id).await?;
                 self.drop_state(&user.id, id).await?;
                 return Ok(());
             }
@@ -285,7 +285,7 @@ impl ResumableService {
             // committed since is the user's now; else the object goes too.
             // The intent is read first: a commit deletes it and inserts the
             // file at once, so neither after it means swept, never to commit.
-            let intent = self.cleanup.intent(id).await?;
+            let intent = self.cleanup.intent(&user.id, id).await?;
             if self.files.file(&user.id, id).await?.is_some() {
                 self.drop_state(&user.id, id).await?;
                 return Err(DomainError::NotFound.into());
@@ -327,7 +327,7 @@ impl ResumableService {
     async fn drop_state(&self, user: &UserId, id: &FileId) -> std::result::Result<(), MetaError> {
         let txns = self.committer.txns();
         let dropped = self.turns.run(txns, "drop_upload", user, || {
-            self.resumables.delete_resumable(id)
+            self.resumables.delete_resumable(user, id)
         });
         dropped.await.map(|r| r.value)
     }

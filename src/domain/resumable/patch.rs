@@ -75,7 +75,7 @@ impl ResumableService {
             let until = self.expires_at();
             let intent = match upload.last_part_stored() {
                 true => None,
-                false => match self.cleanup.touch_intent(id, Some(until)).await? {
+                false => match self.cleanup.touch_intent(&user.id, id, Some(until)).await? {
                     Some(intent) => Some(intent),
                     None => return Err(DomainError::UploadExpired.into()),
                 },
@@ -93,7 +93,7 @@ impl ResumableService {
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
                 r = self.append(user, (upload, intent), checksum, body, lost, asked) => r,
-                never = self.admission.keep_alive(id) => match never {},
+                never = self.admission.keep_alive(&user.id, id) => match never {},
             };
             drop(slot);
             r
@@ -126,7 +126,10 @@ impl ResumableService {
             Some(e) => return Err(e.into()),
             None => None,
         };
-        let now = match (self.resumables.resumable(&read.id).await, error) {
+        let now = match (
+            self.resumables.resumable(&read.user_id, &read.id).await,
+            error,
+        ) {
             (Ok(Some(now)), Some(e))
                 if now.progress() == read.progress() && same_bytes(&now, read) =>
             {
@@ -397,7 +400,7 @@ impl ResumableService {
             Err(e) => e,
         };
         tracing::warn!(upload = %upload.id, error = %error, "the state's update went unanswered; reading it back");
-        match self.resumables.resumable(&upload.id).await {
+        match self.resumables.resumable(&upload.user_id, &upload.id).await {
             // Committed since by another request (a HEAD finishing it) is
             // still this write, applied: a commit is a later state of the
             // same bytes.

@@ -24,7 +24,7 @@ use crate::{
         Claim, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
         ResumableRepo, UserRecord,
     },
-    vocab::{FileId, Filename, LockKey},
+    vocab::{FileId, Filename, LockKey, UserId},
 };
 
 /// The kit's store, but its next state update is carried out and answered
@@ -64,22 +64,27 @@ impl ResumableRepo for LosesAdvanceAnswer {
 
     async fn reserve_deferred(
         &self,
+        owner: &UserId,
         id: &FileId,
         what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
-        self.inner.reserve_deferred(id, what, quota).await
+        self.inner.reserve_deferred(owner, id, what, quota).await
     }
 
     async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
         self.inner.restore_resumable(upload).await
     }
 
-    async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
+    async fn resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
         if self.blind && self.lost.load(Ordering::SeqCst) {
             return Err(unavailable());
         }
-        self.inner.resumable(id).await
+        self.inner.resumable(owner, id).await
+    }
+
+    async fn resumable_by_id_alone(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
+        self.inner.resumable_by_id_alone(id).await
     }
 
     async fn advance_resumable(&self, upload: &ResumableRecord, at: Progress) -> MetaResult<bool> {
@@ -91,18 +96,19 @@ impl ResumableRepo for LosesAdvanceAnswer {
         Ok(advanced)
     }
 
-    async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
-        self.inner.delete_resumable(id).await
+    async fn delete_resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<()> {
+        self.inner.delete_resumable(owner, id).await
     }
 
     async fn delete_resumable_if_expires(
         &self,
+        owner: &UserId,
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
     ) -> MetaResult<Claim> {
         self.inner
-            .delete_resumable_if_expires(id, expires_at, tell)
+            .delete_resumable_if_expires(owner, id, expires_at, tell)
             .await
     }
 
@@ -125,7 +131,12 @@ fn new_upload(length: u64) -> NewResumable {
 }
 
 async fn stored_offset(kit: &Kit, id: &FileId) -> i64 {
-    kit.meta.resumable(id).await.unwrap().unwrap().offset
+    kit.meta
+        .resumable_by_id_alone(id)
+        .await
+        .unwrap()
+        .unwrap()
+        .offset
 }
 
 #[tokio::test]

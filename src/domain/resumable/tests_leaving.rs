@@ -92,7 +92,8 @@ async fn a_trickling_patch_of_a_user_being_deleted_lets_go_when_asked() {
         ),
         "{patched:?}"
     );
-    let now = kit.resumables.resumables.resumable(&up.id).await.unwrap();
+    let now = kit.resumables.resumables.resumable(&up.user_id, &up.id);
+    let now = now.await.unwrap();
     assert_eq!(now.unwrap().offset, 0, "none of its bytes recorded");
 }
 
@@ -151,9 +152,12 @@ async fn a_final_patch_whose_intent_was_abandoned_drops_its_write() {
         .await;
     assert!(matches!(first, Ok(Patched::Partial(_))), "{first:?}");
     assert_eq!(staging_files(&kit), 1);
-    let (meta, id) = (kit.meta.clone(), up.id);
+    let (meta, owner, id) = (kit.meta.clone(), up.user_id, up.id);
     let abandoned_meanwhile = futures::stream::once(async move {
-        meta.abandon_intent(&id, None).await.unwrap().unwrap();
+        meta.abandon_intent(&owner, &id, None)
+            .await
+            .unwrap()
+            .unwrap();
         Ok(Bytes::from_static(b"56789"))
     });
     let last = abandoned_meanwhile.boxed();
@@ -171,7 +175,7 @@ async fn a_final_patch_whose_intent_was_abandoned_drops_its_write() {
     assert!(
         kit.resumables
             .resumables
-            .resumable(&up.id)
+            .resumable(&up.user_id, &up.id)
             .await
             .unwrap()
             .is_none()

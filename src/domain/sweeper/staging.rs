@@ -22,7 +22,7 @@ use crate::{
     blob::resumable::Staged,
     lock::{LockKey, TryLock},
     meta::ResumableRecord,
-    vocab::{BlobKey, FileId},
+    vocab::{BlobKey, FileId, UserId},
 };
 
 impl Sweeper {
@@ -39,7 +39,8 @@ impl Sweeper {
                     let owns = |r: Option<&ResumableRecord>| {
                         r.is_some_and(|r| may_need_tail(r, *start, *end))
                     };
-                    self.remove_unowned(&key.file_id(), &staged, owns).await
+                    let upload = (Some(&key.user()), &key.file_id());
+                    self.remove_unowned(upload, &staged, owns).await
                 }
                 Staged::Tail(BlobKey::File { .. }) => Ok(false),
                 Staged::Write {
@@ -52,7 +53,8 @@ impl Sweeper {
                         Some(r) => &r.handle == handle,
                         None => creating,
                     };
-                    self.remove_unowned(id, &staged, owns).await
+                    // A staging file's name carries no owner.
+                    self.remove_unowned((None, id), &staged, owns).await
                 }
                 // Made before staging files were named after their upload:
                 // no owner can be told, so it stays.
@@ -75,9 +77,11 @@ impl Sweeper {
         Ok(true)
     }
 
-    /// Whether upload `id`'s intent is there and alive (an unreadable one counts as alive).
+    /// Whether upload `id`'s intent is there and alive (an unreadable one
+    /// counts as alive). Found by its id alone: a staging file's name
+    /// carries no owner.
     async fn intent_alive(&self, id: &FileId, stale_before: DateTime<Utc>) -> bool {
-        match self.meta.intent(id).await {
+        match self.meta.intent_by_id_alone(id).await {
             Ok(intent) => intent.is_some_and(|i| i.alive_at() >= stale_before),
             Err(_) => true,
         }
@@ -86,10 +90,11 @@ impl Sweeper {
     /// Removes the staging of upload `id` unless its record (if any) says
     /// it may be the upload's (`owns`), all under the upload's lock, so
     /// that no PATCH stores it again between the two. An upload whose lock
-    /// is held is at work: what it staged is taken as its own.
+    /// is held is at work: what it staged is taken as its own. The record
+    /// is found by its owner when the staging's name tells them.
     async fn remove_unowned(
         &self,
-        id: &FileId,
+        (owner, id): (Option<&UserId>, &FileId),
         staged: &Staged,
         owns: impl Fn(Option<&ResumableRecord>) -> bool,
     ) -> anyhow::Result<bool> {
@@ -99,7 +104,11 @@ impl Sweeper {
             TryLock::Busy => return Ok(false),
         };
         let result = async {
-            match owns(self.resumables.resumable(id).await?.as_ref()) {
+            let upload = match owner {
+                Some(owner) => self.resumables.resumable(owner, id).await?,
+                None => self.resumables.resumable_by_id_alone(id).await?,
+            };
+            match owns(upload.as_ref()) {
                 true => Ok(false),
                 false => self.remove(staged).await,
             }

@@ -19,7 +19,7 @@ use crate::{
         ResumableRecord, ResumableRepo, UserRecord, embedded::EmbeddedStore,
     },
     metrics::Metrics,
-    vocab::{FileId, Filename, WriteHandle},
+    vocab::{FileId, Filename, UserId, WriteHandle},
 };
 
 /// The store, but its list of expired uploads is stale: every upload is in
@@ -38,37 +38,43 @@ impl ResumableRepo for StaleListing {
 
     async fn reserve_deferred(
         &self,
+        owner: &UserId,
         id: &FileId,
         what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
-        self.0.reserve_deferred(id, what, quota).await
+        self.0.reserve_deferred(owner, id, what, quota).await
     }
 
     async fn restore_resumable(&self, upload: &ResumableRecord) -> MetaResult<()> {
         self.0.restore_resumable(upload).await
     }
 
-    async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
-        self.0.resumable(id).await
+    async fn resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
+        self.0.resumable(owner, id).await
+    }
+
+    async fn resumable_by_id_alone(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
+        self.0.resumable_by_id_alone(id).await
     }
 
     async fn advance_resumable(&self, upload: &ResumableRecord, at: Progress) -> MetaResult<bool> {
         self.0.advance_resumable(upload, at).await
     }
 
-    async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
-        self.0.delete_resumable(id).await
+    async fn delete_resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<()> {
+        self.0.delete_resumable(owner, id).await
     }
 
     async fn delete_resumable_if_expires(
         &self,
+        owner: &UserId,
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
     ) -> MetaResult<Claim> {
         self.0
-            .delete_resumable_if_expires(id, expires_at, tell)
+            .delete_resumable_if_expires(owner, id, expires_at, tell)
             .await
     }
 
@@ -130,9 +136,9 @@ async fn create(kit: &Kit, user: &UserRecord, length: u64) -> ResumableRecord {
 
 /// Makes the upload (and its intent) expired, as if no PATCH had come for its expiry.
 async fn expire_now(kit: &Kit, id: &FileId) -> ResumableRecord {
-    let mut upload = kit.meta.resumable(id).await.unwrap().unwrap();
+    let mut upload = kit.meta.resumable_by_id_alone(id).await.unwrap().unwrap();
     upload.expires_at = crate::meta::now() - chrono::Duration::seconds(1);
-    let touched = kit.meta.touch_intent(id, Some(upload.expires_at));
+    let touched = (kit.meta).touch_intent(&upload.user_id, id, Some(upload.expires_at));
     assert!(touched.await.unwrap().is_some());
     assert!(
         kit.meta
@@ -201,7 +207,13 @@ async fn one_expiry_that_fails_stops_no_other_step_of_the_pass() {
     // its time, no record now) in the stale-intent scan after.
     assert_eq!(report.intents_abandoned, 3, "{report:?}");
     assert_eq!(kit.intents().await, 0);
-    assert!(kit.meta.resumable(&fine.id).await.unwrap().is_none());
+    assert!(
+        kit.meta
+            .resumable(&fine.user_id, &fine.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
     // The broken one's staging file, which no record names now.
     assert_eq!(report.staging_removed, 1, "{report:?}");
     let staging = std::fs::read_dir(kit.dir().join("blobs.tmp")).unwrap();

@@ -104,12 +104,21 @@ impl Sweeper {
             // Read again under the lock: the PATCH that let go may have
             // renewed it (the claim below expects the expiry it reads).
             let result = async {
-                let Some(upload) = self.resumables.resumable(&listed.id).await? else {
+                let Some(upload) = self
+                    .resumables
+                    .resumable(&listed.user_id, &listed.id)
+                    .await?
+                else {
                     return anyhow::Ok(());
                 };
                 let claimed = self
                     .resumables
-                    .delete_resumable_if_expires(&upload.id, upload.expires_at, false)
+                    .delete_resumable_if_expires(
+                        &upload.user_id,
+                        &upload.id,
+                        upload.expires_at,
+                        false,
+                    )
                     .await?;
                 match claimed.claimed() {
                     true => self.abort_claimed(&upload, report, &mut tried).await,
@@ -125,7 +134,11 @@ impl Sweeper {
         // Uploads in flight: their intents go (as orphans), so that their
         // commits are refused.
         for intent in self.deletions.user_intents(id, BATCH).await? {
-            if let Some(orphan) = self.meta.abandon_intent(&intent.id, None).await? {
+            if let Some(orphan) = self
+                .meta
+                .abandon_intent(&intent.user_id, &intent.id, None)
+                .await?
+            {
                 report.intents_abandoned += 1;
                 self.delete(orphan, report).await?;
             }

@@ -218,14 +218,14 @@ impl Admission {
     /// Refreshes the upload's intent until the upload is done, so that the
     /// sweeper takes only dead uploads for abandoned ones, however long a
     /// live one streams or waits for its lock.
-    pub async fn keep_alive(&self, file_id: &FileId) -> std::convert::Infallible {
+    pub async fn keep_alive(&self, user: &UserId, file_id: &FileId) -> std::convert::Infallible {
         if self.refresh_every.is_zero() {
             // No grace at all (tests, audits): every intent is stale at once.
             return std::future::pending().await;
         }
         loop {
             tokio::time::sleep(self.refresh_every).await;
-            match self.cleanup.touch_intent(file_id, None).await {
+            match self.cleanup.touch_intent(user, file_id, None).await {
                 Ok(Some(_)) => {}
                 // Swept after all (this process stalled): the commit will say so.
                 Ok(None) => std::future::pending::<()>().await,

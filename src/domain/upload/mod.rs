@@ -197,7 +197,7 @@ impl UploadService {
         let file_id = staged.file_id();
         tokio::select! {
             r = self.after_intent(user, new, staged) => r,
-            never = self.admission.keep_alive(&file_id) => match never {},
+            never = self.admission.keep_alive(&user.id, &file_id) => match never {},
         }
     }
 

@@ -52,7 +52,11 @@ impl Undo {
 
     /// Forgets the intent of an upload that stored nothing.
     pub(super) async fn forget(&self, intent: &IntentRecord) {
-        if let Err(e) = self.cleanup.delete_intent(&intent.id).await {
+        if let Err(e) = self
+            .cleanup
+            .delete_intent(&intent.user_id, &intent.id)
+            .await
+        {
             tracing::warn!(file_id = %intent.id, error = %e, "could not delete upload intent; the sweeper will");
         }
     }
@@ -75,7 +79,11 @@ impl Undo {
         let deadline = Instant::now() + self.settle_window;
         let mut pause = SETTLE_PAUSE.0;
         loop {
-            match self.cleanup.abandon_intent(&intent.id, None).await {
+            match self
+                .cleanup
+                .abandon_intent(&intent.user_id, &intent.id, None)
+                .await
+            {
                 Ok(Some(orphan)) => {
                     tracing::warn!(file_id = %intent.id, "commit outcome was unknown; it did not apply");
                     self.delete_abandoned(&orphan).await;

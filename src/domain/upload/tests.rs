@@ -148,7 +148,10 @@ async fn a_commit_refused_because_its_intent_was_swept_leaves_the_blob_to_the_ca
         kit.blobs.put(&key, body(&[b"bytes"])).await.unwrap();
     }
     // The sweeper took it for a dead upload's.
-    kit.meta.delete_intent(&staged.file_id()).await.unwrap();
+    kit.meta
+        .delete_intent(&user.id, &staged.file_id())
+        .await
+        .unwrap();
     let stored = StoredBlob {
         filename: Filename::parse("late.txt").unwrap(),
         content_type: "text/plain".into(),

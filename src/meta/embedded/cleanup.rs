@@ -9,8 +9,19 @@ use crate::{
         CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus,
         now,
     },
-    vocab::{BlobKey, FileId, OrphanId},
+    vocab::{BlobKey, FileId, OrphanId, UserId},
 };
+
+/// Intent `file_id`, if it is `owner`'s (another user's is not found, as
+/// MongoDB's filter on both finds none).
+fn owned_intent(
+    tx: &mut super::txn::Txn,
+    owner: &UserId,
+    file_id: &FileId,
+) -> MetaResult<Option<IntentRecord>> {
+    let found = tx.get::<IntentRecord>(&format!("intents/{file_id}"))?;
+    Ok(found.filter(|i| &i.user_id == owner))
+}
 
 #[async_trait]
 impl CleanupRepo for EmbeddedStore {
@@ -31,16 +42,24 @@ impl CleanupRepo for EmbeddedStore {
         .await
     }
 
-    async fn delete_intent(&self, file_id: &FileId) -> MetaResult<()> {
-        let key = format!("intents/{file_id}");
+    async fn delete_intent(&self, owner: &UserId, file_id: &FileId) -> MetaResult<()> {
+        let (owner, file_id) = (*owner, *file_id);
         self.transaction(move |tx| {
-            tx.delete(&key);
+            if owned_intent(tx, &owner, &file_id)?.is_some() {
+                tx.delete(&format!("intents/{file_id}"));
+            }
             Ok(())
         })
         .await
     }
 
-    async fn intent(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>> {
+    async fn intent(&self, owner: &UserId, file_id: &FileId) -> MetaResult<Option<IntentRecord>> {
+        let (owner, file_id) = (*owner, *file_id);
+        self.transaction(move |tx| owned_intent(tx, &owner, &file_id))
+            .await
+    }
+
+    async fn intent_by_id_alone(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>> {
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| tx.get::<IntentRecord>(&key))
             .await
@@ -69,12 +88,14 @@ impl CleanupRepo for EmbeddedStore {
 
     async fn touch_intent(
         &self,
+        owner: &UserId,
         file_id: &FileId,
         until: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<IntentRecord>> {
+        let (owner, file_id) = (*owner, *file_id);
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {
-            let Some(mut intent) = tx.get::<IntentRecord>(&key)? else {
+            let Some(mut intent) = owned_intent(tx, &owner, &file_id)? else {
                 return Ok(None);
             };
             intent.refreshed_at = Some(now());
@@ -89,12 +110,14 @@ impl CleanupRepo for EmbeddedStore {
 
     async fn abandon_intent(
         &self,
+        owner: &UserId,
         file_id: &FileId,
         stale_before: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<OrphanRecord>> {
+        let (owner, file_id) = (*owner, *file_id);
         let key = format!("intents/{file_id}");
         self.transaction(move |tx| {
-            let Some(intent) = tx.get::<IntentRecord>(&key)? else {
+            let Some(intent) = owned_intent(tx, &owner, &file_id)? else {
                 return Ok(None);
             };
             if stale_before.is_some_and(|t| intent.alive_at() >= t) {

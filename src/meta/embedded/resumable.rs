@@ -18,6 +18,12 @@ fn resumable_key(id: &FileId) -> String {
     format!("resumables/{id}")
 }
 
+/// `upload`, if it is `owner`'s (another user's is not found, as MongoDB's
+/// filter on both finds none).
+fn owned(upload: Option<ResumableRecord>, owner: &UserId) -> Option<ResumableRecord> {
+    upload.filter(|u| &u.user_id == owner)
+}
+
 fn stored_user(tx: &mut Txn, id: &UserId) -> MetaResult<UserRecord> {
     tx.get(&user_key(id))?.ok_or(MetaError::NotFound)
 }
@@ -117,13 +123,14 @@ impl ResumableRepo for EmbeddedStore {
 
     async fn reserve_deferred(
         &self,
+        owner: &UserId,
         id: &FileId,
         what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
-        let key = resumable_key(id);
+        let (owner, key) = (*owner, resumable_key(id));
         self.transaction(move |tx| {
-            let Some(upload) = tx.get::<ResumableRecord>(&key)? else {
+            let Some(upload) = owned(tx.get::<ResumableRecord>(&key)?, &owner) else {
                 return Ok(None);
             };
             let Some((next, more)) = what.apply(&upload) else {
@@ -139,7 +146,13 @@ impl ResumableRepo for EmbeddedStore {
         .await
     }
 
-    async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
+    async fn resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
+        let (owner, key) = (*owner, resumable_key(id));
+        self.transaction(move |tx| Ok(owned(tx.get::<ResumableRecord>(&key)?, &owner)))
+            .await
+    }
+
+    async fn resumable_by_id_alone(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
         let key = resumable_key(id);
         self.transaction(move |tx| tx.get::<ResumableRecord>(&key))
             .await
@@ -156,7 +169,8 @@ impl ResumableRepo for EmbeddedStore {
                 let key = resumable_key(&upload.id);
                 match tx.get::<ResumableRecord>(&key)? {
                     Some(now)
-                        if now.progress() == expected
+                        if now.user_id == upload.user_id
+                            && now.progress() == expected
                             && now.length.is_none_or(|l| l >= upload.offset) =>
                     {
                         let kept = ResumableRecord {
@@ -179,22 +193,24 @@ impl ResumableRepo for EmbeddedStore {
         }
     }
 
-    async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
-        let id = *id;
-        self.transaction(move |tx| delete_counted(tx, &id, |_| true, false))
+    async fn delete_resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<()> {
+        let (owner, id) = (*owner, *id);
+        self.transaction(move |tx| delete_counted(tx, &id, |r| r.user_id == owner, false))
             .await
             .map(|_| ())
     }
 
     async fn delete_resumable_if_expires(
         &self,
+        owner: &UserId,
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
     ) -> MetaResult<Claim> {
-        let id = *id;
+        let (owner, id) = (*owner, *id);
+        let claim = move |r: &ResumableRecord| r.user_id == owner && r.expires_at == expires_at;
         let deleted = self
-            .transaction(move |tx| delete_counted(tx, &id, |r| r.expires_at == expires_at, tell))
+            .transaction(move |tx| delete_counted(tx, &id, claim, tell))
             .await;
         match deleted {
             // A PATCH wrote it at the same moment: it renewed it.

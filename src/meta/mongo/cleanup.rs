@@ -9,7 +9,7 @@ use crate::{
     meta::{
         CleanupRepo, IntentRecord, MetaCounts, MetaError, MetaResult, OrphanRecord, OrphanStatus,
     },
-    vocab::{BlobKey, FileId, OrphanId},
+    vocab::{BlobKey, FileId, OrphanId, UserId},
 };
 
 /// Intents whose upload was last alive before `t` (see [`IntentRecord::alive_at`]).
@@ -42,15 +42,22 @@ impl CleanupRepo for MongoStore {
             .map_err(classify)
     }
 
-    async fn delete_intent(&self, file_id: &FileId) -> MetaResult<()> {
+    async fn delete_intent(&self, owner: &UserId, file_id: &FileId) -> MetaResult<()> {
         self.intents()
-            .delete_one(doc! {"_id": file_id})
+            .delete_one(doc! {"_id": file_id, "user_id": owner})
             .await
             .map(|_| ())
             .map_err(classify)
     }
 
-    async fn intent(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>> {
+    async fn intent(&self, owner: &UserId, file_id: &FileId) -> MetaResult<Option<IntentRecord>> {
+        self.intents()
+            .find_one(doc! {"_id": file_id, "user_id": owner})
+            .await
+            .map_err(classify)
+    }
+
+    async fn intent_by_id_alone(&self, file_id: &FileId) -> MetaResult<Option<IntentRecord>> {
         self.intents()
             .find_one(doc! {"_id": file_id})
             .await
@@ -69,6 +76,7 @@ impl CleanupRepo for MongoStore {
 
     async fn touch_intent(
         &self,
+        owner: &UserId,
         file_id: &FileId,
         until: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<IntentRecord>> {
@@ -78,7 +86,7 @@ impl CleanupRepo for MongoStore {
             set.insert("alive_until", bson::DateTime::from_chrono(until));
         }
         self.intents()
-            .find_one_and_update(doc! {"_id": file_id}, doc! {"$set": set})
+            .find_one_and_update(doc! {"_id": file_id, "user_id": owner}, doc! {"$set": set})
             .return_document(mongodb::options::ReturnDocument::After)
             .await
             .map_err(classify)
@@ -86,11 +94,13 @@ impl CleanupRepo for MongoStore {
 
     async fn abandon_intent(
         &self,
+        owner: &UserId,
         file_id: &FileId,
         stale_before: Option<DateTime<Utc>>,
     ) -> MetaResult<Option<OrphanRecord>> {
         let mut filter = stale_before.map_or_else(Document::new, last_alive_before);
         filter.insert("_id", file_id);
+        filter.insert("user_id", owner);
         let mut s = self.txns.begin(None).await?;
         let result = async {
             let Some(intent) = self

@@ -127,7 +127,10 @@ impl MongoStore {
             } => {
                 let (collection, cid) = (container.collection(), container.id());
                 // The file's document is written too, so that a concurrent
-                // delete of the file conflicts with this attach.
+                // delete of the file conflicts with this attach. A file the
+                // owner may use is their own (a user holds permissions on
+                // their own files only): it is found by its owner too.
+                let file = doc! {"_id": file_id, "owner_id": owner_id};
                 if *attached {
                     let allowed = self
                         .permissions()
@@ -137,10 +140,7 @@ impl MongoStore {
                         .map_err(classify)?;
                     let updated = self
                         .files()
-                        .update_one(
-                            doc! {"_id": file_id},
-                            doc! {"$addToSet": {collection: &cid}},
-                        )
+                        .update_one(file, doc! {"$addToSet": {collection: &cid}})
                         .session(&mut *s)
                         .await
                         .map_err(classify)?;
@@ -149,7 +149,7 @@ impl MongoStore {
                     }
                 } else {
                     self.files()
-                        .update_one(doc! {"_id": file_id}, doc! {"$pull": {collection: &cid}})
+                        .update_one(file, doc! {"$pull": {collection: &cid}})
                         .session(&mut *s)
                         .await
                         .map_err(classify)?;
@@ -225,9 +225,10 @@ impl MongoStore {
         };
         let files = deleted.get_array("file_ids").cloned().unwrap_or_default();
         if !files.is_empty() {
+            // The owner's: only their own files go into their containers.
             self.files()
                 .update_many(
-                    doc! {"_id": {"$in": files}},
+                    doc! {"_id": {"$in": files}, "owner_id": owner_id},
                     doc! {"$pull": {collection: &cid}},
                 )
                 .session(&mut *s)

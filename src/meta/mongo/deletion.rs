@@ -172,9 +172,6 @@ impl DeletionRepo for MongoStore {
             if gone.deleted_count == 0 {
                 return Ok(false);
             }
-            // `$regex`: SecantusDB (the test stack's server) matched nothing
-            // with a BSON regular-expression value beside another field.
-            let of_user = doc! {"$regex": format!("^{id}:")};
             let leftovers = [
                 ("api_keys", doc! {"user_id": id}),
                 ("api_tokens", doc! {"user_id": id}),
@@ -183,7 +180,9 @@ impl DeletionRepo for MongoStore {
                 ("revoked_keys", doc! {"user_id": id}),
                 // (Their permissions went with each file: a user holds
                 // only their own, `PermissionRecord::owner_of`.)
-                ("idempotency", doc! {"_id": of_user}),
+                // Their idempotency keys (each one's `_id` is `{user}:{key}`,
+                // and the file it made is theirs).
+                ("idempotency", doc! {"file.owner_id": id}),
                 // Their orphan records, whatever their status: every blob
                 // under their prefixes is gone by now (the pass swept them).
                 (

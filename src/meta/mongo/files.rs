@@ -57,7 +57,7 @@ impl MongoStore {
             let id = IdempotencyRecord::id_for(&file.owner_id, &k.key);
             if let Some(first) = self
                 .idempotency()
-                .find_one(doc! {"_id": &id})
+                .find_one(doc! {"_id": &id, "file.owner_id": file.owner_id})
                 .session(&mut *s)
                 .await
                 .map_err(classify)?
@@ -79,7 +79,7 @@ impl MongoStore {
         let mut inc = doc! {"used_bytes": file.size, "file_count": 1_i64, "event_seq": 1_i64};
         // The file's bytes take the place of its upload's reservation.
         if c.resumable {
-            let freed = self.release_in(s, &file.id).await?;
+            let freed = self.release_in(s, &file.owner_id, &file.id).await?;
             inc.insert("reserved_bytes", -freed.reserved);
             inc.insert("open_uploads", -i64::from(freed.open));
         }
@@ -128,7 +128,7 @@ impl MongoStore {
             .map_err(classify)?;
         let removed = self
             .intents()
-            .delete_one(doc! {"_id": &file.id})
+            .delete_one(doc! {"_id": &file.id, "user_id": file.owner_id})
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -156,7 +156,7 @@ impl MongoStore {
         if !key_ids.is_empty() {
             let mut found = self
                 .idempotency()
-                .find(doc! {"_id": {"$in": &key_ids}})
+                .find(doc! {"_id": {"$in": &key_ids}, "file.owner_id": owner})
                 .session(&mut *s)
                 .await
                 .map_err(classify)?;
@@ -168,7 +168,7 @@ impl MongoStore {
         let user = self.quota_of(s, owner).await?;
         let mut held = HashMap::new();
         for id in group::resumable_ids(group) {
-            held.insert(id, self.held_in(s, &id).await?);
+            held.insert(id, self.held_in(s, owner, &id).await?);
         }
         let plan = group::plan(group, user.counted(), user.quota_bytes, recorded, &held);
         if plan.committing.is_empty() {
@@ -178,7 +178,7 @@ impl MongoStore {
         // The quota read above is in this transaction's snapshot: a write of
         // the user document since then makes this update a write conflict.
         let mut filter = doc! {"_id": owner, "deleting_since": null};
-        self.mark_released_in(s, &plan.resumable).await?;
+        self.mark_released_in(s, owner, &plan.resumable).await?;
         let mut update = doc! {
             "$inc": {
                 "used_bytes": plan.bytes,
@@ -240,7 +240,7 @@ impl MongoStore {
         }
         let removed = self
             .intents()
-            .delete_many(doc! {"_id": {"$in": &ids}})
+            .delete_many(doc! {"_id": {"$in": &ids}, "user_id": owner})
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -351,29 +351,33 @@ impl MongoStore {
             ("sessions", file.sessions.clone().into()),
             ("agents", file.agents.clone().into()),
         ];
+        // The containers it is in are its owner's (an attach takes only
+        // the owner's files into the owner's containers).
         for (collection, ids) in attached {
             if ids.as_array().is_some_and(|a| !a.is_empty()) {
+                let filter = doc! {"_id": {"$in": ids}, "owner_id": owner};
                 self.db
                     .collection::<Document>(collection)
-                    .update_many(doc! {"_id": {"$in": ids}}, doc! {"$pull": {"file_ids": id}})
+                    .update_many(filter, doc! {"$pull": {"file_ids": id}})
                     .session(&mut *s)
                     .await
                     .map_err(classify)?;
             }
         }
         self.files()
-            .delete_one(doc! {"_id": id})
+            .delete_one(doc! {"_id": id, "owner_id": owner})
             .session(&mut *s)
             .await
             .map_err(classify)?;
+        // Its only permission is its owner's (`PermissionRecord::owner_of`).
         self.permissions()
-            .delete_many(doc! {"file_id": id})
+            .delete_many(doc! {"file_id": id, "user_id": owner})
             .session(&mut *s)
             .await
             .map_err(classify)?;
         // The key that created the file is free again.
         self.idempotency()
-            .delete_many(doc! {"file._id": id})
+            .delete_many(doc! {"file._id": id, "file.owner_id": owner})
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -444,7 +448,7 @@ impl FileRepo for MongoStore {
     ) -> MetaResult<Option<IdempotencyRecord>> {
         let id = IdempotencyRecord::id_for(user_id, key);
         self.idempotency()
-            .find_one(doc! {"_id": id})
+            .find_one(doc! {"_id": id, "file.owner_id": user_id})
             .await
             .map_err(classify)
     }

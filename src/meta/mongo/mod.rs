@@ -21,7 +21,7 @@ mod resumable;
 mod txn;
 mod users;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bson::{Bson, Document, doc};
@@ -112,10 +112,50 @@ fn owned_after(owner_id: &UserId, after: Option<impl Into<Bson>>) -> Document {
     filter
 }
 
+/// A command as the driver sent it (see [`MongoStore::connect_observed`]).
+#[derive(Clone, Debug)]
+pub struct SentCommand {
+    /// `find`, `update`, `findAndModify`, …
+    pub name: String,
+    /// The command document, with the documents of its batches (an
+    /// insert's `documents`, an update's `updates`) in it.
+    pub body: Document,
+}
+
+impl SentCommand {
+    /// The collection it names, if any (a command's first field names it).
+    pub fn collection(&self) -> Option<&str> {
+        self.body.get_str(&self.name).ok()
+    }
+}
+
+/// Told of every command sent (tests: which filters the requests send).
+pub type CommandObserver = Arc<dyn Fn(SentCommand) + Send + Sync>;
+
 impl MongoStore {
     /// Connects, checks the server answers, and creates the indexes;
     /// `commands` counts every command sent (round trips, for the benchmarks).
     pub async fn connect(uri: &str, db: &str, commands: Counter) -> anyhow::Result<Self> {
+        Self::open(uri, db, commands, None).await
+    }
+
+    /// [`Self::connect`], and `observer` is told of every command sent
+    /// (tests read the filters; the product never sets one).
+    pub async fn connect_observed(
+        uri: &str,
+        db: &str,
+        commands: Counter,
+        observer: CommandObserver,
+    ) -> anyhow::Result<Self> {
+        Self::open(uri, db, commands, Some(observer)).await
+    }
+
+    async fn open(
+        uri: &str,
+        db: &str,
+        commands: Counter,
+        observer: Option<CommandObserver>,
+    ) -> anyhow::Result<Self> {
         let mut opts = ClientOptions::parse(uri).await?;
         opts.app_name = Some("filedock".into());
         opts.command_event_handler = Some(EventHandler::callback(move |e| {
@@ -129,6 +169,13 @@ impl MongoStore {
                     collection = started.command.get_str(&started.command_name).ok(),
                     "mongo command"
                 );
+                // The event is ours: its document moves, it is not copied.
+                if let Some(observe) = &observer {
+                    observe(SentCommand {
+                        name: started.command_name,
+                        body: started.command,
+                    });
+                }
             }
         }));
         // Fail fast when the server is gone: requests answer 503, not hang.

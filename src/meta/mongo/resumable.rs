@@ -26,13 +26,14 @@ const COUNTED_FIELDS: [&str; 3] = ["length", "reserved", "open"];
 /// field's own (none is a top-level operator such as `$or`), so that
 /// SecantusDB finds the document by its `_id`; with one at the top it scans
 /// every upload kept, and a PATCH costs more the more uploads there were.
-fn advance_filter(id: &FileId, expected: Progress, offset: i64) -> Document {
+fn advance_filter(owner: &UserId, id: &FileId, expected: Progress, offset: i64) -> Document {
     let committed = match expected.committed {
         true => bson::Bson::Boolean(true),
         false => doc! {"$ne": true}.into(),
     };
     doc! {
         "_id": id,
+        "user_id": owner,
         "offset": expected.offset,
         "parts": {"$size": expected.parts as i64},
         "committed": committed,
@@ -42,24 +43,35 @@ fn advance_filter(id: &FileId, expected: Progress, offset: i64) -> Document {
 }
 
 impl MongoStore {
-    /// What upload `id` holds of its user's counters, as `s` sees it.
-    pub(super) async fn held_in(&self, s: &mut ClientSession, id: &FileId) -> MetaResult<Held> {
+    /// What `owner`'s upload `id` holds of their counters, as `s` sees it.
+    pub(super) async fn held_in(
+        &self,
+        s: &mut ClientSession,
+        owner: &UserId,
+        id: &FileId,
+    ) -> MetaResult<Held> {
         let upload = self
             .resumables()
-            .find_one(doc! {"_id": id})
+            .find_one(doc! {"_id": id, "user_id": owner})
             .session(&mut *s)
             .await
             .map_err(classify)?;
         Ok(held_by(upload))
     }
 
-    /// Marks upload `id` committed as its file commits, its reservation
-    /// given back, in `s`: what it held (the caller takes that off the user
-    /// document in the same transaction). One round trip for both.
-    pub(super) async fn release_in(&self, s: &mut ClientSession, id: &FileId) -> MetaResult<Held> {
+    /// Marks `owner`'s upload `id` committed as its file commits, its
+    /// reservation given back, in `s`: what it held (the caller takes that
+    /// off the user document in the same transaction). One round trip for both.
+    pub(super) async fn release_in(
+        &self,
+        s: &mut ClientSession,
+        owner: &UserId,
+        id: &FileId,
+    ) -> MetaResult<Held> {
+        let filter = doc! {"_id": id, "user_id": owner};
         let before = self
             .resumables()
-            .find_one_and_update(doc! {"_id": id}, committed_mark())
+            .find_one_and_update(filter, committed_mark())
             .return_document(ReturnDocument::Before)
             .session(&mut *s)
             .await
@@ -67,20 +79,22 @@ impl MongoStore {
         Ok(held_by(before))
     }
 
-    /// Marks the uploads committed as their files commit, their
+    /// Marks `owner`'s uploads committed as their files commit, their
     /// reservations given back, in `s` (the caller takes those off the
     /// user document in the same transaction): a client that missed the
     /// commit's answer learns it from the record.
     pub(super) async fn mark_released_in(
         &self,
         s: &mut ClientSession,
+        owner: &UserId,
         ids: &[FileId],
     ) -> MetaResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
+        let filter = doc! {"_id": {"$in": ids}, "user_id": owner};
         self.resumables()
-            .update_many(doc! {"_id": {"$in": ids}}, committed_mark())
+            .update_many(filter, committed_mark())
             .session(&mut *s)
             .await
             .map(|_| ())
@@ -170,13 +184,13 @@ impl MongoStore {
     async fn reserve_deferred_in(
         &self,
         s: &mut ClientSession,
-        id: &FileId,
+        (owner, id): (&UserId, &FileId),
         what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
         let Some(upload) = self
             .resumables()
-            .find_one(doc! {"_id": id})
+            .find_one(doc! {"_id": id, "user_id": owner})
             .session(&mut *s)
             .await
             .map_err(classify)?
@@ -194,7 +208,7 @@ impl MongoStore {
             .await?;
         self.resumables()
             .update_one(
-                doc! {"_id": id},
+                doc! {"_id": id, "user_id": owner},
                 doc! {"$set": {"length": next.length, "reserved": next.reserved}},
             )
             .session(&mut *s)
@@ -218,7 +232,7 @@ impl MongoStore {
             .is_none_or(|u| matches!(u.get("deleting_since"), Some(d) if d != &bson::Bson::Null)))
     }
 
-    /// Deletes the upload `filter` matches (by `_id`, and maybe more) and
+    /// Deletes the upload `filter` matches (by `_id` and user, and maybe more) and
     /// gives back what it held of its user's counters, in `s`: whether one
     /// was deleted ([`Claim`]). An expired one's claim (`expired`) writes its
     /// `upload.expired` (see [`EventDraft::expiry_told_by`]), but for a
@@ -292,16 +306,24 @@ impl ResumableRepo for MongoStore {
 
     async fn reserve_deferred(
         &self,
+        owner: &UserId,
         id: &FileId,
         what: Reserve,
         quota: Option<u64>,
     ) -> MetaResult<Option<ResumableRecord>> {
         let mut s = self.txns.begin(None).await?;
-        let result = self.reserve_deferred_in(&mut s, id, what, quota).await;
+        let result = (self.reserve_deferred_in(&mut s, (owner, id), what, quota)).await;
         self.txns.finish(s, None, result).await
     }
 
-    async fn resumable(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
+    async fn resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
+        self.resumables()
+            .find_one(doc! {"_id": id, "user_id": owner})
+            .await
+            .map_err(classify)
+    }
+
+    async fn resumable_by_id_alone(&self, id: &FileId) -> MetaResult<Option<ResumableRecord>> {
         self.resumables()
             .find_one(doc! {"_id": id})
             .await
@@ -321,7 +343,7 @@ impl ResumableRepo for MongoStore {
         let updated = self
             .resumables()
             .update_one(
-                advance_filter(&upload.id, expected, upload.offset),
+                advance_filter(&upload.user_id, &upload.id, expected, upload.offset),
                 doc! {"$set": fields},
             )
             .await
@@ -329,22 +351,23 @@ impl ResumableRepo for MongoStore {
         Ok(updated.matched_count > 0)
     }
 
-    async fn delete_resumable(&self, id: &FileId) -> MetaResult<()> {
+    async fn delete_resumable(&self, owner: &UserId, id: &FileId) -> MetaResult<()> {
         let mut s = self.txns.begin(None).await?;
         let result = self
-            .delete_resumable_in(&mut s, doc! {"_id": id}, false)
+            .delete_resumable_in(&mut s, doc! {"_id": id, "user_id": owner}, false)
             .await;
         self.txns.finish(s, None, result).await.map(|_| ())
     }
 
     async fn delete_resumable_if_expires(
         &self,
+        owner: &UserId,
         id: &FileId,
         expires_at: DateTime<Utc>,
         tell: bool,
     ) -> MetaResult<Claim> {
         let expires_at = bson::DateTime::from_chrono(expires_at);
-        let filter = doc! {"_id": id, "expires_at": expires_at};
+        let filter = doc! {"_id": id, "user_id": owner, "expires_at": expires_at};
         let mut s = self.txns.begin(None).await?;
         let result = self.delete_resumable_in(&mut s, filter, tell).await;
         match self.txns.finish(s, None, result).await {
@@ -404,8 +427,8 @@ mod tests {
             parts: 0,
             committed: false,
         };
-        let filter = advance_filter(&FileId::new(), expected, 1 << 20);
+        let filter = advance_filter(&UserId::new(), &FileId::new(), expected, 1 << 20);
         assert_eq!(top_level_operators(&filter), Vec::<&str>::new());
-        assert!(filter.contains_key("_id"));
+        assert!(filter.contains_key("_id") && filter.contains_key("user_id"));
     }
 }

@@ -79,7 +79,7 @@ impl MongoStore {
             if let Some(id) = check.as_ref().and_then(|c| c.new_key)
                 && self
                     .revoked_keys()
-                    .find_one(doc! {"_id": id})
+                    .find_one(doc! {"_id": id, "user_id": owner})
                     .session(&mut s)
                     .await
                     .map_err(classify)?
@@ -263,19 +263,33 @@ impl KeyRepo for MongoStore {
         let at = bson::DateTime::from_chrono(crate::meta::now());
         let mut s = self.txns.begin(None).await?;
         let result = async {
-            let deleted = self
+            // Read by id, then deleted by hash: keys are sharded by hash (a
+            // key is found by it before its user is known), and a sharded
+            // cluster sends a single delete to one shard only by its shard
+            // key (before MongoDB 7.1 a `findAndModify` without it is
+            // refused). The read goes to every shard; revoking is rare.
+            let found = self
                 .keys()
-                .find_one_and_delete(doc! {"_id": id, "user_id": user})
+                .find_one(doc! {"_id": id, "user_id": user})
                 .session(&mut s)
                 .await
                 .map_err(classify)?;
-            let Some(deleted) = deleted else {
+            let Some(deleted) = found else {
                 return Ok(false);
             };
+            let gone = self
+                .keys()
+                .delete_one(doc! {"hash": &deleted.hash, "_id": id})
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            if gone.deleted_count == 0 {
+                return Ok(false);
+            }
             self.revoked_keys()
                 .update_one(
-                    doc! {"_id": id},
-                    doc! {"$setOnInsert": {"user_id": user, "at": at}},
+                    doc! {"_id": id, "user_id": user},
+                    doc! {"$setOnInsert": {"at": at}},
                 )
                 .upsert(true)
                 .session(&mut s)

@@ -132,7 +132,7 @@ impl ResumableBlobs for LosesCompleteAnswer {
         self.inner.complete(key, handle, tags, len).await?;
         let sweeper = self.swept_after_complete.lock().unwrap().take();
         if let Some((meta, blobs)) = sweeper {
-            meta.abandon_intent(&key.file_id(), None)
+            meta.abandon_intent(&key.user(), &key.file_id(), None)
                 .await
                 .unwrap()
                 .unwrap();
