@@ -88,7 +88,7 @@ impl ResumableBlobs for FsBlobStore {
         self.budget.clone()
     }
 
-    async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {
+    async fn start(&self, key: &BlobKey, _: Option<u64>) -> Result<WriteHandle, BlobError> {
         // The upload's id, then a random part: the sweeper reads the first.
         let upload = key.file_id().to_string().replace('-', "");
         let random = uuid::Uuid::new_v4().simple();

@@ -34,8 +34,13 @@ pub trait ResumableBlobs: Send + Sync {
     /// The budget every part buffer and loaded tail is reserved from.
     fn budget(&self) -> Arc<MemoryBudget>;
 
-    /// Starts a resumable write to `key`; returns its handle (the S3 upload id).
-    async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError>;
+    /// Starts a resumable write to `key` of `length` bytes (`None`: not
+    /// known yet); returns its handle (the S3 upload id). A store may write
+    /// a known length of one part at most as one object, at part 1's
+    /// [`Self::put_part`] (S3: a `PutObject` that never overwrites); then
+    /// [`Self::abort`] deletes that object, and must be called only for a
+    /// write no file owns.
+    async fn start(&self, key: &BlobKey, length: Option<u64>) -> Result<WriteHandle, BlobError>;
 
     /// Stores part `number` (1-based), which begins at byte `offset`;
     /// returns its tag (the S3 ETag). Storing a number again replaces it.

@@ -1,10 +1,12 @@
 //! `ResumableBlobs` on S3: one multipart upload per resumable upload, its
-//! tail a small staging object beside it (see `super::super::resumable`).
+//! tail a small staging object beside it (see `super::super::resumable`);
+//! an upload of one part at most is one `PutObject` instead, with
+//! `If-None-Match: *` so that a late write never overwrites an object.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use aws_sdk_s3::primitives::ByteStream as S3Body;
+use aws_sdk_s3::{error::ProvideErrorMetadata, primitives::ByteStream as S3Body};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
@@ -21,6 +23,14 @@ use crate::{
 /// Where every tail is staged (see [`BlobKey::staging_prefix`]).
 const STAGING: &str = "tus/";
 
+/// The handle of a write stored as one object: no multipart upload was
+/// started (an S3 upload id is never this).
+const WHOLE: &str = "whole";
+
+fn is_whole(handle: &WriteHandle) -> bool {
+    handle.as_str() == WHOLE
+}
+
 impl S3BlobStore {
     /// Where the tails of the upload to `key` live.
     fn staging_prefix(&self, key: &BlobKey) -> String {
@@ -29,6 +39,51 @@ impl S3BlobStore {
 
     fn tail_key(&self, key: &BlobKey, start: u64, end: u64) -> String {
         self.full_key(key.tail(start, end))
+    }
+
+    /// Stores `bytes` as the object at `full_key` unless one is there; its
+    /// ETag. One that is there with the same bytes is this write, stored
+    /// before (its answer, or the state's update after it, lost): stored.
+    /// One with other bytes stays, and the write fails.
+    async fn put_whole(&self, full_key: &str, bytes: Bytes) -> Result<String, BlobError> {
+        let put = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(full_key)
+            .if_none_match("*")
+            .content_length(bytes.len() as i64)
+            .body(S3Body::from(bytes.clone()))
+            .send()
+            .await;
+        let error = match put {
+            Ok(out) => return Ok(out.e_tag().unwrap_or_default().to_owned()),
+            Err(e) => e,
+        };
+        if error.as_service_error().and_then(|e| e.code()) != Some("PreconditionFailed") {
+            return Err(sdk_err(error));
+        }
+        let there = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(full_key)
+            .send()
+            .await
+            .map_err(sdk_err)?;
+        let tag = there.e_tag().unwrap_or_default().to_owned();
+        let stored = there
+            .body
+            .collect()
+            .await
+            .map_err(|e| BlobError::Unavailable(format!("reading an object back: {e}")))?
+            .into_bytes();
+        match stored == bytes {
+            true => Ok(tag),
+            false => Err(BlobError::Other(format!(
+                "{full_key} is stored already, with other bytes"
+            ))),
+        }
     }
 
     async fn delete_raw(&self, full_key: &str) -> Result<(), BlobError> {
@@ -60,7 +115,10 @@ impl ResumableBlobs for S3BlobStore {
         self.budget.clone()
     }
 
-    async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {
+    async fn start(&self, key: &BlobKey, length: Option<u64>) -> Result<WriteHandle, BlobError> {
+        if length.is_some_and(|l| l <= self.part_size as u64) {
+            return Ok(WriteHandle::new(WHOLE));
+        }
         let upload_id = self.create_multipart(&self.full_key(key)).await?;
         Ok(WriteHandle::new(upload_id))
     }
@@ -74,6 +132,14 @@ impl ResumableBlobs for S3BlobStore {
         part: Bytes,
     ) -> Result<String, BlobError> {
         let full_key = self.full_key(key);
+        if is_whole(handle) {
+            if number != 1 {
+                return Err(BlobError::Other(format!(
+                    "part {number} of a write stored as one object"
+                )));
+            }
+            return self.put_whole(&full_key, part).await;
+        }
         self.upload_part(&full_key, handle.as_str(), number, part)
             .await
     }
@@ -146,6 +212,13 @@ impl ResumableBlobs for S3BlobStore {
         tags: &[String],
         len: u64,
     ) -> Result<(), BlobError> {
+        if is_whole(handle) {
+            // Stored whole by its one part (an empty upload has none).
+            if tags.is_empty() {
+                self.put_whole(&self.full_key(key), Bytes::new()).await?;
+            }
+            return Ok(());
+        }
         if tags.is_empty() {
             // An empty upload: S3 completes no multipart upload without parts.
             self.client
@@ -168,6 +241,10 @@ impl ResumableBlobs for S3BlobStore {
     async fn abort(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
         // The tails first, so that an abort that fails leaves none.
         self.clear_staging(key, handle).await?;
+        if is_whole(handle) {
+            // Its object, if its part was stored (no file owns it: see the port).
+            return self.delete_raw(&self.full_key(key)).await;
+        }
         // NoSuchUpload: gone already (aborted before, its answer lost).
         match self
             .abort_multipart(&self.full_key(key), handle.as_str())

@@ -60,4 +60,5 @@ mod tus_release;
 mod tus_reserve;
 mod tus_small;
 mod tus_sweep;
+mod tus_whole;
 mod user_deletion;

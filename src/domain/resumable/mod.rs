@@ -218,8 +218,9 @@ impl ResumableService {
         // A crash from here until the state is stored leaves an empty
         // multipart upload that nothing names (S3's lifecycle rule for
         // incomplete uploads is the backstop), or a staging file the
-        // sweeper removes (no state, no intent).
-        let handle = self.parts.start(&intent.key).await?;
+        // sweeper removes (no state, no intent). An upload of one part at
+        // most is one object on S3: nothing is started.
+        let handle = self.parts.start(&intent.key, new.length).await?;
         let now = intent.created_at;
         let length = new.length.map(|l| l as i64);
         let record = ResumableRecord {

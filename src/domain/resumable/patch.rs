@@ -350,7 +350,11 @@ impl ResumableService {
         }
         upload.sha256_state = hash::save(&hasher);
         if !self.advance(&upload, before.progress()).await? {
-            return self.lost_race(user, before, None).await;
+            let lost = self.lost_race(user, before, None).await;
+            if let Err(ResumableError::Domain(DomainError::NotFound)) = &lost {
+                self.drop_if_unowned(user, &upload).await;
+            }
+            return lost;
         }
         let mut staging_clear = true;
         if let Some((start, end)) = old_tail
@@ -374,6 +378,20 @@ impl ResumableService {
             },
         };
         self.finish_fresh(user, upload, fresh).await
+    }
+
+    /// The last part of an upload that went while this PATCH stored it
+    /// (swept, or ended by its client): on S3 a small upload's only part is
+    /// its object, which nobody can own now (no intent and no file, read in
+    /// that order: a commit deletes the one and inserts the other at once),
+    /// so it goes; else its write is dropped as the sweeper would.
+    async fn drop_if_unowned(&self, user: &UserRecord, upload: &ResumableRecord) {
+        if let Ok(None) = self.cleanup.intent(&upload.id).await
+            && let Ok(None) = self.files.file(&user.id, &upload.id).await
+            && let Err(e) = self.drop_write(upload).await
+        {
+            tracing::warn!(upload = %upload.id, error = %e, "could not drop a gone upload's last part");
+        }
     }
 
     /// Whether `user` is being deleted, read when another request asks for

@@ -71,8 +71,8 @@ impl ResumableBlobs for LosesCompleteAnswer {
         self.inner.budget()
     }
 
-    async fn start(&self, key: &BlobKey) -> Result<WriteHandle, BlobError> {
-        self.inner.start(key).await
+    async fn start(&self, key: &BlobKey, length: Option<u64>) -> Result<WriteHandle, BlobError> {
+        self.inner.start(key, length).await
     }
 
     async fn put_part(
