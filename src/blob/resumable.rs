@@ -36,10 +36,10 @@ pub trait ResumableBlobs: Send + Sync {
 
     /// Starts a resumable write to `key` of `length` bytes (`None`: not
     /// known yet); returns its handle (the S3 upload id). A store may write
-    /// a known length of one part at most as one object, at part 1's
+    /// a known length shorter than a part as one object, at part 1's
     /// [`Self::put_part`] (S3: a `PutObject` that never overwrites); then
-    /// [`Self::abort`] deletes that object, and must be called only for a
-    /// write no file owns.
+    /// [`Self::abort`] leaves that object, as it leaves a completed
+    /// write's, to the upload's intent (its orphan deletes it).
     async fn start(&self, key: &BlobKey, length: Option<u64>) -> Result<WriteHandle, BlobError>;
 
     /// Stores part `number` (1-based), which begins at byte `offset`;

@@ -60,8 +60,27 @@ impl S3BlobStore {
             Ok(out) => return Ok(out.e_tag().unwrap_or_default().to_owned()),
             Err(e) => e,
         };
-        if error.as_service_error().and_then(|e| e.code()) != Some("PreconditionFailed") {
-            return Err(sdk_err(error));
+        match error.as_service_error().and_then(|e| e.code()) {
+            Some("PreconditionFailed") => {}
+            // Another conditional write to the key at the same moment (AWS).
+            Some("ConditionalRequestConflict") => {
+                return Err(BlobError::Unavailable(format!(
+                    "{full_key}: a write at once"
+                )));
+            }
+            _ => return Err(sdk_err(error)),
+        }
+        let other = || BlobError::Other(format!("{full_key} is stored already, with other bytes"));
+        // Gone since the refusal (its upload ended meanwhile): try again.
+        let gone = |e: BlobError| match e {
+            BlobError::NotFound => BlobError::Unavailable(format!("{full_key} went meanwhile")),
+            e => e,
+        };
+        // Another length is other bytes, without reading them.
+        let head = self.client.head_object().bucket(&self.bucket).key(full_key);
+        let head = head.send().await.map_err(|e| gone(sdk_err(e)))?;
+        if head.content_length() != Some(bytes.len() as i64) {
+            return Err(other());
         }
         let there = self
             .client
@@ -70,7 +89,7 @@ impl S3BlobStore {
             .key(full_key)
             .send()
             .await
-            .map_err(sdk_err)?;
+            .map_err(|e| gone(sdk_err(e)))?;
         let tag = there.e_tag().unwrap_or_default().to_owned();
         let stored = there
             .body
@@ -80,9 +99,7 @@ impl S3BlobStore {
             .into_bytes();
         match stored == bytes {
             true => Ok(tag),
-            false => Err(BlobError::Other(format!(
-                "{full_key} is stored already, with other bytes"
-            ))),
+            false => Err(other()),
         }
     }
 
@@ -116,7 +133,10 @@ impl ResumableBlobs for S3BlobStore {
     }
 
     async fn start(&self, key: &BlobKey, length: Option<u64>) -> Result<WriteHandle, BlobError> {
-        if length.is_some_and(|l| l <= self.part_size as u64) {
+        // Shorter than a part: the part writer never fills one, so the one
+        // object is written by the last PATCH only, after its checks (a
+        // checksum, the length) have passed.
+        if length.is_some_and(|l| l < self.part_size as u64) {
             return Ok(WriteHandle::new(WHOLE));
         }
         let upload_id = self.create_multipart(&self.full_key(key)).await?;
@@ -242,8 +262,10 @@ impl ResumableBlobs for S3BlobStore {
         // The tails first, so that an abort that fails leaves none.
         self.clear_staging(key, handle).await?;
         if is_whole(handle) {
-            // Its object, if its part was stored (no file owns it: see the port).
-            return self.delete_raw(&self.full_key(key)).await;
+            // Its object, if its part was stored, stays, as a completed
+            // write's does: the upload's intent decides it (a commit took
+            // it, or its orphan deletes the object).
+            return Ok(());
         }
         // NoSuchUpload: gone already (aborted before, its answer lost).
         match self

@@ -3,23 +3,28 @@
 //! must keep: a write whose object landed before its state moved is taken
 //! as stored when the client sends the same bytes again; a late write never
 //! overwrites a committed file; an object with other bytes is never
-//! committed and goes with the upload. The S3 store's own behaviour: real
-//! stack only.
+//! committed and goes with the upload (as its intent's orphan); an upload
+//! as long as a part, whose part is stored before its checksum is checked,
+//! is not one object. The S3 store's own behaviour: real stack only.
 
+use base64::Engine;
 use bytes::Bytes;
 use filedock::meta::ResumableRecord;
 use reqwest::StatusCode;
+use sha2::{Digest, Sha256};
 
 use crate::{
     helpers::*,
-    tus::{TUS, content, create_typed, patch},
+    tus::{TUS, content, create_typed, patch, patch_body},
 };
 
 const LEN: usize = 64 * 1024;
 
-async fn record(app: &TestApp, id: &str) -> ResumableRecord {
+async fn record(app: &TestApp, user: &TestUser, id: &str) -> ResumableRecord {
     let meta = &app.state.ports.meta;
-    meta.resumable(&id.parse().unwrap()).await.unwrap().unwrap()
+    let owner = user.id.parse().unwrap();
+    let upload = meta.resumable(&owner, &id.parse().unwrap()).await;
+    upload.unwrap().unwrap()
 }
 
 /// Stores `bytes` as the upload's one part, as a PATCH does.
@@ -40,7 +45,7 @@ async fn an_object_stored_before_its_state_moved_is_taken_as_stored() {
     let bytes = pseudo_random_bytes(LEN, 1);
     let id = create_typed(&app, &user, LEN, Some("application/octet-stream")).await;
     // A PATCH whose PutObject landed, and whose state update did not.
-    let upload = record(&app, &id).await;
+    let upload = record(&app, &user, &id).await;
     assert!(store_part(&app, &upload, &bytes).await);
     let again = patch(&app, &user, &id, 0, &bytes).await;
     assert_eq!(again.status(), StatusCode::NO_CONTENT);
@@ -57,7 +62,7 @@ async fn a_late_write_never_overwrites_a_committed_small_file() {
     let user = app.create_user("whole-late").await;
     let bytes = pseudo_random_bytes(LEN, 2);
     let id = create_typed(&app, &user, LEN, None).await;
-    let upload = record(&app, &id).await;
+    let upload = record(&app, &user, &id).await;
     let done = patch(&app, &user, &id, 0, &bytes).await;
     assert_eq!(done.status(), StatusCode::NO_CONTENT);
     // A PATCH that stalled past its lease, its PutObject landing now.
@@ -74,7 +79,7 @@ async fn an_object_with_other_bytes_is_never_committed_and_goes_with_the_upload(
     let app = spawn_app().await;
     let user = app.create_user("whole-other").await;
     let id = create_typed(&app, &user, LEN, None).await;
-    let upload = record(&app, &id).await;
+    let upload = record(&app, &user, &id).await;
     assert!(store_part(&app, &upload, &pseudo_random_bytes(LEN, 4)).await);
     let sent = patch(&app, &user, &id, 0, &pseudo_random_bytes(LEN, 5)).await;
     assert!(sent.status().is_server_error(), "{}", sent.status());
@@ -88,7 +93,40 @@ async fn an_object_with_other_bytes_is_never_committed_and_goes_with_the_upload(
         .await
         .unwrap();
     assert_eq!(ended.status(), StatusCode::NO_CONTENT);
+    // The object goes as the ended upload's intent's orphan.
+    let swept = app
+        .client
+        .post(app.url("/v1/admin/sweep"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(swept.status(), StatusCode::OK);
     let left = app.state.ports.blobs.head(&upload.key).await.unwrap();
     assert_eq!(left, None, "the object stayed");
     assert_bucket_matches_metadata(&app.state).await;
+}
+
+#[tokio::test]
+async fn a_part_long_upload_whose_checksum_failed_completes_when_sent_again() {
+    if !real_backends() {
+        return;
+    }
+    let app = spawn_app().await;
+    let user = app.create_user("whole-checksum").await;
+    // As long as a part: the part writer stores it before the body's end.
+    let len = app.state.ports.resumable.part_size();
+    let bytes = pseudo_random_bytes(len, 6);
+    let id = create_typed(&app, &user, len, None).await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let sum = |b: &[u8]| format!("sha256 {}", b64.encode(Sha256::digest(b)));
+    // A body changed on its way: its checksum, the right bytes', fails.
+    let mut changed = bytes.clone();
+    changed[len / 2] ^= 1;
+    let bad = patch_body(&app, &user, &id, 0, changed.into(), Some(sum(&bytes)));
+    assert_eq!(bad.await.unwrap().status().as_u16(), 460);
+    let good = patch_body(&app, &user, &id, 0, bytes.clone().into(), Some(sum(&bytes)));
+    let good = good.await.unwrap();
+    assert_eq!(good.status(), StatusCode::NO_CONTENT);
+    assert_eq!(content(&app, &user, &id).await, bytes);
 }

@@ -278,7 +278,11 @@ impl ResumableService {
             let record = self.find(user, id).await?;
             if !record.all_stored() {
                 self.parts.abort(&record.key, &record.handle).await?;
-                self.cleanup.delete_intent(&user.id, id).await?;
+                // An orphan of the intent: the object under its key, if a
+                // PATCH stored one (a small upload's on S3), goes with it
+                // (unless a commit took the intent first, by a holder whose
+                // lease ran out: then the object is the file's).
+                self.cleanup.abandon_intent(&user.id, id, None).await?;
                 self.drop_state(&user.id, id).await?;
                 return Ok(());
             }

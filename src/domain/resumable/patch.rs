@@ -344,7 +344,14 @@ impl ResumableService {
                 .put_part(&upload.key, &upload.handle, number, start, last);
             let tag = match put.await {
                 Ok(tag) => tag,
-                Err(e) => return self.lost_race(user, before, Some(e)).await,
+                Err(e) => {
+                    // A write that failed may have landed all the same.
+                    let lost = self.lost_race(user, before, Some(e)).await;
+                    if let Err(ResumableError::Domain(DomainError::NotFound)) = &lost {
+                        self.drop_if_unowned(user, &upload).await;
+                    }
+                    return lost;
+                }
             };
             upload.parts.push(tag);
         }
@@ -386,7 +393,7 @@ impl ResumableService {
     /// that order: a commit deletes the one and inserts the other at once),
     /// so it goes; else its write is dropped as the sweeper would.
     async fn drop_if_unowned(&self, user: &UserRecord, upload: &ResumableRecord) {
-        if let Ok(None) = self.cleanup.intent(&upload.id).await
+        if let Ok(None) = self.cleanup.intent(&user.id, &upload.id).await
             && let Ok(None) = self.files.file(&user.id, &upload.id).await
             && let Err(e) = self.drop_write(upload).await
         {

@@ -182,7 +182,14 @@ impl DeletionRepo for MongoStore {
                 // only their own, `PermissionRecord::owner_of`.)
                 // Their idempotency keys (each one's `_id` is `{user}:{key}`,
                 // and the file it made is theirs).
-                ("idempotency", doc! {"file.owner_id": id}),
+                // By the `_id` range (its index), and the shard key.
+                (
+                    "idempotency",
+                    doc! {
+                        "_id": {"$gte": format!("{id}:"), "$lt": format!("{id};")},
+                        "file.owner_id": id,
+                    },
+                ),
                 // Their orphan records, whatever their status: every blob
                 // under their prefixes is gone by now (the pass swept them).
                 (

@@ -23,6 +23,8 @@ const COMMIT: &[u8] = b"commitTransaction";
 const UPDATE_RESUMABLE: &[u8] = b"\x02update\x00\x12\x00\x00\x00resumable_uploads\x00";
 /// An S3 UploadPart request (a tus PATCH's, or a plain multipart upload's).
 const UPLOAD_PART: &[u8] = b"partNumber=";
+/// A small resumable upload's one `PutObject` (the only conditional one).
+const WHOLE_PUT: &[u8] = b"if-none-match: *";
 const XADD: &[u8] = b"XADD";
 /// How long an armed cut may wait for its command before it goes back
 /// under the deck.
@@ -52,6 +54,10 @@ pub enum Fault {
     /// Cut right after a part of a multipart upload was stored: a PATCH
     /// (or a plain upload) loses its link mid-body.
     S3CutDuringPart,
+    /// Cut right after a small resumable upload's `PutObject` was answered:
+    /// the object is there, the answer lost (the SDK's retry is refused by
+    /// `If-None-Match`, and the PATCH finds its own bytes there).
+    S3CutAfterWholePut,
     /// Cut right after a resumable upload's state update was answered,
     /// for longer than the settle window: the PATCH cannot read back
     /// whether its offset moved.
@@ -100,6 +106,7 @@ impl fmt::Display for Fault {
             Self::RedisCutAfterEnqueue => "redis-cut-after-enqueue",
             Self::S3Cut => "s3-cut",
             Self::S3CutDuringPart => "s3-cut-during-part",
+            Self::S3CutAfterWholePut => "s3-cut-after-whole-put",
             Self::MongoCutAfterTusUpdate => "mongo-cut-after-tus-update",
             Self::Pause => "pause",
             Self::Kill => "kill",
@@ -116,7 +123,7 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 18] = [
+    const ALL: [Fault; 19] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -125,6 +132,7 @@ impl Fault {
         Self::RedisCutAfterEnqueue,
         Self::S3Cut,
         Self::S3CutDuringPart,
+        Self::S3CutAfterWholePut,
         Self::MongoCutAfterTusUpdate,
         Self::Pause,
         Self::Kill,
@@ -249,6 +257,10 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
         Fault::S3CutDuringPart => {
             let down = short(rng, Duration::from_secs(2));
             cut_after(&c.s3, &[UPLOAD_PART], down).await
+        }
+        Fault::S3CutAfterWholePut => {
+            let down = short(rng, Duration::from_secs(2));
+            cut_after(&c.s3, &[WHOLE_PUT], down).await
         }
         Fault::MongoCutAfterTusUpdate => {
             cut_after(&c.mongo, &[UPDATE_RESUMABLE], past_settle(rng)).await
