@@ -41,16 +41,17 @@ impl S3BlobStore {
         self.full_key(key.tail(start, end))
     }
 
-    /// Stores `bytes` as the object at `full_key` unless one is there; its
+    /// Stores `bytes` as the object at `key` unless one is there; its
     /// ETag. One that is there with the same bytes is this write, stored
     /// before (its answer, or the state's update after it, lost): stored.
     /// One with other bytes stays, and the write fails.
-    async fn put_whole(&self, full_key: &str, bytes: Bytes) -> Result<String, BlobError> {
+    async fn put_whole(&self, key: &BlobKey, bytes: Bytes) -> Result<String, BlobError> {
+        let full_key = self.full_key(key);
         let put = self
             .client
             .put_object()
             .bucket(&self.bucket)
-            .key(full_key)
+            .key(&full_key)
             .if_none_match("*")
             .content_length(bytes.len() as i64)
             .body(S3Body::from(bytes.clone()))
@@ -60,47 +61,50 @@ impl S3BlobStore {
             Ok(out) => return Ok(out.e_tag().unwrap_or_default().to_owned()),
             Err(e) => e,
         };
+        // Gone since the refusal (its upload ended meanwhile), or another
+        // conditional write to the key at the same moment (AWS): try again.
+        let again = || BlobError::Unavailable(format!("{full_key}: written or deleted meanwhile"));
         match error.as_service_error().and_then(|e| e.code()) {
             Some("PreconditionFailed") => {}
-            // Another conditional write to the key at the same moment (AWS).
-            Some("ConditionalRequestConflict") => {
-                return Err(BlobError::Unavailable(format!(
-                    "{full_key}: a write at once"
-                )));
-            }
+            Some("ConditionalRequestConflict") => return Err(again()),
             _ => return Err(sdk_err(error)),
         }
         let other = || BlobError::Other(format!("{full_key} is stored already, with other bytes"));
-        // Gone since the refusal (its upload ended meanwhile): try again.
-        let gone = |e: BlobError| match e {
-            BlobError::NotFound => BlobError::Unavailable(format!("{full_key} went meanwhile")),
-            e => e,
-        };
         // Another length is other bytes, without reading them.
-        let head = self.client.head_object().bucket(&self.bucket).key(full_key);
-        let head = head.send().await.map_err(|e| gone(sdk_err(e)))?;
-        if head.content_length() != Some(bytes.len() as i64) {
-            return Err(other());
+        match self.head(key).await? {
+            None => return Err(again()),
+            Some(len) if len != bytes.len() as u64 => return Err(other()),
+            Some(_) => {}
         }
-        let there = self
+        let (tag, stored) = match self.read_raw(&full_key).await {
+            Err(BlobError::NotFound) => return Err(again()),
+            read => read?,
+        };
+        match stored == bytes {
+            true => Ok(tag),
+            false => Err(other()),
+        }
+    }
+
+    /// The object at `full_key`, whole, and its ETag.
+    async fn read_raw(&self, full_key: &str) -> Result<(String, Bytes), BlobError> {
+        let out = self
             .client
             .get_object()
             .bucket(&self.bucket)
             .key(full_key)
             .send()
             .await
-            .map_err(|e| gone(sdk_err(e)))?;
-        let tag = there.e_tag().unwrap_or_default().to_owned();
-        let stored = there
+            .map_err(sdk_err)?;
+        let tag = out.e_tag().unwrap_or_default().to_owned();
+        let bytes = out
             .body
             .collect()
             .await
-            .map_err(|e| BlobError::Unavailable(format!("reading an object back: {e}")))?
+            // The link broke mid-body (a truncated answer is one too).
+            .map_err(|e| BlobError::Unavailable(format!("reading {full_key}: {e}")))?
             .into_bytes();
-        match stored == bytes {
-            true => Ok(tag),
-            false => Err(other()),
-        }
+        Ok((tag, bytes))
     }
 
     async fn delete_raw(&self, full_key: &str) -> Result<(), BlobError> {
@@ -151,15 +155,15 @@ impl ResumableBlobs for S3BlobStore {
         _offset: u64,
         part: Bytes,
     ) -> Result<String, BlobError> {
-        let full_key = self.full_key(key);
         if is_whole(handle) {
             if number != 1 {
                 return Err(BlobError::Other(format!(
                     "part {number} of a write stored as one object"
                 )));
             }
-            return self.put_whole(&full_key, part).await;
+            return self.put_whole(key, part).await;
         }
+        let full_key = self.full_key(key);
         self.upload_part(&full_key, handle.as_str(), number, part)
             .await
     }
@@ -191,21 +195,7 @@ impl ResumableBlobs for S3BlobStore {
         start: u64,
         end: u64,
     ) -> Result<Bytes, BlobError> {
-        let out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(self.tail_key(key, start, end))
-            .send()
-            .await
-            .map_err(sdk_err)?;
-        let bytes = out
-            .body
-            .collect()
-            .await
-            // The link broke mid-body (a truncated answer is one too).
-            .map_err(|e| BlobError::Unavailable(format!("reading a tail: {e}")))?
-            .into_bytes();
+        let (_, bytes) = self.read_raw(&self.tail_key(key, start, end)).await?;
         if bytes.len() as u64 != end - start {
             return Err(BlobError::Other(format!(
                 "tail {start}-{end} has {} bytes",
@@ -235,7 +225,7 @@ impl ResumableBlobs for S3BlobStore {
         if is_whole(handle) {
             // Stored whole by its one part (an empty upload has none).
             if tags.is_empty() {
-                self.put_whole(&self.full_key(key), Bytes::new()).await?;
+                self.put_whole(key, Bytes::new()).await?;
             }
             return Ok(());
         }

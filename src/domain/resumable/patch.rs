@@ -344,24 +344,14 @@ impl ResumableService {
                 .put_part(&upload.key, &upload.handle, number, start, last);
             let tag = match put.await {
                 Ok(tag) => tag,
-                Err(e) => {
-                    // A write that failed may have landed all the same.
-                    let lost = self.lost_race(user, before, Some(e)).await;
-                    if let Err(ResumableError::Domain(DomainError::NotFound)) = &lost {
-                        self.drop_if_unowned(user, &upload).await;
-                    }
-                    return lost;
-                }
+                // A write that failed may have landed all the same.
+                Err(e) => return self.lost_last(user, before, &upload, Some(e)).await,
             };
             upload.parts.push(tag);
         }
         upload.sha256_state = hash::save(&hasher);
         if !self.advance(&upload, before.progress()).await? {
-            let lost = self.lost_race(user, before, None).await;
-            if let Err(ResumableError::Domain(DomainError::NotFound)) = &lost {
-                self.drop_if_unowned(user, &upload).await;
-            }
-            return lost;
+            return self.lost_last(user, before, &upload, None).await;
         }
         let mut staging_clear = true;
         if let Some((start, end)) = old_tail
@@ -387,18 +377,28 @@ impl ResumableService {
         self.finish_fresh(user, upload, fresh).await
     }
 
-    /// The last part of an upload that went while this PATCH stored it
-    /// (swept, or ended by its client): on S3 a small upload's only part is
-    /// its object, which nobody can own now (no intent and no file, read in
-    /// that order: a commit deletes the one and inserts the other at once),
-    /// so it goes; else its write is dropped as the sweeper would.
-    async fn drop_if_unowned(&self, user: &UserRecord, upload: &ResumableRecord) {
-        if let Ok(None) = self.cleanup.intent(&user.id, &upload.id).await
+    /// [`Self::lost_race`] for the PATCH that stored `upload`'s last part.
+    /// If the upload went meanwhile (swept, or ended by its client), so
+    /// does that part: on S3 a small upload's only part is its object,
+    /// which nobody can own now (no intent and no file, read in that order:
+    /// a commit deletes the one and inserts the other at once); else its
+    /// write is dropped as the sweeper would.
+    async fn lost_last(
+        &self,
+        user: &UserRecord,
+        before: &ResumableRecord,
+        upload: &ResumableRecord,
+        error: Option<BlobError>,
+    ) -> Result<Patched> {
+        let lost = self.lost_race(user, before, error).await;
+        if let Err(ResumableError::Domain(DomainError::NotFound)) = &lost
+            && let Ok(None) = self.cleanup.intent(&user.id, &upload.id).await
             && let Ok(None) = self.files.file(&user.id, &upload.id).await
             && let Err(e) = self.drop_write(upload).await
         {
             tracing::warn!(upload = %upload.id, error = %e, "could not drop a gone upload's last part");
         }
+        lost
     }
 
     /// Whether `user` is being deleted, read when another request asks for

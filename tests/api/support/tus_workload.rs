@@ -5,10 +5,11 @@
 //! created with a deferred length (`Upload-Defer-Length: 1`, as Uppy
 //! Companion does), declared by the PATCH with the last bytes or by an
 //! empty one after them; after any answer that is not 204 it asks HEAD
-//! where to go on from, as tus clients do. It is recorded as one upload (`Op::Upload` with `resumable`): told
+//! where to go on from, as tus clients do, or (a fifth of the time) ends
+//! the upload with `DELETE`. It is recorded as one upload (`Op::Upload` with `resumable`): told
 //! ok if its last PATCH got 204 or a HEAD said complete (or the file reads
 //! back, the upload's state gone), failed if its last byte was never sent
-//! (no file can exist), unknown otherwise.
+//! or its `DELETE` got 204 (no file can exist), unknown otherwise.
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,9 @@ const PIECE_MAX: usize = 3 << 20;
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// Of the uploads, those created with a deferred length.
 const DEFERRED_PERCENT: u32 = 30;
+/// After a PATCH not answered 204, how often the client ends the upload
+/// (`DELETE`) instead of asking `HEAD` where to go on from.
+const TERMINATE_PERCENT: u32 = 20;
 
 /// What a HEAD (or a read of the file) said about an upload.
 enum Seen {
@@ -201,6 +205,10 @@ impl World {
             match answered {
                 Step::At(at) if at == body.len() && known => return (Answer::Ok, Some(id)),
                 Step::At(at) => offset = at,
+                // A client that gives up after an error ends the upload.
+                Step::Internal | Step::Other if rng.random_range(0..100) < TERMINATE_PERCENT => {
+                    return self.terminate(user, &location, &id, sent_last, rng).await;
+                }
                 Step::Internal | Step::Other => match self.head(user, &location, &id, rng).await {
                     Seen::At(at, true) if at == body.len() => return (Answer::Ok, Some(id)),
                     Seen::At(at, length_known) => (offset, known) = (at, length_known),
@@ -216,6 +224,34 @@ impl World {
             true => (Answer::Unknown("gave up".into()), Some(id)),
             false => (Answer::Failed("gave up".into()), Some(id)),
         }
+    }
+
+    /// Ends the upload (`DELETE`): a 204 says no file comes of it (failed);
+    /// otherwise one may, if its last byte was sent (unknown).
+    async fn terminate(
+        &self,
+        user: &UserWorld,
+        location: &str,
+        id: &str,
+        sent_last: bool,
+        rng: &mut StdRng,
+    ) -> (Answer, Option<String>) {
+        let res = self
+            .client
+            .delete(format!("{}{location}", self.base(rng)))
+            .bearer_auth(&user.key)
+            .header("tus-resumable", TUS)
+            .timeout(TIMEOUT)
+            .send()
+            .await;
+        let answer = match res.map(|r| r.status()) {
+            Ok(StatusCode::NO_CONTENT) => Answer::Failed("terminated".into()),
+            Ok(StatusCode::INTERNAL_SERVER_ERROR) => Answer::Internal("terminate: 500".into()),
+            _ if !sent_last => Answer::Failed("terminate: its last byte never sent".into()),
+            Ok(status) => Answer::Unknown(format!("terminate: {status}")),
+            Err(_) => Answer::Unknown("terminate: transport".into()),
+        };
+        (answer, Some(id.to_owned()))
     }
 
     /// A PATCH, and what it was answered.
