@@ -42,6 +42,13 @@ pub trait ResumableBlobs: Send + Sync {
     /// write's, to the upload's intent (its orphan deletes it).
     async fn start(&self, key: &BlobKey, length: Option<u64>) -> Result<WriteHandle, BlobError>;
 
+    /// Whether `handle`'s write is that one object, stored whole by part
+    /// 1's [`Self::put_part`]: completing it sends nothing, and storing the
+    /// same bytes again finds them stored.
+    fn stores_whole(&self, _handle: &WriteHandle) -> bool {
+        false
+    }
+
     /// Stores part `number` (1-based), which begins at byte `offset`;
     /// returns its tag (the S3 ETag). Storing a number again replaces it.
     async fn put_part(

@@ -136,6 +136,10 @@ impl ResumableBlobs for S3BlobStore {
         self.budget.clone()
     }
 
+    fn stores_whole(&self, handle: &WriteHandle) -> bool {
+        is_whole(handle)
+    }
+
     async fn start(&self, key: &BlobKey, length: Option<u64>) -> Result<WriteHandle, BlobError> {
         // Shorter than a part: the part writer never fills one, so the one
         // object is written by the last PATCH only, after its checks (a

@@ -155,7 +155,8 @@ fn outcome_unknown_message(location: Option<&str>) -> String {
 impl From<MetaError> for DomainError {
     fn from(e: MetaError) -> Self {
         match e {
-            MetaError::WriteConflict => Self::WriteConflict,
+            // Another writer moved the upload on: contention, as a conflict.
+            MetaError::WriteConflict | MetaError::Moved => Self::WriteConflict,
             MetaError::StaleFence => Self::LockLost,
             MetaError::IntentGone => Self::UploadExpired,
             MetaError::AlreadyApplied => {

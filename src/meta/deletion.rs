@@ -6,8 +6,7 @@ use async_trait::async_trait;
 
 use super::{
     error::MetaResult,
-    records::{IntentRecord, OrphanRecord, UserRecord},
-    resumable::ResumableRecord,
+    records::{IntentRecord, OrphanRecord, ResumableRecord, UserRecord},
 };
 use crate::vocab::UserId;
 

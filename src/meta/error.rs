@@ -39,6 +39,12 @@ pub enum MetaError {
     /// The upload's intent was swept before it committed (it ran past the grace period).
     #[error("upload intent gone")]
     IntentGone,
+    /// A resumable upload's state moved on (or went) since the committing
+    /// request read it ([`StateAdvance`]): another request wrote it.
+    ///
+    /// [`StateAdvance`]: super::StateAdvance
+    #[error("the upload moved on")]
+    Moved,
     /// The operation id is in `processed_ops`: it was applied before (a
     /// redelivered queue message); nothing was changed.
     #[error("operation already applied")]

@@ -12,8 +12,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     error::MetaResult,
-    records::{FileRecord, bson_time, now},
-    resumable::ResumableRecord,
+    records::{FileRecord, ResumableRecord, bson_time, now},
 };
 use crate::vocab::{Container, KeyId, LinkKind, Operation, UserId};
 

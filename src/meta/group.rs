@@ -52,8 +52,8 @@ pub fn idempotency_ids(group: &[CommitUpload]) -> Vec<String> {
 /// Decides each upload of `group` in order, given what the user's bytes
 /// count against the quota (stored and reserved), the user's own quota
 /// (which overrides the uploads' default), the idempotency records already
-/// stored (by id) and what the group's resumable uploads hold: an upload's
-/// own reservation makes room for it.
+/// stored (by id) and what the group's resumable uploads hold (none for one
+/// whose state moved on: refused): an upload's own reservation makes room for it.
 pub fn plan<'a>(
     group: &'a [CommitUpload],
     counted_bytes: i64,
@@ -79,9 +79,15 @@ pub fn plan<'a>(
                 .push(Ok(CommitOutcome::Replayed(Box::new(first.clone()))));
             continue;
         }
-        let own = match c.resumable {
-            true => held.get(&c.file.id).copied().unwrap_or_default(),
-            false => Held::default(),
+        let own = match (c.resumable, held.get(&c.file.id)) {
+            (true, Some(own)) => *own,
+            // Its state moved on since its request read it: another
+            // request wrote it (see `StateAdvance`).
+            (true, None) if c.state.is_some() => {
+                p.outcomes.push(Err(MetaError::Moved));
+                continue;
+            }
+            _ => Held::default(),
         };
         let after = counted_bytes + p.bytes - p.freed_bytes - own.reserved + c.file.size;
         if effective_quota(user_quota, c.quota_bytes).is_some_and(|q| after.max(0) as u64 > q) {
@@ -183,6 +189,7 @@ mod tests {
                 fingerprint: String::new(),
             }),
             resumable: false,
+            state: None,
         }
     }
 

@@ -25,7 +25,7 @@ pub use self::error::{MetaError, MetaResult};
 pub use self::events::{EventDraft, EventRecord, EventRepo, EventType, FEED_STATE, FeedBounds};
 pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyMint, KeyRepo, REVOKED_KEPT, TokenRecord};
 pub use self::records::*;
-pub use self::resumable::{Claim, OpenLimits, Progress, Reserve, ResumableRecord, ResumableRepo};
+pub use self::resumable::{Claim, OpenLimits, Reserve, ResumableRepo};
 pub use self::turns::UserTurns;
 use crate::vocab::{
     AgentId, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,

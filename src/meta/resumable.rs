@@ -4,67 +4,13 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use super::{
     error::{MetaError, MetaResult},
     group::effective_quota,
-    records::{IntentRecord, UserRecord, bson_time},
+    records::{IntentRecord, Progress, ResumableRecord, UserRecord},
 };
-use crate::vocab::{BlobKey, FileId, UserId, WriteHandle};
-
-/// `resumable_uploads`: one tus upload between its creation and its last PATCH.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ResumableRecord {
-    /// The upload id, which is also the id the file commits under (and its intent's).
-    #[serde(rename = "_id")]
-    pub id: FileId,
-    pub user_id: UserId,
-    /// The blob key the file will have.
-    pub key: BlobKey,
-    /// The blob store's handle on the write (the S3 multipart upload id).
-    pub handle: WriteHandle,
-    /// `Upload-Length`; `None` while it is deferred (`Upload-Defer-Length:
-    /// 1`), until a PATCH declares it.
-    pub length: Option<i64>,
-    /// `Upload-Offset`: the bytes stored so far.
-    pub offset: i64,
-    /// The part size the upload was started with.
-    pub part_size: i64,
-    /// The tags of the whole parts stored, part 1 first; the tail (the
-    /// bytes after them, up to `offset`) is in the blob store.
-    pub parts: Vec<String>,
-    /// The SHA-256 of the bytes up to `offset`, as a serialized hash state (hex).
-    pub sha256_state: String,
-    /// Whether the blob store's write was completed (the object is whole
-    /// at `key`): every byte arrived, and only the file's commit is left.
-    #[serde(default)]
-    pub completed: bool,
-    /// Whether the file is committed (under the upload's id): the record
-    /// stays until it expires, so that `HEAD` and a retried final PATCH
-    /// are answered "complete" instead of 404.
-    #[serde(default)]
-    pub committed: bool,
-    pub filename: String,
-    pub content_type: String,
-    /// The raw `Upload-Metadata`, returned by `HEAD`.
-    pub metadata: String,
-    #[serde(with = "bson_time")]
-    pub created_at: DateTime<Utc>,
-    /// `Upload-Expires`: after this the sweeper aborts the upload.
-    #[serde(with = "bson_time")]
-    pub expires_at: DateTime<Utc>,
-    /// The bytes this upload holds of its user's `reserved_bytes`: its
-    /// length once known, 0 once its file committed. Like `open`, changed
-    /// only together with the user's counters, in one transaction
-    /// (`advance_resumable` keeps them as stored).
-    #[serde(default)]
-    pub reserved: i64,
-    /// Whether it counts in its user's `open_uploads` (until its file
-    /// commits or it goes).
-    #[serde(default)]
-    pub open: bool,
-}
+use crate::vocab::{FileId, UserId};
 
 /// What a user's open uploads are held to when one is created.
 #[derive(Clone, Copy, Debug)]
@@ -139,19 +85,6 @@ impl ResumableRecord {
             committed: self.committed,
         }
     }
-}
-
-/// How far an upload has got: what a PATCH read before it stored anything,
-/// and what its state update expects to find still
-/// ([`ResumableRepo::advance_resumable`]). The offset alone does not tell:
-/// storing the staged tail as the last part, or committing the file,
-/// leaves the offset where it was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Progress {
-    pub offset: i64,
-    /// How many whole parts are stored.
-    pub parts: usize,
-    pub committed: bool,
 }
 
 /// What a deferred upload (no `Upload-Length` yet) reserves against its

@@ -412,6 +412,7 @@ async fn a_commit_run_again_after_it_applied_is_an_unknown_outcome_not_a_conflic
         quota_bytes: None,
         idempotency: None,
         resumable: false,
+        state: None,
     };
     let again = meta.commit_upload(&commit).await;
     assert!(

@@ -129,6 +129,7 @@ async fn an_expired_holders_commit_is_refused_by_its_stale_fence() {
         quota_bytes: None,
         idempotency: None,
         resumable: false,
+        state: None,
     };
     let r = app.state.ports.meta.commit_upload(&commit).await;
     assert!(matches!(r, Err(MetaError::StaleFence)), "{r:?}");

@@ -263,6 +263,7 @@ async fn a_stale_intent_is_swept_and_its_late_commit_fails_cleanly() {
         quota_bytes: None,
         idempotency: None,
         resumable: false,
+        state: None,
     };
     assert!(matches!(
         app.state.ports.meta.commit_upload(&commit).await,

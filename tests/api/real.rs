@@ -319,6 +319,7 @@ async fn a_real_write_conflict_is_retried_until_the_commit_lands() {
         quota_bytes: None,
         idempotency: None,
         resumable: false,
+        state: None,
     };
     let attempts = std::sync::atomic::AtomicU32::new(0);
     let r = with_txn_retry(&app.state.settings.txn_retry, || {

@@ -253,7 +253,10 @@ async fn an_upload_whose_commit_was_refused_expires_whole() {
 /// from one offset race. The one still streaming when the other finished
 /// the upload writes to a blob write that is complete: it is answered as a
 /// PATCH from a stale offset (409, or 404 once the upload is gone), never
-/// 500, and the upload makes one file of the winner's bytes.
+/// 500, and the upload makes one file of the winner's bytes. On S3 a small
+/// upload is one object, which the loser finds holding its own bytes (they
+/// are the same): its commit finds the file committed, and it is answered
+/// complete (204), never `504` for meeting the winner's file.
 #[tokio::test]
 async fn a_patch_that_loses_a_race_without_a_lock_is_answered_where_the_upload_is() {
     let mut settings = test_settings();
@@ -294,11 +297,11 @@ async fn a_patch_that_loses_a_race_without_a_lock_is_answered_where_the_upload_i
     };
     let (lost, ()) = tokio::join!(loser, winner);
     let status = lost.status();
-    assert!(
-        matches!(status, StatusCode::CONFLICT | StatusCode::NOT_FOUND),
-        "{status}: {}",
-        lost.text().await.unwrap()
-    );
+    let expected = match real_backends() {
+        true => matches!(status, StatusCode::NO_CONTENT),
+        false => matches!(status, StatusCode::CONFLICT | StatusCode::NOT_FOUND),
+    };
+    assert!(expected, "{status}: {}", lost.text().await.unwrap());
     assert_eq!(app.list_ids(&user).await, vec![id.clone()]);
     assert!(content(&app, &user, &id).await == bytes);
 }

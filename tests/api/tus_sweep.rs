@@ -199,18 +199,40 @@ async fn an_expiry_claimed_after_a_user_s_deletion_began_tells_nothing() {
 
 /// A PATCH renews the upload's intent to the very instant it renews the
 /// upload to: an intent that lapsed first would be swept (its blob taken)
-/// while the upload still lives and may be finished.
+/// while the upload still lives and may be finished. It renews them once
+/// less than half the expiry is left, not before: a young upload's PATCH
+/// writes neither (issue 44).
 #[tokio::test]
-async fn a_patch_renews_the_intent_as_long_as_the_upload() {
+async fn a_patch_renews_the_intent_as_long_as_the_upload_past_half_its_expiry() {
     let app = spawn_app().await;
     let user = app.create_user("renewed").await;
     let id = create(&app, &user, 200).await;
-    let res = patch(&app, &user, &id, 0, &data(100)).await;
-    assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let file_id: FileId = id.parse().unwrap();
     let meta = &app.state.ports.meta;
     let owner = user.user_id();
+    let created = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
+    let res = patch(&app, &user, &id, 0, &data(100)).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let intent = meta.intent(&owner, &file_id).await.unwrap().unwrap();
     let upload = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
+    assert_eq!(upload.offset, 100);
+    assert_eq!(upload.expires_at, created.expires_at, "young: not renewed");
+    assert_eq!(intent.alive_until, Some(upload.expires_at));
+
+    // Less than half of it left.
+    let mut old = upload.clone();
+    old.expires_at = filedock::meta::now() + chrono::Duration::seconds(30);
+    assert!(
+        meta.advance_resumable(&old, upload.progress())
+            .await
+            .unwrap()
+    );
+    let res = patch(&app, &user, &id, 100, &data(50)).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let intent = meta.intent(&owner, &file_id).await.unwrap().unwrap();
+    let upload = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
+    let expiry = chrono::Duration::from_std(app.settings.tus_expiry).unwrap();
+    let left = upload.expires_at - filedock::meta::now();
+    assert!(left > expiry / 2, "renewed: {left} left");
     assert_eq!(intent.alive_until, Some(upload.expires_at));
 }

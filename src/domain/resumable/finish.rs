@@ -16,7 +16,7 @@ use crate::{
         DomainError, Filename, SizeCategory, media,
         upload::{Commit, Hold, OnDrop, Refusal, StoredBlob},
     },
-    meta::{FileRecord, IntentRecord, ResumableRecord, UserRecord},
+    meta::{FileRecord, IntentRecord, ResumableRecord, StateAdvance, UserRecord},
     vocab::FileId,
 };
 
@@ -38,6 +38,11 @@ pub(super) struct Fresh {
     /// to delete, or stored and then lost a race with) no state needs, and
     /// the sweeper's staging pass removes it.
     pub staging_clear: bool,
+    /// The state as stored, when this request stored the last bytes and
+    /// did not record them: the commit's transaction records them if it
+    /// is still so ([`StateAdvance`]); after a commit that did not apply,
+    /// this request records them.
+    pub unrecorded: Option<Box<ResumableRecord>>,
 }
 
 /// How an upload came to be done.
@@ -156,9 +161,13 @@ impl ResumableService {
                 .await?;
             upload.completed = true;
         }
+        let unrecorded = fresh.unrecorded.clone();
         let finished = self
             .commit_completed(user, upload.clone(), intent, len, fresh)
             .await;
+        if let (Some(before), Err(_)) = (unrecorded, &finished) {
+            return self.record_after(user, &upload, &before, finished).await;
+        }
         // A commit that applied records the completion with its mark
         // (`done`); one that did not records it here, so that the next try
         // does not complete again (and the sweeper knows the object is whole).
@@ -171,6 +180,32 @@ impl ResumableService {
             }
         }
         finished
+    }
+
+    /// After a commit that did not apply (`failed`), records the bytes it
+    /// would have (from `before`), so that the next try sends them no more:
+    /// then, or if even that write fails (the bytes sent again are found
+    /// stored), the commit's error stands; if the upload moved on since
+    /// (another request wrote it), the client learns where it is now.
+    async fn record_after(
+        &self,
+        user: &UserRecord,
+        upload: &ResumableRecord,
+        before: &ResumableRecord,
+        failed: Result<Patched>,
+    ) -> Result<Patched> {
+        // Ended (its type refused, or swept): nothing is left to record.
+        if let Err(ResumableError::Domain(
+            DomainError::UploadExpired | DomainError::UnsupportedMediaType(_),
+        )) = &failed
+        {
+            return failed;
+        }
+        match self.advance(upload, before.progress()).await {
+            // Boxed: finishing again from there is a recursion.
+            Ok(false) => Box::pin(self.lost_race(user, before, None)).await,
+            Ok(true) | Err(_) => failed,
+        }
     }
 
     /// Decides the completed upload's type and commits its file.
@@ -219,6 +254,12 @@ impl ResumableService {
             category,
             idempotency_key: None,
             resumable: true,
+            state: fresh.unrecorded.map(|before| {
+                Box::new(StateAdvance {
+                    record: upload.clone(),
+                    from: before.progress(),
+                })
+            }),
         };
         // The state names the blob: whatever the commit's answer, it stays
         // for the next try, and only a refusal no retry changes ends it.

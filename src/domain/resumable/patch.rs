@@ -68,14 +68,17 @@ impl ResumableService {
                 return Err(ResumableError::OffsetMismatch(upload.offset as u64));
             }
             // An upload whose bytes are all stored may have committed (its
-            // intent gone with it): finishing it tells. The intent waits
-            // as long as the upload this PATCH renews.
-            // The same instant for both, so that the intent never lapses
-            // (and is swept) while the state it stands for still lives.
+            // intent gone with it): finishing it tells. Renewed once less
+            // than half its expiry is left (a client may pause at least
+            // that long; a young upload's PATCH writes no new expiry and
+            // not the intent), the intent first and to the same instant,
+            // so that it never lapses (and is swept) while the state it
+            // stands for still lives.
             let until = self.expires_at();
-            let intent = match upload.last_part_stored() {
-                true => None,
-                false => match self.cleanup.touch_intent(&user.id, id, Some(until)).await? {
+            let renew = upload.expires_at < until - self.limits.expiry / 2;
+            let intent = match renew && !upload.last_part_stored() {
+                false => None,
+                true => match self.cleanup.touch_intent(&user.id, id, Some(until)).await? {
                     Some(intent) => Some(intent),
                     None => return Err(DomainError::UploadExpired.into()),
                 },
@@ -89,7 +92,9 @@ impl ResumableService {
                 None => upload,
             };
             // What the state records if this PATCH advances it.
-            upload.expires_at = until;
+            if renew {
+                upload.expires_at = until;
+            }
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
                 r = self.append(user, (upload, intent), checksum, body, lost, asked) => r,
@@ -115,7 +120,7 @@ impl ResumableService {
     /// end from where this PATCH was (another request stored the last part
     /// from the staged tail), finished, as this request would have; else
     /// the client is answered where it is now.
-    async fn lost_race(
+    pub(super) async fn lost_race(
         &self,
         user: &UserRecord,
         read: &ResumableRecord,
@@ -337,6 +342,11 @@ impl ResumableService {
             }
             false => last,
         };
+        // Stored as one object by this PATCH alone, from the first byte:
+        // the commit records the state ([`Fresh::unrecorded`]), and until
+        // it does, sending the same bytes again finds them stored.
+        let whole =
+            self.parts.stores_whole(&upload.handle) && old_tail.is_none() && !last.is_empty();
         if !last.is_empty() {
             let number = upload.parts.len() as i32 + 1;
             let put = self
@@ -350,6 +360,19 @@ impl ResumableService {
             upload.parts.push(tag);
         }
         upload.sha256_state = hash::save(&hasher);
+        if whole && !lost.is_some_and(CancellationToken::is_cancelled) {
+            let intent = fresh
+                .intent
+                .unwrap_or_else(|| self.committer.intent_of(&upload));
+            let fresh = Fresh {
+                intent: Some(intent),
+                advanced: true,
+                staging_clear: true,
+                unrecorded: Some(Box::new(before.clone())),
+                ..fresh
+            };
+            return self.finish_fresh(user, upload, fresh).await;
+        }
         if !self.advance(&upload, before.progress()).await? {
             return self.lost_last(user, before, &upload, None).await;
         }
@@ -419,7 +442,11 @@ impl ResumableService {
     /// client's HEAD tells).
     ///
     /// [`ResumableRepo::advance_resumable`]: crate::meta::ResumableRepo::advance_resumable
-    async fn advance(&self, upload: &ResumableRecord, expected: Progress) -> Result<bool> {
+    pub(super) async fn advance(
+        &self,
+        upload: &ResumableRecord,
+        expected: Progress,
+    ) -> Result<bool> {
         let error = match self.resumables.advance_resumable(upload, expected).await {
             Ok(advanced) => return Ok(advanced),
             Err(e) => e,

@@ -27,7 +27,8 @@ use crate::{
     meta::retry::Transactions,
     meta::{
         CleanupRepo, CommitOutcome, CommitUpload, FileRecord, FileRepo, IdempotencyClaim,
-        IdempotencyRecord, IntentRecord, MetaError, MetaResult, UserTurns,
+        IdempotencyRecord, IntentRecord, MetaError, MetaResult, ResumableRecord, StateAdvance,
+        UserTurns,
     },
     metrics::Metrics,
     vocab::{FileId, Filename, IdempotencyKey, SizeCategory, UserId},
@@ -43,6 +44,8 @@ pub struct StoredBlob {
     pub idempotency_key: Option<IdempotencyKey>,
     /// A resumable upload's: the commit releases its reservation.
     pub resumable: bool,
+    /// Its state, when the commit records its last bytes ([`CommitUpload::state`]).
+    pub state: Option<Box<StateAdvance>>,
 }
 
 /// What a commit came to.
@@ -151,6 +154,17 @@ impl Committer {
         IntentRecord::new(user, FileId::new(), &self.bucket)
     }
 
+    /// The intent of resumable upload `upload`, as its creation stored it
+    /// ([`Self::new_intent`]) but for its times: what its commit needs
+    /// (the file's id, owner, bucket and key), without reading it. The
+    /// commit's delete of the stored one is what tells it is still there.
+    pub fn intent_of(&self, upload: &ResumableRecord) -> IntentRecord {
+        let mut intent = IntentRecord::new(upload.user_id, upload.id, &self.bucket);
+        intent.key = upload.key;
+        intent.alive_until = Some(upload.expires_at);
+        intent
+    }
+
     /// Stores the intent of an upload about to store its first byte; its
     /// blob is then `staged`'s.
     pub async fn stage(&self, intent: IntentRecord, on_drop: OnDrop) -> MetaResult<Staged> {
@@ -211,6 +225,7 @@ impl Committer {
             quota_bytes: self.quota_bytes,
             idempotency,
             resumable: stored.resumable,
+            state: stored.state,
         };
         let (user, category) = (intent.user_id, hold.to_take());
         staged.sending();

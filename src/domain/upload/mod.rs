@@ -247,6 +247,7 @@ impl UploadService {
             category,
             idempotency_key: new.idempotency_key,
             resumable: false,
+            state: None,
         };
         match self.committer.commit(&mut staged, hold, stored).await {
             Commit::Committed(file) => Ok(Uploaded {

@@ -160,6 +160,7 @@ async fn a_commit_refused_because_its_intent_was_swept_leaves_the_blob_to_the_ca
         category: SizeCategory::Small,
         idempotency_key: None,
         resumable: false,
+        state: None,
     };
     let hold = Hold::none(SizeCategory::Small);
     match kit.committer.commit(&mut staged, hold, stored).await {

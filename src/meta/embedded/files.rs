@@ -105,7 +105,7 @@ impl FileRepo for EmbeddedStore {
             apply_fence(&mut user, c.fence.as_ref())?;
             if c.resumable {
                 // The file's bytes take the place of its upload's reservation.
-                resumable::release(tx, &mut user, &file.id)?;
+                resumable::release(tx, &mut user, &file.id, c.state.as_deref())?;
             }
             // The user's own quota, else the default the commit carries.
             OpenLimits::check_quota(c.quota_bytes, &user, file.size)?;
@@ -141,8 +141,10 @@ impl FileRepo for EmbeddedStore {
             }
             OpenLimits::may_write(&user)?;
             let mut held = HashMap::new();
-            for id in group::resumable_ids(&group) {
-                held.insert(id, resumable::held(tx, &id)?);
+            for c in group.iter().filter(|c| c.resumable) {
+                if let Some(h) = resumable::held(tx, &c.file.id, c.state.as_deref())? {
+                    held.insert(c.file.id, h);
+                }
             }
             let plan = group::plan(
                 &group,
@@ -153,7 +155,7 @@ impl FileRepo for EmbeddedStore {
             );
             user.used_bytes += plan.bytes;
             for id in &plan.resumable {
-                resumable::release(tx, &mut user, id)?;
+                resumable::release(tx, &mut user, id, None)?;
             }
             user.file_count += plan.committing.len() as i64;
             // One event per file, numbered in the group's order.

@@ -9,7 +9,8 @@ use super::{EmbeddedStore, events::emit, txn::Txn, user_key};
 use crate::{
     meta::{
         Claim, EventDraft, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
-        ResumableRecord, ResumableRepo, UserRecord, group::Held, resumable::uncounted,
+        ResumableRecord, ResumableRepo, StateAdvance, UserRecord, group::Held,
+        resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -31,12 +32,25 @@ fn stored_user(tx: &mut Txn, id: &UserId) -> MetaResult<UserRecord> {
 /// Gives back what upload `id` holds of `user`'s counters as its file
 /// commits, in `tx`, and marks its record committed (and completed): a
 /// client that missed the commit's answer learns it from the record. The
-/// bytes given back.
-pub(super) fn release(tx: &mut Txn, user: &mut UserRecord, id: &FileId) -> MetaResult<i64> {
+/// bytes given back. With `state`, its bytes are recorded too
+/// ([`CommitUpload::state`]).
+///
+/// [`CommitUpload::state`]: crate::meta::CommitUpload::state
+pub(super) fn release(
+    tx: &mut Txn,
+    user: &mut UserRecord,
+    id: &FileId,
+    state: Option<&StateAdvance>,
+) -> MetaResult<i64> {
     let key = resumable_key(id);
-    let Some(mut upload) = tx.get::<ResumableRecord>(&key)? else {
-        return Ok(0);
+    let stored = tx.get::<ResumableRecord>(&key)?;
+    let Some(stored) = stored.filter(|s| state.is_none_or(|a| at(s, a))) else {
+        return match state {
+            Some(_) => Err(MetaError::Moved),
+            None => Ok(0),
+        };
     };
+    let mut upload = recorded(stored, state);
     let freed = upload.reserved;
     user.reserved_bytes -= freed;
     if upload.open {
@@ -48,15 +62,48 @@ pub(super) fn release(tx: &mut Txn, user: &mut UserRecord, id: &FileId) -> MetaR
     Ok(freed)
 }
 
-/// What upload `id` holds of its user's counters, as `tx` sees it.
-pub(super) fn held(tx: &mut Txn, id: &FileId) -> MetaResult<Held> {
-    Ok(match tx.get::<ResumableRecord>(&resumable_key(id))? {
-        Some(u) => Held {
-            reserved: u.reserved,
-            open: u.open,
+/// What upload `id` holds of its user's counters, as `tx` sees it; with
+/// `state`, its bytes recorded in `tx` too.
+pub(super) fn held(
+    tx: &mut Txn,
+    id: &FileId,
+    state: Option<&StateAdvance>,
+) -> MetaResult<Option<Held>> {
+    let key = resumable_key(id);
+    let stored = tx.get::<ResumableRecord>(&key)?;
+    let Some(stored) = stored.filter(|s| state.is_none_or(|a| at(s, a))) else {
+        return Ok(state.is_none().then(Held::default));
+    };
+    let held = Held {
+        reserved: stored.reserved,
+        open: stored.open,
+    };
+    if state.is_some() {
+        tx.put(&key, &recorded(stored, state))?;
+    }
+    Ok(Some(held))
+}
+
+/// Whether `stored` is where `state` expects it (as `advance_resumable`'s
+/// condition).
+fn at(stored: &ResumableRecord, state: &StateAdvance) -> bool {
+    let r = &state.record;
+    stored.user_id == r.user_id
+        && stored.progress() == state.from
+        && stored.length.is_none_or(|l| l >= r.offset)
+}
+
+/// `stored` with what `state` records of it (all but the counted fields).
+fn recorded(stored: ResumableRecord, state: Option<&StateAdvance>) -> ResumableRecord {
+    match state {
+        Some(state) => ResumableRecord {
+            length: stored.length,
+            reserved: stored.reserved,
+            open: stored.open,
+            ..state.record.clone()
         },
-        None => Held::default(),
-    })
+        None => stored,
+    }
 }
 
 /// Deletes upload `id` if `claim` holds for it, giving back what it held
@@ -80,7 +127,7 @@ fn delete_counted(
     if (upload.open || upload.reserved != 0)
         && let Some(mut user) = tx.get::<UserRecord>(&user_key(&upload.user_id))?
     {
-        release(tx, &mut user, id)?;
+        release(tx, &mut user, id, None)?;
         // A user being deleted has told it last (`user.deleted`).
         if expired && EventDraft::expiry_told_by(&upload) && user.deleting_since.is_none() {
             emit(tx, &mut user, vec![EventDraft::upload_expired(&upload)])?;

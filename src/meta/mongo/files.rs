@@ -79,7 +79,8 @@ impl MongoStore {
         let mut inc = doc! {"used_bytes": file.size, "file_count": 1_i64, "event_seq": 1_i64};
         // The file's bytes take the place of its upload's reservation.
         if c.resumable {
-            let freed = self.release_in(s, &file.owner_id, &file.id).await?;
+            let state = c.state.as_deref();
+            let freed = self.release_in(s, &file.owner_id, &file.id, state).await?;
             inc.insert("reserved_bytes", -freed.reserved);
             inc.insert("open_uploads", -i64::from(freed.open));
         }
@@ -167,8 +168,11 @@ impl MongoStore {
         }
         let user = self.quota_of(s, owner).await?;
         let mut held = HashMap::new();
-        for id in group::resumable_ids(group) {
-            held.insert(id, self.held_in(s, owner, &id).await?);
+        for c in group.iter().filter(|c| c.resumable) {
+            let (id, state) = (c.file.id, c.state.as_deref());
+            if let Some(h) = self.held_in(s, owner, &id, state).await? {
+                held.insert(id, h);
+            }
         }
         let plan = group::plan(group, user.counted(), user.quota_bytes, recorded, &held);
         if plan.committing.is_empty() {

@@ -13,7 +13,7 @@ use super::{MongoStore, errors::classify, events::EventSeq, find_sorted};
 use crate::{
     meta::{
         Claim, EventDraft, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
-        ResumableRecord, ResumableRepo, group::Held, resumable::uncounted,
+        ResumableRecord, ResumableRepo, StateAdvance, group::Held, resumable::uncounted,
     },
     vocab::{FileId, UserId},
 };
@@ -43,39 +43,59 @@ fn advance_filter(owner: &UserId, id: &FileId, expected: Progress, offset: i64) 
 }
 
 impl MongoStore {
-    /// What `owner`'s upload `id` holds of their counters, as `s` sees it.
+    /// What `owner`'s upload `id` holds of their counters, as `s` sees it;
+    /// with `state`, its bytes recorded in `s` too, in the same round trip:
+    /// `None` if it moved on since (see [`StateAdvance`]).
     pub(super) async fn held_in(
         &self,
         s: &mut ClientSession,
         owner: &UserId,
         id: &FileId,
-    ) -> MetaResult<Held> {
-        let upload = self
+        state: Option<&StateAdvance>,
+    ) -> MetaResult<Option<Held>> {
+        let Some(state) = state else {
+            let filter = doc! {"_id": id, "user_id": owner};
+            let upload = self.resumables().find_one(filter).session(&mut *s).await;
+            return Ok(Some(held_by(upload.map_err(classify)?)));
+        };
+        let (filter, set) = state_write(state)?;
+        let before = self
             .resumables()
-            .find_one(doc! {"_id": id, "user_id": owner})
+            .find_one_and_update(filter, doc! {"$set": set})
+            .return_document(ReturnDocument::Before)
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        Ok(held_by(upload))
+        Ok(before.map(|b| held_by(Some(b))))
     }
 
     /// Marks `owner`'s upload `id` committed as its file commits, its
-    /// reservation given back, in `s`: what it held (the caller takes that
-    /// off the user document in the same transaction). One round trip for both.
+    /// reservation given back (and, with `state`, its bytes recorded;
+    /// [`MetaError::Moved`] if it moved on since), in `s`: what it held
+    /// (the caller takes that off the user document in the same
+    /// transaction). One round trip for all.
     pub(super) async fn release_in(
         &self,
         s: &mut ClientSession,
         owner: &UserId,
         id: &FileId,
+        state: Option<&StateAdvance>,
     ) -> MetaResult<Held> {
-        let filter = doc! {"_id": id, "user_id": owner};
+        let (filter, mut set) = match state {
+            Some(state) => state_write(state)?,
+            None => (doc! {"_id": id, "user_id": owner}, Document::new()),
+        };
+        set.extend(committed_fields());
         let before = self
             .resumables()
-            .find_one_and_update(filter, committed_mark())
+            .find_one_and_update(filter, doc! {"$set": set})
             .return_document(ReturnDocument::Before)
             .session(&mut *s)
             .await
             .map_err(classify)?;
+        if before.is_none() && state.is_some() {
+            return Err(MetaError::Moved);
+        }
         Ok(held_by(before))
     }
 
@@ -335,11 +355,7 @@ impl ResumableRepo for MongoStore {
         upload: &ResumableRecord,
         expected: Progress,
     ) -> MetaResult<bool> {
-        let mut fields = bson::to_document(upload).map_err(|e| MetaError::Other(e.to_string()))?;
-        fields.remove("_id");
-        for kept in COUNTED_FIELDS {
-            fields.remove(kept);
-        }
+        let fields = recorded_fields(upload)?;
         let updated = self
             .resumables()
             .update_one(
@@ -404,7 +420,29 @@ impl ResumableRepo for MongoStore {
 
 /// A committed upload's record: nothing held, committed, completed.
 fn committed_mark() -> Document {
-    doc! {"$set": {"reserved": 0_i64, "open": false, "committed": true, "completed": true}}
+    doc! {"$set": committed_fields()}
+}
+
+fn committed_fields() -> Document {
+    doc! {"reserved": 0_i64, "open": false, "committed": true, "completed": true}
+}
+
+/// The condition and the fields of writing `state` ([`StateAdvance`]).
+fn state_write(state: &StateAdvance) -> MetaResult<(Document, Document)> {
+    let r = &state.record;
+    let filter = advance_filter(&r.user_id, &r.id, state.from, r.offset);
+    Ok((filter, recorded_fields(r)?))
+}
+
+/// What writing `upload` over its stored record sets: every field but its
+/// id and the counted ones, which change only with the user's counters.
+fn recorded_fields(upload: &ResumableRecord) -> MetaResult<Document> {
+    let mut fields = bson::to_document(upload).map_err(|e| MetaError::Other(e.to_string()))?;
+    fields.remove("_id");
+    for kept in COUNTED_FIELDS {
+        fields.remove(kept);
+    }
+    Ok(fields)
 }
 
 /// What `upload` holds of its user's counters (nothing, if it is gone).
