@@ -79,6 +79,11 @@ pub fn plan<'a>(
                 .push(Ok(CommitOutcome::Replayed(Box::new(first.clone()))));
             continue;
         }
+        // Two requests' commits of one upload: one records it.
+        if c.resumable && p.resumable.contains(&c.file.id) {
+            p.outcomes.push(Err(MetaError::Moved));
+            continue;
+        }
         let own = match (c.resumable, held.get(&c.file.id)) {
             (true, Some(own)) => *own,
             // Its state moved on since its request read it: another

@@ -3,6 +3,8 @@
 //! a dead upload goes with the sweep. On the embedded adapters and
 //! (`FILEDOCK_TEST_BACKEND=real`) on MongoDB, S3 and Redis.
 
+use std::time::Duration;
+
 use filedock::{
     domain::sweeper::{Outcome, SweepReport},
     meta::{Claim, IntentRecord},
@@ -13,7 +15,7 @@ use reqwest::StatusCode;
 
 use crate::{
     helpers::*,
-    tus::{content, create, data, head, patch},
+    tus::{content, create, data, head, patch, patch_body},
 };
 
 /// More open uploads than the sweeper reads intents in one batch (500).
@@ -234,5 +236,45 @@ async fn a_patch_renews_the_intent_as_long_as_the_upload_past_half_its_expiry() 
     let expiry = chrono::Duration::from_std(app.settings.tus_expiry).unwrap();
     let left = upload.expires_at - filedock::meta::now();
     assert!(left > expiry / 2, "renewed: {left} left");
+    assert_eq!(intent.alive_until, Some(upload.expires_at));
+}
+
+/// The renewal is decided as the PATCH records its bytes, not as it
+/// begins: a PATCH that began with more than half the expiry left and
+/// streamed past that point leaves the upload renewed, never expiring
+/// soon after the 204 (review of issue 44's fifth cut).
+#[tokio::test]
+async fn a_patch_that_streamed_past_half_the_expiry_renews_the_upload() {
+    let mut settings = test_settings();
+    settings.tus_expiry = Duration::from_secs(4);
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("slow-renewed").await;
+    let id = create(&app, &user, 200).await;
+    let file_id: FileId = id.parse().unwrap();
+    let meta = &app.state.ports.meta;
+    // One byte, then the rest once under half of the expiry is left.
+    let bytes = data(100);
+    let (first, rest) = (bytes[..1].to_vec(), bytes[1..].to_vec());
+    let slow = futures::stream::once(async move { Ok::<_, std::io::Error>(first) }).chain(
+        futures::stream::once(async move {
+            tokio::time::sleep(Duration::from_millis(2600)).await;
+            Ok(rest)
+        }),
+    );
+    let body = reqwest::Body::wrap_stream(slow);
+    let res = patch_body(&app, &user, &id, 0, body, None).await.unwrap();
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let upload = meta.resumable_by_id_alone(&file_id).await.unwrap().unwrap();
+    assert_eq!(upload.offset, 100);
+    let left = upload.expires_at - filedock::meta::now();
+    assert!(
+        left > chrono::Duration::seconds(2),
+        "{left} left after the 204"
+    );
+    let intent = meta
+        .intent(&user.user_id(), &file_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(intent.alive_until, Some(upload.expires_at));
 }

@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 
-use super::{Patched, Result, ResumableError, ResumableService, hash, release};
+use super::{Patched, Result, ResumableError, ResumableService, hash, patch, release};
 use crate::{
     blob::{BlobError, ByteStream},
     domain::{
@@ -97,7 +97,7 @@ impl ResumableService {
                 match upload.last_part_stored() {
                     true => self.finish(user, upload).await,
                     false => {
-                        self.append(user, (upload, None), None, empty_body(), None, None)
+                        self.append(user, upload, None, empty_body(), None, None)
                             .await
                     }
                 }
@@ -201,10 +201,22 @@ impl ResumableService {
         {
             return failed;
         }
+        let unknown = matches!(
+            &failed,
+            Err(ResumableError::Domain(DomainError::OutcomeUnknown(_)))
+        );
         match self.advance(upload, before.progress()).await {
-            // Boxed: finishing again from there is a recursion.
-            Ok(false) => Box::pin(self.lost_race(user, before, None)).await,
+            // Not recorded: sent again, the bytes are found stored.
             Ok(true) | Err(_) => failed,
+            // It may have applied: the client's HEAD tells.
+            Ok(false) if unknown => failed,
+            Ok(false) => match self.resumables.resumable(&upload.user_id, &upload.id).await {
+                // Recorded by the commit's own transaction (a group's that
+                // refused this upload, past the quota, and committed others).
+                Ok(Some(now)) if patch::same_bytes(&now, upload) && !now.committed => failed,
+                // Boxed: finishing again from there is a recursion.
+                _ => Box::pin(self.lost_last(user, before, upload, None)).await,
+            },
         }
     }
 

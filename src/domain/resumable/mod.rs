@@ -282,7 +282,14 @@ impl ResumableService {
                 // PATCH stored one (a small upload's on S3), goes with it
                 // (unless a commit took the intent first, by a holder whose
                 // lease ran out: then the object is the file's).
-                self.cleanup.abandon_intent(&user.id, id, None).await?;
+                let abandoned = self.cleanup.abandon_intent(&user.id, id, None).await?;
+                // Gone: a small upload's commit, which records its state
+                // itself, took it meanwhile (its holder's lease ran out), or
+                // the sweeper did. A committed file is the user's now.
+                if abandoned.is_none() && self.files.file(&user.id, id).await?.is_some() {
+                    self.drop_state(&user.id, id).await?;
+                    return Err(DomainError::NotFound.into());
+                }
                 self.drop_state(&user.id, id).await?;
                 return Ok(());
             }

@@ -67,37 +67,17 @@ impl ResumableService {
             if upload.offset as u64 != offset {
                 return Err(ResumableError::OffsetMismatch(upload.offset as u64));
             }
-            // An upload whose bytes are all stored may have committed (its
-            // intent gone with it): finishing it tells. Renewed once less
-            // than half its expiry is left (a client may pause at least
-            // that long; a young upload's PATCH writes no new expiry and
-            // not the intent), the intent first and to the same instant,
-            // so that it never lapses (and is swept) while the state it
-            // stands for still lives.
-            let until = self.expires_at();
-            let renew = upload.expires_at < until - self.limits.expiry / 2;
-            let intent = match renew && !upload.last_part_stored() {
-                false => None,
-                true => match self.cleanup.touch_intent(&user.id, id, Some(until)).await? {
-                    Some(intent) => Some(intent),
-                    None => return Err(DomainError::UploadExpired.into()),
-                },
-            };
             let slot = self.admission.reserve(user)?;
             // Declared once the checks that need no body have passed: a
             // declaration stands whatever the body does next (tus: the
             // length, once set, never changes).
-            let mut upload = match length {
+            let upload = match length {
                 Some(length) => self.declare(upload, length).await?,
                 None => upload,
             };
-            // What the state records if this PATCH advances it.
-            if renew {
-                upload.expires_at = until;
-            }
             let lost = guard.as_ref().map(LockGuard::lost);
             let r = tokio::select! {
-                r = self.append(user, (upload, intent), checksum, body, lost, asked) => r,
+                r = self.append(user, upload, checksum, body, lost, asked) => r,
                 never = self.admission.keep_alive(&user.id, id) => match never {},
             };
             drop(slot);
@@ -152,11 +132,10 @@ impl ResumableService {
         Err(ResumableError::OffsetMismatch(now.offset as u64))
     }
 
-    /// `intent`: the upload's intent, when this request read it (renewing it).
     pub(super) async fn append(
         &self,
         user: &UserRecord,
-        (upload, intent): (ResumableRecord, Option<IntentRecord>),
+        upload: ResumableRecord,
         checksum: Option<Checksum>,
         body: ByteStream<'static>,
         lost: Option<CancellationToken>,
@@ -254,6 +233,7 @@ impl ResumableService {
             // commit is left, and this PATCH (with an empty body) retries it.
             return self.finish(user, upload).await;
         }
+        let intent = self.renew(&mut upload).await?;
         let old_tail = before.tail_start() as u64;
         let old_tail =
             (before.offset as u64 > old_tail).then_some((old_tail, before.offset as u64));
@@ -400,13 +380,35 @@ impl ResumableService {
         self.finish_fresh(user, upload, fresh).await
     }
 
+    /// Renews `upload`'s expiry as a PATCH is about to record its bytes,
+    /// once less than half of it is left (a young upload's PATCH writes
+    /// neither its expiry nor its intent): its intent first, to the same
+    /// instant, so that the intent never lapses (and is swept) while the
+    /// state it stands for lives. The intent, if renewed.
+    async fn renew(&self, upload: &mut ResumableRecord) -> Result<Option<IntentRecord>> {
+        let until = self.expires_at();
+        if upload.expires_at >= until - self.limits.expiry / 2 {
+            return Ok(None);
+        }
+        let touched = self
+            .cleanup
+            .touch_intent(&upload.user_id, &upload.id, Some(until));
+        match touched.await? {
+            Some(intent) => {
+                upload.expires_at = until;
+                Ok(Some(intent))
+            }
+            None => Err(DomainError::UploadExpired.into()),
+        }
+    }
+
     /// [`Self::lost_race`] for the PATCH that stored `upload`'s last part.
     /// If the upload went meanwhile (swept, or ended by its client), so
     /// does that part: on S3 a small upload's only part is its object,
     /// which nobody can own now (no intent and no file, read in that order:
     /// a commit deletes the one and inserts the other at once); else its
     /// write is dropped as the sweeper would.
-    async fn lost_last(
+    pub(super) async fn lost_last(
         &self,
         user: &UserRecord,
         before: &ResumableRecord,
@@ -472,7 +474,7 @@ impl ResumableService {
 
 /// Whether `stored` holds the bytes `sent` records (the same offset,
 /// parts and hash state; committed or not): the write of `sent` applied.
-fn same_bytes(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
+pub(super) fn same_bytes(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
     (stored.offset, &stored.parts, &stored.sha256_state)
         == (sent.offset, &sent.parts, &sent.sha256_state)
 }

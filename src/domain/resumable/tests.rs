@@ -178,7 +178,7 @@ async fn a_request_that_lost_the_race_to_store_the_last_part_is_answered_finishe
     let empty = Box::pin(futures::stream::empty());
     let late = kit
         .resumables
-        .append(&user, (stale.clone(), None), None, empty, None, None)
+        .append(&user, stale.clone(), None, empty, None, None)
         .await;
     let Ok(Patched::Done { upload, file }) = late else {
         panic!("answered finished: {late:?}")
@@ -202,7 +202,7 @@ async fn a_stale_empty_patch_does_not_write_back_the_state_it_read() {
     let empty = Box::pin(futures::stream::empty());
     let late = kit
         .resumables
-        .append(&user, (stale.clone(), None), None, empty, None, None)
+        .append(&user, stale.clone(), None, empty, None, None)
         .await;
     assert!(
         matches!(late, Err(ResumableError::OffsetMismatch(6))),
