@@ -77,6 +77,13 @@ impl ResumableRecord {
         self.length == Some(self.offset)
     }
 
+    /// Whether it holds the bytes `sent` records (the same offset, parts
+    /// and hash state; committed or not): the write of `sent` applied.
+    pub fn same_bytes(&self, sent: &ResumableRecord) -> bool {
+        (self.offset, &self.parts, &self.sha256_state)
+            == (sent.offset, &sent.parts, &sent.sha256_state)
+    }
+
     /// How far it has got.
     pub fn progress(&self) -> Progress {
         Progress {

@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 
-use super::{Patched, Result, ResumableError, ResumableService, hash, patch, release};
+use super::{Patched, Result, ResumableError, ResumableService, hash, release};
 use crate::{
     blob::{BlobError, ByteStream},
     domain::{
@@ -213,7 +213,7 @@ impl ResumableService {
             Ok(false) => match self.resumables.resumable(&upload.user_id, &upload.id).await {
                 // Recorded by the commit's own transaction (a group's that
                 // refused this upload, past the quota, and committed others).
-                Ok(Some(now)) if patch::same_bytes(&now, upload) && !now.committed => failed,
+                Ok(Some(now)) if now.same_bytes(upload) && !now.committed => failed,
                 // Boxed: finishing again from there is a recursion.
                 _ => Box::pin(self.lost_last(user, before, upload, None)).await,
             },

@@ -116,7 +116,7 @@ impl ResumableService {
             error,
         ) {
             (Ok(Some(now)), Some(e))
-                if now.progress() == read.progress() && same_bytes(&now, read) =>
+                if now.progress() == read.progress() && now.same_bytes(read) =>
             {
                 return Err(DomainError::Internal(e).into());
             }
@@ -461,7 +461,7 @@ impl ResumableService {
             // Unless committed since: then the commit moved it, and the
             // caller finishes from what it reads (`lost_race`), not from
             // what it knew before.
-            Ok(Some(now)) if same_bytes(&now, upload) && !now.committed => Ok(true),
+            Ok(Some(now)) if now.same_bytes(upload) && !now.committed => Ok(true),
             Ok(Some(now)) if now.progress() == expected => Err(error.into()),
             // Another request moved it, or it is gone.
             Ok(_) => Ok(false),
@@ -470,11 +470,4 @@ impl ResumableService {
             }
         }
     }
-}
-
-/// Whether `stored` holds the bytes `sent` records (the same offset,
-/// parts and hash state; committed or not): the write of `sent` applied.
-pub(super) fn same_bytes(stored: &ResumableRecord, sent: &ResumableRecord) -> bool {
-    (stored.offset, &stored.parts, &stored.sha256_state)
-        == (sent.offset, &sent.parts, &sent.sha256_state)
 }
