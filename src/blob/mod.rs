@@ -94,6 +94,10 @@ pub enum BlobError {
     Unavailable(String),
     #[error("blob store error: {0}")]
     Other(String),
+    /// Other bytes are stored where this write goes (a small upload's one
+    /// object, written by another request): nothing of it was stored.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 #[async_trait]

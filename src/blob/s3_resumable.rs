@@ -69,7 +69,8 @@ impl S3BlobStore {
             Some("ConditionalRequestConflict") => return Err(again()),
             _ => return Err(sdk_err(error)),
         }
-        let other = || BlobError::Other(format!("{full_key} is stored already, with other bytes"));
+        let other =
+            || BlobError::Conflict(format!("{full_key} is stored already, with other bytes"));
         // Another length is other bytes, without reading them.
         match self.head(key).await? {
             None => return Err(again()),

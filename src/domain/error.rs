@@ -194,6 +194,8 @@ impl From<BlobError> for DomainError {
         match e {
             BlobError::Body(body) => body.into(),
             BlobError::Unavailable(_) => Self::DependencyUnavailable("blob store"),
+            // Another request's bytes: contention, as a conflict.
+            BlobError::Conflict(_) => Self::WriteConflict,
             e @ (BlobError::NotFound | BlobError::Other(_)) => Self::internal(e),
         }
     }

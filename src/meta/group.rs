@@ -210,6 +210,28 @@ mod tests {
             .collect()
     }
 
+    /// Two requests' commits of one resumable upload in one group (the
+    /// lock backend down, or a lease lost): one commits it, the other is
+    /// told it moved on, and its reservation is given back once.
+    #[test]
+    fn two_commits_of_one_resumable_upload_in_a_group_commit_it_once() {
+        let mut first = upload(10, None);
+        first.resumable = true;
+        let group = [first.clone(), first];
+        let own = Held {
+            reserved: 10,
+            open: true,
+        };
+        let held = HashMap::from([(group[0].file.id, own)]);
+        let p = plan(&group, 10, None, HashMap::new(), &held);
+        assert_eq!(shape(&p), ["commit", "other"]);
+        assert!(matches!(p.outcomes[1], Err(MetaError::Moved)));
+        assert_eq!(
+            (p.committing.len(), p.freed_bytes, p.freed_open),
+            (1, 10, 1)
+        );
+    }
+
     #[test]
     fn the_quota_is_decided_in_order_and_a_later_smaller_upload_may_fit() {
         let group = [
