@@ -324,7 +324,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_TUS_EXPIRY_SECS",
-        meaning: "a resumable (tus) upload expires (Upload-Expires) this long after its creation or its last renewal, and is aborted by the sweeper; a PATCH renews it once less than half of it is left, so an upload lives at least half of it after its last PATCH",
+        meaning: "a resumable (tus) upload expires (Upload-Expires) this long after its creation or its last renewal, and is aborted by the sweeper; a PATCH that stores bytes renews it once less than half of it is left, so an upload lives at least half of it after such a PATCH",
         value: Some("86400"),
         shown: None,
     },

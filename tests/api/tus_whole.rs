@@ -84,6 +84,8 @@ async fn an_object_with_other_bytes_is_never_committed_and_goes_with_the_upload(
     let sent = patch(&app, &user, &id, 0, &pseudo_random_bytes(LEN, 5)).await;
     // Another request's bytes: a conflict (409, try again), not a 500.
     assert_eq!(sent.status(), StatusCode::CONFLICT);
+    let body: serde_json::Value = sent.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "write_conflict", "{body}");
     assert!(app.list_ids(&user).await.is_empty(), "committed");
     let ended = app
         .client

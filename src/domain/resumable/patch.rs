@@ -106,8 +106,10 @@ impl ResumableService {
         read: &ResumableRecord,
         error: Option<BlobError>,
     ) -> Result<Patched> {
+        // A store's failure, or another request's bytes where this one
+        // wrote (a small upload's one object): the state tells which stands.
         let error = match error.map(DomainError::from) {
-            Some(DomainError::Internal(e)) => Some(e),
+            Some(e @ (DomainError::Internal(_) | DomainError::WriteConflict)) => Some(e),
             Some(e) => return Err(e.into()),
             None => None,
         };
@@ -118,11 +120,11 @@ impl ResumableService {
             (Ok(Some(now)), Some(e))
                 if now.progress() == read.progress() && now.same_bytes(read) =>
             {
-                return Err(DomainError::Internal(e).into());
+                return Err(e.into());
             }
             (Ok(Some(now)), _) => now,
             (Ok(None), _) => return Err(DomainError::NotFound.into()),
-            (Err(_), Some(e)) => return Err(DomainError::Internal(e).into()),
+            (Err(_), Some(e)) => return Err(e.into()),
             (Err(e), None) => return Err(DomainError::from(e).into()),
         };
         tracing::info!(upload = %read.id, "a PATCH lost a race to another request on its upload");
