@@ -124,15 +124,6 @@ pub fn plan<'a>(
     p
 }
 
-/// The ids of the group's resumable uploads (whose records hold reservations).
-pub fn resumable_ids(group: &[CommitUpload]) -> Vec<FileId> {
-    group
-        .iter()
-        .filter(|c| c.resumable)
-        .map(|c| c.file.id)
-        .collect()
-}
-
 /// The quota that holds: the user's own, else the default the commit carries.
 pub fn effective_quota(user_quota: Option<i64>, default: Option<u64>) -> Option<u64> {
     user_quota.map(|q| q.max(0) as u64).or(default)

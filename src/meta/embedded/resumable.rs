@@ -32,25 +32,23 @@ fn stored_user(tx: &mut Txn, id: &UserId) -> MetaResult<UserRecord> {
 /// Gives back what upload `id` holds of `user`'s counters as its file
 /// commits, in `tx`, and marks its record committed (and completed): a
 /// client that missed the commit's answer learns it from the record. The
-/// bytes given back. With `state`, its bytes are recorded too
-/// ([`CommitUpload::state`]).
-///
-/// [`CommitUpload::state`]: crate::meta::CommitUpload::state
+/// bytes given back. With `state`, its bytes are recorded first
+/// ([`MetaError::Moved`] if it moved on).
 pub(super) fn release(
     tx: &mut Txn,
     user: &mut UserRecord,
     id: &FileId,
     state: Option<&StateAdvance>,
 ) -> MetaResult<i64> {
+    if let Some(state) = state
+        && write_state(tx, state)?.is_none()
+    {
+        return Err(MetaError::Moved);
+    }
     let key = resumable_key(id);
-    let stored = tx.get::<ResumableRecord>(&key)?;
-    let Some(stored) = stored.filter(|s| state.is_none_or(|a| at(s, a))) else {
-        return match state {
-            Some(_) => Err(MetaError::Moved),
-            None => Ok(0),
-        };
+    let Some(mut upload) = tx.get::<ResumableRecord>(&key)? else {
+        return Ok(0);
     };
-    let mut upload = recorded(stored, state);
     let freed = upload.reserved;
     user.reserved_bytes -= freed;
     if upload.open {
@@ -63,47 +61,48 @@ pub(super) fn release(
 }
 
 /// What upload `id` holds of its user's counters, as `tx` sees it; with
-/// `state`, its bytes recorded in `tx` too.
+/// `state`, its bytes recorded in `tx` too (`None` if it moved on).
 pub(super) fn held(
     tx: &mut Txn,
     id: &FileId,
     state: Option<&StateAdvance>,
 ) -> MetaResult<Option<Held>> {
-    let key = resumable_key(id);
-    let stored = tx.get::<ResumableRecord>(&key)?;
-    let Some(stored) = stored.filter(|s| state.is_none_or(|a| at(s, a))) else {
-        return Ok(state.is_none().then(Held::default));
+    let stored = match state {
+        Some(state) => match write_state(tx, state)? {
+            Some(stored) => Some(stored),
+            None => return Ok(None),
+        },
+        None => tx.get::<ResumableRecord>(&resumable_key(id))?,
     };
-    let held = Held {
+    Ok(Some(stored.map_or_else(Held::default, |u| Held {
+        reserved: u.reserved,
+        open: u.open,
+    })))
+}
+
+/// Writes `state` over its stored record (all but the counted fields) if
+/// that is where `state` expects it, in `tx`: the record as it was, `None`
+/// if it moved on or is gone (`advance_resumable`'s condition).
+fn write_state(tx: &mut Txn, state: &StateAdvance) -> MetaResult<Option<ResumableRecord>> {
+    let r = &state.record;
+    let key = resumable_key(&r.id);
+    let Some(stored) = tx.get::<ResumableRecord>(&key)? else {
+        return Ok(None);
+    };
+    if stored.user_id != r.user_id
+        || stored.progress() != state.from
+        || stored.length.is_some_and(|l| l < r.offset)
+    {
+        return Ok(None);
+    }
+    let kept = ResumableRecord {
+        length: stored.length,
         reserved: stored.reserved,
         open: stored.open,
+        ..r.clone()
     };
-    if state.is_some() {
-        tx.put(&key, &recorded(stored, state))?;
-    }
-    Ok(Some(held))
-}
-
-/// Whether `stored` is where `state` expects it (as `advance_resumable`'s
-/// condition).
-fn at(stored: &ResumableRecord, state: &StateAdvance) -> bool {
-    let r = &state.record;
-    stored.user_id == r.user_id
-        && stored.progress() == state.from
-        && stored.length.is_none_or(|l| l >= r.offset)
-}
-
-/// `stored` with what `state` records of it (all but the counted fields).
-fn recorded(stored: ResumableRecord, state: Option<&StateAdvance>) -> ResumableRecord {
-    match state {
-        Some(state) => ResumableRecord {
-            length: stored.length,
-            reserved: stored.reserved,
-            open: stored.open,
-            ..state.record.clone()
-        },
-        None => stored,
-    }
+    tx.put(&key, &kept)?;
+    Ok(Some(stored))
 }
 
 /// Deletes upload `id` if `claim` holds for it, giving back what it held
@@ -210,28 +209,12 @@ impl ResumableRepo for EmbeddedStore {
         upload: &ResumableRecord,
         expected: Progress,
     ) -> MetaResult<bool> {
-        let upload = upload.clone();
+        let state = StateAdvance {
+            record: upload.clone(),
+            from: expected,
+        };
         let advanced = self
-            .transaction(move |tx| {
-                let key = resumable_key(&upload.id);
-                match tx.get::<ResumableRecord>(&key)? {
-                    Some(now)
-                        if now.user_id == upload.user_id
-                            && now.progress() == expected
-                            && now.length.is_none_or(|l| l >= upload.offset) =>
-                    {
-                        let kept = ResumableRecord {
-                            length: now.length,
-                            reserved: now.reserved,
-                            open: now.open,
-                            ..upload
-                        };
-                        tx.put(&key, &kept)?;
-                        Ok(true)
-                    }
-                    _ => Ok(false),
-                }
-            })
+            .transaction(move |tx| Ok(write_state(tx, &state)?.is_some()))
             .await;
         match advanced {
             // Another PATCH committed the same record first.

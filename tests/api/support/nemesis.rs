@@ -21,6 +21,9 @@ const INSERT_FILES: &[u8] = b"\x02insert\x00\x06\x00\x00\x00files\x00";
 const COMMIT: &[u8] = b"commitTransaction";
 /// BSON of `"update": "resumable_uploads"`: a PATCH's state update.
 const UPDATE_RESUMABLE: &[u8] = b"\x02update\x00\x12\x00\x00\x00resumable_uploads\x00";
+/// BSON of `"findAndModify": "resumable_uploads"`: a resumable upload's
+/// commit marking its state (and, for a small upload, recording it).
+const MARK_RESUMABLE: &[u8] = b"\x02findAndModify\x00\x12\x00\x00\x00resumable_uploads\x00";
 /// An S3 UploadPart request (a tus PATCH's, or a plain multipart upload's).
 const UPLOAD_PART: &[u8] = b"partNumber=";
 /// A small resumable upload's one `PutObject` (the only conditional one).
@@ -62,6 +65,11 @@ pub enum Fault {
     /// for longer than the settle window: the PATCH cannot read back
     /// whether its offset moved.
     MongoCutAfterTusUpdate,
+    /// Cut right after a resumable upload's commit was answered (the
+    /// transaction that marks its state, and records a small upload's
+    /// bytes), for longer than the settle window: the final PATCH cannot
+    /// tell whether it applied, nor record its bytes after it.
+    MongoCutAfterTusCommit,
     /// SIGSTOP for longer than the lock lease and the sweeper's grace.
     Pause,
     /// SIGKILL, then the instance starts again on its port.
@@ -108,6 +116,7 @@ impl fmt::Display for Fault {
             Self::S3CutDuringPart => "s3-cut-during-part",
             Self::S3CutAfterWholePut => "s3-cut-after-whole-put",
             Self::MongoCutAfterTusUpdate => "mongo-cut-after-tus-update",
+            Self::MongoCutAfterTusCommit => "mongo-cut-after-tus-commit",
             Self::Pause => "pause",
             Self::Kill => "kill",
             Self::Drain => "drain",
@@ -123,7 +132,7 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 19] = [
+    const ALL: [Fault; 20] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -134,6 +143,7 @@ impl Fault {
         Self::S3CutDuringPart,
         Self::S3CutAfterWholePut,
         Self::MongoCutAfterTusUpdate,
+        Self::MongoCutAfterTusCommit,
         Self::Pause,
         Self::Kill,
         Self::Drain,
@@ -264,6 +274,9 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
         }
         Fault::MongoCutAfterTusUpdate => {
             cut_after(&c.mongo, &[UPDATE_RESUMABLE], past_settle(rng)).await
+        }
+        Fault::MongoCutAfterTusCommit => {
+            cut_after(&c.mongo, &[MARK_RESUMABLE, COMMIT], past_settle(rng)).await
         }
         Fault::Pause => {
             let pause = LOCK_TTL + GRACE + Duration::from_millis(rng.random_range(1000..3000));
