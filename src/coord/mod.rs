@@ -10,6 +10,7 @@
 
 pub mod bell;
 pub mod local;
+pub mod members;
 pub mod queue;
 
 use std::{sync::Arc, time::Duration};

@@ -39,6 +39,8 @@ use crate::{
 /// Dropped without [`LockGuard::release`], it is released in the background.
 pub struct LockGuard {
     lease: Lease,
+    /// Until when the lease surely holds, by this process's clock.
+    until: LeaseClock,
     manager: Arc<dyn LockManager>,
     lost: CancellationToken,
     watchdog: JoinHandle<()>,
@@ -77,19 +79,51 @@ async fn release_or_retry(manager: Arc<dyn LockManager>, lease: Lease, ttl: Dura
     });
 }
 
+/// Until when a held lease surely holds, by this process's monotonic
+/// clock: from when its grant or last renewal was asked for (the lease
+/// started no earlier), for its TTL. A process stopped (SIGSTOP, a long
+/// pause) past it finds it passed when it wakes, before anything it then
+/// does under the lease.
+#[derive(Clone, Debug)]
+pub struct LeaseClock(Arc<std::sync::Mutex<Instant>>);
+
+impl LeaseClock {
+    /// A clock that reads `until` (a lease's guard keeps its own up to date).
+    pub fn new(until: Instant) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(until)))
+    }
+
+    pub fn until(&self) -> Instant {
+        *self.0.lock().unwrap()
+    }
+
+    /// Whether the lease holds for at least `margin` more.
+    pub fn holds_for(&self, margin: Duration) -> bool {
+        Instant::now() + margin < self.until()
+    }
+
+    fn set(&self, until: Instant) {
+        *self.0.lock().unwrap() = until;
+    }
+}
+
 impl LockGuard {
+    /// `asked`: when the grant was asked for.
     fn start(
         lease: Lease,
         manager: Arc<dyn LockManager>,
         ttl: Duration,
+        asked: Instant,
         on_lost: impl Fn() + Send + 'static,
     ) -> Self {
         let lost = CancellationToken::new();
+        let until = LeaseClock::new(asked + lease.ttl);
         let watchdog = tokio::spawn({
             let (lease, manager, lost) = (lease.clone(), manager.clone(), lost.clone());
+            let clock = until.clone();
             async move {
                 // When the lease runs out unless renewed.
-                let mut expires = Instant::now() + lease.ttl;
+                let mut expires = asked + lease.ttl;
                 loop {
                     let now = Instant::now();
                     tokio::time::sleep(expires.saturating_duration_since(now).min(ttl) / 3).await;
@@ -97,7 +131,10 @@ impl LockGuard {
                     // reply may arrive late, the lease does not wait for it.
                     let sent = Instant::now();
                     match manager.renew(&lease, ttl).await {
-                        Ok(true) => expires = sent + ttl,
+                        Ok(true) => {
+                            expires = sent + ttl;
+                            clock.set(expires);
+                        }
                         Ok(false) => break,
                         Err(e) if Instant::now() < expires => {
                             tracing::warn!(key = %lease.key, error = %e, "lease renewal failed; retrying");
@@ -106,12 +143,14 @@ impl LockGuard {
                     }
                 }
                 tracing::error!(key = %lease.key, "lease lost while held; cancelling the holder's work");
+                clock.set(Instant::now());
                 on_lost();
                 lost.cancel();
             }
         });
         Self {
             lease,
+            until,
             manager,
             lost,
             watchdog,
@@ -128,14 +167,21 @@ impl LockGuard {
         &self.lease
     }
 
+    /// Until when the lease surely holds (see [`LeaseClock`]).
+    pub fn clock(&self) -> LeaseClock {
+        self.until.clone()
+    }
+
     /// Fires when the lease is lost while held.
     pub fn lost(&self) -> CancellationToken {
         self.lost.clone()
     }
 
-    /// Stops renewing and releases (compare-and-delete by owner token).
+    /// Stops renewing and releases (compare-and-delete by owner token); its
+    /// clock reads passed from now on.
     pub async fn release(mut self) {
         self.released = true;
+        self.until.set(Instant::now());
         self.watchdog.abort();
         release_or_retry(self.manager.clone(), self.lease.clone(), self.ttl).await;
     }
@@ -143,6 +189,7 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        self.until.set(Instant::now());
         if !self.released {
             self.watchdog.abort();
             let (manager, lease) = (self.manager.clone(), self.lease.clone());
@@ -361,10 +408,11 @@ impl Locks {
         key: &LockKey,
         ttl: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
+        let asked = Instant::now();
         let lease = self.manager.try_acquire(key.as_str(), ttl).await?;
         Ok(lease.map(|lease| {
             let (metrics, lvl) = (self.metrics.clone(), Metrics::level(key.level()));
-            LockGuard::start(lease, self.manager.clone(), ttl, move || {
+            LockGuard::start(lease, self.manager.clone(), ttl, asked, move || {
                 metrics.lock_lost.get_or_create(&lvl).inc();
             })
         }))
@@ -405,9 +453,18 @@ impl Locks {
         let scope = self.manager.outage_scope(&lease.key);
         self.down_since.lock().unwrap().remove(&scope);
         let (metrics, lvl) = (self.metrics.clone(), Metrics::level(level));
-        LockGuard::start(lease, self.manager.clone(), self.settings.ttl, move || {
-            metrics.lock_lost.get_or_create(&lvl).inc();
-        })
+        // Asked for before now: the clock of a lease taken by waiting is
+        // not read (only leases taken by `try_lease` are timed).
+        let asked = Instant::now();
+        LockGuard::start(
+            lease,
+            self.manager.clone(),
+            self.settings.ttl,
+            asked,
+            move || {
+                metrics.lock_lost.get_or_create(&lvl).inc();
+            },
+        )
     }
 
     fn breaker_open(&self, key: &LockKey) -> bool {
@@ -426,5 +483,50 @@ impl Locks {
     /// Whether the backend answers (for `/readyz`).
     pub async fn ping(&self) -> Result<(), LockError> {
         self.manager.ping().await
+    }
+}
+
+#[cfg(test)]
+mod lease_clock_tests {
+    use super::*;
+    use crate::{
+        config::{LockScope, LockStrategy},
+        lock::memory::MemoryLocks,
+    };
+
+    fn locks() -> Locks {
+        let settings = LockSettings {
+            strategy: LockStrategy::Notify,
+            scope: LockScope::Commit,
+            ttl: Duration::from_secs(5),
+            wait_timeout: Duration::from_secs(1),
+        };
+        Locks::new(
+            Arc::new(MemoryLocks::new()),
+            settings,
+            false,
+            Arc::default(),
+        )
+    }
+
+    /// A lease's clock runs from before its grant for its TTL, moves on
+    /// with each renewal, and reads passed once it is released.
+    #[tokio::test]
+    async fn a_lease_s_clock_holds_while_renewed_and_passes_at_release() {
+        let locks = locks();
+        let key = LockKey::webhook_partition("e", 0);
+        let asked = Instant::now();
+        let ttl = Duration::from_millis(600);
+        let guard = locks.try_lease(&key, ttl).await.unwrap().unwrap();
+        let clock = guard.clock();
+        assert!(clock.until() <= asked + ttl + Duration::from_millis(50));
+        assert!(clock.holds_for(Duration::from_millis(300)));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(
+            clock.holds_for(Duration::ZERO),
+            "renewed past its first TTL"
+        );
+        guard.release().await;
+        assert!(!clock.holds_for(Duration::ZERO), "released: passed");
     }
 }

@@ -198,6 +198,15 @@ impl LockKey {
         }
     }
 
+    /// `filedock_webhook_lease:{endpoint:p}`: the one deliverer of
+    /// partition `p` of the owners' events to webhook `endpoint`.
+    pub fn webhook_partition(endpoint: &str, p: u32) -> Self {
+        Self {
+            key: format!("filedock_webhook_lease:{{{endpoint}:{p}}}"),
+            level: "webhook_partition",
+        }
+    }
+
     /// `filedock_resumable_lock:{upload}`: one PATCH (or termination, or
     /// expiry) at a time on a resumable upload.
     pub fn resumable(upload: &FileId) -> Self {

@@ -10,11 +10,10 @@ use std::{
 
 use async_trait::async_trait;
 use rand::seq::SliceRandom;
-use redis::AsyncCommands;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{RedisQueue, now_ms, worker::BucketWorker};
+use super::{RedisQueue, worker::BucketWorker};
 use crate::{
     coord::{BUCKETS, Coordinator},
     lock::LockKey,
@@ -31,8 +30,6 @@ impl RedisQueue {
 
 /// A bucket lease; renewed every third of it while the worker lives.
 const LEASE_TTL: Duration = Duration::from_secs(3);
-/// How long an instance counts as alive after its last heartbeat.
-const MEMBER_TTL_MS: u64 = 5_000;
 /// How often an instance heartbeats and rebalances its buckets.
 const REBALANCE_EVERY: Duration = Duration::from_millis(500);
 /// How often the queue figures go to the metrics and the log.
@@ -80,7 +77,7 @@ impl worker::Worker for Manager {
         // master failing over): the last count stands, so a bucket whose
         // worker stopped (its lease lost) is taken again where its master
         // answers; a running worker stops only when its own lease is lost.
-        let alive = match heartbeat(queue).await {
+        let alive = match queue.members.beat().await {
             Ok(alive) => *last_alive.insert(alive),
             Err(_) => last_alive.unwrap_or(0),
         };
@@ -127,26 +124,8 @@ impl worker::Worker for Manager {
             stop.cancel();
             let _ = handle.await;
         }
-        let queue = &self.queue;
-        let _: Result<i64, _> = queue
-            .conn
-            .clone()
-            .zrem(queue.members(), &queue.instance)
-            .await;
+        self.queue.members.leave().await;
     }
-}
-
-/// Announces this instance and counts the live ones.
-async fn heartbeat(queue: &RedisQueue) -> redis::RedisResult<u32> {
-    let now = now_ms();
-    let mut conn = queue.conn.clone();
-    let (_, _, alive): (i64, i64, u32) = redis::pipe()
-        .zadd(queue.members(), &queue.instance, now)
-        .zrembyscore(queue.members(), 0, now.saturating_sub(MEMBER_TTL_MS))
-        .zcard(queue.members())
-        .query_async(&mut conn)
-        .await?;
-    Ok(alive)
 }
 
 /// Publishes the queue figures as metrics and logs their warnings.

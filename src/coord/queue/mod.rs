@@ -50,7 +50,7 @@ use self::{
 };
 use super::{
     Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, QueueStats, bucket_of,
-    wait_timeout,
+    members::Members, wait_timeout,
 };
 use crate::{
     lock::{LockError, Locks},
@@ -88,6 +88,8 @@ pub struct RedisQueue {
     held: Arc<Mutex<usize>>,
     /// This instance's result notices.
     results: Results,
+    /// The live instances, among which the buckets are shared.
+    members: Members,
     /// Bucket leases.
     locks: Arc<Locks>,
     applier: Applier,
@@ -117,7 +119,13 @@ impl RedisQueue {
         let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
         let waiters = Waiters::default();
         let results = Results::start(&link, prefix, &instance, waiters.clone());
+        let members = Members::new(
+            Some(conn.clone()),
+            format!("{prefix}filedock_queue_members"),
+            instance.clone(),
+        );
         Ok(Self {
+            members,
             link,
             conn,
             prefix: prefix.to_owned(),
@@ -142,10 +150,6 @@ impl RedisQueue {
 
     fn dlq(&self) -> String {
         format!("{}filedock_queue_dlq", self.prefix)
-    }
-
-    fn members(&self) -> String {
-        format!("{}filedock_queue_members", self.prefix)
     }
 
     /// The circuit breaker: whether the part of Redis that holds bucket
