@@ -20,6 +20,7 @@ pub mod blob;
 pub mod config;
 pub mod coord;
 pub mod domain;
+pub mod hooks;
 pub mod http;
 pub mod lock;
 pub mod meta;

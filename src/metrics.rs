@@ -115,6 +115,16 @@ pub struct Metrics {
     pub events_written: Counter,
     /// Readers waiting for an event now (`GET /v1/events?wait=`).
     pub event_waiters: Gauge,
+    /// Events this instance holds to deliver by webhook (read from the
+    /// feed, not yet delivered nor dead-lettered).
+    pub webhook_pending: Gauge,
+    /// The age in seconds of the oldest of them (0: none).
+    pub webhook_oldest_pending_age: Gauge,
+    /// Webhook delivery attempts, by outcome (`delivered`, `failed`,
+    /// `dead_lettered`, `replayed`).
+    pub webhook_deliveries: Family<OutcomeLabel, Counter>,
+    /// Dead letters kept (as this instance last counted them).
+    pub webhook_dead_letters: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -168,6 +178,10 @@ impl Default for Metrics {
             events_oldest_age: Gauge::default(),
             events_written: Counter::default(),
             event_waiters: Gauge::default(),
+            webhook_pending: Gauge::default(),
+            webhook_oldest_pending_age: Gauge::default(),
+            webhook_deliveries: Family::default(),
+            webhook_dead_letters: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -200,6 +214,26 @@ impl Default for Metrics {
             "filedock_event_waiters",
             "Readers waiting for an event now (GET /v1/events?wait=)",
             m.event_waiters.clone(),
+        );
+        r.register(
+            "filedock_webhook_pending",
+            "Events this instance holds to deliver by webhook",
+            m.webhook_pending.clone(),
+        );
+        r.register(
+            "filedock_webhook_oldest_pending_age_seconds",
+            "The age of the oldest event this instance holds to deliver, in seconds (0: none)",
+            m.webhook_oldest_pending_age.clone(),
+        );
+        r.register(
+            "filedock_webhook_deliveries",
+            "Webhook delivery attempts, by outcome (delivered, failed, dead_lettered, replayed)",
+            m.webhook_deliveries.clone(),
+        );
+        r.register(
+            "filedock_webhook_dead_letters",
+            "Webhook dead letters kept (GET /v1/admin/events/dead)",
+            m.webhook_dead_letters.clone(),
         );
         r.register(
             "filedock_events_oldest_age_seconds",

@@ -111,6 +111,8 @@ pub struct Settings {
     /// How a signed link serves its file.
     pub signed_links: SignedLinks,
     pub log_json: bool,
+    /// Where events are delivered (`FILEDOCK_WEBHOOK_URL`); `None`: nowhere.
+    pub webhooks: Option<WebhookSettings>,
     /// Allow `production` to run on embedded adapters.
     pub allow_embedded_in_production: bool,
 }
@@ -127,6 +129,23 @@ pub struct S3Settings {
     pub create_bucket: bool,
     pub part_size: usize,
     pub part_concurrency: usize,
+}
+
+/// Webhooks: every event delivered to each URL, signed.
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    pub urls: Vec<String>,
+    /// `whsec_…` (checked when the signer is made from it).
+    pub secret: SecretString,
+    /// An event not delivered this long after it was written is given up
+    /// on (a dead letter).
+    pub max_age: Duration,
+    /// Owners delivered to at once, per endpoint and instance.
+    pub concurrency: usize,
+    /// One attempt's limit.
+    pub timeout: Duration,
+    /// The longest pause between two attempts at one event.
+    pub retry_max: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -310,6 +329,7 @@ impl Settings {
                 Some("json") => true,
                 Some(other) => bail!("FILEDOCK_LOG_FORMAT must be text or json, not {other:?}"),
             },
+            webhooks: webhook_settings(&vars)?,
             allow_embedded_in_production: vars.value("ALLOW_EMBEDDED")?,
         };
         if s.s3
@@ -367,6 +387,15 @@ impl Settings {
         if s.txn_retry.max_attempts == 0 {
             bail!("FILEDOCK_TXN_MAX_ATTEMPTS must be at least 1");
         }
+        // An event the retention removed before its delivery was given up
+        // on would be lost without a dead letter.
+        if let Some(w) = &s.webhooks
+            && w.max_age >= s.sweep.event_retention
+        {
+            bail!(
+                "FILEDOCK_WEBHOOK_MAX_AGE_SECS must be less than FILEDOCK_EVENT_RETENTION_SECS (an event is given up on before the retention removes it)"
+            );
+        }
         Ok(s)
     }
 
@@ -402,6 +431,53 @@ impl Settings {
         }
         Ok(unknown)
     }
+}
+
+/// `FILEDOCK_WEBHOOK_*`: `None` without a URL.
+fn webhook_settings<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+) -> anyhow::Result<Option<WebhookSettings>> {
+    let Some(list) = vars.get("WEBHOOK_URL").filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let urls: Vec<String> = list
+        .split(',')
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect();
+    if let Some(bad) = urls
+        .iter()
+        .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+    {
+        // Named by its place, not shown: a URL may carry credentials.
+        let place = urls.iter().position(|u| u == bad).unwrap_or(0) + 1;
+        bail!(
+            "FILEDOCK_WEBHOOK_URL: each URL must start with http:// or https:// (URL {place} of the list does not)"
+        );
+    }
+    let Some(secret) = vars.get("WEBHOOK_SECRET") else {
+        bail!(
+            "FILEDOCK_WEBHOOK_URL needs FILEDOCK_WEBHOOK_SECRET (whsec_ + base64 of 24 or more random bytes)"
+        );
+    };
+    let settings = WebhookSettings {
+        urls,
+        secret: SecretString::from(secret),
+        max_age: vars.secs("WEBHOOK_MAX_AGE_SECS")?,
+        concurrency: vars.value("WEBHOOK_CONCURRENCY")?,
+        timeout: vars.secs("WEBHOOK_TIMEOUT_SECS")?,
+        retry_max: vars.secs("WEBHOOK_RETRY_MAX_SECS")?,
+    };
+    if settings.concurrency == 0
+        || settings.timeout.is_zero()
+        || settings.retry_max.is_zero()
+        || settings.max_age.is_zero()
+    {
+        bail!(
+            "FILEDOCK_WEBHOOK_CONCURRENCY, _TIMEOUT_SECS, _RETRY_MAX_SECS and _MAX_AGE_SECS must be more than 0"
+        );
+    }
+    Ok(Some(settings))
 }
 
 /// The settings' variables (without `FILEDOCK_`), each as set or else at

@@ -385,6 +385,42 @@ pub const SETTINGS: &[Setting] = &[
         shown: Some("any type"),
     },
     Setting {
+        var: "FILEDOCK_WEBHOOK_URL",
+        meaning: "deliver every event to these URLs (comma-separated): signed (Standard Webhooks), at least once, each owner's in sequence order",
+        value: None,
+        shown: Some("unset → no webhooks"),
+    },
+    Setting {
+        var: "FILEDOCK_WEBHOOK_SECRET",
+        meaning: "the webhooks' signing secret: whsec_ + base64 of 24 or more random bytes, the same on every instance (never logged); needed with FILEDOCK_WEBHOOK_URL",
+        value: None,
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_WEBHOOK_MAX_AGE_SECS",
+        meaning: "an event not delivered this long after it was written is dead-lettered (GET /v1/admin/events/dead) and its owner's later events go on; less than FILEDOCK_EVENT_RETENTION_SECS",
+        value: Some("86400"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_WEBHOOK_CONCURRENCY",
+        meaning: "owners whose events one instance delivers at once, per URL (one owner's go one at a time)",
+        value: Some("16"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_WEBHOOK_TIMEOUT_SECS",
+        meaning: "how long one delivery attempt may take; past it the attempt failed",
+        value: Some("10"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_WEBHOOK_RETRY_MAX_SECS",
+        meaning: "the longest pause between two attempts at one event (exponential backoff from 1 s, full jitter)",
+        value: Some("60"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_LINK_SECRET",
         meaning: "key of signed download links, at least 32 bytes, the same on every instance (never logged)",
         value: None,

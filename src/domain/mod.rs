@@ -25,6 +25,7 @@ mod test_kit;
 pub mod tokens;
 pub mod upload;
 pub mod users;
+pub mod webhooks;
 
 /// The vocabulary the services speak (`crate::vocab`), named here too.
 pub use crate::vocab::{

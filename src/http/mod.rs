@@ -7,6 +7,7 @@ mod admin;
 mod agents;
 pub mod audit;
 mod conditional;
+mod dead_letters;
 pub mod drain;
 pub mod error;
 mod events;
@@ -87,6 +88,9 @@ api! {
     GET "/v1/admin/orphans" => admin::orphans,
     POST "/v1/admin/sweep" => admin::sweep,
     GET "/v1/admin/queue" => admin::queue,
+    GET "/v1/admin/events/dead" => dead_letters::list,
+    POST "/v1/admin/events/dead/{id}/replay" => dead_letters::replay,
+    DELETE "/v1/admin/events/dead/{id}" => dead_letters::discard,
     GET "/v1/me" => me::me,
     GET "/v1/events" => events::list,
     GET "/v1/me/keys" => keys::my_list,

@@ -12,7 +12,7 @@ use crate::{
     domain::{
         containers::ContainerService, events::EventService, files::FileService, links::LinkSigner,
         reconcile::Reconciler, resumable::ResumableService, sweeper::Sweeper, tokens::TokenService,
-        upload::UploadService, users::UserService,
+        upload::UploadService, users::UserService, webhooks::Webhooks,
     },
     metrics::Metrics,
     ports::Ports,
@@ -35,6 +35,8 @@ pub struct AppState {
     pub links: Arc<LinkSigner>,
     pub containers: Arc<ContainerService>,
     pub events: Arc<EventService>,
+    /// Webhooks' delivery and the admin's dead letters.
+    pub webhooks: Arc<Webhooks>,
     pub sweeper: Arc<Sweeper>,
     pub reconciler: Arc<Reconciler>,
     /// The stages of a drain (SIGTERM), which the handlers heed.

@@ -15,6 +15,7 @@ mod records;
 mod resumable;
 pub mod retry;
 mod turns;
+mod webhooks;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -27,6 +28,7 @@ pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyMint, KeyRepo, REVOKED_KEP
 pub use self::records::*;
 pub use self::resumable::{Claim, OpenLimits, Reserve, ResumableRepo};
 pub use self::turns::UserTurns;
+pub use self::webhooks::{DeadLetter, WebhookMark, WebhookRepo};
 use crate::vocab::{
     AgentId, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,
     UserId,
@@ -291,6 +293,7 @@ pub trait MetadataStore:
     + ResumableRepo
     + DeletionRepo
     + EventRepo
+    + WebhookRepo
 {
     /// Answers when the store is reachable.
     async fn ping(&self) -> MetaResult<()>;

@@ -24,7 +24,7 @@ use crate::{
     config::{Coordination, Settings},
     coord::{
         Applier, Coordinator, LockCoordinator, bell::RedisBell, local::LocalQueue,
-        queue::RedisQueue,
+        members::Members, queue::RedisQueue,
     },
     domain::{
         auth_cache::AuthCache,
@@ -39,7 +39,9 @@ use crate::{
         tokens::TokenService,
         upload::{Admission, Committer, Idempotency, UploadService},
         users::{UserService, new_api_key},
+        webhooks::{self, WebhookPorts, Webhooks},
     },
+    hooks::{Caller, Signer},
     http::{self, AppState},
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
     meta::retry::Transactions,
@@ -163,6 +165,17 @@ impl AppState {
             )),
             None => Arc::new(Bells::default()),
         };
+        let webhooks = Arc::new(webhook_service(
+            &settings,
+            WebhookPorts {
+                repo: meta.clone(),
+                events: meta.clone(),
+                bell: heard.clone(),
+                locks: locks.clone(),
+                members: Members::new(None, String::new(), String::new()),
+                metrics: metrics.clone(),
+            },
+        )?);
         // The writes' rings wake this instance's sequencer too (the feed).
         let kick = Arc::new(tokio::sync::Notify::new());
         let bell: Arc<dyn EventBell> = Arc::new(Kicking::new(heard.clone(), kick.clone()));
@@ -313,12 +326,36 @@ impl AppState {
                 deletion_settle: settings.auth_cache_ttl + REQUEST_GRACE,
             }),
             queue,
+            webhooks,
             settings,
             metrics,
             ports,
             admin_key,
         })
     }
+}
+
+/// The webhooks' service: its signer and caller from the settings, and on
+/// Redis (when set) the members among which the partitions are shared.
+fn webhook_service(settings: &Settings, mut ports: WebhookPorts) -> anyhow::Result<Webhooks> {
+    let Some(w) = &settings.webhooks else {
+        return Ok(Webhooks::new(None, ports));
+    };
+    let signer = Signer::from_secret(w.secret.expose_secret())
+        .map_err(|e| anyhow::anyhow!("FILEDOCK_WEBHOOK_SECRET {e}"))?;
+    let caller = Caller::new(signer, w.timeout)?;
+    let conn = RedisLink::from_settings(settings)?
+        .map(|link| link.counted(ports.metrics.redis_commands.clone()).conn());
+    if conn.is_none() && settings.mongodb_uri.is_some() {
+        tracing::warn!(
+            "webhooks without FILEDOCK_REDIS_URL: their partitions are leased in this process only; \
+             run one instance on this MongoDB, or each one delivers every event"
+        );
+    }
+    let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
+    let key = format!("{}filedock_webhook_members", settings.redis_prefix);
+    ports.members = Members::new(conn, key, instance);
+    Ok(Webhooks::new(Some((w.clone(), caller)), ports))
 }
 
 /// The metadata store alone (the CLI needs no more).
@@ -454,6 +491,9 @@ impl Application {
             );
         }
         workers.spawn(self.state.events.sequencer(), requests_done.child_token());
+        for dispatcher in webhooks::dispatchers(&self.state.webhooks) {
+            workers.spawn(dispatcher, requests_done.child_token());
+        }
         let metrics_server =
             self.metrics_addr()
                 .zip(self.metrics_listener.take())

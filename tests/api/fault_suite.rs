@@ -33,12 +33,17 @@
 //! upload, rename and delete, numbered 1, 2, 3… with no gap
 //! (`support/event_checks.rs`); and the admin's feed of every user's
 //! events holding each of those once, each owner's in order
-//! (`support/feed_checks.rs`).
+//! (`support/feed_checks.rs`); and every event of that feed delivered by
+//! webhook to the suite's receiver, which the nemesis takes down, makes
+//! fail and slows (`receiver-*` faults; the pause outlasts the webhooks'
+//! partition leases): each at least once, each owner's first deliveries
+//! in order, duplicates identical, every signature verified.
 //!
 //! `FILEDOCK_FAULT_SEED` replays a run; `FILEDOCK_FAULT_SECS` deals more
 //! decks until that many seconds have passed (a soak); by default one deck.
 
 use std::{
+    collections::{HashMap, HashSet},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -59,13 +64,17 @@ use crate::{
         accounts::{accounts_summary, check_account, check_deleted},
         checker::check,
         cluster::{AUTH_CACHE, Cluster, GRACE, TUS_EXPIRY},
-        feed_checks::{check_feed, check_followed, feed_summary, follow_feed, read_feed_settled},
+        feed_checks::{
+            FeedRead, check_feed, check_followed, feed_summary, follow_feed, read_feed_settled,
+        },
         history::{Event, Holder},
         lives::deletes_summary,
         mints::{check_deleted_creds, mints_summary},
         nemesis::{Topology, nemesis},
         readback::read_final,
         signed_links::{LinkTally, check_deleted_links, check_links, links_summary, probe_links},
+        verdict::Verdict,
+        webhook_receiver::{WebhookReceiver, check_order},
         workload::{UserWorld, World},
     },
 };
@@ -304,6 +313,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     check_feed(&feed, &fin.users, doomed, &mine(DOOMED), &mut v);
     let followed = follower.finish().await;
     check_followed(&followed, &feed, doomed, &mut v);
+    let webhooks = check_webhooks(&cluster.receiver, &feed, &mut v).await;
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
     // A young stray seen beside and gone by the end was a clean-up in flight.
     let mut strays = deleted;
@@ -346,7 +356,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     let took = started.elapsed().as_secs();
     let events: usize = fin.users.iter().map(|u| u.events.len()).sum();
     eprintln!(
-        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}, bad events {} of {events} read; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
+        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}, bad events {} of {events} read, bad webhooks {}; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
         faults.fired(),
         v.requests,
         v.acknowledged,
@@ -359,6 +369,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         v.duplicated,
         v.internal_errors,
         v.bad_events,
+        v.bad_webhooks,
         v.open_defects,
         v.kinds,
         v.codes,
@@ -372,7 +383,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} {} fired={}",
+        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -391,6 +402,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         mints_summary(&history),
         links_summary(&history, links),
         feed_summary(&feed, &followed),
+        webhooks,
         fired.join(","),
     );
     if v.violations() + v.open_defects > 0 {
@@ -422,6 +434,43 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         fin.users.iter().any(|u| !u.events.is_empty()),
         "seed {seed}: no user's events were read"
     );
+}
+
+/// How long the receiver may take to have every event of the feed after
+/// the run (deliveries retried after the last faults, leases of instances
+/// killed at the end moving over).
+const WEBHOOKS_SETTLE: Duration = Duration::from_secs(60);
+
+/// Every event of the feed delivered to the suite's receiver at least
+/// once, each owner's first deliveries in sequence order with no gap,
+/// duplicates with the same id and body, every signature verified by a
+/// Standard Webhooks verifier (`webhook_receiver::check_order`); counted in
+/// `bad_webhooks`. A deleted user's events that left the feed with their
+/// data before their delivery are not delivered (the feed is what is
+/// expected); what was delivered of them is still checked for order.
+async fn check_webhooks(receiver: &WebhookReceiver, feed: &FeedRead, v: &mut Verdict) -> String {
+    let mut expected: HashMap<String, Vec<(i64, String)>> = HashMap::new();
+    for e in &feed.events {
+        expected
+            .entry(e.owner.clone())
+            .or_default()
+            .push((e.seq, format!("{}:{}", e.owner, e.seq)));
+    }
+    for events in expected.values_mut() {
+        events.sort();
+    }
+    let waited = receiver.wait_accepted(&expected, WEBHOOKS_SETTLE).await;
+    let accepted = receiver.accepted();
+    if let Err(e) = waited.and_then(|()| check_order(&accepted, &expected)) {
+        v.note(|v| &mut v.bad_webhooks, format!("webhooks: {e}"));
+    }
+    let refused = receiver.refused().len();
+    let ids: HashSet<&str> = accepted.iter().map(|d| d.webhook_id.as_str()).collect();
+    format!(
+        "webhooks=accepted:{},distinct:{},refused:{refused}",
+        accepted.len(),
+        ids.len()
+    )
 }
 
 #[tokio::test]

@@ -62,3 +62,4 @@ mod tus_small;
 mod tus_sweep;
 mod tus_whole;
 mod user_deletion;
+mod webhooks;

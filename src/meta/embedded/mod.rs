@@ -21,6 +21,7 @@ mod migrate;
 mod resumable;
 mod txn;
 mod users;
+mod webhooks;
 
 use std::path::Path;
 

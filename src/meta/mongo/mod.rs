@@ -20,6 +20,7 @@ mod op_group;
 mod resumable;
 mod txn;
 mod users;
+mod webhooks;
 
 use std::{sync::Arc, time::Duration};
 

@@ -18,6 +18,7 @@ use crate::{
         own_cluster::OwnRedisCluster,
         own_sentinel::{MASTER, OwnSentinel},
         servers::OwnRedis,
+        webhook_receiver::WebhookReceiver,
     },
 };
 
@@ -105,6 +106,8 @@ pub struct Cluster {
     pub settings: Settings,
     coordination: String,
     pub dir: std::path::PathBuf,
+    /// Where the instances deliver their webhooks.
+    pub receiver: WebhookReceiver,
 }
 
 impl Cluster {
@@ -173,6 +176,7 @@ impl Cluster {
             settings,
             coordination: coordination.to_owned(),
             dir,
+            receiver: WebhookReceiver::start().await,
         };
         for i in 0..INSTANCES {
             let port = free_port();
@@ -269,6 +273,12 @@ impl Cluster {
                 // Shared, as every instance behind one URL needs: a link
                 // made at one downloads at the other, and after a restart.
                 ("FILEDOCK_LINK_SECRET", LINK_SECRET.into()),
+                // Every event to the suite's receiver, retried soon after
+                // a fault (the nemesis's receiver faults last seconds).
+                ("FILEDOCK_WEBHOOK_URL", self.receiver.url()),
+                ("FILEDOCK_WEBHOOK_SECRET", self.receiver.secret()),
+                ("FILEDOCK_WEBHOOK_RETRY_MAX_SECS", "1".into()),
+                ("FILEDOCK_WEBHOOK_TIMEOUT_SECS", "3".into()),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );

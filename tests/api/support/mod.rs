@@ -34,4 +34,5 @@ pub mod shard_rules;
 pub mod signed_links;
 pub mod tus_workload;
 pub mod verdict;
+pub mod webhook_receiver;
 pub mod workload;

@@ -70,8 +70,17 @@ pub enum Fault {
     /// bytes), for longer than the settle window: the final PATCH cannot
     /// tell whether it applied, nor record its bytes after it.
     MongoCutAfterTusCommit,
-    /// SIGSTOP for longer than the lock lease and the sweeper's grace.
+    /// SIGSTOP for longer than the lock lease and the sweeper's grace (and
+    /// the webhooks' partition leases: the other instance takes them over,
+    /// and the paused one must send nothing more when it wakes).
     Pause,
+    /// The webhook receiver down (connections refused) for up to 3 s.
+    ReceiverDown,
+    /// The webhook receiver answering 500 for up to 3 s.
+    ReceiverFailing,
+    /// The webhook receiver answering after 1.5 s, for 3 s: deliveries in
+    /// flight when another fault kills, pauses or drains an instance.
+    ReceiverSlow,
     /// SIGKILL, then the instance starts again on its port.
     Kill,
     /// SIGTERM: the instance drains (unready, then its tus PATCHes and long
@@ -118,6 +127,9 @@ impl fmt::Display for Fault {
             Self::MongoCutAfterTusUpdate => "mongo-cut-after-tus-update",
             Self::MongoCutAfterTusCommit => "mongo-cut-after-tus-commit",
             Self::Pause => "pause",
+            Self::ReceiverDown => "receiver-down",
+            Self::ReceiverFailing => "receiver-failing",
+            Self::ReceiverSlow => "receiver-slow",
             Self::Kill => "kill",
             Self::Drain => "drain",
             Self::RedisRestart => "redis-restart",
@@ -132,7 +144,7 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 20] = [
+    const ALL: [Fault; 23] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -145,6 +157,9 @@ impl Fault {
         Self::MongoCutAfterTusUpdate,
         Self::MongoCutAfterTusCommit,
         Self::Pause,
+        Self::ReceiverDown,
+        Self::ReceiverFailing,
+        Self::ReceiverSlow,
         Self::Kill,
         Self::Drain,
         Self::RedisRestart,
@@ -285,6 +300,29 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             tokio::time::sleep(pause).await;
             unsafe { libc::kill(pid, libc::SIGCONT) };
             true
+        }
+        Fault::ReceiverDown => {
+            let before = c.receiver.requests().len();
+            c.receiver.down().await;
+            tokio::time::sleep(short(rng, Duration::from_secs(3))).await;
+            c.receiver.up().await;
+            // Fired if deliveries were waiting: some come once it is up.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            c.receiver.requests().len() > before
+        }
+        Fault::ReceiverFailing => {
+            let before = c.receiver.refused().len();
+            c.receiver.fail_all();
+            tokio::time::sleep(short(rng, Duration::from_secs(3))).await;
+            c.receiver.answer_ok();
+            c.receiver.refused().len() > before
+        }
+        Fault::ReceiverSlow => {
+            let before = c.receiver.requests().len();
+            c.receiver.slow(Duration::from_millis(1500));
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            c.receiver.answer_ok();
+            c.receiver.requests().len() > before
         }
         Fault::Drain => {
             c.drain(instance).await;

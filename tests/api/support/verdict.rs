@@ -25,6 +25,11 @@ pub struct Verdict {
     /// Events (`event_checks.rs`) that are not one per committed change to
     /// a file, numbered 1, 2, 3… with no gap: missing, extra, or out of order.
     pub bad_events: usize,
+    /// Webhook deliveries (`webhook_receiver.rs`) that break the promise:
+    /// an event of the feed never accepted, one owner's first acceptances
+    /// out of sequence order, a duplicate with another id or body, a
+    /// signature the verifier refused.
+    pub bad_webhooks: usize,
     /// Leftovers of two open defects, counted and printed but not failing
     /// the run (README "Guarantees", "Open"): strays reconcile found beside
     /// the faults, and empty multipart uploads left after the resumable
@@ -46,6 +51,7 @@ impl Verdict {
             + self.duplicated
             + self.internal_errors
             + self.bad_events
+            + self.bad_webhooks
     }
 
     /// Counts a key whose final value `explained` judged: `absent_or_value`

@@ -1,0 +1,112 @@
+//! Calls out to other services over HTTP, signed the Standard Webhooks way
+//! (standardwebhooks.com): `webhook-id`, `webhook-timestamp` and
+//! `webhook-signature` (`v1,` + base64 of HMAC-SHA256 of
+//! `{id}.{timestamp}.{body}` under the secret `whsec_…` names). The
+//! webhooks' dispatcher (`domain::webhooks`) sends events with it.
+
+mod sign;
+
+use std::time::Duration;
+
+pub use self::sign::Signer;
+
+/// The most of an answer's body read (and dropped).
+const DRAIN_BYTES: usize = 64 * 1024;
+
+/// `url` as it may be shown and kept: without user info, query or
+/// fragment (where credentials go).
+pub fn redacted(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => "<not a URL>".into(),
+    }
+}
+
+/// What one attempt at a call met.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The receiver answered 2xx.
+    Accepted(u16),
+    /// Any other answer, or none: what it was, for the log and a dead
+    /// letter (never the body sent, nor the secret).
+    Refused(String),
+}
+
+/// Sends signed calls; cheap to clone (one connection pool).
+#[derive(Clone)]
+pub struct Caller {
+    client: reqwest::Client,
+    signer: Signer,
+}
+
+impl Caller {
+    /// Each call gives up after `timeout` (connecting included).
+    pub fn new(signer: Signer, timeout: Duration) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            // A receiver's redirect is not followed: the signature is for
+            // the URL configured.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("filedock-webhooks/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self { client, signer })
+    }
+
+    /// POSTs `body` (JSON) to `url` as message `id`, signed at this second.
+    pub async fn post(&self, url: &str, id: &str, body: &[u8]) -> Answer {
+        let timestamp = chrono::Utc::now().timestamp();
+        let signature = self.signer.sign(id, timestamp, body);
+        let sent = self
+            .client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body.to_vec())
+            .send()
+            .await;
+        match sent {
+            Ok(r) => {
+                let status = r.status();
+                drain(r).await;
+                match status.is_success() {
+                    true => Answer::Accepted(status.as_u16()),
+                    false => Answer::Refused(format!("answered {}", status.as_u16())),
+                }
+            }
+            Err(e) if e.is_timeout() => Answer::Refused("timed out".into()),
+            Err(e) if e.is_connect() => Answer::Refused("could not connect".into()),
+            Err(e) => Answer::Refused(format!("failed: {}", without_url(&e))),
+        }
+    }
+}
+
+/// The bytes of an answer read up to [`DRAIN_BYTES`], so that its
+/// connection goes back to the pool (a new one per event costs a
+/// handshake each); a longer answer closes it.
+async fn drain(mut answer: reqwest::Response) {
+    let mut read = 0;
+    while let Ok(Some(chunk)) = answer.chunk().await {
+        read += chunk.len();
+        if read > DRAIN_BYTES {
+            return;
+        }
+    }
+}
+
+/// A reqwest error's text without the URL (which may carry credentials).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    if let Some(url) = e.url() {
+        text = text.replace(url.as_str(), "<url>");
+    }
+    text
+}

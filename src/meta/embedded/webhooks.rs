@@ -1,0 +1,248 @@
+//! Webhooks' delivery state in the embedded store: a mark per endpoint and
+//! partition at `webhook_marks/{endpoint}:{partition}`, and each dead
+//! letter at `webhook_dead/{id}`, so that the letters in id order are one
+//! key range.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::EmbeddedStore;
+use crate::meta::{DeadLetter, MetaResult, WebhookMark, WebhookRepo};
+
+const DEAD: &str = "webhook_dead/";
+
+/// A partition's mark, and the greatest lease token that wrote it (a
+/// holder with a smaller one writes nothing).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct Stored {
+    #[serde(flatten)]
+    mark: WebhookMark,
+    fence: u64,
+}
+
+fn mark_key(endpoint: &str, partition: u32) -> String {
+    format!("webhook_marks/{endpoint}:{partition}")
+}
+
+fn dead_key(id: &str) -> String {
+    format!("{DEAD}{id}")
+}
+
+#[async_trait]
+impl WebhookRepo for EmbeddedStore {
+    async fn webhook_mark(&self, endpoint: &str, partition: u32) -> MetaResult<WebhookMark> {
+        let key = mark_key(endpoint, partition);
+        self.transaction(move |tx| Ok(tx.get::<Stored>(&key)?.unwrap_or_default().mark))
+            .await
+    }
+
+    async fn raise_webhook_mark(
+        &self,
+        endpoint: &str,
+        partition: u32,
+        fence: u64,
+        mark: &WebhookMark,
+    ) -> MetaResult<bool> {
+        let key = mark_key(endpoint, partition);
+        let mark = mark.clone();
+        self.transaction(move |tx| {
+            let stored: Stored = tx.get(&key)?.unwrap_or_default();
+            if stored.fence > fence {
+                return Ok(false);
+            }
+            let position = stored.mark.position.max(mark.position);
+            let written = Stored {
+                mark: WebhookMark {
+                    position,
+                    owners: mark.owners.clone(),
+                },
+                fence,
+            };
+            // A holder that raced ours to the key conflicts at the commit:
+            // the caller's retry reads its token then.
+            if written != stored {
+                tx.put(&key, &written)?;
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<()> {
+        let letter = letter.clone();
+        self.transaction(move |tx| tx.put(&dead_key(&letter.id), &letter))
+            .await
+    }
+
+    async fn dead_letters(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<DeadLetter>> {
+        let after = after.map(str::to_owned);
+        self.transaction(move |tx| {
+            let keys = tx.keys(DEAD, after.as_deref(), limit)?;
+            let mut out = Vec::with_capacity(keys.len());
+            for k in keys {
+                if let Some(letter) = tx.get(&k)? {
+                    out.push(letter);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn dead_letter(&self, id: &str) -> MetaResult<Option<DeadLetter>> {
+        let key = dead_key(id);
+        self.transaction(move |tx| tx.get(&key)).await
+    }
+
+    async fn remove_dead_letter(&self, id: &str) -> MetaResult<bool> {
+        let key = dead_key(id);
+        self.transaction(move |tx| {
+            if tx.get::<serde_json::Value>(&key)?.is_none() {
+                return Ok(false);
+            }
+            tx.delete(&key);
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn count_dead_letters(&self) -> MetaResult<u64> {
+        // Every key is read: an admin's figure, and letters are few (each is
+        // an event given up on).
+        self.transaction(move |tx| Ok(tx.keys(DEAD, None, usize::MAX)?.len() as u64))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        meta::{EventRecord, EventType, now},
+        vocab::UserId,
+    };
+
+    fn open() -> (EmbeddedStore, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("filedock-hooks-{}", uuid::Uuid::new_v4()));
+        (EmbeddedStore::open(&dir).unwrap(), dir)
+    }
+
+    fn letter(endpoint: &str, owner: UserId, seq: i64) -> DeadLetter {
+        let event = EventRecord {
+            id: EventRecord::id_for(&owner, seq),
+            owner_id: owner,
+            seq,
+            kind: EventType::FileCreated.as_str().to_owned(),
+            subject: "f".into(),
+            time: now(),
+            data: Default::default(),
+            feed: Some(seq),
+        };
+        DeadLetter {
+            id: DeadLetter::id_for(endpoint, &event),
+            endpoint: endpoint.into(),
+            url: "https://example.test/hook".into(),
+            event,
+            attempts: 3,
+            last_error: "503".into(),
+            dead_at: now(),
+        }
+    }
+
+    fn ids_of(page: &[DeadLetter]) -> Vec<String> {
+        page.iter().map(|l| l.id.clone()).collect()
+    }
+
+    fn at(position: i64, owners: &[(&str, i64)]) -> WebhookMark {
+        WebhookMark {
+            position,
+            owners: owners.iter().map(|(o, n)| ((*o).to_owned(), *n)).collect(),
+        }
+    }
+
+    /// A holder whose lease passed on writes nothing, and the position
+    /// only rises; the owners are the last holder's.
+    #[tokio::test]
+    async fn the_mark_rises_under_the_greatest_fence_only() {
+        let (store, dir) = open();
+        assert_eq!(store.webhook_mark("e", 0).await.unwrap(), at(0, &[]));
+        assert!(
+            store
+                .raise_webhook_mark("e", 0, 5, &at(10, &[("a", 3)]))
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .raise_webhook_mark("e", 0, 5, &at(7, &[("b", 1)]))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store.webhook_mark("e", 0).await.unwrap(),
+            at(10, &[("b", 1)]),
+            "the position never lowered"
+        );
+        assert!(
+            !store
+                .raise_webhook_mark("e", 0, 3, &at(20, &[]))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store.webhook_mark("e", 0).await.unwrap(),
+            at(10, &[("b", 1)]),
+            "nothing written"
+        );
+        assert!(
+            store
+                .raise_webhook_mark("e", 0, 6, &at(12, &[]))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .raise_webhook_mark("e", 0, 5, &at(30, &[]))
+                .await
+                .unwrap()
+        );
+        assert_eq!(store.webhook_mark("e", 0).await.unwrap(), at(12, &[]));
+        assert_eq!(
+            store.webhook_mark("e", 1).await.unwrap(),
+            at(0, &[]),
+            "per partition"
+        );
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// Letters page in id order.
+    #[tokio::test]
+    async fn dead_letters_page_in_id_order() {
+        let (store, dir) = open();
+        let owner = UserId::new();
+        let letters = [
+            letter("e", owner, 3),
+            letter("e", owner, 2),
+            letter("d", owner, 9),
+        ];
+        for l in &letters {
+            store.put_dead_letter(l).await.unwrap();
+        }
+        // Put again (replaced): still one.
+        store.put_dead_letter(&letters[0]).await.unwrap();
+        assert_eq!(store.count_dead_letters().await.unwrap(), 3);
+        let mut ids: Vec<_> = letters.iter().map(|l| l.id.clone()).collect();
+        ids.sort();
+        let first = store.dead_letters(None, 2).await.unwrap();
+        assert_eq!(ids_of(&first), ids[..2].to_vec());
+        let rest = store.dead_letters(Some(ids[1].as_str()), 2).await.unwrap();
+        assert_eq!(ids_of(&rest), ids[2..].to_vec());
+        let stored = store.dead_letter(&letters[1].id).await.unwrap();
+        assert_eq!(stored.as_ref(), Some(&letters[1]));
+        assert!(store.remove_dead_letter(&letters[1].id).await.unwrap());
+        assert!(!store.remove_dead_letter(&letters[1].id).await.unwrap());
+        assert_eq!(store.dead_letter(&letters[1].id).await.unwrap(), None);
+        assert_eq!(store.count_dead_letters().await.unwrap(), 2);
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

@@ -1,0 +1,121 @@
+//! Webhooks' delivery state on MongoDB: `webhook_marks {_id:
+//! "{endpoint}:{partition}", position, owners, fence}` and `webhook_dead`
+//! (the letters, by id).
+//! Every read and write finds its documents by `_id`, and every filter is
+//! plain fields (an `_id` beside a field's own condition): SecantusDB looks
+//! such a document up by its `_id`, but scans for a top-level operator.
+
+use async_trait::async_trait;
+use bson::{Document, doc};
+use mongodb::Collection;
+
+use super::{MongoStore, errors::classify, find_sorted};
+use crate::meta::{DeadLetter, MetaError, MetaResult, WebhookMark, WebhookRepo};
+
+const MARKS: &str = "webhook_marks";
+const DEAD: &str = "webhook_dead";
+
+fn mark_id(endpoint: &str, partition: u32) -> String {
+    format!("{endpoint}:{partition}")
+}
+
+impl MongoStore {
+    fn marks(&self) -> Collection<Document> {
+        self.db.collection(MARKS)
+    }
+
+    fn dead(&self) -> Collection<DeadLetter> {
+        self.db.collection(DEAD)
+    }
+}
+
+#[async_trait]
+impl WebhookRepo for MongoStore {
+    async fn webhook_mark(&self, endpoint: &str, partition: u32) -> MetaResult<WebhookMark> {
+        let mark = self
+            .majority::<WebhookMark>(MARKS)
+            .find_one(doc! {"_id": mark_id(endpoint, partition)})
+            .projection(doc! {"position": 1, "owners": 1})
+            .await
+            .map_err(classify)?;
+        Ok(mark.unwrap_or_default())
+    }
+
+    async fn raise_webhook_mark(
+        &self,
+        endpoint: &str,
+        partition: u32,
+        fence: u64,
+        mark: &WebhookMark,
+    ) -> MetaResult<bool> {
+        let fence = i64::try_from(fence)
+            .map_err(|_| MetaError::Other(format!("fencing token {fence} past BSON's i64")))?;
+        let owners =
+            bson::to_document(&mark.owners).map_err(|e| MetaError::Other(e.to_string()))?;
+        // Ours or a smaller token stored, or none: a field's own condition,
+        // so that the document is still found by its `_id`.
+        let filter = doc! {"_id": mark_id(endpoint, partition), "fence": {"$not": {"$gt": fence}}};
+        let update = doc! {
+            "$set": {"fence": fence, "owners": owners},
+            "$max": {"position": mark.position},
+        };
+        let marks = self.marks();
+        let raised = marks
+            .update_one(filter.clone(), update.clone())
+            .upsert(true)
+            .await
+            .map_err(classify);
+        match raised {
+            Ok(r) => Ok(r.matched_count > 0 || r.upserted_id.is_some()),
+            // The upsert met the document with a greater token (this
+            // holder's lease is gone), or another holder's first write raced
+            // ours in: the document is there now, and the filter says which.
+            Err(MetaError::Duplicate) => {
+                let again = marks.update_one(filter, update).await.map_err(classify)?;
+                Ok(again.matched_count > 0)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<()> {
+        self.dead()
+            .replace_one(doc! {"_id": &letter.id}, letter)
+            .upsert(true)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
+    async fn dead_letters(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<DeadLetter>> {
+        let filter = match after {
+            Some(after) => doc! {"_id": {"$gt": after}},
+            None => doc! {},
+        };
+        find_sorted(self.majority(DEAD), filter, doc! {"_id": 1}, limit).await
+    }
+
+    async fn dead_letter(&self, id: &str) -> MetaResult<Option<DeadLetter>> {
+        self.majority::<DeadLetter>(DEAD)
+            .find_one(doc! {"_id": id})
+            .await
+            .map_err(classify)
+    }
+
+    async fn remove_dead_letter(&self, id: &str) -> MetaResult<bool> {
+        let gone = self
+            .dead()
+            .delete_one(doc! {"_id": id})
+            .await
+            .map_err(classify)?;
+        Ok(gone.deleted_count > 0)
+    }
+
+    async fn count_dead_letters(&self) -> MetaResult<u64> {
+        // From the collection's metadata: a figure for a gauge, not a scan.
+        self.dead()
+            .estimated_document_count()
+            .await
+            .map_err(classify)
+    }
+}
