@@ -125,6 +125,11 @@ pub struct Metrics {
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     /// Dead letters kept (as this instance last counted them).
     pub webhook_dead_letters: Gauge,
+    /// Calls of the pre-commit hook, by outcome (`accepted`, `rejected`,
+    /// `failed_rejected`, `failed_allowed`).
+    pub precommit_calls: Family<OutcomeLabel, Counter>,
+    /// How long the pre-commit hook took to answer (or fail).
+    pub precommit_latency: Histogram,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -182,6 +187,8 @@ impl Default for Metrics {
             webhook_oldest_pending_age: Gauge::default(),
             webhook_deliveries: Family::default(),
             webhook_dead_letters: Gauge::default(),
+            precommit_calls: Family::default(),
+            precommit_latency: upload_histogram(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -234,6 +241,16 @@ impl Default for Metrics {
             "filedock_webhook_dead_letters",
             "Webhook dead letters kept (GET /v1/admin/events/dead)",
             m.webhook_dead_letters.clone(),
+        );
+        r.register(
+            "filedock_precommit_calls",
+            "Pre-commit hook calls, by outcome (accepted, rejected, failed_rejected, failed_allowed)",
+            m.precommit_calls.clone(),
+        );
+        r.register(
+            "filedock_precommit_duration_seconds",
+            "How long the pre-commit hook took to answer",
+            m.precommit_latency.clone(),
         );
         r.register(
             "filedock_events_oldest_age_seconds",

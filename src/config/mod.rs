@@ -113,6 +113,9 @@ pub struct Settings {
     pub log_json: bool,
     /// Where events are delivered (`FILEDOCK_WEBHOOK_URL`); `None`: nowhere.
     pub webhooks: Option<WebhookSettings>,
+    /// Who is asked before each upload commits
+    /// (`FILEDOCK_PRECOMMIT_HOOK_URL`); `None`: nobody.
+    pub precommit: Option<PrecommitSettings>,
     /// Allow `production` to run on embedded adapters.
     pub allow_embedded_in_production: bool,
 }
@@ -146,6 +149,42 @@ pub struct WebhookSettings {
     pub timeout: Duration,
     /// The longest pause between two attempts at one event.
     pub retry_max: Duration,
+}
+
+/// The pre-commit hook: asked, once an upload's bytes are stored and
+/// before its commit, whether it may commit.
+#[derive(Clone, Debug)]
+pub struct PrecommitSettings {
+    pub url: String,
+    /// `FILEDOCK_WEBHOOK_SECRET`: its calls are signed as webhooks are.
+    pub secret: SecretString,
+    /// One call's limit.
+    pub timeout: Duration,
+    /// What a timeout, a 5xx or no answer means.
+    pub on_failure: HookFailure,
+}
+
+/// `FILEDOCK_PRECOMMIT_HOOK_FAILURE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookFailure {
+    /// The upload is refused (503, nothing stored).
+    Reject,
+    /// The upload commits as if the hook had said yes.
+    Allow,
+}
+
+impl FromStr for HookFailure {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "reject" => Ok(Self::Reject),
+            "allow" => Ok(Self::Allow),
+            other => {
+                bail!("FILEDOCK_PRECOMMIT_HOOK_FAILURE must be reject or allow, not {other:?}")
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -330,6 +369,7 @@ impl Settings {
                 Some(other) => bail!("FILEDOCK_LOG_FORMAT must be text or json, not {other:?}"),
             },
             webhooks: webhook_settings(&vars)?,
+            precommit: precommit_settings(&vars)?,
             allow_embedded_in_production: vars.value("ALLOW_EMBEDDED")?,
         };
         if s.s3
@@ -476,6 +516,36 @@ fn webhook_settings<F: Fn(&str) -> Option<String>>(
         bail!(
             "FILEDOCK_WEBHOOK_CONCURRENCY, _TIMEOUT_SECS, _RETRY_MAX_SECS and _MAX_AGE_SECS must be more than 0"
         );
+    }
+    Ok(Some(settings))
+}
+
+/// `FILEDOCK_PRECOMMIT_HOOK_*`: `None` without a URL.
+fn precommit_settings<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+) -> anyhow::Result<Option<PrecommitSettings>> {
+    let Some(url) = vars.get("PRECOMMIT_HOOK_URL").map(|u| u.trim().to_owned()) else {
+        return Ok(None);
+    };
+    if url.is_empty() {
+        return Ok(None);
+    }
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        bail!("FILEDOCK_PRECOMMIT_HOOK_URL must start with http:// or https://");
+    }
+    let Some(secret) = vars.get("WEBHOOK_SECRET") else {
+        bail!(
+            "FILEDOCK_PRECOMMIT_HOOK_URL needs FILEDOCK_WEBHOOK_SECRET (its calls are signed as webhooks are)"
+        );
+    };
+    let settings = PrecommitSettings {
+        url,
+        secret: SecretString::from(secret),
+        timeout: vars.secs("PRECOMMIT_HOOK_TIMEOUT_SECS")?,
+        on_failure: vars.value("PRECOMMIT_HOOK_FAILURE")?,
+    };
+    if settings.timeout.is_zero() {
+        bail!("FILEDOCK_PRECOMMIT_HOOK_TIMEOUT_SECS must be more than 0");
     }
     Ok(Some(settings))
 }

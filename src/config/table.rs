@@ -392,7 +392,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_WEBHOOK_SECRET",
-        meaning: "the webhooks' signing secret: whsec_ + base64 of 24 or more random bytes, the same on every instance (never logged); needed with FILEDOCK_WEBHOOK_URL",
+        meaning: "the webhooks' and the pre-commit hook's signing secret: whsec_ + base64 of 24 or more random bytes, the same on every instance (never logged); needed with FILEDOCK_WEBHOOK_URL or FILEDOCK_PRECOMMIT_HOOK_URL",
         value: None,
         shown: None,
     },
@@ -418,6 +418,24 @@ pub const SETTINGS: &[Setting] = &[
         var: "FILEDOCK_WEBHOOK_RETRY_MAX_SECS",
         meaning: "the longest pause between two attempts at one event (exponential backoff from 1 s, full jitter)",
         value: Some("60"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_PRECOMMIT_HOOK_URL",
+        meaning: "ask this URL before each upload commits (plain, and a resumable upload's last PATCH): a signed POST of the upload's metadata and a short-lived URL to read its bytes; 2xx commits, 4xx refuses it (422 rejected_by_hook, nothing stored)",
+        value: None,
+        shown: Some("unset → no hook"),
+    },
+    Setting {
+        var: "FILEDOCK_PRECOMMIT_HOOK_TIMEOUT_SECS",
+        meaning: "how long the pre-commit hook may take to answer",
+        value: Some("10"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_PRECOMMIT_HOOK_FAILURE",
+        meaning: "what the hook's timeout, 5xx or silence means: reject (503, nothing committed) or allow (the upload commits)",
+        value: Some("reject"),
         shown: None,
     },
     Setting {

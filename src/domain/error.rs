@@ -96,6 +96,10 @@ pub enum DomainError {
         "the events after {0} are no longer kept (FILEDOCK_EVENT_RETENTION_SECS); read again without after to go on from the oldest kept"
     )]
     CursorExpired(i64),
+    /// The pre-commit hook (`FILEDOCK_PRECOMMIT_HOOK_URL`) refused the
+    /// upload with a 4xx: nothing was stored. Its reason, as it gave it.
+    #[error("the pre-commit hook rejected this upload: {0}")]
+    RejectedByHook(String),
     /// A queued operation kept failing and was moved to the dead-letter queue.
     #[error("{0}")]
     DeadLettered(String),
@@ -134,6 +138,7 @@ impl DomainError {
             Self::CursorExpired(_) => "cursor_expired",
             Self::IdempotencyKeyMismatch => "idempotency_key_mismatch",
             Self::IdempotencyKeyInFlight => "idempotency_key_in_flight",
+            Self::RejectedByHook(_) => "rejected_by_hook",
             Self::DeadLettered(_) => "dead_lettered",
             Self::Internal(_) => "internal",
         }

@@ -26,6 +26,9 @@ pub const MIN_SECRET_BYTES: usize = 32;
 /// its key removed.
 const CONTEXT_V1: &str = "filedock-link-v1";
 const CONTEXT_V2: &str = "filedock-link-v2";
+/// A read URL of an upload's stored bytes before its commit, for the
+/// pre-commit hook: never a download link, nor one of those a read URL.
+const CONTEXT_STAGED: &str = "filedock-precommit-v1";
 
 /// Makes and checks link signatures with the server's secret.
 pub struct LinkSigner {
@@ -101,16 +104,46 @@ impl LinkSigner {
         URL_SAFE_NO_PAD.encode(tag.into_bytes())
     }
 
+    /// The signature of a read URL of `owner_id`'s upload `file_id`'s
+    /// stored bytes, before its commit, expiring at `expires`.
+    pub fn sign_staged(&self, owner_id: &str, file_id: &str, expires: DateTime<Utc>) -> String {
+        let tag = self
+            .staged_mac(owner_id, file_id, expires.timestamp())
+            .finalize();
+        URL_SAFE_NO_PAD.encode(tag.into_bytes())
+    }
+
+    /// As [`Self::verify`], for a read URL [`Self::sign_staged`] made
+    /// (`link.key_id` is not part of it).
+    pub fn verify_staged(
+        &self,
+        link: &SignedLink<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<i64, DomainError> {
+        let expires = signed_number(link.expires)?;
+        let tag = URL_SAFE_NO_PAD
+            .decode(link.signature)
+            .map_err(|_| DomainError::LinkInvalid)?;
+        self.staged_mac(link.owner_id, link.file_id, expires)
+            .verify_slice(&tag)
+            .map_err(|_| DomainError::LinkInvalid)?;
+        if now.timestamp() >= expires {
+            return Err(DomainError::LinkExpired);
+        }
+        Ok(expires)
+    }
+
+    fn staged_mac(&self, owner_id: &str, file_id: &str, expires: i64) -> Hmac<Sha256> {
+        let mut mac = self.mac.clone();
+        mac.update(format!("{CONTEXT_STAGED}\n{owner_id}\n{file_id}\n{expires}").as_bytes());
+        mac
+    }
+
     /// Checks the signature (in constant time), then the expiry; the
     /// expiry (Unix seconds) if the link holds. Another spelling of the
     /// signed number (`0…`, `+…`) is another link, and not one signed.
     pub fn verify(&self, link: &SignedLink<'_>, now: DateTime<Utc>) -> Result<i64, DomainError> {
-        let expires = link
-            .expires
-            .parse::<i64>()
-            .ok()
-            .filter(|e| e.to_string() == link.expires)
-            .ok_or(DomainError::LinkInvalid)?;
+        let expires = signed_number(link.expires)?;
         let tag = URL_SAFE_NO_PAD
             .decode(link.signature)
             .map_err(|_| DomainError::LinkInvalid)?;
@@ -122,6 +155,15 @@ impl LinkSigner {
         }
         Ok(expires)
     }
+}
+
+/// Unix seconds as a link's URL carries them: only the form
+/// [`LinkSigner::sign`] writes (no sign, no leading zero) was signed.
+fn signed_number(raw: &str) -> Result<i64, DomainError> {
+    raw.parse::<i64>()
+        .ok()
+        .filter(|e| e.to_string() == raw)
+        .ok_or(DomainError::LinkInvalid)
 }
 
 /// When a link asked for `expires_in` seconds from `now` expires, or why it
@@ -258,5 +300,41 @@ mod tests {
         assert!(LinkSigner::new(None).unwrap().ephemeral);
         assert!(expiry(Utc::now(), 0, None).is_err());
         assert!(expiry(Utc::now(), MAX_LINK_SECS + 1, None).is_err());
+    }
+
+    fn read_url<'a>(expires: &'a str, signature: &'a str) -> SignedLink<'a> {
+        SignedLink {
+            owner_id: "u",
+            file_id: "f",
+            key_id: None,
+            expires,
+            signature,
+        }
+    }
+
+    /// A read URL for the pre-commit hook verifies as such, and never as a
+    /// download link (nor one as a read URL).
+    #[test]
+    fn a_staged_read_url_is_its_own_kind_of_link() {
+        let s = signer();
+        let now = Utc::now();
+        let expires = now + chrono::Duration::seconds(60);
+        let at = expires.timestamp().to_string();
+        let sig = s.sign_staged("u", "f", expires);
+        assert!(s.verify_staged(&read_url(&at, &sig), now).is_ok());
+        assert!(matches!(
+            s.verify(&read_url(&at, &sig), now),
+            Err(DomainError::LinkInvalid)
+        ));
+        let download = s.sign("u", "f", None, expires);
+        assert!(matches!(
+            s.verify_staged(&read_url(&at, &download), now),
+            Err(DomainError::LinkInvalid)
+        ));
+        let later = expires + chrono::Duration::seconds(1);
+        assert!(matches!(
+            s.verify_staged(&read_url(&at, &sig), later),
+            Err(DomainError::LinkExpired)
+        ));
     }
 }

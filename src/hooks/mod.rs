@@ -2,7 +2,8 @@
 //! (standardwebhooks.com): `webhook-id`, `webhook-timestamp` and
 //! `webhook-signature` (`v1,` + base64 of HMAC-SHA256 of
 //! `{id}.{timestamp}.{body}` under the secret `whsec_…` names). The
-//! webhooks' dispatcher (`domain::webhooks`) sends events with it.
+//! webhooks' dispatcher (`domain::webhooks`) sends events with it, and
+//! the pre-commit hook (`domain::upload::precommit`) asks with it.
 
 mod sign;
 
@@ -61,19 +62,7 @@ impl Caller {
 
     /// POSTs `body` (JSON) to `url` as message `id`, signed at this second.
     pub async fn post(&self, url: &str, id: &str, body: &[u8]) -> Answer {
-        let timestamp = chrono::Utc::now().timestamp();
-        let signature = self.signer.sign(id, timestamp, body);
-        let sent = self
-            .client
-            .post(url)
-            .header("content-type", "application/json")
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .body(body.to_vec())
-            .send()
-            .await;
-        match sent {
+        match self.send(url, id, body).await {
             Ok(r) => {
                 let status = r.status();
                 drain(r).await;
@@ -82,10 +71,101 @@ impl Caller {
                     false => Answer::Refused(format!("answered {}", status.as_u16())),
                 }
             }
-            Err(e) if e.is_timeout() => Answer::Refused("timed out".into()),
-            Err(e) if e.is_connect() => Answer::Refused("could not connect".into()),
-            Err(e) => Answer::Refused(format!("failed: {}", without_url(&e))),
+            Err(e) => Answer::Refused(failure(&e)),
         }
+    }
+
+    /// POSTs `body` to `url` as message `id`, signed, and reads its answer
+    /// as a yes or a no (see [`Asked`]).
+    pub async fn ask(&self, url: &str, id: &str, body: &[u8]) -> Asked {
+        match self.send(url, id, body).await {
+            Ok(r) if r.status().is_success() => {
+                drain(r).await;
+                Asked::Yes
+            }
+            Ok(r) if r.status().is_client_error() => {
+                let status = r.status().as_u16();
+                Asked::No(reason_of(status, &read_capped(r).await))
+            }
+            Ok(r) => {
+                let status = r.status().as_u16();
+                drain(r).await;
+                Asked::Failed(format!("answered {status}"))
+            }
+            Err(e) => Asked::Failed(failure(&e)),
+        }
+    }
+
+    /// Sends the request, signed at this second.
+    async fn send(
+        &self,
+        url: &str,
+        id: &str,
+        body: &[u8],
+    ) -> Result<reqwest::Response, reqwest::Error> {
+        let timestamp = chrono::Utc::now().timestamp();
+        let signature = self.signer.sign(id, timestamp, body);
+        self.client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body.to_vec())
+            .send()
+            .await
+    }
+}
+
+/// What a hook asked whether something may go on answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// 2xx.
+    Yes,
+    /// 4xx, with the reason it gave: its body's `reason` if it is JSON
+    /// with one, else its text (at most [`REASON_CHARS`] characters).
+    No(String),
+    /// No answer in time, none at all, a 5xx or a 3xx: what it was.
+    Failed(String),
+}
+
+/// The most of a refusal's reason passed on.
+pub const REASON_CHARS: usize = 500;
+
+/// Up to [`DRAIN_BYTES`] of an answer's body.
+async fn read_capped(mut answer: reqwest::Response) -> Vec<u8> {
+    let mut read = Vec::new();
+    while let Ok(Some(chunk)) = answer.chunk().await {
+        read.extend_from_slice(&chunk);
+        if read.len() > DRAIN_BYTES {
+            break;
+        }
+    }
+    read
+}
+
+/// A refusal's reason: the body's `reason` if it is JSON with one, else
+/// its text; cut to [`REASON_CHARS`] characters; its status if empty.
+fn reason_of(status: u16, body: &[u8]) -> String {
+    let json = serde_json::from_slice::<serde_json::Value>(body).ok();
+    let text = match json.as_ref().and_then(|j| j["reason"].as_str()) {
+        Some(reason) => reason.trim().to_owned(),
+        None => String::from_utf8_lossy(body).trim().to_owned(),
+    };
+    match text.is_empty() {
+        true => format!("answered {status}"),
+        false => text.chars().take(REASON_CHARS).collect(),
+    }
+}
+
+/// What a call that got no answer met.
+fn failure(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".into()
+    } else if e.is_connect() {
+        "could not connect".into()
+    } else {
+        format!("failed: {}", without_url(e))
     }
 }
 

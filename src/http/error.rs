@@ -67,7 +67,7 @@ impl ApiError {
             D::OutcomeUnknown(_) => StatusCode::GATEWAY_TIMEOUT,
             D::CursorExpired(_) => StatusCode::GONE,
             D::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
-            D::IdempotencyKeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            D::IdempotencyKeyMismatch | D::RejectedByHook(_) => StatusCode::UNPROCESSABLE_ENTITY,
             D::IdempotencyKeyInFlight
             | D::ContainerFull(_)
             | D::TooManyKeys(_)

@@ -20,6 +20,7 @@ mod listing;
 mod me;
 mod multipart;
 mod page;
+mod precommit;
 mod scopes;
 mod sessions;
 mod state;
@@ -89,6 +90,7 @@ api! {
     POST "/v1/admin/sweep" => admin::sweep,
     GET "/v1/admin/queue" => admin::queue,
     GET "/v1/admin/events/dead" => dead_letters::list,
+    GET "/v1/precommit/{id}" => precommit::read,
     POST "/v1/admin/events/dead/{id}/replay" => dead_letters::replay,
     DELETE "/v1/admin/events/dead/{id}" => dead_letters::discard,
     GET "/v1/me" => me::me,

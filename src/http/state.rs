@@ -10,9 +10,17 @@ use crate::{
     config::Settings,
     coord::queue::RedisQueue,
     domain::{
-        containers::ContainerService, events::EventService, files::FileService, links::LinkSigner,
-        reconcile::Reconciler, resumable::ResumableService, sweeper::Sweeper, tokens::TokenService,
-        upload::UploadService, users::UserService, webhooks::Webhooks,
+        containers::ContainerService,
+        events::EventService,
+        files::FileService,
+        links::LinkSigner,
+        reconcile::Reconciler,
+        resumable::ResumableService,
+        sweeper::Sweeper,
+        tokens::TokenService,
+        upload::{PrecommitHook, UploadService},
+        users::UserService,
+        webhooks::Webhooks,
     },
     metrics::Metrics,
     ports::Ports,
@@ -33,6 +41,8 @@ pub struct AppState {
     pub files: Arc<FileService>,
     /// Signs and checks signed download links.
     pub links: Arc<LinkSigner>,
+    /// Asked before each commit, when configured; it serves its read URLs.
+    pub precommit: Option<Arc<PrecommitHook>>,
     pub containers: Arc<ContainerService>,
     pub events: Arc<EventService>,
     /// Webhooks' delivery and the admin's dead letters.

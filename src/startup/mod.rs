@@ -37,7 +37,7 @@ use crate::{
         settle::OwnedInserts,
         sweeper::{SweepWorker, Sweeper},
         tokens::TokenService,
-        upload::{Admission, Committer, Idempotency, UploadService},
+        upload::{Admission, Committer, Idempotency, PrecommitHook, UploadService},
         users::{UserService, new_api_key},
         webhooks::{self, WebhookPorts, Webhooks},
     },
@@ -195,15 +195,20 @@ impl AppState {
             metrics.clone(),
         ));
         // The commit and the admission gate plain and resumable uploads share.
-        let committer = Arc::new(Committer::new(
-            files.clone(),
-            meta.clone(),
-            blobs.clone(),
-            locks.clone(),
-            txns.clone(),
-            metrics.clone(),
-            &settings,
-        ));
+        let links = Arc::new(LinkSigner::new(settings.link_secret.as_ref())?);
+        let precommit = precommit_hook(&settings, links.clone(), &ports)?;
+        let committer = Arc::new(
+            Committer::new(
+                files.clone(),
+                meta.clone(),
+                blobs.clone(),
+                locks.clone(),
+                txns.clone(),
+                metrics.clone(),
+                &settings,
+            )
+            .with_hook(precommit.clone()),
+        );
         // A container's change writes its event with a write of its owner's
         // record: in the owner's turn, as their commits are.
         let turns = committer.turns();
@@ -235,7 +240,6 @@ impl AppState {
             (None, Coordination::Queue) => Arc::new(LocalQueue::new(applier)),
             (None, Coordination::Lock) => Arc::new(LockCoordinator::new(locks.clone(), applier)),
         };
-        let links = LinkSigner::new(settings.link_secret.as_ref())?;
         let settings = Arc::new(settings);
         let admission = Arc::new(Admission::new(
             meta.clone(),
@@ -277,7 +281,8 @@ impl AppState {
                 (settings.token_max_lifetime, settings.max_tokens_per_user),
                 inserts.clone(),
             )),
-            links: Arc::new(links),
+            links,
+            precommit,
             users: Arc::new(UserService::new(
                 (meta.clone(), meta.clone()),
                 keys,
@@ -333,6 +338,38 @@ impl AppState {
             admin_key,
         })
     }
+}
+
+/// The pre-commit hook, when `FILEDOCK_PRECOMMIT_HOOK_URL` is set: its read
+/// URLs signed with `links`, on `FILEDOCK_PUBLIC_URL` (else the listen
+/// address).
+fn precommit_hook(
+    settings: &Settings,
+    links: Arc<LinkSigner>,
+    ports: &Ports,
+) -> anyhow::Result<Option<Arc<PrecommitHook>>> {
+    let Some(hook) = &settings.precommit else {
+        return Ok(None);
+    };
+    let signer = Signer::from_secret(hook.secret.expose_secret())
+        .map_err(|e| anyhow::anyhow!("FILEDOCK_WEBHOOK_SECRET {e}"))?;
+    let caller = Caller::new(signer, hook.timeout)?;
+    if links.ephemeral {
+        tracing::warn!(
+            "FILEDOCK_PRECOMMIT_HOOK_URL without FILEDOCK_LINK_SECRET: the hook's read URLs work only on the instance that made them"
+        );
+    }
+    let base = match &settings.public_url {
+        Some(url) => url.clone(),
+        None => format!("http://{}", settings.bind),
+    };
+    Ok(Some(Arc::new(PrecommitHook::new(
+        hook,
+        caller,
+        (links, base),
+        ports.blobs.clone(),
+        ports.metrics.clone(),
+    ))))
 }
 
 /// The webhooks' service: its signer and caller from the settings, and on

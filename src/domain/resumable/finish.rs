@@ -194,9 +194,12 @@ impl ResumableService {
         before: &ResumableRecord,
         failed: Result<Patched>,
     ) -> Result<Patched> {
-        // Ended (its type refused, or swept): nothing is left to record.
+        // Ended (its type refused, by the hook too, or swept): nothing is
+        // left to record.
         if let Err(ResumableError::Domain(
-            DomainError::UploadExpired | DomainError::UnsupportedMediaType(_),
+            DomainError::UploadExpired
+            | DomainError::UnsupportedMediaType(_)
+            | DomainError::RejectedByHook(_),
         )) = &failed
         {
             return failed;
@@ -273,6 +276,20 @@ impl ResumableService {
                 })
             }),
         };
+        // The pre-commit hook's no ends the upload as a refused type does
+        // (its bytes, state and intent go); its silence under `reject`
+        // leaves it for the next try (a HEAD or a PATCH at the end).
+        let asked = self.committer.ask_hook(&user.id, upload.id, &stored);
+        match asked.await {
+            Ok(()) => {}
+            Err(e @ DomainError::RejectedByHook(_)) => {
+                if let Err(d) = self.discard(&upload, intent).await {
+                    tracing::warn!(upload = %upload.id, error = %d, "an upload the hook refused is left to expire");
+                }
+                return Err(e.into());
+            }
+            Err(e) => return Err(e.into()),
+        }
         // The state names the blob: whatever the commit's answer, it stays
         // for the next try, and only a refusal no retry changes ends it.
         let mut staged = self.committer.staged(intent, OnDrop::Keep);

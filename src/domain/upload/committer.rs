@@ -15,6 +15,7 @@ use super::{
     idempotency::fingerprint,
     intents::IntentBatches,
     path::{CommitPath, Grouped, OneByOne},
+    precommit::{Asking, PrecommitHook},
     scope::{Hold, LockScope, scope},
     settle::Undo,
     staged::{OnDrop, Staged},
@@ -85,6 +86,8 @@ pub struct Committer {
     txns: Transactions,
     /// Whose turn it is to write a user's record (its commits take it).
     turns: Arc<UserTurns>,
+    /// Asked before each commit, when one is configured.
+    hook: Option<Arc<PrecommitHook>>,
 }
 
 impl Committer {
@@ -134,7 +137,38 @@ impl Committer {
             quota_bytes: settings.user_quota_bytes,
             txns,
             turns,
+            hook: None,
         }
+    }
+
+    /// Asks `hook` before each commit.
+    pub fn with_hook(mut self, hook: Option<Arc<PrecommitHook>>) -> Self {
+        self.hook = hook;
+        self
+    }
+
+    /// What the pre-commit hook says of `stored` (file `file_id` of
+    /// `owner`): `Ok` without a hook. Before the commit's lock (with
+    /// `FILEDOCK_LOCK_SCOPE=upload` the size category's lock, taken before
+    /// the bytes, is held through it).
+    pub async fn ask_hook(
+        &self,
+        owner: &UserId,
+        file_id: FileId,
+        stored: &StoredBlob,
+    ) -> Result<(), DomainError> {
+        let Some(hook) = &self.hook else {
+            return Ok(());
+        };
+        let asking = Asking {
+            owner: *owner,
+            file_id,
+            filename: stored.filename.as_str(),
+            size: stored.size,
+            sha256: &stored.sha256,
+            content_type: &stored.content_type,
+        };
+        hook.ask(&asking).await
     }
 
     /// How its transactions run and are counted.

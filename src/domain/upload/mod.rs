@@ -16,6 +16,7 @@ mod group;
 mod idempotency;
 mod intents;
 mod path;
+mod precommit;
 mod scope;
 mod settle;
 mod slots;
@@ -33,6 +34,7 @@ pub use self::{
     admission::{Admission, Usage},
     committer::{Commit, Committer, Refusal, StoredBlob},
     idempotency::Idempotency,
+    precommit::{Asking, PrecommitHook},
     scope::Hold,
     slots::{KeyClaim, UploadSlot},
     staged::{OnDrop, Staged},
@@ -249,6 +251,14 @@ impl UploadService {
             resumable: false,
             state: None,
         };
+        // Refused by the pre-commit hook (or it is away and refuses): the
+        // bytes and the intent go, nothing commits.
+        let asked = self.committer.ask_hook(&user.id, staged.file_id(), &stored);
+        if let Err(e) = asked.await {
+            hold.release().await;
+            staged.undo().await;
+            return Err(e);
+        }
         match self.committer.commit(&mut staged, hold, stored).await {
             Commit::Committed(file) => Ok(Uploaded {
                 file,
