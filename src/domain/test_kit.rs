@@ -12,7 +12,7 @@ use super::{
     users,
 };
 use crate::{
-    blob::{BodyError, ByteStream, fs::FsBlobStore},
+    blob::{BodyError, ByteStream, fs::FsBlobStore, resumable::ResumableBlobs},
     config::Settings,
     lock::{Locks, memory::MemoryLocks},
     meta::{
@@ -114,6 +114,16 @@ impl Kit {
 
     /// The resumable-upload service with its state in `repo` (a wrapper of the kit's store).
     pub fn resumables_on(&self, repo: Arc<dyn ResumableRepo>) -> ResumableService {
+        self.resumables_with(repo, self.blobs.clone())
+    }
+
+    /// As [`Self::resumables_on`], its parts and tails written to `parts`
+    /// (a wrapper of the kit's blobs).
+    pub fn resumables_with(
+        &self,
+        repo: Arc<dyn ResumableRepo>,
+        parts: Arc<dyn ResumableBlobs>,
+    ) -> ResumableService {
         ResumableService::new(
             self.committer.clone(),
             self.admission.clone(),
@@ -121,7 +131,7 @@ impl Kit {
             self.meta.clone(),
             self.meta.clone(),
             self.blobs.clone(),
-            self.blobs.clone(),
+            parts,
             self.locks.clone(),
             &self.settings,
         )

@@ -96,7 +96,8 @@ impl ResumableService {
     /// the race (with the lock backend down nothing keeps two out; with the
     /// lease lost, another request held the upload), or the sweeper expired
     /// it. The state tells, against `read` (what this PATCH started from):
-    /// gone, not found; not moved, the store's error stands; moved to the
+    /// gone, not found; not moved, the store's error stands; unreadable,
+    /// the metadata store's unavailability; moved to the
     /// end from where this PATCH was (another request stored the last part
     /// from the staged tail), finished, as this request would have; else
     /// the client is answered where it is now.
@@ -124,8 +125,10 @@ impl ResumableService {
             }
             (Ok(Some(now)), _) => now,
             (Ok(None), _) => return Err(DomainError::NotFound.into()),
-            (Err(_), Some(e)) => return Err(e.into()),
-            (Err(e), None) => return Err(DomainError::from(e).into()),
+            // Where the upload is cannot be read: the store's unavailability
+            // is the answer (this PATCH recorded nothing), not the blob
+            // store's refusal, which the state would have explained.
+            (Err(e), _) => return Err(DomainError::from(e).into()),
         };
         tracing::info!(upload = %read.id, "a PATCH lost a race to another request on its upload");
         if now.last_part_stored() && (now.offset, now.length) == (read.offset, read.length) {

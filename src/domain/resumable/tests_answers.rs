@@ -14,8 +14,15 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use bytes::Bytes;
+
 use super::{NewResumable, Patched, ResumableError};
 use crate::{
+    blob::{
+        BlobError,
+        budget::MemoryBudget,
+        resumable::{ResumableBlobs, Staged},
+    },
     domain::{
         DomainError,
         test_kit::{Kit, body, stalled},
@@ -24,7 +31,7 @@ use crate::{
         Claim, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
         ResumableRepo, UserRecord,
     },
-    vocab::{FileId, Filename, LockKey, UserId},
+    vocab::{BlobKey, FileId, Filename, LockKey, UserId, WriteHandle},
 };
 
 /// The kit's store, but its next state update is carried out and answered
@@ -205,6 +212,143 @@ async fn a_patch_whose_lease_is_lost_stops_and_records_nothing() {
     };
     assert!(
         matches!(answer, Err(ResumableError::Domain(DomainError::LockLost))),
+        "{answer:?}"
+    );
+    assert_eq!(stored_offset(&kit, &up.id).await, 0, "nothing recorded");
+}
+
+/// The kit's blobs, but every part and tail write fails with a store's
+/// error (as S3 answers `AccessDenied` to a part of a multipart upload
+/// that was completed meanwhile), and the state's reads fail from then on
+/// (the metadata store went away too).
+struct FailingWrites {
+    inner: Arc<dyn ResumableBlobs>,
+    blind: Arc<LosesAdvanceAnswer>,
+}
+
+impl FailingWrites {
+    fn fail(&self) -> BlobError {
+        self.blind.lost.store(true, Ordering::SeqCst);
+        BlobError::Other("AccessDenied".into())
+    }
+}
+
+#[async_trait]
+impl ResumableBlobs for FailingWrites {
+    fn part_size(&self) -> usize {
+        self.inner.part_size()
+    }
+
+    fn part_concurrency(&self) -> usize {
+        self.inner.part_concurrency()
+    }
+
+    fn budget(&self) -> Arc<MemoryBudget> {
+        self.inner.budget()
+    }
+
+    async fn start(&self, key: &BlobKey, length: Option<u64>) -> Result<WriteHandle, BlobError> {
+        self.inner.start(key, length).await
+    }
+
+    async fn put_part(
+        &self,
+        _: &BlobKey,
+        _: &WriteHandle,
+        _: i32,
+        _: u64,
+        _: Bytes,
+    ) -> Result<String, BlobError> {
+        Err(self.fail())
+    }
+
+    async fn put_tail(
+        &self,
+        _: &BlobKey,
+        _: &WriteHandle,
+        _: u64,
+        _: Bytes,
+    ) -> Result<(), BlobError> {
+        Err(self.fail())
+    }
+
+    async fn get_tail(
+        &self,
+        key: &BlobKey,
+        handle: &WriteHandle,
+        start: u64,
+        end: u64,
+    ) -> Result<Bytes, BlobError> {
+        self.inner.get_tail(key, handle, start, end).await
+    }
+
+    async fn delete_tail(
+        &self,
+        key: &BlobKey,
+        handle: &WriteHandle,
+        start: u64,
+        end: u64,
+    ) -> Result<(), BlobError> {
+        self.inner.delete_tail(key, handle, start, end).await
+    }
+
+    async fn complete(
+        &self,
+        key: &BlobKey,
+        handle: &WriteHandle,
+        tags: &[String],
+        len: u64,
+    ) -> Result<(), BlobError> {
+        self.inner.complete(key, handle, tags, len).await
+    }
+
+    async fn abort(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
+        self.inner.abort(key, handle).await
+    }
+
+    async fn clear_staging(&self, key: &BlobKey, handle: &WriteHandle) -> Result<(), BlobError> {
+        self.inner.clear_staging(key, handle).await
+    }
+
+    async fn staged(&self, before: DateTime<Utc>) -> Result<Vec<Staged>, BlobError> {
+        self.inner.staged(before).await
+    }
+
+    async fn remove_staged(&self, staged: &Staged) -> Result<(), BlobError> {
+        self.inner.remove_staged(staged).await
+    }
+}
+
+/// A PATCH whose bytes the blob store refused while the metadata store is
+/// away cannot read where the upload is: it answers that the store is
+/// unavailable (503: nothing of it was recorded), not a 500 (the fault
+/// suite met one: a part refused `AccessDenied` beside a MongoDB cut).
+#[tokio::test]
+async fn a_refused_write_with_the_state_unreadable_is_the_store_s_unavailability() {
+    let kit = Kit::new(|_| {}).await;
+    let user = kit.user("refused-write").await;
+    let repo = Arc::new(LosesAdvanceAnswer {
+        inner: kit.meta.clone(),
+        lose: false.into(),
+        blind: true,
+        lost: false.into(),
+    });
+    let parts = Arc::new(FailingWrites {
+        inner: kit.blobs.clone(),
+        blind: repo.clone(),
+    });
+    let service = kit.resumables_with(repo, parts);
+    let up = service.create(&user, new_upload(11)).await.unwrap();
+    let answer = service
+        .patch(&user, &up.id, 0, None, None, body(&[b"hello"]))
+        .await;
+    assert!(
+        matches!(
+            answer,
+            Err(ResumableError::Domain(DomainError::DependencyUnavailable(
+                _
+            )))
+        ),
         "{answer:?}"
     );
     assert_eq!(stored_offset(&kit, &up.id).await, 0, "nothing recorded");
