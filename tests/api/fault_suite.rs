@@ -67,10 +67,11 @@ use crate::{
         feed_checks::{
             FeedRead, check_feed, check_followed, feed_summary, follow_feed, read_feed_settled,
         },
-        history::{Event, Holder},
+        history::{Answer, Event, Holder, Op},
         lives::deletes_summary,
         mints::{check_deleted_creds, mints_summary},
         nemesis::{Topology, nemesis},
+        precommit_hook::{PrecommitHookServer, REFUSED_PREFIX},
         readback::read_final,
         signed_links::{LinkTally, check_deleted_links, check_links, links_summary, probe_links},
         verdict::Verdict,
@@ -314,6 +315,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     let followed = follower.finish().await;
     check_followed(&followed, &feed, doomed, &mut v);
     let webhooks = check_webhooks(&cluster.receiver, &feed, &mut v).await;
+    let hook = check_hook(&cluster.hook, &history, &mut v);
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
     // A young stray seen beside and gone by the end was a clean-up in flight.
     let mut strays = deleted;
@@ -356,7 +358,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     let took = started.elapsed().as_secs();
     let events: usize = fin.users.iter().map(|u| u.events.len()).sum();
     eprintln!(
-        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}, bad events {} of {events} read, bad webhooks {}; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
+        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}, bad events {} of {events} read, bad webhooks {}, bad hook {}; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
         faults.fired(),
         v.requests,
         v.acknowledged,
@@ -370,6 +372,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         v.internal_errors,
         v.bad_events,
         v.bad_webhooks,
+        v.bad_hook,
         v.open_defects,
         v.kinds,
         v.codes,
@@ -383,7 +386,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} {} {} fired={}",
+        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} {} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,
@@ -403,6 +406,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         links_summary(&history, links),
         feed_summary(&feed, &followed),
         webhooks,
+        hook,
         fired.join(","),
     );
     if v.violations() + v.open_defects > 0 {
@@ -434,6 +438,38 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         fin.users.iter().any(|u| !u.events.is_empty()),
         "seed {seed}: no user's events were read"
     );
+}
+
+/// The pre-commit hook (`support/precommit_hook.rs`): no upload it
+/// refuses is acknowledged (its 422 is a failure, and the checker holds
+/// that nothing of it is left), every call verified, and it was asked
+/// both ways.
+fn check_hook(hook: &PrecommitHookServer, history: &[Event], v: &mut Verdict) -> String {
+    for e in history {
+        if let Op::Upload { name, .. } = &e.op
+            && name.starts_with(REFUSED_PREFIX)
+            && matches!(e.answer, Answer::Ok)
+        {
+            v.note(
+                |v| &mut v.bad_hook,
+                format!("upload {name}, which the pre-commit hook refuses, was acknowledged"),
+            );
+        }
+    }
+    let (accepted, refused, unverified) = hook.counts();
+    if unverified > 0 {
+        v.note(
+            |v| &mut v.bad_hook,
+            format!("{unverified} pre-commit hook calls did not verify"),
+        );
+    }
+    if accepted == 0 || refused == 0 {
+        v.note(
+            |v| &mut v.bad_hook,
+            format!("the pre-commit hook was not asked both ways: {accepted} accepted, {refused} refused"),
+        );
+    }
+    format!("hook=accepted:{accepted},refused:{refused}")
 }
 
 /// How long the receiver may take to have every event of the feed after

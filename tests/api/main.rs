@@ -38,6 +38,7 @@ mod openapi;
 mod orphans;
 mod owned_creates;
 mod platform;
+mod precommit;
 mod queue;
 mod queue_faults;
 mod quotas;

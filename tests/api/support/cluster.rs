@@ -17,6 +17,7 @@ use crate::{
         nemesis::Topology,
         own_cluster::OwnRedisCluster,
         own_sentinel::{MASTER, OwnSentinel},
+        precommit_hook::PrecommitHookServer,
         servers::OwnRedis,
         webhook_receiver::WebhookReceiver,
     },
@@ -108,6 +109,9 @@ pub struct Cluster {
     pub dir: std::path::PathBuf,
     /// Where the instances deliver their webhooks.
     pub receiver: WebhookReceiver,
+    /// What the instances ask before each commit (signed with the
+    /// receiver's secret, the one `FILEDOCK_WEBHOOK_SECRET`).
+    pub hook: PrecommitHookServer,
 }
 
 impl Cluster {
@@ -162,6 +166,8 @@ impl Cluster {
             state.events.sequencer(),
             tokio_util::sync::CancellationToken::new(),
         );
+        let receiver = WebhookReceiver::start().await;
+        let hook = PrecommitHookServer::start(receiver.secret()).await;
         let mut cluster = Self {
             mongo,
             redis,
@@ -176,7 +182,8 @@ impl Cluster {
             settings,
             coordination: coordination.to_owned(),
             dir,
-            receiver: WebhookReceiver::start().await,
+            receiver,
+            hook,
         };
         for i in 0..INSTANCES {
             let port = free_port();
@@ -279,6 +286,7 @@ impl Cluster {
                 ("FILEDOCK_WEBHOOK_SECRET", self.receiver.secret()),
                 ("FILEDOCK_WEBHOOK_RETRY_MAX_SECS", "1".into()),
                 ("FILEDOCK_WEBHOOK_TIMEOUT_SECS", "3".into()),
+                ("FILEDOCK_PRECOMMIT_HOOK_URL", self.hook.url()),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );

@@ -24,6 +24,7 @@ pub mod model;
 pub mod nemesis;
 pub mod own_cluster;
 pub mod own_sentinel;
+pub mod precommit_hook;
 pub mod readback;
 pub mod redis_cluster;
 pub mod round_robin;

@@ -30,6 +30,9 @@ pub struct Verdict {
     /// out of sequence order, a duplicate with another id or body, a
     /// signature the verifier refused.
     pub bad_webhooks: usize,
+    /// Uploads the pre-commit hook refuses that were acknowledged, and hook
+    /// calls whose signature did not verify.
+    pub bad_hook: usize,
     /// Leftovers of two open defects, counted and printed but not failing
     /// the run (README "Guarantees", "Open"): strays reconcile found beside
     /// the faults, and empty multipart uploads left after the resumable
@@ -52,6 +55,7 @@ impl Verdict {
             + self.internal_errors
             + self.bad_events
             + self.bad_webhooks
+            + self.bad_hook
     }
 
     /// Counts a key whose final value `explained` judged: `absent_or_value`

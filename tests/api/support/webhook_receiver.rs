@@ -17,12 +17,23 @@
 //!
 //! A request that fails verification is still answered by the behaviour
 //! (so a signing bug is reported by the checks, not hidden as retries).
+//!
+//! As the pre-commit hook (`FILEDOCK_PRECOMMIT_HOOK_URL`), it may also
+//! answer chosen requests, by their body's `data.filename`, with a status
+//! and a body of its own ([`Reply`]: a JSON `{"reason": …}`, plain text, or
+//! nothing) — [`WebhookReceiver::reply_to_filenames`] — and, as a hook
+//! that checks the bytes, read its `data.read_url` before answering
+//! ([`WebhookReceiver::read_urls_first`]; what it read:
+//! [`WebhookReceiver::read_during`]).
 
 use std::{
     collections::{HashMap, HashSet, hash_map::Entry},
     fmt::Write as _,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -30,7 +41,8 @@ use axum::{
     Extension, Router,
     body::Bytes,
     extract::State,
-    http::{HeaderMap, Method, StatusCode, Uri},
+    http::{HeaderMap, Method, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
 };
 use base64::{Engine, engine::general_purpose::STANDARD};
 use hyper_util::{
@@ -60,6 +72,65 @@ pub struct Behaviour {
     pub slow_owners: HashMap<String, Duration>,
     /// The status of an acceptance.
     pub ok: StatusCode,
+    /// The answer to the requests whose body's `data.filename` contains
+    /// the first of these patterns it contains (unless a 500 above applies
+    /// first); the others are answered as the rest of the behaviour says.
+    pub replies: Vec<(String, Reply)>,
+}
+
+/// An answer of its own, with a body: what a pre-commit hook refusing an
+/// upload sends.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    /// Its `content-type` (none with an empty body).
+    pub content_type: Option<&'static str>,
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// `status` with the JSON body `{"reason": reason}`.
+    pub fn reason(status: StatusCode, reason: &str) -> Self {
+        Self {
+            status,
+            content_type: Some("application/json"),
+            body: serde_json::to_vec(&serde_json::json!({ "reason": reason }))
+                .unwrap()
+                .into(),
+        }
+    }
+
+    /// `status` with `text` as a `text/plain` body.
+    pub fn text(status: StatusCode, text: &str) -> Self {
+        Self {
+            status,
+            content_type: Some("text/plain; charset=utf-8"),
+            body: Bytes::copy_from_slice(text.as_bytes()),
+        }
+    }
+
+    /// `status` with an empty body.
+    pub fn empty(status: StatusCode) -> Self {
+        Self {
+            status,
+            content_type: None,
+            body: Bytes::new(),
+        }
+    }
+
+    fn into_response(self) -> Response {
+        let mut res = (self.status, self.body).into_response();
+        match self.content_type {
+            Some(t) => {
+                res.headers_mut()
+                    .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(t));
+            }
+            None => {
+                res.headers_mut().remove(header::CONTENT_TYPE);
+            }
+        }
+        res
+    }
 }
 
 impl Default for Behaviour {
@@ -71,6 +142,7 @@ impl Default for Behaviour {
             delay: Duration::ZERO,
             slow_owners: HashMap::new(),
             ok: StatusCode::OK,
+            replies: Vec::new(),
         }
     }
 }
@@ -123,6 +195,16 @@ impl Delivery {
         self.answered && !(200..300).contains(&self.status)
     }
 
+    /// The string `data.{field}` of the body, if there is one.
+    pub fn data_str(&self, field: &str) -> Option<&str> {
+        self.json.as_ref()?["data"][field].as_str()
+    }
+
+    /// The number `data.{field}` of the body, if there is one.
+    pub fn data_u64(&self, field: &str) -> Option<u64> {
+        self.json.as_ref()?["data"][field].as_u64()
+    }
+
     /// `owner_id:seq`, or what was missing.
     fn label(&self) -> String {
         format!(
@@ -144,6 +226,10 @@ struct Shared {
     log: Mutex<Vec<Delivery>>,
     /// Woken at each request recorded.
     changed: Notify,
+    /// GET each request's `data.read_url` before answering it.
+    read_first: AtomicBool,
+    /// What those GETs read, by the request's place in the log.
+    reads: Mutex<HashMap<usize, Result<Bytes, String>>>,
 }
 
 pub struct WebhookReceiver {
@@ -175,6 +261,8 @@ impl WebhookReceiver {
             behaviour: Mutex::new(Behaviour::default()),
             log: Mutex::new(Vec::new()),
             changed: Notify::new(),
+            read_first: AtomicBool::new(false),
+            reads: Mutex::new(HashMap::new()),
         });
         let serving = tokio::spawn(serve(listener, shared.clone()));
         Self {
@@ -254,6 +342,35 @@ impl WebhookReceiver {
             slow_owners: owners.into_iter().map(|o| (o.into(), delay)).collect(),
             ..Behaviour::default()
         });
+    }
+
+    /// Answers the requests whose `data.filename` contains one of the
+    /// patterns with its reply (the first pattern that matches), 200 to
+    /// the others.
+    pub fn reply_to_filenames<S: Into<String>>(
+        &self,
+        replies: impl IntoIterator<Item = (S, Reply)>,
+    ) {
+        self.set(Behaviour {
+            replies: replies.into_iter().map(|(p, r)| (p.into(), r)).collect(),
+            ..Behaviour::default()
+        });
+    }
+
+    /// From now on, before answering a request whose body has a
+    /// `data.read_url`, GETs it (at most 30 s) and records what it read
+    /// ([`Self::read_during`]), as a pre-commit hook checking the bytes
+    /// does. Kept across the behaviour's changes.
+    pub fn read_urls_first(&self) {
+        self.shared.read_first.store(true, Ordering::SeqCst);
+    }
+
+    /// With [`Self::read_urls_first`], what the `GET` of request `d`'s
+    /// `data.read_url` gave before it was answered: the bytes of a 200,
+    /// else its status and body, or its error. `None`: not read (not
+    /// asked to, no URL, or not yet).
+    pub fn read_during(&self, d: &Delivery) -> Option<Result<Bytes, String>> {
+        self.shared.reads.lock().unwrap().get(&d.n).cloned()
     }
 
     /// Stops listening and drops every open connection: connections are
@@ -554,6 +671,21 @@ pub fn check_exact(
     }
 }
 
+/// A `GET` of `url`: the bytes of a 200, else what it was.
+async fn read_all(url: &str) -> Result<Bytes, String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let res = client.get(url).send().await.map_err(|e| e.to_string())?;
+    let status = res.status();
+    let body = res.bytes().await.map_err(|e| e.to_string())?;
+    match status.as_u16() {
+        200 => Ok(body),
+        other => Err(format!("{other}: {}", String::from_utf8_lossy(&body))),
+    }
+}
+
 /// Accepts connections until aborted; aborting drops the listener and
 /// every connection (their tasks are in the set it owns), and with a
 /// connection the handler of its request: HTTP/1 only, so a request's
@@ -588,7 +720,7 @@ async fn receive(
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> StatusCode {
+) -> Response {
     let header = |name: &str| {
         headers
             .get(name)
@@ -617,7 +749,25 @@ async fn receive(
             .as_ref()
             .is_some_and(|o| behaviour.fail_owners.contains(o))
         || behaviour.fail_ids.contains(&webhook_id);
-    let status = if fails { FAILURE } else { behaviour.ok };
+    let filename = json.as_ref().and_then(|j| j["data"]["filename"].as_str());
+    let read_url = json
+        .as_ref()
+        .and_then(|j| j["data"]["read_url"].as_str())
+        .filter(|_| shared.read_first.load(Ordering::SeqCst))
+        .map(str::to_owned);
+    let reply = match (fails, filename) {
+        (false, Some(name)) => behaviour
+            .replies
+            .iter()
+            .find(|(pattern, _)| name.contains(pattern.as_str()))
+            .map(|(_, r)| r.clone()),
+        _ => None,
+    };
+    let status = match (&reply, fails) {
+        (Some(r), _) => r.status,
+        (None, true) => FAILURE,
+        (None, false) => behaviour.ok,
+    };
     let delay = behaviour.delay
         + owner_id
             .as_ref()
@@ -648,6 +798,10 @@ async fn receive(
         n
     };
     shared.changed.notify_waiters();
+    if let Some(url) = read_url {
+        let read = read_all(&url).await;
+        shared.reads.lock().unwrap().insert(n, read);
+    }
     if !delay.is_zero() {
         // Dropped here (down, or the connection closed), the request stays
         // unanswered.
@@ -656,5 +810,8 @@ async fn receive(
     // No await from here: the status goes straight to hyper to write.
     shared.log.lock().unwrap()[n].answered = true;
     shared.changed.notify_waiters();
-    status
+    match reply {
+        Some(r) => r.into_response(),
+        None => status.into_response(),
+    }
 }

@@ -27,6 +27,7 @@ use crate::{
     support::{
         cluster::PART_SIZE,
         history::{Answer, Container, Event, Holder, LinkKind, Op},
+        precommit_hook::REFUSED_PREFIX,
     },
 };
 
@@ -449,7 +450,12 @@ impl World {
         // Without a length the category is large (a stream may be any size).
         let streamed = rng.random_bool(0.15);
         let body = Bytes::from(pseudo_random_bytes(size, n as u64));
-        let name = format!("u{n}.bin");
+        // One in twenty is refused by the pre-commit hook (422: nothing of
+        // it may be left, nor acknowledged).
+        let name = match rng.random_range(0..20) {
+            0 => format!("{REFUSED_PREFIX}{n}.bin"),
+            _ => format!("u{n}.bin"),
+        };
         let sha256 = sha256_hex(&body);
         let key = rng.random_bool(0.5).then(|| format!("k{n}"));
         // A minted key or token (only without an `Idempotency-Key`: resends
