@@ -6,9 +6,12 @@ use std::{path::PathBuf, sync::Arc};
 use bytes::Bytes;
 use futures::StreamExt;
 
+use secrecy::ExposeSecret;
+
 use super::{
+    links::LinkSigner,
     resumable::ResumableService,
-    upload::{Admission, Committer, Idempotency, UploadService},
+    upload::{Admission, Committer, Idempotency, PrecommitHook, UploadService},
     users,
 };
 use crate::{
@@ -64,15 +67,33 @@ impl Kit {
             metrics.clone(),
         ));
         let txns = Transactions::new(settings.txn_retry, metrics.clone());
-        let committer = Arc::new(Committer::new(
-            meta.clone(),
-            meta.clone(),
-            blobs.clone(),
-            locks.clone(),
-            txns,
-            metrics.clone(),
-            &settings,
-        ));
+        // The pre-commit hook, when the settings name one: its read URLs
+        // on a link secret of the kit's own, on an address nobody reads.
+        let hook = settings.precommit.as_ref().map(|p| {
+            let signer = crate::hooks::Signer::from_secret(p.secret.expose_secret()).unwrap();
+            let caller = crate::hooks::Caller::new(signer, p.timeout).unwrap();
+            let links = Arc::new(LinkSigner::new(None).unwrap());
+            let base = "http://127.0.0.1:9".to_owned();
+            Arc::new(PrecommitHook::new(
+                p,
+                caller,
+                (links, base),
+                blobs.clone(),
+                metrics.clone(),
+            ))
+        });
+        let committer = Arc::new(
+            Committer::new(
+                meta.clone(),
+                meta.clone(),
+                blobs.clone(),
+                locks.clone(),
+                txns,
+                metrics.clone(),
+                &settings,
+            )
+            .with_hook(hook),
+        );
         let admission = Arc::new(Admission::new(
             meta.clone(),
             meta.clone(),

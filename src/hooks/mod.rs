@@ -83,7 +83,9 @@ impl Caller {
                 drain(r).await;
                 Asked::Yes
             }
-            Ok(r) if r.status().is_client_error() => {
+            Ok(r)
+                if r.status().is_client_error() && !CALL_FAILED.contains(&r.status().as_u16()) =>
+            {
                 let status = r.status().as_u16();
                 Asked::No(reason_of(status, &read_capped(r).await))
             }
@@ -122,12 +124,20 @@ impl Caller {
 pub enum Asked {
     /// 2xx.
     Yes,
-    /// 4xx, with the reason it gave: its body's `reason` if it is JSON
-    /// with one, else its text (at most [`REASON_CHARS`] characters).
+    /// A 4xx but those of [`CALL_FAILED`], with the reason it gave: its
+    /// body's `reason` if it is JSON with one, else its text (at most
+    /// [`REASON_CHARS`] characters, control and direction characters
+    /// taken out).
     No(String),
-    /// No answer in time, none at all, a 5xx or a 3xx: what it was.
+    /// No answer in time, none at all, a 5xx, a 3xx or a 4xx of
+    /// [`CALL_FAILED`]: what it was.
     Failed(String),
 }
+
+/// The 4xx answers that say the call itself failed (its credentials, its
+/// address, its method, a proxy, a timeout, a rate limit), not that the
+/// hook refused what it was asked about: failures, as a 5xx is.
+pub const CALL_FAILED: [u16; 7] = [401, 403, 404, 405, 407, 408, 429];
 
 /// The most of a refusal's reason passed on.
 pub const REASON_CHARS: usize = 500;
@@ -152,9 +162,15 @@ fn reason_of(status: u16, body: &[u8]) -> String {
         Some(reason) => reason.trim().to_owned(),
         None => String::from_utf8_lossy(body).trim().to_owned(),
     };
-    match text.is_empty() {
+    // Shown to the client and logged: no control characters (a terminal's
+    // escapes) nor direction overrides (text that reads otherwise).
+    let shown = |c: &char| {
+        !c.is_control() && !matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    let text: String = text.chars().filter(shown).take(REASON_CHARS).collect();
+    match text.trim().is_empty() {
         true => format!("answered {status}"),
-        false => text.chars().take(REASON_CHARS).collect(),
+        false => text.trim().to_owned(),
     }
 }
 
@@ -189,4 +205,27 @@ fn without_url(e: &reqwest::Error) -> String {
         text = text.replace(url.as_str(), "<url>");
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_the_json_reason_or_the_text_cut_and_cleaned() {
+        assert_eq!(
+            reason_of(422, br#"{"reason": "no executables"}"#),
+            "no executables"
+        );
+        assert_eq!(reason_of(400, b"  plain words \n"), "plain words");
+        assert_eq!(reason_of(409, b""), "answered 409");
+        assert_eq!(
+            reason_of(422, "a\u{1b}[31mred\u{202e}txt".as_bytes()),
+            "a[31mredtxt"
+        );
+        assert_eq!(
+            reason_of(422, "x".repeat(900).as_bytes()).len(),
+            REASON_CHARS
+        );
+    }
 }

@@ -354,10 +354,24 @@ fn precommit_hook(
     let signer = Signer::from_secret(hook.secret.expose_secret())
         .map_err(|e| anyhow::anyhow!("FILEDOCK_WEBHOOK_SECRET {e}"))?;
     let caller = Caller::new(signer, hook.timeout)?;
-    if links.ephemeral {
-        tracing::warn!(
-            "FILEDOCK_PRECOMMIT_HOOK_URL without FILEDOCK_LINK_SECRET: the hook's read URLs work only on the instance that made them"
-        );
+    // The read URLs must reach this service from the hook, at whichever
+    // instance: a production server refuses to start without what that
+    // takes; a development one warns.
+    let missing = [
+        (
+            links.ephemeral,
+            "FILEDOCK_LINK_SECRET (read URLs would work only on the instance that made them)",
+        ),
+        (
+            settings.public_url.is_none(),
+            "FILEDOCK_PUBLIC_URL (read URLs would be built on the listen address)",
+        ),
+    ];
+    for (_, what) in missing.iter().filter(|(missing, _)| *missing) {
+        if settings.is_production() {
+            anyhow::bail!("FILEDOCK_PRECOMMIT_HOOK_URL needs {what}");
+        }
+        tracing::warn!("FILEDOCK_PRECOMMIT_HOOK_URL without {what}");
     }
     let base = match &settings.public_url {
         Some(url) => url.clone(),

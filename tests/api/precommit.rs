@@ -519,7 +519,7 @@ async fn a_refused_upload_is_answered_422_with_the_reason_and_nothing_is_stored(
             ),
             (
                 format!("{REFUSED}.txt"),
-                Reply::text(StatusCode::FORBIDDEN, "  not today, thank you \n"),
+                Reply::text(StatusCode::BAD_REQUEST, "  not today, thank you \n"),
             ),
             (format!("{REFUSED}.bin"), Reply::empty(StatusCode::CONFLICT)),
             (
@@ -589,9 +589,8 @@ async fn a_refused_upload_is_answered_422_with_the_reason_and_nothing_is_stored(
 
 /// On each commit path (one transaction each, group commit) and lock
 /// scope (with `upload` the category lock is held through the call): a
-/// refusal, raw or multipart, and a failure under `reject` store nothing
-/// and let go of the locks (the same user's next upload commits at once,
-/// not after a lock wait).
+/// refusal, raw or multipart, and a failure under `reject` store nothing,
+/// and the same user's next upload commits (whatever held a lock let go).
 #[tokio::test]
 async fn every_commit_path_and_lock_scope_lets_go_of_a_refused_upload() {
     bounded(async {
@@ -707,25 +706,44 @@ async fn a_hook_that_times_out_rejects_or_allows_as_the_policy_says() {
     .await;
 }
 
-/// A 5xx, or no hook listening at all: under `reject` a 503 and nothing
-/// stored; under `allow` the upload commits.
+/// A 5xx, a 4xx that says the call itself failed (401, 404, 429: not a
+/// verdict on the upload), or no hook listening at all: under `reject` a
+/// 503 and nothing stored; under `allow` the upload commits.
 #[tokio::test]
 async fn a_hook_answering_5xx_or_away_rejects_or_allows_as_the_policy_says() {
     bounded(async {
+        let failures = [
+            Some(StatusCode::INTERNAL_SERVER_ERROR),
+            Some(StatusCode::UNAUTHORIZED),
+            Some(StatusCode::NOT_FOUND),
+            Some(StatusCode::TOO_MANY_REQUESTS),
+            None,
+        ];
         for policy in [HookFailure::Reject, HookFailure::Allow] {
             let rx = WebhookReceiver::start().await;
             let app = hooked_app(&rx, policy).await;
-            for (n, away) in [false, true].into_iter().enumerate() {
+            for (n, failure) in failures.iter().enumerate() {
                 let user = app.create_user(&format!("u{n}")).await;
-                match away {
-                    false => rx.fail_all(),
-                    true => rx.down().await,
+                let before = calls(&rx).len();
+                match failure {
+                    Some(status) => {
+                        rx.reply_to_filenames([("x.txt", Reply::reason(*status, "no"))])
+                    }
+                    None => rx.down().await,
                 }
                 let bytes = format!("checked by nobody {n}").into_bytes();
                 let res = upload(&app, &user, "x.txt", "text/plain", &bytes).await;
-                let what = format!("{policy:?}, {}", if away { "away" } else { "500" });
+                let what = format!("{policy:?}, {failure:?}");
                 let got = calls(&rx);
-                assert_eq!(got.len(), 1, "{what}: the calls:\n{}", summary(&got));
+                // Away, the hook heard nothing; else this upload's one call.
+                let expected = before + usize::from(failure.is_some());
+                assert_eq!(got.len(), expected, "{what}: the calls:\n{}", summary(&got));
+                let read_url = match failure {
+                    Some(_) => got[before].data_str("read_url").map(str::to_owned),
+                    None => None,
+                };
+                rx.up().await;
+                rx.answer_ok();
                 match policy {
                     HookFailure::Reject => {
                         assert_eq!(
@@ -737,10 +755,6 @@ async fn a_hook_answering_5xx_or_away_rejects_or_allows_as_the_policy_says() {
                             ),
                             "{what}"
                         );
-                        rx.up().await;
-                        rx.answer_ok();
-                        let read_url = got[0].data_str("read_url").map(str::to_owned);
-                        // The one the 500 got (the bytes must be gone).
                         assert_nothing_stored(&app, &user, read_url.as_deref()).await;
                     }
                     HookFailure::Allow => {
@@ -749,8 +763,6 @@ async fn a_hook_answering_5xx_or_away_rejects_or_allows_as_the_policy_says() {
                             .as_str()
                             .unwrap()
                             .to_owned();
-                        rx.up().await;
-                        rx.answer_ok();
                         assert_committed(&app, &user, &id, &bytes).await;
                     }
                 }
@@ -759,7 +771,8 @@ async fn a_hook_answering_5xx_or_away_rejects_or_allows_as_the_policy_says() {
                 HookFailure::Reject => "failed_rejected",
                 HookFailure::Allow => "failed_allowed",
             };
-            assert_eq!(hook_calls(&app, outcome).await, 2.0, "{policy:?}");
+            let n = failures.len() as f64;
+            assert_eq!(hook_calls(&app, outcome).await, n, "{policy:?}");
         }
     })
     .await;
@@ -1388,7 +1401,7 @@ async fn a_tus_creation_that_completes_the_upload_is_asked() {
             // Refused.
             rx.reply_to_filenames([(
                 REFUSED,
-                Reply::reason(StatusCode::FORBIDDEN, "not this one"),
+                Reply::reason(StatusCode::UNPROCESSABLE_ENTITY, "not this one"),
             )]);
             let user = app.create_user("refused").await;
             let res = tus_create_with(&app, &user, "evil.bin", &bytes).await;

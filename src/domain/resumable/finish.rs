@@ -283,10 +283,7 @@ impl ResumableService {
         match asked.await {
             Ok(()) => {}
             Err(e @ DomainError::RejectedByHook(_)) => {
-                if let Err(d) = self.discard(&upload, intent).await {
-                    tracing::warn!(upload = %upload.id, error = %d, "an upload the hook refused is left to expire");
-                }
-                return Err(e.into());
+                return self.refused(user, upload, &intent, e).await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -338,6 +335,29 @@ impl ResumableService {
             Commit::Unknown(_) => {
                 Err(DomainError::OutcomeUnknown(Some(format!("/v1/uploads/{}", upload.id))).into())
             }
+        }
+    }
+
+    /// The pre-commit hook refused `upload`: ended for good, its intent
+    /// abandoned first (no commit can apply after, whatever happens next;
+    /// the hook may have taken long enough for this request's lease to
+    /// pass to another), then its write, object and state dropped. Its
+    /// intent found gone, another request committed it (the file stands:
+    /// done) or the sweeper took it; not abandoned (the store away), the
+    /// upload stays as it was for the next try, which asks again.
+    async fn refused(
+        &self,
+        user: &UserRecord,
+        upload: ResumableRecord,
+        intent: &IntentRecord,
+        refusal: DomainError,
+    ) -> Result<Patched> {
+        match self.committer.refuse(intent).await? {
+            true => {
+                self.drop_unowned(&upload).await;
+                Err(refusal.into())
+            }
+            false => self.taken(user, upload).await,
         }
     }
 

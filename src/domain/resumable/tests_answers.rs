@@ -28,8 +28,8 @@ use crate::{
         test_kit::{Kit, body, stalled},
     },
     meta::{
-        Claim, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve, ResumableRecord,
-        ResumableRepo, UserRecord,
+        Claim, FileRepo, IntentRecord, MetaError, MetaResult, OpenLimits, Progress, Reserve,
+        ResumableRecord, ResumableRepo, UserRecord,
     },
     vocab::{BlobKey, FileId, Filename, LockKey, UserId, WriteHandle},
 };
@@ -352,4 +352,87 @@ async fn a_refused_write_with_the_state_unreadable_is_the_store_s_unavailability
         "{answer:?}"
     );
     assert_eq!(stored_offset(&kit, &up.id).await, 0, "nothing recorded");
+}
+
+/// A pre-commit hook on loopback whose first call waits until `release`
+/// is notified and is then refused (422); every later call is let through.
+/// `arrived` is notified when the first call comes.
+async fn slow_first_hook() -> (String, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+    use axum::{extract::State, http::StatusCode};
+    type Hook = (
+        Arc<std::sync::atomic::AtomicUsize>,
+        Arc<tokio::sync::Notify>,
+        Arc<tokio::sync::Notify>,
+    );
+    async fn answer(State((calls, arrived, release)): State<Hook>) -> StatusCode {
+        if calls.fetch_add(1, Ordering::SeqCst) > 0 {
+            return StatusCode::NO_CONTENT;
+        }
+        arrived.notify_one();
+        release.notified().await;
+        StatusCode::UNPROCESSABLE_ENTITY
+    }
+    let (arrived, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let state: Hook = (Arc::default(), arrived.clone(), release.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let app = axum::Router::new().fallback(answer).with_state(state);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, arrived, release)
+}
+
+/// The hook takes long enough for the last PATCH's lease to pass to a
+/// `HEAD`, which finishes the upload (the hook lets that one commit); the
+/// hook then refuses the PATCH's own call. The committed file stands (the
+/// refusal deletes nothing of it, its intent being gone) and the PATCH is
+/// answered with it, not 422.
+#[tokio::test]
+async fn a_refusal_after_another_request_committed_the_upload_deletes_nothing() {
+    let (url, arrived, release) = slow_first_hook().await;
+    let kit = Kit::new(move |s| {
+        s.lock.ttl = Duration::from_millis(300);
+        s.precommit = Some(crate::config::PrecommitSettings {
+            url,
+            secret: "whsec_a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s=".into(),
+            timeout: Duration::from_secs(10),
+            on_failure: crate::config::HookFailure::Reject,
+        });
+    })
+    .await;
+    let user = kit.user("raced").await;
+    let up = kit.resumables.create(&user, new_upload(11)).await.unwrap();
+    let last = kit
+        .resumables
+        .patch(&user, &up.id, 0, None, None, body(&[b"hello world"]));
+    let other = async {
+        arrived.notified().await;
+        kit.memory_locks.evict(LockKey::resumable(&up.id).as_str());
+        let head = kit.resumables.head(&user, &up.id).await;
+        release.notify_one();
+        head
+    };
+    let (last, head) =
+        tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(last, other) })
+            .await
+            .expect("the PATCH and the HEAD answered");
+    let head = head.expect("the HEAD finished the upload");
+    assert!(head.committed, "{head:?}");
+    let file = kit
+        .meta
+        .file(&user.id, &up.id)
+        .await
+        .unwrap()
+        .expect("committed");
+    assert_eq!(
+        kit.read(&file.key).await,
+        b"hello world",
+        "the file's bytes stand"
+    );
+    assert!(
+        matches!(last, Ok(Patched::Done { .. })),
+        "answered with the file another request committed: {last:?}"
+    );
 }

@@ -147,6 +147,13 @@ impl Committer {
         self
     }
 
+    /// Ends the upload of `intent` for good after a refusal that came once
+    /// its bytes were stored (see `Undo::refuse`): `false` if another
+    /// request committed it, or the sweeper took it, meanwhile.
+    pub async fn refuse(&self, intent: &IntentRecord) -> Result<bool, DomainError> {
+        Ok(self.undo.refuse(intent).await?)
+    }
+
     /// What the pre-commit hook says of `stored` (file `file_id` of
     /// `owner`): `Ok` without a hook. Before the commit's lock (with
     /// `FILEDOCK_LOCK_SCOPE=upload` the size category's lock, taken before

@@ -25,8 +25,8 @@ use crate::{
     vocab::{BlobKey, FileId, UserId},
 };
 
-/// How long a read URL lives: the hook's own timeout is the most it
-/// should need, and a retried call makes a new one.
+/// How long a read URL lives at least (and a minute past the hook's
+/// timeout when that is longer): a retried call makes a new one.
 const READ_FOR: chrono::Duration = chrono::Duration::minutes(5);
 
 /// What the hook is told of an upload.
@@ -43,6 +43,8 @@ pub struct PrecommitHook {
     caller: Caller,
     url: String,
     on_failure: HookFailure,
+    /// How long a read URL lives.
+    read_for: chrono::Duration,
     /// Signs and checks the read URLs (`FILEDOCK_LINK_SECRET`).
     links: Arc<LinkSigner>,
     /// What the read URLs are built on (`FILEDOCK_PUBLIC_URL`, else the
@@ -64,6 +66,9 @@ impl PrecommitHook {
             caller,
             url: settings.url.clone(),
             on_failure: settings.on_failure,
+            read_for: chrono::Duration::from_std(settings.timeout).map_or(READ_FOR, |t| {
+                (t + chrono::Duration::minutes(1)).max(READ_FOR)
+            }),
             links,
             base: base.trim_end_matches('/').to_owned(),
             blobs,
@@ -74,7 +79,7 @@ impl PrecommitHook {
     /// Asks whether `upload` may commit: `Ok` to go on, else the answer
     /// to give (nothing may be kept of it then).
     pub async fn ask(&self, upload: &Asking<'_>) -> Result<(), DomainError> {
-        let expires = Utc::now() + READ_FOR;
+        let expires = Utc::now() + self.read_for;
         let (owner, file) = (upload.owner.to_string(), upload.file_id.to_string());
         let signature = self.links.sign_staged(&owner, &file, expires);
         let read_url = format!(
@@ -107,7 +112,10 @@ impl PrecommitHook {
             .observe(started.elapsed().as_secs_f64());
         let (outcome, answer) = match asked {
             Asked::Yes => ("accepted", Ok(())),
-            Asked::No(reason) => ("rejected", Err(DomainError::RejectedByHook(reason))),
+            Asked::No(reason) => {
+                tracing::info!(upload = %file, reason = %reason, "the pre-commit hook refused an upload");
+                ("rejected", Err(DomainError::RejectedByHook(reason)))
+            }
             Asked::Failed(why) => {
                 tracing::warn!(upload = %file, reason = %why, policy = ?self.on_failure, "the pre-commit hook did not answer");
                 match self.on_failure {

@@ -50,6 +50,24 @@ impl Undo {
         self.forget(intent).await;
     }
 
+    /// Ends an upload that must not commit (refused after its bytes were
+    /// stored) for good, whoever else works on it: its intent abandoned
+    /// first (an orphan, whose blob goes now or at the sweeper's next
+    /// pass), so that no commit can apply after. `false` if the intent was
+    /// gone: a commit took it (another request on the upload committed it
+    /// meanwhile) or the sweeper did; nothing is deleted then.
+    pub(super) async fn refuse(&self, intent: &IntentRecord) -> Result<bool, MetaError> {
+        let abandoned = self
+            .cleanup
+            .abandon_intent(&intent.user_id, &intent.id, None)
+            .await?;
+        let Some(orphan) = abandoned else {
+            return Ok(false);
+        };
+        self.delete_abandoned(&orphan).await;
+        Ok(true)
+    }
+
     /// Forgets the intent of an upload that stored nothing.
     pub(super) async fn forget(&self, intent: &IntentRecord) {
         if let Err(e) = self

@@ -13,7 +13,7 @@ use axum::{Json, Router, body::Bytes, extract::State, http::HeaderMap, http::Sta
 use serde_json::{Value, json};
 
 /// The filenames the hook refuses start with this.
-pub const REFUSED_PREFIX: &str = "r";
+pub const REFUSED_PREFIX: &str = "refuse-";
 
 #[derive(Default)]
 struct Counts {
