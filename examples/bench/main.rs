@@ -16,6 +16,7 @@ mod small_tus;
 mod support;
 mod throughput;
 mod tus;
+mod webhooks;
 
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,9 @@ async fn main() {
     }
     if run("13") {
         small_tus(&client, &mut r).await;
+    }
+    if run("14") {
+        webhooks::webhooks(&client, &mut r).await;
     }
     if run("11") {
         cost_vs_files_held(&client, &mut r).await;

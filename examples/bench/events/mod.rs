@@ -21,7 +21,7 @@ const MIB: usize = 1 << 20;
 
 /// One of 12a's loads: `n` plain uploads of `size` bytes, `in_flight` at
 /// once, spread over `users` fresh users.
-struct Load {
+pub(crate) struct Load {
     name: &'static str,
     size: usize,
     n: usize,
@@ -29,7 +29,7 @@ struct Load {
     users: usize,
 }
 
-const LOADS: [Load; 3] = [
+pub(crate) const LOADS: [Load; 3] = [
     Load {
         name: "4 KiB, 32 users",
         size: 4096,
@@ -54,7 +54,7 @@ const LOADS: [Load; 3] = [
 ];
 
 /// Opens each build's connections before its first load.
-const WARM_UP: Load = Load {
+pub(crate) const WARM_UP: Load = Load {
     name: "warm-up",
     size: 4096,
     n: 64,
@@ -115,7 +115,12 @@ async fn on_vs_off(client: &Client, r: &mut Report) {
 
 /// One load on `server`, by users new to it (named after `tag`), and what
 /// it cost per upload (the users' creation not counted).
-async fn one_load(client: &Client, server: &Server, load: &Load, tag: &str) -> (Batch, Cost) {
+pub(crate) async fn one_load(
+    client: &Client,
+    server: &Server,
+    load: &Load,
+    tag: &str,
+) -> (Batch, Cost) {
     let mut keys = Vec::new();
     for u in 0..load.users {
         keys.push(client.user(server, &format!("{tag}-{u}")).await);
@@ -134,7 +139,7 @@ async fn one_load(client: &Client, server: &Server, load: &Load, tag: &str) -> (
     (batch, per_upload(&before, &after, load.n))
 }
 
-fn load_row(build: &str, load: &Load, b: &Batch, c: &Cost) -> String {
+pub(crate) fn load_row(build: &str, load: &Load, b: &Batch, c: &Cost) -> String {
     let mib_s = match load.size >= MIB {
         true => format!(
             "{:.1}",
@@ -157,7 +162,12 @@ fn load_row(build: &str, load: &Load, b: &Batch, c: &Cost) -> String {
 }
 
 /// This build's figures ÷ `base`'s: uploads/s, and the costs beside.
-fn ratio_row(base: &str, load: &Load, this: &(Batch, Cost), other: &(Batch, Cost)) -> String {
+pub(crate) fn ratio_row(
+    base: &str,
+    load: &Load,
+    this: &(Batch, Cost),
+    other: &(Batch, Cost),
+) -> String {
     let secantus = |c: &Cost| c.stack_ms.get("mongo").copied().unwrap_or(f64::NAN);
     format!(
         "| this ÷ {base} | {} | | {:.2}× | | | | {:.2}× | {:.2}× | {:.2}× |",
@@ -171,7 +181,7 @@ fn ratio_row(base: &str, load: &Load, this: &(Batch, Cost), other: &(Batch, Cost
 
 /// One plain upload of `size` bytes: the new file's id and when its 201
 /// arrived; `None` if it was not a 201 with an id.
-async fn upload_id(
+pub(crate) async fn upload_id(
     client: &Client,
     server: &Server,
     key: &str,
