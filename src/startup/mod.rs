@@ -4,7 +4,10 @@
 //! the background workers until a shutdown signal. The only module that
 //! knows every layer.
 
+mod hooks;
 mod serve;
+
+use self::hooks::{precommit_hook, webhook_service};
 
 use std::{net::SocketAddr, path::Path, sync::Arc};
 
@@ -37,11 +40,10 @@ use crate::{
         settle::OwnedInserts,
         sweeper::{SweepWorker, Sweeper},
         tokens::TokenService,
-        upload::{Admission, Committer, Idempotency, PrecommitHook, UploadService},
+        upload::{Admission, Committer, Idempotency, UploadService},
         users::{UserService, new_api_key},
-        webhooks::{self, WebhookPorts, Webhooks},
+        webhooks::{self, WebhookPorts},
     },
-    hooks::{Caller, Signer},
     http::{self, AppState},
     lock::{LockManager, Locks, memory::MemoryLocks, redis::RedisLocks},
     meta::retry::Transactions,
@@ -338,75 +340,6 @@ impl AppState {
             admin_key,
         })
     }
-}
-
-/// The pre-commit hook, when `FILEDOCK_PRECOMMIT_HOOK_URL` is set: its read
-/// URLs signed with `links`, on `FILEDOCK_PUBLIC_URL` (else the listen
-/// address).
-fn precommit_hook(
-    settings: &Settings,
-    links: Arc<LinkSigner>,
-    ports: &Ports,
-) -> anyhow::Result<Option<Arc<PrecommitHook>>> {
-    let Some(hook) = &settings.precommit else {
-        return Ok(None);
-    };
-    let signer = Signer::from_secret(hook.secret.expose_secret())
-        .map_err(|e| anyhow::anyhow!("FILEDOCK_WEBHOOK_SECRET {e}"))?;
-    let caller = Caller::new(signer, hook.timeout)?;
-    // The read URLs must reach this service from the hook, at whichever
-    // instance: a production server refuses to start without what that
-    // takes; a development one warns.
-    let missing = [
-        (
-            links.ephemeral,
-            "FILEDOCK_LINK_SECRET (read URLs would work only on the instance that made them)",
-        ),
-        (
-            settings.public_url.is_none(),
-            "FILEDOCK_PUBLIC_URL (read URLs would be built on the listen address)",
-        ),
-    ];
-    for (_, what) in missing.iter().filter(|(missing, _)| *missing) {
-        if settings.is_production() {
-            anyhow::bail!("FILEDOCK_PRECOMMIT_HOOK_URL needs {what}");
-        }
-        tracing::warn!("FILEDOCK_PRECOMMIT_HOOK_URL without {what}");
-    }
-    let base = match &settings.public_url {
-        Some(url) => url.clone(),
-        None => format!("http://{}", settings.bind),
-    };
-    Ok(Some(Arc::new(PrecommitHook::new(
-        hook,
-        caller,
-        (links, base),
-        ports.blobs.clone(),
-        ports.metrics.clone(),
-    ))))
-}
-
-/// The webhooks' service: its signer and caller from the settings, and on
-/// Redis (when set) the members among which the partitions are shared.
-fn webhook_service(settings: &Settings, mut ports: WebhookPorts) -> anyhow::Result<Webhooks> {
-    let Some(w) = &settings.webhooks else {
-        return Ok(Webhooks::new(None, ports));
-    };
-    let signer = Signer::from_secret(w.secret.expose_secret())
-        .map_err(|e| anyhow::anyhow!("FILEDOCK_WEBHOOK_SECRET {e}"))?;
-    let caller = Caller::new(signer, w.timeout)?;
-    let conn = RedisLink::from_settings(settings)?
-        .map(|link| link.counted(ports.metrics.redis_commands.clone()).conn());
-    if conn.is_none() && settings.mongodb_uri.is_some() {
-        tracing::warn!(
-            "webhooks without FILEDOCK_REDIS_URL: their partitions are leased in this process only; \
-             run one instance on this MongoDB, or each one delivers every event"
-        );
-    }
-    let instance = format!("filedock-{}", uuid::Uuid::new_v4().simple());
-    let key = format!("{}filedock_webhook_members", settings.redis_prefix);
-    ports.members = Members::new(conn, key, instance);
-    Ok(Webhooks::new(Some((w.clone(), caller)), ports))
 }
 
 /// The metadata store alone (the CLI needs no more).

@@ -27,6 +27,7 @@ mod dispatch;
 mod endpoint;
 mod owners;
 mod service;
+mod tasks;
 
 pub use self::dispatch::{Dispatcher, dispatchers};
 pub use self::endpoint::{Endpoint, PARTITIONS, body_of, partition_of};
