@@ -63,4 +63,5 @@ mod tus_small;
 mod tus_sweep;
 mod tus_whole;
 mod user_deletion;
+mod webhook_pause;
 mod webhooks;

@@ -35,7 +35,7 @@ const WAIT: Duration = Duration::from_secs(20);
 type Expected = HashMap<String, Vec<(i64, String)>>;
 
 /// Webhooks to `rx`, failed attempts retried after at most `retry_max`.
-fn webhook_settings(rx: &WebhookReceiver, retry_max: Duration) -> WebhookSettings {
+pub(crate) fn webhook_settings(rx: &WebhookReceiver, retry_max: Duration) -> WebhookSettings {
     WebhookSettings {
         urls: vec![rx.url()],
         secret: SecretString::from(rx.secret()),
@@ -294,7 +294,7 @@ async fn deliveries_counted(app: &TestApp, outcome: &str, n: f64) {
 }
 
 /// `GET /v1/admin/events/dead` (admin key) and what `id`'s letter says.
-async fn dead_letters(app: &TestApp, query: &str) -> Value {
+pub(crate) async fn dead_letters(app: &TestApp, query: &str) -> Value {
     let (status, body) = app
         .json(
             "GET",
