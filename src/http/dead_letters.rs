@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::{
     error::{ApiResult, error_body, ok},
+    events::event_json,
     extract::{Admin, AppQuery},
     state::AppState,
 };
@@ -43,22 +44,13 @@ pub async fn list(
     let letters: Vec<_> = letters
         .into_iter()
         .map(|l| {
-            let e = l.event;
             json!({
                 "id": l.id,
                 "url": l.url,
                 "attempts": l.attempts,
                 "last_error": l.last_error,
                 "dead_at": l.dead_at,
-                "event": {
-                    "id": e.id,
-                    "type": e.kind,
-                    "time": e.time,
-                    "owner_id": e.owner_id,
-                    "seq": e.seq,
-                    "subject": e.subject,
-                    "data": e.data,
-                },
+                "event": event_json(l.event),
             })
         })
         .collect();

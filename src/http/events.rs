@@ -7,16 +7,19 @@ use std::time::Duration;
 
 use axum::{Json, extract::State};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{
     error::{ApiResult, ok},
     extract::{AdminOrUser, AppQuery},
     state::AppState,
 };
-use crate::domain::{
-    DomainError,
-    events::{DEFAULT_LIMIT, EventPage},
+use crate::{
+    domain::{
+        DomainError,
+        events::{DEFAULT_LIMIT, EventPage},
+    },
+    meta::EventRecord,
 };
 
 #[derive(Deserialize)]
@@ -61,21 +64,21 @@ pub async fn list(
         page = pull(wait) => page?,
         () = state.drain.closing().cancelled() => pull(Duration::ZERO).await?,
     };
-    let events: Vec<_> = events
-        .into_iter()
-        .map(|e| {
-            json!({
-                "id": e.id,
-                "type": e.kind,
-                "time": e.time,
-                "owner_id": e.owner_id,
-                "seq": e.seq,
-                "subject": e.subject,
-                "data": e.data,
-            })
-        })
-        .collect();
+    let events: Vec<_> = events.into_iter().map(event_json).collect();
     ok(Json(
         json!({"events": events, "cursor": cursor.to_string()}),
     ))
+}
+
+/// An event as the API shows it (`GET /v1/events`, a dead letter's event).
+pub(super) fn event_json(e: EventRecord) -> Value {
+    json!({
+        "id": e.id,
+        "type": e.kind,
+        "time": e.time,
+        "owner_id": e.owner_id,
+        "seq": e.seq,
+        "subject": e.subject,
+        "data": e.data,
+    })
 }

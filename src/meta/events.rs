@@ -332,9 +332,12 @@ pub trait EventRepo: Send + Sync {
         limit: usize,
     ) -> MetaResult<Vec<EventRecord>>;
 
-    /// The number of `owner`'s last event (0: none yet, or no such user),
-    /// as durably as [`Self::events`] reads them.
-    async fn last_event_seq(&self, owner: &UserId) -> MetaResult<i64>;
+    /// In one snapshot of the store (a commit is seen whole or not at all,
+    /// on a sharded cluster too): the number of `owner`'s last event (0:
+    /// none yet, or no such user), and their events numbered above `after`
+    /// as [`Self::events`] gives them. Every event numbered up to `last`
+    /// is in the page unless the page is full or the retention removed it.
+    async fn owner_page(&self, owner: &UserId, after: i64, limit: usize) -> MetaResult<OwnerPage>;
 
     /// Deletes the oldest events written before `before` (any owner's, at
     /// most `limit` of them found), each owner's with every event of theirs
@@ -353,15 +356,41 @@ pub trait EventRepo: Send + Sync {
     /// counter: positions are never given twice nor skipped.
     async fn sequence_events(&self, limit: usize) -> MetaResult<usize>;
 
-    /// The events placed in the feed after position `after` up to `upto`,
-    /// in feed order, at most `limit` (a deleted user's are gone from it:
-    /// only their `user.deleted` stays). The caller bounds the range: a
+    /// In one snapshot of the store (a sequencing transaction is seen
+    /// whole or not at all, on a sharded cluster too, so no event placed up
+    /// to `upto` is missed for not being visible yet): the feed's bounds,
+    /// and the events placed after position `after` up to `upto` (`after +
+    /// width`, or the last position given if lower), in feed order, at
+    /// most `limit` (a deleted user's are gone from it: only their
+    /// `user.deleted` stays). The caller bounds the range with `width`: a
     /// store may read all of it before it limits (SecantusDB does).
-    async fn feed(&self, after: i64, upto: i64, limit: usize) -> MetaResult<Vec<EventRecord>>;
+    async fn feed(&self, after: i64, width: i64, limit: usize) -> MetaResult<FeedPage>;
 
     /// The feed's last position given, and the highest the retention
     /// removed, as durably as [`Self::feed`] reads.
     async fn feed_bounds(&self) -> MetaResult<FeedBounds>;
+}
+
+/// See [`EventRepo::owner_page`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OwnerPage {
+    pub last: i64,
+    pub events: Vec<EventRecord>,
+}
+
+/// See [`EventRepo::feed`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FeedPage {
+    pub bounds: FeedBounds,
+    pub upto: i64,
+    pub events: Vec<EventRecord>,
+}
+
+impl FeedPage {
+    /// Where a window of `width` after `after` ends under `bounds`.
+    pub fn upto(bounds: FeedBounds, after: i64, width: i64) -> i64 {
+        bounds.last.min(after.saturating_add(width))
+    }
 }
 
 /// See [`EventRepo::feed_bounds`].

@@ -23,7 +23,9 @@ use chrono::{DateTime, Utc};
 pub use self::bell::{Bells, EventBell, Listener};
 pub use self::deletion::DeletionRepo;
 pub use self::error::{MetaError, MetaResult};
-pub use self::events::{EventDraft, EventRecord, EventRepo, EventType, FEED_STATE, FeedBounds};
+pub use self::events::{
+    EventDraft, EventRecord, EventRepo, EventType, FEED_STATE, FeedBounds, FeedPage, OwnerPage,
+};
 pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyMint, KeyRepo, REVOKED_KEPT, TokenRecord};
 pub use self::records::*;
 pub use self::resumable::{Claim, OpenLimits, Reserve, ResumableRepo};

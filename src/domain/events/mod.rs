@@ -17,7 +17,7 @@ pub use self::announced::Announced;
 pub use self::feed::{Kicking, Sequencer, feed_channel};
 use super::DomainError;
 use crate::{
-    meta::{EventBell, EventRecord, EventRepo, UserRecord},
+    meta::{EventBell, EventRecord, EventRepo, FeedPage, OwnerPage, UserRecord},
     metrics::Metrics,
     vocab::UserId,
 };
@@ -165,18 +165,14 @@ impl EventService {
         limit: usize,
     ) -> Result<EventPage, DomainError> {
         check_limit(limit)?;
-        // Read first: every event numbered up to `last` is in what the
-        // read below sees, unless the retention removed it.
-        let last = match after {
-            0 => 0,
-            _ => self.events.last_event_seq(&user.id).await?,
-        };
+        // In one snapshot: every event numbered up to `last` is in the
+        // page (but past a full page), unless the retention removed it.
+        let OwnerPage { last, mut events } = self.events.owner_page(&user.id, after, limit).await?;
         if after > last {
             return Err(DomainError::InvalidRequest(format!(
                 "after is past the last event ({last}): it is not a cursor this API returned"
             )));
         }
-        let mut events = self.events.events(&user.id, after, limit).await?;
         // A read in several batches may have met the retention's removal
         // between them: the page ends before its first gap (the next read,
         // from there, is told).
@@ -187,7 +183,7 @@ impl EventService {
         // where some were written, means the ones between are gone.
         let missed = match events.first() {
             Some(first) => after > 0 && first.seq > after + 1,
-            None => last > after,
+            None => after > 0 && last > after,
         };
         if missed {
             return Err(DomainError::CursorExpired(after));
@@ -205,7 +201,14 @@ impl EventService {
     /// gap for them.
     pub async fn pull_feed(&self, after: i64, limit: usize) -> Result<EventPage, DomainError> {
         check_limit(limit)?;
-        let bounds = self.events.feed_bounds().await?;
+        // Every place up to a page's `upto` was given with its event in one
+        // committed transaction, which the page's snapshot shows whole.
+        // Read a window of places at a time (a store may read a whole range
+        // before it limits: the cost stays that of a page, not of the feed
+        // behind it), widened past the places left empty (by deleted
+        // users' events, by the retention).
+        let mut page = self.events.feed(after, limit as i64, limit).await?;
+        let bounds = page.bounds;
         if after > bounds.last {
             return Err(DomainError::InvalidRequest(format!(
                 "after is past the feed's last place ({}): it is not a cursor this API returned",
@@ -215,24 +218,20 @@ impl EventService {
         if after > 0 && after < bounds.floor {
             return Err(DomainError::CursorExpired(after));
         }
-        // Every place up to `last` was given with its event in one
-        // committed transaction. Read a window of places at a time (a
-        // store may read a whole range before it limits: the cost stays
-        // that of a page, not of the feed behind it), widened past the
-        // places left empty (by deleted users' events, by the retention).
-        let (mut from, mut width) = (after, limit as i64);
-        let (events, upto) = loop {
-            let upto = bounds.last.min(from.saturating_add(width));
-            let events = self.events.feed(from, upto, limit).await?;
-            if !events.is_empty() || upto == bounds.last {
-                break (events, upto);
-            }
-            (from, width) = (upto, width.saturating_mul(2));
-        };
-        // Read after the events: the retention marks the feed before it
-        // removes any, so a removal the read above met is seen here.
-        let floor = self.events.feed_bounds().await?.floor;
-        if after > 0 && after < floor {
+        let mut width = limit as i64;
+        while page.events.is_empty() && page.upto < bounds.last {
+            width = width.saturating_mul(2);
+            let from = page.upto;
+            page = self.events.feed(from, width, limit).await?;
+        }
+        let FeedPage {
+            events,
+            upto,
+            bounds,
+        } = page;
+        // The retention marks the feed before it removes any: a removal
+        // the last read met shows in its snapshot's floor.
+        if after > 0 && after < bounds.floor {
             return Err(DomainError::CursorExpired(after));
         }
         let cursor = events.last().and_then(|e| e.feed).unwrap_or(upto);

@@ -161,64 +161,54 @@ impl Dispatcher {
     }
 
     /// Reads the feed past where the partitions stand, queueing their
-    /// owners' events.
+    /// owners' events: a window at a time, each window with the feed's
+    /// bounds in one snapshot (so no event placed up to where a window
+    /// ends is passed unseen).
     async fn read_feed(&mut self) {
         let Some(mut from) = self.parts.values().map(|p| p.read).min() else {
             return;
         };
         let events = &self.hooks.events;
-        let bounds = match bounded(events.feed_bounds()).await {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read the events' feed for webhooks; trying again");
-                return;
-            }
-        };
-        if from < bounds.floor {
-            match from {
-                // A URL new to the store starts from the oldest event kept.
-                0 => {
-                    tracing::info!(url_id = %self.endpoint.id, "a webhook URL's first delivery starts from the oldest event kept")
-                }
-                _ => tracing::error!(
-                    from,
-                    floor = bounds.floor,
-                    "events were removed by the retention before their webhooks were delivered or dead-lettered"
-                ),
-            }
-            from = bounds.floor;
-        }
-        while from < bounds.last && self.pending() < MAX_PENDING {
-            let upto = bounds.last.min(from + WINDOW);
-            let page = match bounded(events.feed(from, upto, WINDOW as usize)).await {
+        while self.pending() < MAX_PENDING {
+            let page = match bounded(events.feed(from, WINDOW, WINDOW as usize)).await {
                 Ok(page) => page,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read the events' feed for webhooks; trying again");
                     return;
                 }
             };
-            let reached = match page.len() as i64 {
-                WINDOW => page.last().and_then(|e| e.feed).unwrap_or(upto),
-                _ => upto,
+            let floor = page.bounds.floor;
+            if from < floor {
+                // The retention marks the feed before it removes: a
+                // removal this window met shows in its floor.
+                match from {
+                    // A URL new to the store starts from the oldest kept.
+                    0 => {
+                        tracing::info!(url_id = %self.endpoint.id, "a webhook URL's first delivery starts from the oldest event kept")
+                    }
+                    _ => tracing::error!(
+                        from,
+                        floor,
+                        "events were removed by the retention before their webhooks were delivered or dead-lettered"
+                    ),
+                }
+                from = floor;
+                continue;
+            }
+            let reached = match page.events.len() as i64 {
+                WINDOW => page.events.last().and_then(|e| e.feed).unwrap_or(page.upto),
+                _ => page.upto,
             };
-            for event in page {
+            for event in page.events {
                 if let Some(part) = self.parts.get_mut(&partition_of(&event.owner_id)) {
                     part.take(event);
                 }
             }
-            // The retention marks the feed before it removes: a removal
-            // this page met shows here (logged: those events are gone).
-            if let Ok(after) = bounded(events.feed_bounds()).await
-                && after.floor > from
-            {
-                tracing::error!(
-                    from,
-                    floor = after.floor,
-                    "events were removed by the retention while their webhooks were being read"
-                );
-            }
             for part in self.parts.values_mut() {
                 part.read = part.read.max(reached);
+            }
+            if reached >= page.bounds.last {
+                return;
             }
             from = reached;
         }

@@ -14,8 +14,8 @@ use chrono::{DateTime, Utc};
 use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
     meta::{
-        EventDraft, EventRecord, EventRepo, EventType, FEED_STATE, FeedBounds, MetaError,
-        MetaResult, UserRecord, events,
+        EventDraft, EventRecord, EventRepo, EventType, FEED_STATE, FeedBounds, FeedPage, MetaError,
+        MetaResult, OwnerPage, UserRecord, events,
     },
     vocab::UserId,
 };
@@ -79,6 +79,24 @@ fn unindex(tx: &mut Txn, key: &str, e: &EventRecord) {
         None => tx.delete(&pending_key(e)),
     }
     tx.delete(key);
+}
+
+/// `owner`'s events numbered above `after`, at most `limit`.
+fn owner_events(
+    tx: &mut Txn,
+    owner: &UserId,
+    after: i64,
+    limit: usize,
+) -> MetaResult<Vec<EventRecord>> {
+    let after = format!("{:020}", after.max(0));
+    let keys = tx.keys(&events_of(owner), Some(&after), limit)?;
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if let Some(e) = tx.get(&k)? {
+            out.push(e);
+        }
+    }
+    Ok(out)
 }
 
 fn feed_state(tx: &mut Txn) -> MetaResult<FeedBounds> {
@@ -201,24 +219,20 @@ impl EventRepo for EmbeddedStore {
         limit: usize,
     ) -> MetaResult<Vec<EventRecord>> {
         let owner = *owner;
-        self.transaction(move |tx| {
-            let after = format!("{:020}", after.max(0));
-            let keys = tx.keys(&events_of(&owner), Some(&after), limit)?;
-            let mut out = Vec::with_capacity(keys.len());
-            for k in keys {
-                if let Some(e) = tx.get(&k)? {
-                    out.push(e);
-                }
-            }
-            Ok(out)
-        })
-        .await
+        self.transaction(move |tx| owner_events(tx, &owner, after, limit))
+            .await
     }
 
-    async fn last_event_seq(&self, owner: &UserId) -> MetaResult<i64> {
-        let key = user_key(owner);
-        self.transaction(move |tx| Ok(tx.get::<UserRecord>(&key)?.map_or(0, |u| u.event_seq)))
-            .await
+    async fn owner_page(&self, owner: &UserId, after: i64, limit: usize) -> MetaResult<OwnerPage> {
+        let owner = *owner;
+        self.transaction(move |tx| {
+            let last = tx
+                .get::<UserRecord>(&user_key(&owner))?
+                .map_or(0, |u| u.event_seq);
+            let events = owner_events(tx, &owner, after, limit)?;
+            Ok(OwnerPage { last, events })
+        })
+        .await
     }
 
     async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize> {
@@ -279,21 +293,27 @@ impl EventRepo for EmbeddedStore {
         .await
     }
 
-    async fn feed(&self, after: i64, upto: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
+    async fn feed(&self, after: i64, width: i64, limit: usize) -> MetaResult<FeedPage> {
         self.transaction(move |tx| {
-            let (after, upto) = (format!("{:020}", after.max(0)), feed_key(upto));
-            let mut out = Vec::new();
-            for k in tx.keys(FEED, Some(&after), limit)? {
-                if k > upto {
+            let bounds = feed_state(tx)?;
+            let upto = FeedPage::upto(bounds, after, width);
+            let (from, end) = (format!("{:020}", after.max(0)), feed_key(upto));
+            let mut events = Vec::new();
+            for k in tx.keys(FEED, Some(&from), limit)? {
+                if k > end {
                     break;
                 }
                 if let Some(key) = tx.get::<String>(&k)?
                     && let Some(e) = tx.get::<EventRecord>(&key)?
                 {
-                    out.push(e);
+                    events.push(e);
                 }
             }
-            Ok(out)
+            Ok(FeedPage {
+                bounds,
+                upto,
+                events,
+            })
         })
         .await
     }

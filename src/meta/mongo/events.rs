@@ -13,10 +13,11 @@ use mongodb::{
     options::{CollectionOptions, ReadConcern, ReturnDocument},
 };
 
-use super::{MongoStore, errors::classify, find_sorted};
+use super::{MongoStore, errors::classify, find_sorted, find_sorted_in};
 use crate::{
     meta::{
-        EventDraft, EventRecord, EventRepo, EventType, FeedBounds, MetaError, MetaResult, events,
+        EventDraft, EventRecord, EventRepo, EventType, FeedBounds, FeedPage, MetaError, MetaResult,
+        OwnerPage, events,
     },
     vocab::UserId,
 };
@@ -115,6 +116,20 @@ impl MongoStore {
     }
 }
 
+/// `owner`'s events numbered above `after`, a page of `limit`. An owner's
+/// numbers have no gap above what the retention removed: past a cursor,
+/// the page is the range (after, after + limit], and asked as that
+/// (SecantusDB reads a whole range before it limits: a page would cost all
+/// the owner's events after it). From 0, the first kept is not known: that
+/// read costs what the owner keeps.
+fn owner_range(owner: &UserId, after: i64, limit: usize) -> Document {
+    let seq = match after {
+        0 => doc! {"$gt": 0},
+        _ => doc! {"$gt": after, "$lte": after.saturating_add(limit as i64)},
+    };
+    doc! {"owner_id": owner, "seq": seq}
+}
+
 /// The events a user's deletion removes: all of `owner`'s but the one that
 /// tells it.
 pub(super) fn purged_of(owner: &UserId) -> Document {
@@ -138,27 +153,24 @@ impl EventRepo for MongoStore {
         after: i64,
         limit: usize,
     ) -> MetaResult<Vec<EventRecord>> {
-        // An owner's numbers have no gap above what the retention removed:
-        // past a cursor, the page is the range (after, after + limit], and
-        // asked as that (SecantusDB reads a whole range before it limits: a
-        // page would cost all the owner's events after it). From 0, the
-        // first kept is not known: that read costs what the owner keeps.
-        let seq = match after {
-            0 => doc! {"$gt": 0},
-            _ => doc! {"$gt": after, "$lte": after.saturating_add(limit as i64)},
-        };
-        let filter = doc! {"owner_id": owner, "seq": seq};
+        let filter = owner_range(owner, after, limit);
         find_sorted(self.majority("events"), filter, doc! {"seq": 1}, limit).await
     }
 
-    async fn last_event_seq(&self, owner: &UserId) -> MetaResult<i64> {
+    async fn owner_page(&self, owner: &UserId, after: i64, limit: usize) -> MetaResult<OwnerPage> {
+        let mut s = self.snapshot().await?;
         let user = self
-            .majority::<EventSeq>("users")
+            .db
+            .collection::<EventSeq>("users")
             .find_one(doc! {"_id": owner})
             .projection(doc! {"event_seq": 1})
+            .session(&mut s)
             .await
             .map_err(classify)?;
-        Ok(user.map_or(0, |u| u.event_seq))
+        let filter = owner_range(owner, after, limit);
+        let events = find_sorted_in(&mut s, self.events(), filter, doc! {"seq": 1}, limit).await?;
+        let last = user.map_or(0, |u| u.event_seq);
+        Ok(OwnerPage { last, events })
     }
 
     async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize> {
@@ -218,8 +230,8 @@ impl EventRepo for MongoStore {
         self.sequence_events_in_txn(limit).await
     }
 
-    async fn feed(&self, after: i64, upto: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
-        self.feed_between(after, upto, limit).await
+    async fn feed(&self, after: i64, width: i64, limit: usize) -> MetaResult<FeedPage> {
+        self.feed_page(after, width, limit).await
     }
 
     async fn feed_bounds(&self) -> MetaResult<FeedBounds> {

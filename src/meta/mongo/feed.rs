@@ -6,8 +6,8 @@
 use bson::{Document, doc};
 use mongodb::{Collection, options::ReturnDocument};
 
-use super::{MongoStore, errors::classify, find_sorted};
-use crate::meta::{EventRecord, FEED_STATE, FeedBounds, MetaResult};
+use super::{MongoStore, errors::classify, find_sorted_in};
+use crate::meta::{FEED_STATE, FeedBounds, FeedPage, MetaResult};
 
 impl MongoStore {
     fn feed_state(&self) -> Collection<FeedBounds> {
@@ -79,14 +79,39 @@ impl MongoStore {
         self.txns.finish(s, None, result).await
     }
 
-    pub(super) async fn feed_between(
+    /// See [`EventRepo::feed`](crate::meta::EventRepo::feed). Both reads
+    /// in one snapshot: read one after the other, the bounds could show a
+    /// sequencing transaction that the events' read (another shard, on a
+    /// sharded cluster) does not show yet, and the reader would pass an
+    /// event it never saw.
+    pub(super) async fn feed_page(
         &self,
         after: i64,
-        upto: i64,
+        width: i64,
         limit: usize,
-    ) -> MetaResult<Vec<EventRecord>> {
-        let filter = doc! {"feed": {"$gt": after, "$lte": upto}};
-        find_sorted(self.majority("events"), filter, doc! {"feed": 1}, limit).await
+    ) -> MetaResult<FeedPage> {
+        let mut s = self.snapshot().await?;
+        let bounds = self
+            .feed_state()
+            .find_one(doc! {"_id": FEED_STATE})
+            .projection(doc! {"last": 1, "floor": 1})
+            .session(&mut s)
+            .await
+            .map_err(classify)?
+            .unwrap_or_default();
+        let upto = FeedPage::upto(bounds, after, width);
+        let events = match upto > after {
+            true => {
+                let filter = doc! {"feed": {"$gt": after, "$lte": upto}};
+                find_sorted_in(&mut s, self.events(), filter, doc! {"feed": 1}, limit).await?
+            }
+            false => Vec::new(),
+        };
+        Ok(FeedPage {
+            bounds,
+            upto,
+            events,
+        })
     }
 
     pub(super) async fn read_feed_bounds(&self) -> MetaResult<FeedBounds> {

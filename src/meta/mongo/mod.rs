@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use bson::{Bson, Document, doc};
 use futures::TryStreamExt;
 use mongodb::{
-    Collection, Database, IndexModel,
+    ClientSession, Collection, Database, IndexModel,
     event::{EventHandler, command::CommandEvent},
     options::{ClientOptions, IndexOptions},
 };
@@ -102,6 +102,45 @@ where
         .try_collect()
         .await
         .map_err(classify)
+}
+
+/// [`find_sorted`] in session `s` (a snapshot's, say).
+async fn find_sorted_in<T>(
+    s: &mut ClientSession,
+    coll: Collection<T>,
+    filter: Document,
+    sort: Document,
+    limit: usize,
+) -> MetaResult<Vec<T>>
+where
+    T: serde::de::DeserializeOwned + Send + Sync,
+{
+    let mut found = coll
+        .find(filter)
+        .sort(sort)
+        .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+        .session(&mut *s)
+        .await
+        .map_err(classify)?;
+    let mut out = Vec::new();
+    while let Some(doc) = found.next(s).await {
+        out.push(doc.map_err(classify)?);
+    }
+    Ok(out)
+}
+
+impl MongoStore {
+    /// A session whose reads all see one snapshot of what a majority
+    /// holds (`readConcern: snapshot`): a transaction, distributed over
+    /// shards or not, is seen whole or not at all.
+    async fn snapshot(&self) -> MetaResult<ClientSession> {
+        self.db
+            .client()
+            .start_session()
+            .snapshot(true)
+            .await
+            .map_err(classify)
+    }
 }
 
 /// The filter of a page of an owner's documents: theirs, after the cursor.
