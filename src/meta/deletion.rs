@@ -27,8 +27,9 @@ pub trait DeletionRepo: Send + Sync {
     /// The user's upload intents (uploads in flight or abandoned).
     async fn user_intents(&self, id: &UserId, limit: usize) -> MetaResult<Vec<IntentRecord>>;
 
-    /// Deletes up to `limit` of the user's sessions, agents and events
-    /// (their files go with the user: no back-reference is kept); how many.
+    /// Deletes up to `limit` of the user's sessions, agents and events, and
+    /// of their events' dead letters (their files go with the user: no
+    /// back-reference is kept); how many.
     async fn purge_containers(&self, id: &UserId, limit: usize) -> MetaResult<usize>;
 
     /// Deletes up to `limit` of the user's files as `delete_file` does each,

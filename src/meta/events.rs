@@ -342,7 +342,8 @@ pub trait EventRepo: Send + Sync {
     /// Deletes the oldest events written before `before` (any owner's, at
     /// most `limit` of them found), each owner's with every event of theirs
     /// numbered before it (an owner's events are only ever removed from
-    /// the first on); how many.
+    /// the first on), and up to `limit` dead letters of events written
+    /// before it (their copies); how many.
     async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize>;
 
     /// When the oldest event kept was written.
@@ -359,16 +360,18 @@ pub trait EventRepo: Send + Sync {
     /// In one snapshot of the store (a sequencing transaction is seen
     /// whole or not at all, on a sharded cluster too, so no event placed up
     /// to `upto` is missed for not being visible yet): the feed's bounds,
-    /// and the events placed after position `after` up to `upto` (`after +
-    /// width`, or the last position given if lower), in feed order, at
+    /// and the events placed after position `after`, in feed order, at
     /// most `limit` (a deleted user's are gone from it: only their
-    /// `user.deleted` stays). The caller bounds the range with `width`: a
-    /// store may read all of it before it limits (SecantusDB does).
+    /// `user.deleted` stays). Read a window of `width` places at a time
+    /// (a store may read a whole range before it limits: the cost stays
+    /// that of a page, not of the feed behind it), widened past windows
+    /// with none (places left empty by deleted users' events, by the
+    /// retention), up to the last place; `upto` is where the last window
+    /// read ends. The bounds' floor is read again after the events: the
+    /// retention marks the feed before it removes, so a removal the reads
+    /// met shows there, even on a store that does not hold its reads to
+    /// one snapshot.
     async fn feed(&self, after: i64, width: i64, limit: usize) -> MetaResult<FeedPage>;
-
-    /// The feed's last position given, and the highest the retention
-    /// removed, as durably as [`Self::feed`] reads.
-    async fn feed_bounds(&self) -> MetaResult<FeedBounds>;
 }
 
 /// See [`EventRepo::owner_page`].
@@ -389,11 +392,12 @@ pub struct FeedPage {
 impl FeedPage {
     /// Where a window of `width` after `after` ends under `bounds`.
     pub fn upto(bounds: FeedBounds, after: i64, width: i64) -> i64 {
-        bounds.last.min(after.saturating_add(width))
+        bounds.last.min(after.saturating_add(width)).max(after)
     }
 }
 
-/// See [`EventRepo::feed_bounds`].
+/// The feed's last position given, and the highest the retention
+/// removed ([`FeedPage::bounds`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FeedBounds {
     /// The last position given (0: none yet).

@@ -12,6 +12,7 @@ mod cluster_mode;
 mod content;
 mod crash;
 mod credentials;
+mod dead_letter_retention;
 mod deletion;
 mod deletion_trickle;
 mod drain;

@@ -173,9 +173,10 @@ impl EventService {
                 "after is past the last event ({last}): it is not a cursor this API returned"
             )));
         }
-        // A read in several batches may have met the retention's removal
-        // between them: the page ends before its first gap (the next read,
-        // from there, is told).
+        // A read in several batches on a store that does not hold them to
+        // one snapshot may have met the retention's removal between them:
+        // the page ends before its first gap (the next read, from there,
+        // is told).
         if let Some(gap) = events.windows(2).position(|w| w[1].seq != w[0].seq + 1) {
             events.truncate(gap + 1);
         }
@@ -201,36 +202,19 @@ impl EventService {
     /// gap for them.
     pub async fn pull_feed(&self, after: i64, limit: usize) -> Result<EventPage, DomainError> {
         check_limit(limit)?;
-        // Every place up to a page's `upto` was given with its event in one
+        // Every place up to `upto` was given with its event in one
         // committed transaction, which the page's snapshot shows whole.
-        // Read a window of places at a time (a store may read a whole range
-        // before it limits: the cost stays that of a page, not of the feed
-        // behind it), widened past the places left empty (by deleted
-        // users' events, by the retention).
-        let mut page = self.events.feed(after, limit as i64, limit).await?;
-        let bounds = page.bounds;
+        let FeedPage {
+            bounds,
+            upto,
+            events,
+        } = self.events.feed(after, limit as i64, limit).await?;
         if after > bounds.last {
             return Err(DomainError::InvalidRequest(format!(
                 "after is past the feed's last place ({}): it is not a cursor this API returned",
                 bounds.last
             )));
         }
-        if after > 0 && after < bounds.floor {
-            return Err(DomainError::CursorExpired(after));
-        }
-        let mut width = limit as i64;
-        while page.events.is_empty() && page.upto < bounds.last {
-            width = width.saturating_mul(2);
-            let from = page.upto;
-            page = self.events.feed(from, width, limit).await?;
-        }
-        let FeedPage {
-            events,
-            upto,
-            bounds,
-        } = page;
-        // The retention marks the feed before it removes any: a removal
-        // the last read met shows in its snapshot's floor.
         if after > 0 && after < bounds.floor {
             return Err(DomainError::CursorExpired(after));
         }

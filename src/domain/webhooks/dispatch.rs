@@ -169,6 +169,9 @@ impl Dispatcher {
             return;
         };
         let events = &self.hooks.events;
+        // Up to the last place the first window saw: a feed that grows
+        // meanwhile is read at the next turn, after deliveries started.
+        let mut end = None;
         while self.pending() < MAX_PENDING {
             let page = match bounded(events.feed(from, WINDOW, WINDOW as usize)).await {
                 Ok(page) => page,
@@ -207,7 +210,8 @@ impl Dispatcher {
             for part in self.parts.values_mut() {
                 part.read = part.read.max(reached);
             }
-            if reached >= page.bounds.last {
+            let end = *end.get_or_insert(page.bounds.last);
+            if reached >= end {
                 return;
             }
             from = reached;

@@ -10,6 +10,7 @@ use super::{
     txn::Txn,
     user_key,
     users::drop_token,
+    webhooks::purge_dead_letters,
 };
 use crate::{
     meta::{
@@ -135,6 +136,7 @@ impl DeletionRepo for EmbeddedStore {
                 }
             }
             purged += purge_events(tx, &id, limit)?;
+            purged += purge_dead_letters(tx, &id, limit)?;
             Ok(purged)
         })
         .await

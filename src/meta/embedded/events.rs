@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::{EmbeddedStore, txn::Txn, user_key};
+use super::{EmbeddedStore, txn::Txn, user_key, webhooks::expire_dead_letters};
 use crate::{
     meta::{
         EventDraft, EventRecord, EventRepo, EventType, FEED_STATE, FeedBounds, FeedPage, MetaError,
@@ -97,6 +97,23 @@ fn owner_events(
         }
     }
     Ok(out)
+}
+
+/// The events placed after `after` up to `upto`, at most `limit`.
+fn feed_window(tx: &mut Txn, after: i64, upto: i64, limit: usize) -> MetaResult<Vec<EventRecord>> {
+    let (from, end) = (format!("{:020}", after.max(0)), feed_key(upto));
+    let mut events = Vec::new();
+    for k in tx.keys(FEED, Some(&from), limit)? {
+        if k > end {
+            break;
+        }
+        if let Some(key) = tx.get::<String>(&k)?
+            && let Some(e) = tx.get::<EventRecord>(&key)?
+        {
+            events.push(e);
+        }
+    }
+    Ok(events)
 }
 
 fn feed_state(tx: &mut Txn) -> MetaResult<FeedBounds> {
@@ -236,6 +253,10 @@ impl EventRepo for EmbeddedStore {
     }
 
     async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize> {
+        // Their copies in dead letters go with them.
+        let letters = self
+            .transaction(move |tx| expire_dead_letters(tx, before, limit))
+            .await?;
         let before = format!("{:015}", before.timestamp_millis().max(0));
         // It writes the feed's floor, which a sequencer placing events at
         // the same moment writes too: the loser of that race runs again.
@@ -244,7 +265,7 @@ impl EventRepo for EmbeddedStore {
             let before = before.clone();
             match self.transaction(move |tx| expire(tx, &before, limit)).await {
                 Err(MetaError::WriteConflict) if conflicts < 5 => conflicts += 1,
-                r => return r,
+                r => return r.map(|n| n + letters),
             }
         }
     }
@@ -296,29 +317,20 @@ impl EventRepo for EmbeddedStore {
     async fn feed(&self, after: i64, width: i64, limit: usize) -> MetaResult<FeedPage> {
         self.transaction(move |tx| {
             let bounds = feed_state(tx)?;
-            let upto = FeedPage::upto(bounds, after, width);
-            let (from, end) = (format!("{:020}", after.max(0)), feed_key(upto));
-            let mut events = Vec::new();
-            for k in tx.keys(FEED, Some(&from), limit)? {
-                if k > end {
-                    break;
+            let (mut from, mut width) = (after, width.max(1));
+            loop {
+                let upto = FeedPage::upto(bounds, from, width);
+                let events = feed_window(tx, from, upto, limit)?;
+                if !events.is_empty() || upto >= bounds.last {
+                    return Ok(FeedPage {
+                        bounds,
+                        upto,
+                        events,
+                    });
                 }
-                if let Some(key) = tx.get::<String>(&k)?
-                    && let Some(e) = tx.get::<EventRecord>(&key)?
-                {
-                    events.push(e);
-                }
+                (from, width) = (upto, width.saturating_mul(2));
             }
-            Ok(FeedPage {
-                bounds,
-                upto,
-                events,
-            })
         })
         .await
-    }
-
-    async fn feed_bounds(&self) -> MetaResult<FeedBounds> {
-        self.transaction(feed_state).await
     }
 }

@@ -1,15 +1,23 @@
 //! Webhooks' delivery state in the embedded store: a mark per endpoint and
 //! partition at `webhook_marks/{endpoint}:{partition}`, and each dead
 //! letter at `webhook_dead/{id}`, so that the letters in id order are one
-//! key range.
+//! key range; beside each, `webhook_dead_by_owner/{owner}/{id}` and
+//! `webhook_dead_by_time/{event time_ms:015}/{id}`, so that a user's
+//! deletion and the events' retention find theirs as one key range too.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::EmbeddedStore;
-use crate::meta::{DeadLetter, MetaResult, WebhookMark, WebhookRepo};
+use super::{EmbeddedStore, txn::Txn};
+use crate::{
+    meta::{DeadLetter, MetaResult, WebhookMark, WebhookRepo},
+    vocab::UserId,
+};
 
 const DEAD: &str = "webhook_dead/";
+const BY_OWNER: &str = "webhook_dead_by_owner/";
+const BY_TIME: &str = "webhook_dead_by_time/";
 
 /// A partition's mark, and the greatest lease token that wrote it (a
 /// holder with a smaller one writes nothing).
@@ -26,6 +34,63 @@ fn mark_key(endpoint: &str, partition: u32) -> String {
 
 fn dead_key(id: &str) -> String {
     format!("{DEAD}{id}")
+}
+
+fn time_part(time: DateTime<Utc>) -> String {
+    format!("{:015}", time.timestamp_millis().max(0))
+}
+
+/// The letter's keys: its own and its two index entries.
+fn keys_of(letter: &DeadLetter) -> [String; 3] {
+    let (id, event) = (&letter.id, &letter.event);
+    [
+        dead_key(id),
+        format!("{BY_OWNER}{}/{id}", event.owner_id),
+        format!("{BY_TIME}{}/{id}", time_part(event.time)),
+    ]
+}
+
+/// Removes the letters an index entry under `index` names (each with its
+/// keys), up to `limit`, while `keep_going` says so of the entry's rest.
+fn remove_by(
+    tx: &mut Txn,
+    index: &str,
+    limit: usize,
+    keep_going: impl Fn(&str) -> bool,
+) -> MetaResult<usize> {
+    let mut gone = 0;
+    for k in tx.keys(index, None, limit)? {
+        let rest = &k[index.len()..];
+        if !keep_going(rest) {
+            break;
+        }
+        let id = rest.rsplit_once('/').map_or(rest, |(_, id)| id);
+        match tx.get::<DeadLetter>(&dead_key(id))? {
+            Some(letter) => keys_of(&letter).iter().for_each(|k| tx.delete(k)),
+            None => tx.delete(&k),
+        }
+        gone += 1;
+    }
+    Ok(gone)
+}
+
+/// Removes up to `limit` of `owner`'s dead letters (their deletion); how many.
+pub(super) fn purge_dead_letters(tx: &mut Txn, owner: &UserId, limit: usize) -> MetaResult<usize> {
+    remove_by(tx, &format!("{BY_OWNER}{owner}/"), limit, |_| true)
+}
+
+/// Removes up to `limit` dead letters whose event was written before
+/// `before` (the events' retention); how many.
+pub(super) fn expire_dead_letters(
+    tx: &mut Txn,
+    before: DateTime<Utc>,
+    limit: usize,
+) -> MetaResult<usize> {
+    let before = time_part(before);
+    remove_by(tx, BY_TIME, limit, |rest| {
+        rest.get(..before.len())
+            .is_some_and(|t| t < before.as_str())
+    })
 }
 
 #[async_trait]
@@ -70,8 +135,13 @@ impl WebhookRepo for EmbeddedStore {
 
     async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<()> {
         let letter = letter.clone();
-        self.transaction(move |tx| tx.put(&dead_key(&letter.id), &letter))
-            .await
+        self.transaction(move |tx| {
+            let [own, by_owner, by_time] = keys_of(&letter);
+            tx.put(&own, &letter)?;
+            tx.put(&by_owner, &letter.id)?;
+            tx.put(&by_time, &letter.id)
+        })
+        .await
     }
 
     async fn dead_letters(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<DeadLetter>> {
@@ -97,10 +167,10 @@ impl WebhookRepo for EmbeddedStore {
     async fn remove_dead_letter(&self, id: &str) -> MetaResult<bool> {
         let key = dead_key(id);
         self.transaction(move |tx| {
-            if tx.get::<serde_json::Value>(&key)?.is_none() {
+            let Some(letter) = tx.get::<DeadLetter>(&key)? else {
                 return Ok(false);
-            }
-            tx.delete(&key);
+            };
+            keys_of(&letter).iter().for_each(|k| tx.delete(k));
             Ok(true)
         })
         .await

@@ -93,6 +93,7 @@ impl DeletionRepo for MongoStore {
 
     async fn purge_containers(&self, id: &UserId, limit: usize) -> MetaResult<usize> {
         let mut purged = self.purge_events(id, limit).await?;
+        purged += self.purge_dead_letters(id, limit).await?;
         for collection in ["sessions", "agents"] {
             let ids: Vec<Document> = self
                 .first_of(collection, doc! {"owner_id": id}, limit)

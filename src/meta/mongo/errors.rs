@@ -10,6 +10,11 @@ const LOCK_TIMEOUT: i32 = 24;
 
 const DUPLICATE_KEY: i32 = 11000;
 
+const MIGRATION_CONFLICT: i32 = 117;
+const SNAPSHOT_TOO_OLD: i32 = 239;
+const SNAPSHOT_UNAVAILABLE: i32 = 246;
+const STALE_CHUNK_HISTORY: i32 = 249;
+
 /// The server's error code, wherever the driver put it.
 fn code(e: &mongodb::error::Error) -> Option<i32> {
     match e.kind.as_ref() {
@@ -47,6 +52,11 @@ pub fn classify(e: mongodb::error::Error) -> MetaError {
     match code(&e) {
         Some(WRITE_CONFLICT | LOCK_TIMEOUT) => MetaError::WriteConflict,
         Some(DUPLICATE_KEY) => MetaError::Duplicate,
+        // A snapshot read's point in time no longer (or not yet) held, a
+        // chunk moved under it: the next read takes a new one.
+        Some(
+            SNAPSHOT_TOO_OLD | SNAPSHOT_UNAVAILABLE | STALE_CHUNK_HISTORY | MIGRATION_CONFLICT,
+        ) => MetaError::Transient(e.to_string()),
         _ if e.contains_label(TRANSIENT_TRANSACTION_ERROR) => MetaError::Transient(e.to_string()),
         _ => MetaError::Other(e.to_string()),
     }

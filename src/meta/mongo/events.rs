@@ -16,8 +16,8 @@ use mongodb::{
 use super::{MongoStore, errors::classify, find_sorted, find_sorted_in};
 use crate::{
     meta::{
-        EventDraft, EventRecord, EventRepo, EventType, FeedBounds, FeedPage, MetaError, MetaResult,
-        OwnerPage, events,
+        EventDraft, EventRecord, EventRepo, EventType, FeedPage, MetaError, MetaResult, OwnerPage,
+        events,
     },
     vocab::UserId,
 };
@@ -160,15 +160,15 @@ impl EventRepo for MongoStore {
     async fn owner_page(&self, owner: &UserId, after: i64, limit: usize) -> MetaResult<OwnerPage> {
         let mut s = self.snapshot().await?;
         let user = self
-            .db
-            .collection::<EventSeq>("users")
+            .in_snapshot::<EventSeq>("users")
             .find_one(doc! {"_id": owner})
             .projection(doc! {"event_seq": 1})
             .session(&mut s)
             .await
             .map_err(classify)?;
         let filter = owner_range(owner, after, limit);
-        let events = find_sorted_in(&mut s, self.events(), filter, doc! {"seq": 1}, limit).await?;
+        let events = self.in_snapshot("events");
+        let events = find_sorted_in(&mut s, events, filter, doc! {"seq": 1}, limit).await?;
         let last = user.map_or(0, |u| u.event_seq);
         Ok(OwnerPage { last, events })
     }
@@ -218,7 +218,8 @@ impl EventRepo for MongoStore {
                 .map_err(classify)?;
             gone += deleted.deleted_count as usize;
         }
-        Ok(gone)
+        // Their copies in dead letters go with them.
+        Ok(gone + self.expire_dead_letters(before, limit).await?)
     }
 
     async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>> {
@@ -232,9 +233,5 @@ impl EventRepo for MongoStore {
 
     async fn feed(&self, after: i64, width: i64, limit: usize) -> MetaResult<FeedPage> {
         self.feed_page(after, width, limit).await
-    }
-
-    async fn feed_bounds(&self) -> MetaResult<FeedBounds> {
-        self.read_feed_bounds().await
     }
 }

@@ -4,7 +4,7 @@
 //! (`last`) and retention mark (`floor`).
 
 use bson::{Document, doc};
-use mongodb::{Collection, options::ReturnDocument};
+use mongodb::{ClientSession, Collection, options::ReturnDocument};
 
 use super::{MongoStore, errors::classify, find_sorted_in};
 use crate::meta::{FEED_STATE, FeedBounds, FeedPage, MetaResult};
@@ -79,11 +79,13 @@ impl MongoStore {
         self.txns.finish(s, None, result).await
     }
 
-    /// See [`EventRepo::feed`](crate::meta::EventRepo::feed). Both reads
+    /// See [`EventRepo::feed`](crate::meta::EventRepo::feed). Every read
     /// in one snapshot: read one after the other, the bounds could show a
     /// sequencing transaction that the events' read (another shard, on a
     /// sharded cluster) does not show yet, and the reader would pass an
-    /// event it never saw.
+    /// event it never saw. (SecantusDB accepts the snapshot but does not
+    /// hold its reads to one: the floor read last covers the retention
+    /// there; a single node has no shards to disagree.)
     pub(super) async fn feed_page(
         &self,
         after: i64,
@@ -91,34 +93,39 @@ impl MongoStore {
         limit: usize,
     ) -> MetaResult<FeedPage> {
         let mut s = self.snapshot().await?;
-        let bounds = self
-            .feed_state()
-            .find_one(doc! {"_id": FEED_STATE})
-            .projection(doc! {"last": 1, "floor": 1})
-            .session(&mut s)
-            .await
-            .map_err(classify)?
-            .unwrap_or_default();
-        let upto = FeedPage::upto(bounds, after, width);
-        let events = match upto > after {
-            true => {
-                let filter = doc! {"feed": {"$gt": after, "$lte": upto}};
-                find_sorted_in(&mut s, self.events(), filter, doc! {"feed": 1}, limit).await?
+        let mut bounds = self.bounds_in(&mut s).await?;
+        let events = self.in_snapshot("events");
+        let (mut from, mut width) = (after, width.max(1));
+        let (upto, page) = loop {
+            let upto = FeedPage::upto(bounds, from, width);
+            let page = match upto > from {
+                true => {
+                    let filter = doc! {"feed": {"$gt": from, "$lte": upto}};
+                    find_sorted_in(&mut s, events.clone(), filter, doc! {"feed": 1}, limit).await?
+                }
+                false => Vec::new(),
+            };
+            if !page.is_empty() || upto >= bounds.last {
+                break (upto, page);
             }
-            false => Vec::new(),
+            (from, width) = (upto, width.saturating_mul(2));
         };
+        let again = self.bounds_in(&mut s).await?;
+        bounds.floor = bounds.floor.max(again.floor);
         Ok(FeedPage {
             bounds,
             upto,
-            events,
+            events: page,
         })
     }
 
-    pub(super) async fn read_feed_bounds(&self) -> MetaResult<FeedBounds> {
+    /// The feed's bounds, read in session `s` (a snapshot's).
+    async fn bounds_in(&self, s: &mut ClientSession) -> MetaResult<FeedBounds> {
         let state = self
-            .majority::<FeedBounds>(FEED_STATE)
+            .in_snapshot::<FeedBounds>(FEED_STATE)
             .find_one(doc! {"_id": FEED_STATE})
             .projection(doc! {"last": 1, "floor": 1})
+            .session(s)
             .await
             .map_err(classify)?;
         Ok(state.unwrap_or_default())

@@ -30,7 +30,7 @@ use futures::TryStreamExt;
 use mongodb::{
     ClientSession, Collection, Database, IndexModel,
     event::{EventHandler, command::CommandEvent},
-    options::{ClientOptions, IndexOptions},
+    options::{ClientOptions, CollectionOptions, IndexOptions, ReadConcern},
 };
 use prometheus_client::metrics::counter::Counter;
 
@@ -141,6 +141,16 @@ impl MongoStore {
             .await
             .map_err(classify)
     }
+
+    /// Collection `name` for reads in a [`Self::snapshot`] session: its
+    /// read concern says `snapshot` whatever the URI's says (the driver
+    /// keeps a level it inherits and only adds the point in time).
+    fn in_snapshot<T: Send + Sync>(&self, name: &str) -> Collection<T> {
+        let snapshot = CollectionOptions::builder()
+            .read_concern(ReadConcern::snapshot())
+            .build();
+        self.db.collection_with_options(name, snapshot)
+    }
 }
 
 /// The filter of a page of an owner's documents: theirs, after the cursor.
@@ -228,7 +238,18 @@ impl MongoStore {
             txns: Sessions::new(client, db.clone()),
             db,
         };
-        store.db.run_command(doc! {"ping": 1}).await?;
+        // A page of events is read in one snapshot: MongoDB 5.0 or later
+        // (wire version 13).
+        let hello = store.db.run_command(doc! {"hello": 1}).await?;
+        let wire = match hello.get("maxWireVersion") {
+            Some(Bson::Int32(v)) => i64::from(*v),
+            Some(Bson::Int64(v)) => *v,
+            _ => 0,
+        };
+        anyhow::ensure!(
+            wire >= 13,
+            "MongoDB 5.0 or later is required (events are read in snapshots); the server's wire version is {wire}"
+        );
         store.create_indexes().await?;
         store.migrate().await?;
         Ok(store)
@@ -290,6 +311,14 @@ impl MongoStore {
         // The sweeper removes the oldest first (FILEDOCK_EVENT_RETENTION_SECS).
         self.events()
             .create_index(index(doc! {"time": 1}, false))
+            .await?;
+        // A user's deletion and the events' retention remove the dead
+        // letters of their events by these.
+        self.dead()
+            .create_index(index(doc! {"event.owner_id": 1}, false))
+            .await?;
+        self.dead()
+            .create_index(index(doc! {"event.time": 1}, false))
             .await?;
         self.permissions()
             .create_index(index(doc! {"file_id": 1, "user_id": 1}, true))

@@ -1,16 +1,22 @@
 //! Webhooks' delivery state on MongoDB: `webhook_marks {_id:
 //! "{endpoint}:{partition}", position, owners, fence}` and `webhook_dead`
-//! (the letters, by id).
+//! (the letters, by id; a user's deletion and the events' retention find
+//! theirs by `event.owner_id` and `event.time`, indexed).
 //! Every read and write finds its documents by `_id`, and every filter is
 //! plain fields (an `_id` beside a field's own condition): SecantusDB looks
 //! such a document up by its `_id`, but scans for a top-level operator.
 
 use async_trait::async_trait;
 use bson::{Document, doc};
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 use mongodb::Collection;
 
 use super::{MongoStore, errors::classify, find_sorted};
-use crate::meta::{DeadLetter, MetaError, MetaResult, WebhookMark, WebhookRepo};
+use crate::{
+    meta::{DeadLetter, MetaError, MetaResult, WebhookMark, WebhookRepo},
+    vocab::UserId,
+};
 
 const MARKS: &str = "webhook_marks";
 const DEAD: &str = "webhook_dead";
@@ -24,8 +30,56 @@ impl MongoStore {
         self.db.collection(MARKS)
     }
 
-    fn dead(&self) -> Collection<DeadLetter> {
+    pub(super) fn dead(&self) -> Collection<DeadLetter> {
         self.db.collection(DEAD)
+    }
+
+    /// Removes up to `limit` of `owner`'s dead letters (their deletion);
+    /// how many.
+    pub(super) async fn purge_dead_letters(
+        &self,
+        owner: &UserId,
+        limit: usize,
+    ) -> MetaResult<usize> {
+        self.remove_dead_where(doc! {"event.owner_id": owner}, limit)
+            .await
+    }
+
+    /// Removes up to `limit` dead letters whose event was written before
+    /// `before` (the events' retention); how many.
+    pub(super) async fn expire_dead_letters(
+        &self,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> MetaResult<usize> {
+        let filter = doc! {"event.time": {"$lt": bson::DateTime::from_chrono(before)}};
+        self.remove_dead_where(filter, limit).await
+    }
+
+    /// Up to `limit` of the letters `filter` finds (by an index: a few
+    /// ids), then those ids removed.
+    async fn remove_dead_where(&self, filter: Document, limit: usize) -> MetaResult<usize> {
+        let ids: Vec<Document> = self
+            .db
+            .collection::<Document>(DEAD)
+            .find(filter)
+            .projection(doc! {"_id": 1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await
+            .map_err(classify)?
+            .try_collect()
+            .await
+            .map_err(classify)?;
+        let ids: Vec<_> = ids.iter().filter_map(|d| d.get("_id").cloned()).collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let gone = self
+            .dead()
+            .delete_many(doc! {"_id": {"$in": ids}})
+            .await
+            .map_err(classify)?;
+        Ok(gone.deleted_count as usize)
     }
 }
 

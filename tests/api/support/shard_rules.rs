@@ -33,6 +33,8 @@ pub const SHARD_KEYS: &[(&str, Option<&str>)] = &[
     ("event_feed", None),
     ("txn_holders", None),
     ("orphan_minio_objects", None),
+    ("webhook_marks", None),
+    ("webhook_dead", None),
 ];
 
 /// One filter (or inserted document) of a command, as the rule sees it.
