@@ -48,7 +48,9 @@ async fn dead_letters_go_with_their_user_and_past_the_events_retention() {
     let mut hooks = webhook_settings(&rx, Duration::from_millis(200));
     hooks.max_age = Duration::from_secs(1);
     settings.webhooks = Some(hooks);
-    settings.sweep.event_retention = Duration::from_secs(4);
+    // Long enough that ann's deletion is swept before bob's letter is
+    // past it, on a slow machine too.
+    settings.sweep.event_retention = Duration::from_secs(10);
     let app = spawn_app_with(settings).await;
     let (ann, bob) = (app.create_user("ann").await, app.create_user("bob").await);
     // Each one's first is refused until given up on.
@@ -90,7 +92,7 @@ async fn dead_letters_go_with_their_user_and_past_the_events_retention() {
     let kept: Value = dead_letters(&app, "").await;
     assert_eq!(kept["dead_letters"].as_array().unwrap().len(), 1, "{kept}");
 
-    // Bob's goes once his event is past the retention (4 s after it was
+    // Bob's goes once his event is past the retention (10 s after it was
     // written), with the event.
     sweep_until(&app, "the retention", |ids| ids.is_empty()).await;
     let (status, body) = app.json("GET", "/v1/events?after=0", &bob, None).await;

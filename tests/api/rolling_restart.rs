@@ -5,7 +5,9 @@
 //! turn gets SIGTERM, must end its drain with exit 0, and starts again on
 //! its port. Counted: every answer a client got (any that is not a success
 //! is a failure; a connection refused or cut before an answer is retried,
-//! as any client behind a balancer would), and every write a client was
+//! as any client behind a balancer would, and a tus PATCH a drain let go
+//! with `503 draining` is resumed from `HEAD`'s offset, as a tus client
+//! does: its upload must still complete), and every write a client was
 //! told succeeded, read back at the end. In queue mode, how long fewer
 //! than all the buckets were held during the roll.
 
@@ -46,6 +48,9 @@ struct Tally {
     requests: usize,
     /// Connections refused or cut before an answer, sent again.
     retried: usize,
+    /// tus PATCHes a drain let go (`503 draining`: what arrived is stored),
+    /// resumed from `HEAD`'s offset as a tus client does.
+    resumed: usize,
     failed: Vec<String>,
     /// Files it was told are stored: id and SHA-256.
     files: Vec<(String, String)>,
@@ -192,12 +197,23 @@ async fn tus_upload(http: &Client, base: &str, key: &str, t: &mut Tally, seed: u
                     .body(rest.clone())
             })
             .await;
-        if t.answered("tus patch", res, StatusCode::NO_CONTENT)
-            .await
-            .is_some()
-        {
-            t.files.push((id, sha256_hex(&bytes)));
-            return;
+        match res {
+            Some(res) if res.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                let body = res.text().await.unwrap_or_default();
+                match body.contains("\"code\":\"draining\"") {
+                    true => t.resumed += 1,
+                    false => t.failed.push(format!("tus patch: 503 {body}")),
+                }
+            }
+            res => {
+                if t.answered("tus patch", res, StatusCode::NO_CONTENT)
+                    .await
+                    .is_some()
+                {
+                    t.files.push((id, sha256_hex(&bytes)));
+                    return;
+                }
+            }
         }
         // Where it is now, then the rest from there.
         let res = t
@@ -327,9 +343,10 @@ async fn a_rolling_restart_under_load_fails_no_request_and_loses_no_write() {
 
     let requests: usize = tallies.iter().map(|t| t.requests).sum();
     let retried: usize = tallies.iter().map(|t| t.retried).sum();
+    let resumed: usize = tallies.iter().map(|t| t.resumed).sum();
     let written: usize = tallies.iter().map(|t| t.files.len()).sum();
     eprintln!(
-        "rolling restart ({:?} mode): {requests} requests, {retried} sent again after a refused or cut connection, {written} files written; each instance's (SIGTERM to exit, start, answers during the drain): {stops:?}",
+        "rolling restart ({:?} mode): {requests} requests, {retried} sent again after a refused or cut connection, {resumed} tus PATCHes let go by a drain and resumed, {written} files written; each instance's (SIGTERM to exit, start, answers during the drain): {stops:?}",
         settings.coordination
     );
     let failed: Vec<&String> = tallies.iter().flat_map(|t| &t.failed).collect();

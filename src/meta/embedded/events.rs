@@ -253,19 +253,20 @@ impl EventRepo for EmbeddedStore {
     }
 
     async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize> {
-        // Their copies in dead letters go with them.
-        let letters = self
-            .transaction(move |tx| expire_dead_letters(tx, before, limit))
-            .await?;
-        let before = format!("{:015}", before.timestamp_millis().max(0));
+        let time = format!("{:015}", before.timestamp_millis().max(0));
         // It writes the feed's floor, which a sequencer placing events at
         // the same moment writes too: the loser of that race runs again.
         let mut conflicts = 0;
         loop {
-            let before = before.clone();
-            match self.transaction(move |tx| expire(tx, &before, limit)).await {
+            let time = time.clone();
+            let expired = self.transaction(move |tx| {
+                let events = expire(tx, &time, limit)?;
+                // Their copies in dead letters go with them.
+                Ok(events + expire_dead_letters(tx, before, limit)?)
+            });
+            match expired.await {
                 Err(MetaError::WriteConflict) if conflicts < 5 => conflicts += 1,
-                r => return r.map(|n| n + letters),
+                r => return r,
             }
         }
     }

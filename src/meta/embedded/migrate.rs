@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 
-use super::{EmbeddedStore, events, owner_index, user_key, users::put_key};
+use super::{
+    EmbeddedStore, events, owner_index, user_key, users::put_key, webhooks::index_dead_letters,
+};
 use crate::{
     meta::{ApiKeyRecord, EventRecord, FIRST_KEY_NAME, MetaResult, UserRecord},
     vocab::{ApiKeyHash, KeyId, UserId},
@@ -25,6 +27,12 @@ impl EmbeddedStore {
         let moved = self.migrate_single_keys()?;
         if moved > 0 {
             tracing::info!(moved, "moved users' single keys into api keys");
+        }
+        let mut tx = self.begin()?;
+        let letters = index_dead_letters(&mut tx)?;
+        tx.commit(self)?;
+        if letters > 0 {
+            tracing::info!(letters, "indexed webhook dead letters by owner and time");
         }
         let pending = pend_unplaced_events(self)?;
         if pending > 0 {

@@ -50,6 +50,24 @@ fn keys_of(letter: &DeadLetter) -> [String; 3] {
     ]
 }
 
+/// Puts the index entries of every letter that lacks them (written before
+/// they existed); how many.
+pub(super) fn index_dead_letters(tx: &mut Txn) -> MetaResult<usize> {
+    let mut indexed = 0;
+    for key in tx.keys(DEAD, None, usize::MAX)? {
+        let Some(letter) = tx.get::<DeadLetter>(&key)? else {
+            continue;
+        };
+        let [_, by_owner, by_time] = keys_of(&letter);
+        if tx.get::<String>(&by_owner)?.is_none() {
+            tx.put(&by_owner, &letter.id)?;
+            tx.put(&by_time, &letter.id)?;
+            indexed += 1;
+        }
+    }
+    Ok(indexed)
+}
+
 /// Removes the letters an index entry under `index` names (each with its
 /// keys), up to `limit`, while `keep_going` says so of the entry's rest.
 fn remove_by(
@@ -313,6 +331,47 @@ mod tests {
         assert!(!store.remove_dead_letter(&letters[1].id).await.unwrap());
         assert_eq!(store.dead_letter(&letters[1].id).await.unwrap(), None);
         assert_eq!(store.count_dead_letters().await.unwrap(), 2);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// A user's deletion and the retention find their letters by the index
+    /// ranges; a letter kept before those existed is indexed at start-up.
+    #[tokio::test]
+    async fn letters_go_by_owner_and_by_time_older_ones_once_indexed() {
+        let (store, dir) = open();
+        let (ann, bob) = (UserId::new(), UserId::new());
+        let mut old = letter("e", bob, 9);
+        old.event.time = now() - chrono::Duration::hours(2);
+        for l in [
+            letter("e", ann, 1),
+            letter("e", ann, 2),
+            letter("e", bob, 1),
+        ] {
+            store.put_dead_letter(&l).await.unwrap();
+        }
+        // As an older version kept it: the letter alone.
+        let raw = old.clone();
+        store
+            .transaction(move |tx| tx.put(&dead_key(&raw.id), &raw))
+            .await
+            .unwrap();
+        let gone = store
+            .transaction(move |tx| purge_dead_letters(tx, &ann, 10))
+            .await
+            .unwrap();
+        assert_eq!(gone, 2);
+        let cut = now() - chrono::Duration::hours(1);
+        let expire = move |tx: &mut Txn| expire_dead_letters(tx, cut, 10);
+        assert_eq!(
+            store.transaction(expire).await.unwrap(),
+            0,
+            "not indexed yet"
+        );
+        let indexed = store.transaction(index_dead_letters).await.unwrap();
+        assert_eq!(indexed, 1, "only the old one lacked its entries");
+        assert_eq!(store.transaction(expire).await.unwrap(), 1);
+        let left = store.dead_letters(None, 10).await.unwrap();
+        assert_eq!(ids_of(&left), vec![letter("e", bob, 1).id]);
         std::fs::remove_dir_all(dir).ok();
     }
 }

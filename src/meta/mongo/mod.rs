@@ -240,10 +240,15 @@ impl MongoStore {
         };
         // A page of events is read in one snapshot: MongoDB 5.0 or later
         // (wire version 13).
-        let hello = store.db.run_command(doc! {"hello": 1}).await?;
+        // (`isMaster` where `hello` is unknown: older servers, refused below.)
+        let hello = match store.db.run_command(doc! {"hello": 1}).await {
+            Ok(hello) => hello,
+            Err(_) => store.db.run_command(doc! {"isMaster": 1}).await?,
+        };
         let wire = match hello.get("maxWireVersion") {
             Some(Bson::Int32(v)) => i64::from(*v),
             Some(Bson::Int64(v)) => *v,
+            Some(Bson::Double(v)) => *v as i64,
             _ => 0,
         };
         anyhow::ensure!(

@@ -62,7 +62,7 @@ impl MongoStore {
         let ids: Vec<Document> = self
             .db
             .collection::<Document>(DEAD)
-            .find(filter)
+            .find(filter.clone())
             .projection(doc! {"_id": 1})
             .limit(i64::try_from(limit).unwrap_or(i64::MAX))
             .await
@@ -74,11 +74,10 @@ impl MongoStore {
         if ids.is_empty() {
             return Ok(0);
         }
-        let gone = self
-            .dead()
-            .delete_many(doc! {"_id": {"$in": ids}})
-            .await
-            .map_err(classify)?;
+        // Those ids, still as the filter found them.
+        let mut found = filter;
+        found.insert("_id", doc! {"$in": ids});
+        let gone = self.dead().delete_many(found).await.map_err(classify)?;
         Ok(gone.deleted_count as usize)
     }
 }
