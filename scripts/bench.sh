@@ -10,7 +10,8 @@
 # `scripts/bench.sh 4c` lock vs queue on one Redis node vs a Redis Cluster,
 # `scripts/bench.sh 12` what the events cost (A/B against FILEDOCK_BENCH_BASE_BIN's builds),
 # `scripts/bench.sh 13` small tus uploads against tus-node-server (installed
-# from npm into ~/.cache/filedock/tus-node, once), `scripts/bench.sh 14` what
+# from npm into ~/.cache/filedock/tus-node, once; `13b` its CPU per 4 KiB plain
+# upload alone), `scripts/bench.sh 14` what
 # webhooks cost (delivery latency, uploads with webhooks on vs off); with
 # FILEDOCK_BENCH_BASE_BIN=<another filedock build> it runs that build too (A/B).
 set -euo pipefail

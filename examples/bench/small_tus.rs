@@ -208,6 +208,13 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
     cpu_per_small_upload(client, &builds, r).await;
 }
 
+/// Scenario 13b alone (`scripts/bench.sh 13b`): filedock's CPU per 4 KiB
+/// plain upload, for a profile of it without the rest of 13.
+pub(crate) async fn cpu_only(client: &Client, r: &mut Report) {
+    let builds = start_builds().await;
+    cpu_per_small_upload(client, &builds, r).await;
+}
+
 /// One load of `n` uploads of 1 MiB, `IN_FLIGHT` at once: tus or plain,
 /// on build `b` (`None`: the peer).
 #[allow(clippy::too_many_arguments)]
