@@ -14,6 +14,7 @@ use rand::{Rng, rngs::StdRng, seq::SliceRandom};
 use crate::support::{
     cluster::{Cluster, GRACE, LOCK_TTL, SETTLE_WINDOW},
     servers::OwnRedis,
+    webhook_receiver::Delivery,
 };
 
 /// BSON of `"insert": "files"`: the first command of an upload's commit.
@@ -78,8 +79,9 @@ pub enum Fault {
     ReceiverDown,
     /// The webhook receiver answering 500 for up to 3 s.
     ReceiverFailing,
-    /// The webhook receiver answering after 1.5 s, for 3 s: deliveries in
-    /// flight when another fault kills, pauses or drains an instance.
+    /// The webhook receiver answering after 1.5 s, for 3 s (and on until a
+    /// delivery met it, 8 s at most): deliveries in flight when another
+    /// fault kills, pauses or drains an instance.
     ReceiverSlow,
     /// SIGKILL, then the instance starts again on its port.
     Kill,
@@ -321,6 +323,10 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             let before = c.receiver.requests().len();
             c.receiver.slow(Duration::from_millis(1500));
             tokio::time::sleep(Duration::from_secs(3)).await;
+            // Slow on until a delivery met it (at most 5 s more): under the
+            // other faults deliveries can pause for longer than 3 s.
+            let met = |log: &[Delivery]| log.len() > before;
+            let _ = c.receiver.wait_for(met, Duration::from_secs(5)).await;
             c.receiver.answer_ok();
             c.receiver.requests().len() > before
         }
