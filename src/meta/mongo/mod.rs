@@ -29,7 +29,7 @@ use bson::{Bson, Document, doc};
 use futures::TryStreamExt;
 use mongodb::{
     ClientSession, Collection, Database, IndexModel,
-    event::{EventHandler, command::CommandEvent},
+    event::{EventHandler, cmap::CmapEvent, command::CommandEvent},
     options::{ClientOptions, CollectionOptions, IndexOptions, ReadConcern},
 };
 use prometheus_client::metrics::counter::Counter;
@@ -208,26 +208,41 @@ impl MongoStore {
     ) -> anyhow::Result<Self> {
         let mut opts = ClientOptions::parse(uri).await?;
         opts.app_name = Some("filedock".into());
-        opts.command_event_handler = Some(EventHandler::callback(move |e| {
-            if let CommandEvent::Started(started) = e {
-                commands.inc();
-                // Each round trip, by name and collection (RUST_LOG=filedock::mongo=trace);
-                // the collection is looked up only when that is on.
-                tracing::trace!(
-                    target: "filedock::mongo",
-                    command = %started.command_name,
-                    collection = started.command.get_str(&started.command_name).ok(),
-                    "mongo command"
-                );
-                // The event is ours: its document moves, it is not copied.
-                if let Some(observe) = &observer {
-                    observe(SentCommand {
-                        name: started.command_name,
-                        body: started.command,
-                    });
+        // A command event costs the driver a copy and a parse of the command
+        // and of its reply (about a tenth of filedock's CPU per small
+        // upload, BENCHMARKS 13): the command events are listened to only
+        // for an observer or RUST_LOG=filedock::mongo=trace. Otherwise a
+        // command is counted as the connection checked out to send it
+        // (each command, retries and cursors' getMore included, checks one
+        // out; a connection's handshake is not a command in either count).
+        let traced = tracing::enabled!(target: "filedock::mongo", tracing::Level::TRACE);
+        if observer.is_some() || traced {
+            opts.command_event_handler = Some(EventHandler::callback(move |e| {
+                if let CommandEvent::Started(started) = e {
+                    commands.inc();
+                    // Each round trip, by name and collection.
+                    tracing::trace!(
+                        target: "filedock::mongo",
+                        command = %started.command_name,
+                        collection = started.command.get_str(&started.command_name).ok(),
+                        "mongo command"
+                    );
+                    // The event is ours: its document moves, it is not copied.
+                    if let Some(observe) = &observer {
+                        observe(SentCommand {
+                            name: started.command_name,
+                            body: started.command,
+                        });
+                    }
                 }
-            }
-        }));
+            }));
+        } else {
+            opts.cmap_event_handler = Some(EventHandler::callback(move |e| {
+                if let CmapEvent::ConnectionCheckedOut(_) = e {
+                    commands.inc();
+                }
+            }));
+        }
         // Fail fast when the server is gone: requests answer 503, not hang.
         opts.server_selection_timeout
             .get_or_insert(Duration::from_secs(5));
