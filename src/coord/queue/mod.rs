@@ -24,8 +24,12 @@
 //! - Redis unhealthy (checked at most once a second; on a cluster, the
 //!   bucket's master only): the direct lock path.
 //!
-//! This file is the queue's front (enqueue, wait for the result);
-//! `worker.rs` holds the bucket workers, `stats.rs` the figures.
+//! What does not depend on the broker is apart: `front.rs` (the circuit
+//! breaker, waiting, the dynamic timeout, settling) and `apply.rs` (what a
+//! bucket's consumer does with its deliveries: group commit, retries, dead
+//! letters). This file is the Redis Streams broker's side of the front
+//! (health, enqueue, results); `worker.rs` consumes a bucket's stream,
+//! `manager.rs` leases the buckets, `stats.rs` keeps the figures.
 
 use std::{
     collections::HashMap,
@@ -33,7 +37,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod apply;
 mod dead_letter;
+mod front;
 mod manager;
 mod results;
 mod stats;
@@ -41,22 +47,21 @@ mod worker;
 
 use async_trait::async_trait;
 use redis::AsyncCommands;
-use tokio::sync::oneshot;
 
 pub use self::results::{done_channel, result_key};
 use self::{
-    results::{Results, Waiters, read_result},
+    front::{Broker, EnqueueError, Front, Waiters},
+    results::{Results, read_result},
     stats::Recent,
 };
 use super::{
-    Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, QueueStats, bucket_of,
-    members::Members, wait_timeout,
+    Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, QueueStats,
+    members::Members,
 };
 use crate::{
-    lock::{LockError, Locks},
-    meta::{MetaError, Refusal, Settled},
+    lock::Locks,
     metrics::Metrics,
-    redis_link::{Fault, RedisConn, RedisLink, fault_of},
+    redis_link::{Fault, RedisConn, RedisLink, Watch, fault_of},
     vocab::{OpId, Operation},
 };
 
@@ -67,11 +72,6 @@ const MAX_STREAM_LEN: u64 = 100_000;
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// How long the health check waits for its answer.
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
-/// How often a waiter re-reads its result, in case a notice was lost.
-const RESULT_POLL_EVERY: Duration = Duration::from_secs(1);
-/// How long settling a timed-out operation may take before the answer is
-/// "outcome unknown" (the store may be waiting on a worker's transaction).
-const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
 pub struct RedisQueue {
     link: RedisLink,
@@ -79,7 +79,8 @@ pub struct RedisQueue {
     prefix: String,
     /// Unique consumer name of this process.
     instance: String,
-    waiters: Waiters,
+    /// Waiting, timeouts, settling and the direct path.
+    front: Front,
     /// Last health check of each part of Redis (on a cluster, each slot
     /// checked: one master's outage leaves the others' buckets queued):
     /// when, and whether it answered.
@@ -92,12 +93,7 @@ pub struct RedisQueue {
     members: Members,
     /// Bucket leases.
     locks: Arc<Locks>,
-    applier: Applier,
-    /// Where operations go while Redis is unhealthy.
-    direct: LockCoordinator,
     metrics: Arc<Metrics>,
-    /// The waiter's base wait (`FILEDOCK_QUEUE_WAIT_SECS`).
-    wait: Duration,
 }
 
 fn now_ms() -> u64 {
@@ -130,16 +126,18 @@ impl RedisQueue {
             conn,
             prefix: prefix.to_owned(),
             instance,
-            waiters,
+            front: Front {
+                waiters,
+                direct: LockCoordinator::new(locks.clone(), applier.clone()),
+                applier,
+                wait,
+            },
             health: Mutex::default(),
             recent: Recent::default(),
             held: Arc::default(),
             results,
-            direct: LockCoordinator::new(locks.clone(), applier.clone()),
             locks,
-            applier,
             metrics,
-            wait,
         })
     }
 
@@ -151,6 +149,36 @@ impl RedisQueue {
     fn dlq(&self) -> String {
         format!("{}filedock_queue_dlq", self.prefix)
     }
+
+    /// Entries waiting or in flight in bucket `b`.
+    async fn bucket_len(&self, b: u32) -> redis::RedisResult<u64> {
+        let groups: redis::streams::StreamInfoGroupsReply = self
+            .conn
+            .clone()
+            .xinfo_groups(Self::stream(&self.prefix, b))
+            .await?;
+        Ok(groups
+            .groups
+            .iter()
+            .map(|g| (g.lag.unwrap_or(0) + g.pending) as u64)
+            .sum())
+    }
+}
+
+#[async_trait]
+impl Coordinator for RedisQueue {
+    async fn run(&self, op: Operation) -> Result<(), CoordError> {
+        self.front.run(self, op).await
+    }
+
+    async fn stats(&self) -> Option<QueueStats> {
+        Some(self.figures().await)
+    }
+}
+
+#[async_trait]
+impl Broker for RedisQueue {
+    type Listening = Watch;
 
     /// The circuit breaker: whether the part of Redis that holds bucket
     /// `b` answers, checked at most once a second (a read of the bucket's
@@ -185,21 +213,31 @@ impl RedisQueue {
         health.insert(scope, (Instant::now(), false));
     }
 
-    /// Entries waiting or in flight in bucket `b`.
-    async fn bucket_len(&self, b: u32) -> redis::RedisResult<u64> {
-        let groups: redis::streams::StreamInfoGroupsReply = self
-            .conn
-            .clone()
-            .xinfo_groups(Self::stream(&self.prefix, b))
-            .await?;
-        Ok(groups
-            .groups
-            .iter()
-            .map(|g| (g.lag.unwrap_or(0) + g.pending) as u64)
-            .sum())
+    async fn listen(&self, b: u32) -> Option<Watch> {
+        (self.results)
+            .watch(&done_channel(&self.prefix, b, &self.instance))
+            .await
     }
 
-    async fn enqueue(&self, b: u32, op: &Operation, op_id: &OpId) -> redis::RedisResult<u64> {
+    async fn enqueue(&self, b: u32, op: &Operation, op_id: &OpId) -> Result<u64, EnqueueError> {
+        match self.add(b, op, op_id).await {
+            Ok(ahead) => Ok(ahead),
+            // A topology answer (MOVED…): Redis is up.
+            Err(e) if fault_of(&e) == Fault::Topology => {
+                Err(EnqueueError::Misrouted(e.to_string()))
+            }
+            Err(e) => Err(EnqueueError::Failed(e.to_string())),
+        }
+    }
+
+    async fn read_result(&self, b: u32, op_id: &OpId) -> Option<OpOutcome> {
+        read_result(&mut self.conn.clone(), &self.prefix, b, op_id).await
+    }
+}
+
+impl RedisQueue {
+    /// Adds `op` to bucket `b`'s stream; how many entries were ahead.
+    async fn add(&self, b: u32, op: &Operation, op_id: &OpId) -> redis::RedisResult<u64> {
         let ahead = self.bucket_len(b).await.unwrap_or(0);
         let body = serde_json::to_string(op)
             .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))?;
@@ -220,101 +258,6 @@ impl RedisQueue {
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(ahead)
-    }
-}
-
-impl RedisQueue {
-    /// Answers for an operation that may still be in the stream without
-    /// leaving it free to apply later: its id is recorded as processed, so
-    /// a worker skips it, and `failure` is the answer. If the id was there
-    /// already, it applied. If the store cannot say in time, the outcome is
-    /// unknown.
-    async fn settle(
-        &self,
-        op: &Operation,
-        op_id: &OpId,
-        failure: CoordError,
-    ) -> Result<(), CoordError> {
-        let why = match &failure {
-            CoordError::Meta(MetaError::ContainerFull(max)) => Refusal::ContainerFull(*max),
-            CoordError::Meta(MetaError::NotFound) => Refusal::NotFound,
-            _ => Refusal::Cancelled,
-        };
-        match tokio::time::timeout(SETTLE_WAIT, self.applier.cancel(op_id, why)).await {
-            Ok(Ok(Settled::Now)) => Err(failure),
-            Ok(Ok(Settled::Applied)) => Ok(()),
-            Ok(Ok(Settled::Refused(why))) => OpOutcome::from(why).into_result(),
-            Ok(Err(e)) => {
-                tracing::warn!(%op_id, error = %e, "could not settle a queued operation");
-                Err(CoordError::OutcomeUnknown(op.resource_path()))
-            }
-            Err(_) => Err(CoordError::OutcomeUnknown(op.resource_path())),
-        }
-    }
-}
-
-#[async_trait]
-impl Coordinator for RedisQueue {
-    async fn run(&self, op: Operation) -> Result<(), CoordError> {
-        let b = bucket_of(&op.lock_key());
-        if !self.healthy(b).await {
-            return self.direct.run(op).await;
-        }
-        let op_id = OpId::new();
-        let (tx, mut rx) = oneshot::channel();
-        // Registered, and its channel heard, before the enqueue, so the
-        // result cannot come too early.
-        let _waiting = self.waiters.register(&op_id.to_string(), tx);
-        let _heard = (self.results)
-            .watch(&done_channel(&self.prefix, b, &self.instance))
-            .await;
-        let ahead = match self.enqueue(b, &op, &op_id).await {
-            Ok(n) => n,
-            // A topology answer (MOVED…): Redis is up, so no breaker and no
-            // direct path. The last try did not run, but an earlier one the
-            // cluster client sent again (a dropped link, a timeout) may
-            // have: the refusal is settled first, so a copy in the stream
-            // never applies after it (or, applied already, is the answer).
-            Err(e) if fault_of(&e) == Fault::Topology => {
-                tracing::error!(error = %e, "enqueue misrouted; refusing the operation");
-                let refused = CoordError::Lock(LockError::Misrouted(e.to_string()));
-                return self.settle(&op, &op_id, refused).await;
-            }
-            Err(e) => {
-                // The entry may be in the stream all the same (a lost
-                // reply): the direct path applies it under its id, so the
-                // copy applies once; and a failure is settled before it is
-                // told, so the copy cannot apply after the answer.
-                tracing::warn!(error = %e, "enqueue failed; taking the direct path");
-                self.mark_unhealthy(b);
-                return match self.direct.run_as(op.clone(), Some(&op_id)).await {
-                    Ok(()) => Ok(()),
-                    Err(e) => self.settle(&op, &op_id, e).await,
-                };
-            }
-        };
-        let deadline = Instant::now() + wait_timeout(self.wait, ahead);
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return self.settle(&op, &op_id, CoordError::Cancelled).await;
-            }
-            tokio::select! {
-                outcome = &mut rx => {
-                    if let Ok(o) = outcome {
-                        return o.into_result();
-                    }
-                }
-                _ = tokio::time::sleep(RESULT_POLL_EVERY.min(deadline - now)) => {}
-            }
-            if let Some(o) = read_result(&mut self.conn.clone(), &self.prefix, b, &op_id).await {
-                return o.into_result();
-            }
-        }
-    }
-
-    async fn stats(&self) -> Option<QueueStats> {
-        Some(self.figures().await)
     }
 }
 

@@ -10,18 +10,14 @@
 use std::{sync::Arc, time::Duration};
 
 use redis::AsyncCommands;
-use tokio::{
-    sync::{mpsc, oneshot},
-    task::JoinHandle,
-};
+use tokio::{sync::mpsc, task::JoinHandle};
 
 use crate::{
     coord::OpOutcome,
     redis_link::{NoticeHandler, Notices, RedisConn, RedisLink, Watch},
 };
 
-/// Callers waiting for their operation's result, by operation id.
-pub type Waiters = crate::lock::waiters::Waiters<oneshot::Sender<OpOutcome>>;
+use super::front::Waiters;
 
 /// How long a request waits for its bucket's channel to be subscribed
 /// before it enqueues anyway (and re-reads its result every second).

@@ -1,7 +1,7 @@
 //! A bucket worker: consumes one bucket in order while it holds the
 //! bucket's lease (`manager.rs` hands out the leases).
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use redis::{
@@ -10,19 +10,18 @@ use redis::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{GROUP, RedisQueue, done_channel, now_ms, result_key};
+use super::{
+    GROUP, RedisQueue,
+    apply::{Answered, Applying, Delivered, Sink, Step},
+    done_channel, now_ms, result_key,
+};
 use crate::{
-    coord::OpOutcome,
     lock::LockGuard,
-    meta::{Fence, MetaError, Refusal, Settled},
-    metrics::OutcomeLabel,
+    meta::Fence,
     redis_link::DedicatedConn,
-    vocab::{OpId, Operation},
+    vocab::OpId,
     worker::{self, WorkerState},
 };
-
-/// Attempts before an operation is dead-lettered.
-const MAX_ATTEMPTS: u32 = 5;
 
 /// Entries read or claimed at once (a group commit applies at most this many).
 const READ_BATCH: usize = 16;
@@ -31,34 +30,6 @@ const READ_BATCH: usize = 16;
 const READ_BLOCK_MS: usize = 500;
 /// How long an operation's result stays readable, in seconds.
 const RESULT_TTL_SECS: u64 = 300;
-/// The pause before a retry grows by this much each time.
-const RETRY_STEP: Duration = Duration::from_millis(100);
-
-/// Whether a refusal is the store's and not the operation's: a conflicting
-/// transaction (perhaps left open by a process that died mid-commit, until
-/// it is ended), the store being down, or a commit whose answer was lost.
-/// Queued operations wait these out rather than count them as failures.
-fn waits_for_store(e: &MetaError) -> bool {
-    matches!(
-        e,
-        MetaError::WriteConflict
-            | MetaError::Transient(_)
-            | MetaError::Unavailable(_)
-            | MetaError::OutcomeUnknown(_)
-    )
-}
-
-/// The pause before the `n`th try at something the store refused for a
-/// reason not the operation's (it grows, and stops growing at the tenth).
-fn transient_pause(n: u32) -> Duration {
-    RETRY_STEP * n.min(10)
-}
-
-pub(super) enum Step {
-    Next,
-    /// The lease is gone: stop without acknowledging; the next owner redoes it.
-    Stop,
-}
 
 /// Consumes bucket `b` in order while the lease holds.
 pub(super) struct BucketWorker {
@@ -97,11 +68,16 @@ async fn consume_bucket(queue: &RedisQueue, b: u32, guard: LockGuard, stop: &Can
         queue,
         bucket: b,
         stream: &stream,
-        lost: &lost,
-        fence: Fence {
-            slot: format!("queue{b}"),
-            token: guard.fence() as i64,
-            pinned: true,
+        applying: Applying {
+            applier: &queue.front.applier,
+            metrics: &queue.metrics,
+            recent: &queue.recent,
+            fence: Fence {
+                slot: format!("queue{b}"),
+                token: guard.fence() as i64,
+                pinned: true,
+            },
+            lost: &lost,
         },
     };
     if let Err(e) = consumer.consume(stop).await {
@@ -125,7 +101,7 @@ impl Consumer<'_> {
             .group(GROUP, &queue.instance)
             .count(READ_BATCH)
             .block(READ_BLOCK_MS);
-        while !stop.is_cancelled() && !self.lost.is_cancelled() {
+        while !stop.is_cancelled() && !self.applying.lost.is_cancelled() {
             // Everything pending in the group, in stream order: what the last
             // read delivered, what earlier owners left, and what was
             // delivered to a worker that had lost its lease without knowing
@@ -153,8 +129,12 @@ impl Consumer<'_> {
                     StreamAutoClaimOptions::default().count(READ_BATCH),
                 )
                 .await?;
-            let entries: Vec<_> = claimed.claimed.iter().map(Entry::decode).collect();
-            if let Step::Stop = self.handle(conn, &entries).await {
+            let entries: Vec<_> = claimed.claimed.iter().map(decode).collect();
+            let mut sink = StreamSink {
+                consumer: self,
+                conn: &mut *conn,
+            };
+            if let Step::Stop = self.applying.handle(&mut sink, &entries).await {
                 return Ok(Step::Stop);
             }
             if claimed.next_stream_id == "0-0" || claimed.claimed.is_empty() {
@@ -163,51 +143,24 @@ impl Consumer<'_> {
             start = claimed.next_stream_id;
         }
     }
-
-    /// Applies what one read returned, in order: as a group if it can.
-    async fn handle(&self, conn: &mut DedicatedConn, entries: &[Entry<'_>]) -> Step {
-        if entries.len() > 1
-            && let Some(step) = self.process_group(conn, entries).await
-        {
-            return step;
-        }
-        for entry in entries {
-            if let Step::Stop = self.process(conn, entry).await {
-                return Step::Stop;
-            }
-        }
-        Step::Next
-    }
 }
 
-/// A stream entry, decoded.
-struct Entry<'a> {
-    raw: &'a StreamId,
-    /// `None` for an entry filedock did not write (no valid operation id):
-    /// it is undecodable, and no waiter waits for it.
-    op_id: Option<OpId>,
-    reply_to: Option<String>,
-    enqueued_ms: u64,
-    op: Result<Operation, String>,
-}
-
-impl<'a> Entry<'a> {
-    fn decode(raw: &'a StreamId) -> Self {
-        let op_id = raw.get::<String>("id").and_then(|id| OpId::parse(&id));
-        let op = match op_id {
-            None => Err("no operation id".to_owned()),
-            Some(_) => raw
-                .get::<String>("op")
-                .ok_or_else(|| "no op field".to_owned())
-                .and_then(|r| serde_json::from_str(&r).map_err(|e| e.to_string())),
-        };
-        Self {
-            raw,
-            op_id,
-            reply_to: raw.get("reply"),
-            enqueued_ms: raw.get("at").unwrap_or_else(now_ms),
-            op,
-        }
+/// Decodes a stream entry.
+fn decode(raw: &StreamId) -> Delivered<&StreamId> {
+    let op_id = raw.get::<String>("id").and_then(|id| OpId::parse(&id));
+    let op = match op_id {
+        None => Err("no operation id".to_owned()),
+        Some(_) => raw
+            .get::<String>("op")
+            .ok_or_else(|| "no op field".to_owned())
+            .and_then(|r| serde_json::from_str(&r).map_err(|e| e.to_string())),
+    };
+    Delivered {
+        handle: raw,
+        op_id,
+        reply_to: raw.get("reply"),
+        enqueued_ms: raw.get("at").unwrap_or_else(now_ms),
+        op,
     }
 }
 
@@ -217,165 +170,37 @@ struct Consumer<'a> {
     /// The bucket, and its stream.
     bucket: u32,
     stream: &'a str,
-    lost: &'a CancellationToken,
-    fence: Fence,
+    applying: Applying<'a>,
 }
 
-impl Consumer<'_> {
-    /// Applies `entries` in one transaction (a group commit): one commit for
-    /// many operations is what lets a hot key go faster than one transaction
-    /// at a time. `None` if the group was refused (an operation that fails,
-    /// or one applied before): the caller applies them one at a time, so each
-    /// gets its own answer.
-    async fn process_group(&self, conn: &mut DedicatedConn, entries: &[Entry<'_>]) -> Option<Step> {
-        let ops = entries
-            .iter()
-            .map(|e| Some((e.op.clone().ok()?, e.op_id?)))
-            .collect::<Option<Vec<_>>>()?;
-        let mut transient = 0u32;
-        loop {
-            if self.lost.is_cancelled() {
-                return Some(Step::Stop);
-            }
-            match self.queue.applier.apply_group(&ops, &self.fence).await {
-                Ok(()) => break,
-                Err(MetaError::StaleFence) => return Some(Step::Stop),
-                Err(e) if waits_for_store(&e) => {
-                    transient += 1;
-                    tracing::warn!(error = %e, "queued operations wait for the metadata store");
-                    tokio::time::sleep(transient_pause(transient)).await;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, n = ops.len(), "group refused; applying one at a time");
-                    return None;
-                }
+/// Answers and acknowledges on the bucket's stream.
+struct StreamSink<'c, 'a> {
+    consumer: &'c Consumer<'a>,
+    conn: &'c mut DedicatedConn,
+}
+
+#[async_trait]
+impl<'r> Sink<&'r StreamId> for StreamSink<'_, '_> {
+    /// Copies each entry given up on to the dead-letter stream; then, in
+    /// one round trip, stores each result, tells its waiter's instance, and
+    /// acknowledges the entries.
+    async fn deliver(&mut self, done: &[Answered<'_, &'r StreamId>]) -> Step {
+        let (queue, b) = (self.consumer.queue, self.consumer.bucket);
+        for a in done {
+            if let Some((error, attempts)) = a.dead {
+                let raw = a.delivered.handle;
+                queue.dead_letter(self.conn, raw, error, attempts).await;
             }
         }
-        self.queue.metrics.queue_grouped.inc_by(ops.len() as u64);
-        let ok = OpOutcome::Applied;
-        let done: Vec<_> = entries.iter().map(|e| (e, &ok)).collect();
-        self.deliver(conn, &done).await;
-        Some(Step::Next)
-    }
-
-    /// Applies one entry, retrying, dead-lettering what keeps failing.
-    async fn process(&self, conn: &mut DedicatedConn, entry: &Entry<'_>) -> Step {
-        let (mut attempts, mut transient) = (0, 0u32);
-        let outcome = loop {
-            if self.lost.is_cancelled() {
-                return Step::Stop;
-            }
-            let op_id = entry.op_id.as_ref();
-            let error = match &entry.op {
-                Err(e) => format!("undecodable operation: {e}"),
-                Ok(op) => {
-                    let applied = self
-                        .queue
-                        .applier
-                        .apply(op, Some(self.fence.clone()), op_id);
-                    match applied.await {
-                        Ok(()) => break OpOutcome::Applied,
-                        // Settled too: the answer is 404, and a redelivery
-                        // (its acknowledgement lost with a failed-over
-                        // master) must not apply once the target exists.
-                        Err(MetaError::NotFound) => {
-                            match self.settle(op_id, Refusal::NotFound).await {
-                                Some(Settled::Now) => break OpOutcome::NotFound,
-                                Some(Settled::Applied) => break OpOutcome::Applied,
-                                Some(Settled::Refused(why)) => break why.into(),
-                                None => continue,
-                            }
-                        }
-                        // Refused now, but room may be made later: settled so
-                        // that a redelivery never applies what was answered
-                        // refused (or answered applied if one already did).
-                        Err(MetaError::ContainerFull(max)) => {
-                            match self.settle(op_id, Refusal::ContainerFull(max)).await {
-                                Some(Settled::Now) => break OpOutcome::ContainerFull(max),
-                                Some(Settled::Applied) => break OpOutcome::Applied,
-                                Some(Settled::Refused(why)) => break why.into(),
-                                None => continue,
-                            }
-                        }
-                        // Settled before (refused, dead-lettered or cancelled,
-                        // then redelivered): the same answer again.
-                        Err(MetaError::Refused(why)) => break why.into(),
-                        Err(MetaError::StaleFence) => return Step::Stop,
-                        // Transient: a conflicting transaction (perhaps left open by a
-                        // process that died mid-commit, until it is ended), the
-                        // store being down, or a commit whose answer was lost (the
-                        // retry finds its id in `processed_ops` if it applied).
-                        // Order forbids skipping ahead, and these are not the
-                        // operation's fault: wait and try again.
-                        Err(e) if waits_for_store(&e) => {
-                            transient += 1;
-                            tracing::warn!(?op_id, error = %e, "queued operation waits for the metadata store");
-                            tokio::time::sleep(transient_pause(transient)).await;
-                            continue;
-                        }
-                        Err(e) => e.to_string(),
-                    }
-                }
-            };
-            attempts += 1;
-            if attempts >= MAX_ATTEMPTS || entry.op.is_err() {
-                // Given up on: settled first, so that the answer stays true
-                // (another worker with the same entry may have applied it).
-                match self.settle(op_id, Refusal::DeadLettered).await {
-                    Some(Settled::Now) => {}
-                    Some(Settled::Applied) => break OpOutcome::Applied,
-                    Some(Settled::Refused(why)) => break why.into(),
-                    None => continue,
-                }
-                self.queue
-                    .dead_letter(conn, entry.raw, &error, attempts)
-                    .await;
-                let message = format!(
-                    "the operation failed {attempts} times and was moved to the dead-letter queue: {error}"
-                );
-                break OpOutcome::DeadLettered(message);
-            }
-            tracing::warn!(
-                ?op_id,
-                attempt = attempts,
-                error,
-                "queued operation failed; retrying"
-            );
-            tokio::time::sleep(RETRY_STEP * attempts).await;
-        };
-        self.deliver(conn, &[(entry, &outcome)]).await;
-        Step::Next
-    }
-
-    /// Settles `op_id` unapplied for `why` (see
-    /// [`crate::coord::Applier::cancel`]); `None` (after a pause) while the
-    /// store cannot say. An entry without an id is no operation of
-    /// filedock's: nothing applies it.
-    async fn settle(&self, op_id: Option<&OpId>, why: Refusal) -> Option<Settled> {
-        let Some(id) = op_id else {
-            return Some(Settled::Now);
-        };
-        match self.queue.applier.cancel(id, why).await {
-            Ok(settled) => Some(settled),
-            Err(e) => {
-                tracing::warn!(?op_id, error = %e, "cannot settle a failing operation yet");
-                tokio::time::sleep(RETRY_STEP).await;
-                None
-            }
-        }
-    }
-
-    /// Stores each result, tells its waiter's instance, acknowledges the
-    /// entries (one round trip), and counts them.
-    async fn deliver(&self, conn: &mut DedicatedConn, done: &[(&Entry<'_>, &OpOutcome)]) {
-        let (prefix, b) = (&self.queue.prefix, self.bucket);
+        let prefix = &queue.prefix;
         // One slot on a cluster: the result keys, the channels and the
         // stream all carry the bucket's hash tag.
-        let publish = self.queue.link.publish_command();
+        let publish = queue.link.publish_command();
         let mut pipe = redis::pipe();
-        for (entry, outcome) in done {
+        for a in done {
+            let entry = a.delivered;
             if let Some(op_id) = &entry.op_id {
-                let body = serde_json::to_string(outcome).unwrap_or_default();
+                let body = serde_json::to_string(a.outcome).unwrap_or_default();
                 pipe.set_ex(result_key(prefix, b, op_id), body, RESULT_TTL_SECS)
                     .ignore();
                 if let Some(instance) = &entry.reply_to {
@@ -386,27 +211,15 @@ impl Consumer<'_> {
                         .ignore();
                 }
             }
-            pipe.xack(self.stream, GROUP, &[&entry.raw.id]).ignore();
+            pipe.xack(self.consumer.stream, GROUP, &[&entry.handle.id])
+                .ignore();
         }
-        let r: redis::RedisResult<Value> = pipe.query_async(conn).await;
+        let r: redis::RedisResult<Value> = pipe.query_async(self.conn).await;
+        // Not acknowledged: the entries stay pending, and the next claim
+        // answers them again from the store (a lost result is re-read).
         if let Err(e) = r {
             tracing::warn!(error = %e, "could not deliver queued operations' results");
         }
-        for (_, outcome) in done {
-            let label = outcome.label();
-            self.queue
-                .metrics
-                .queue_processed
-                .get_or_create(&OutcomeLabel {
-                    outcome: label.into(),
-                })
-                .inc();
-        }
-        self.queue
-            .recent
-            .record(done.iter().map(|(entry, outcome)| {
-                let wait_ms = now_ms().saturating_sub(entry.enqueued_ms) as f64;
-                (wait_ms, **outcome == OpOutcome::Applied)
-            }));
+        Step::Next
     }
 }
