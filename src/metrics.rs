@@ -121,7 +121,7 @@ pub struct Metrics {
     /// The age in seconds of the oldest of them (0: none).
     pub webhook_oldest_pending_age: Gauge,
     /// Webhook delivery attempts, by outcome (`delivered`, `failed`,
-    /// `dead_lettered`, `replayed`).
+    /// `dead_lettered`, `dropped`, `replayed`).
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     /// Dead letters kept (as this instance last counted them).
     pub webhook_dead_letters: Gauge,
@@ -234,7 +234,7 @@ impl Default for Metrics {
         );
         r.register(
             "filedock_webhook_deliveries",
-            "Webhook delivery attempts, by outcome (delivered, failed, dead_lettered, replayed)",
+            "Webhook delivery attempts, by outcome (delivered, failed, dead_lettered, dropped, replayed)",
             m.webhook_deliveries.clone(),
         );
         r.register(

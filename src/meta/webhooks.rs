@@ -18,7 +18,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{error::MetaResult, events::EventRecord, records::bson_time};
+use super::{
+    error::MetaResult,
+    events::{EventRecord, EventType},
+    records::bson_time,
+};
 
 /// An event given up on for one endpoint.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -42,6 +46,13 @@ pub struct DeadLetter {
 impl DeadLetter {
     pub fn id_for(endpoint: &str, event: &EventRecord) -> String {
         format!("{endpoint}:{}", event.id)
+    }
+
+    /// Whether it is kept after its owner's deletion began: a
+    /// `user.deleted` letter is, as that event is (it names the user and
+    /// nothing of theirs; the retention removes both).
+    pub fn outlives_its_owner(&self) -> bool {
+        self.event.kind == EventType::UserDeleted.as_str()
     }
 }
 
@@ -75,8 +86,11 @@ pub trait WebhookRepo: Send + Sync {
         mark: &WebhookMark,
     ) -> MetaResult<bool>;
 
-    /// Keeps `letter` (again: replaced).
-    async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<()>;
+    /// Keeps `letter` (again: replaced), unless its owner is deleted or
+    /// being deleted: then nothing is kept (`false`), as their deletion
+    /// removes every letter of theirs it finds; but a `user.deleted`
+    /// letter is kept (see [`DeadLetter::outlives_its_owner`]).
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<bool>;
 
     /// Dead letters in id order after `after`, at most `limit`.
     async fn dead_letters(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<DeadLetter>>;

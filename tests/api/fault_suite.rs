@@ -70,12 +70,12 @@ use crate::{
         history::{Answer, Event, Holder, Op},
         lives::deletes_summary,
         mints::{check_deleted_creds, mints_summary},
-        nemesis::{Topology, nemesis},
+        nemesis::{Fault, Topology, dead_letters_in, nemesis},
         precommit_hook::{PrecommitHookServer, REFUSED_PREFIX},
         readback::read_final,
         signed_links::{LinkTally, check_deleted_links, check_links, links_summary, probe_links},
         verdict::Verdict,
-        webhook_receiver::{WebhookReceiver, check_order},
+        webhook_receiver::check_order,
         workload::{UserWorld, World},
     },
 };
@@ -314,7 +314,11 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     check_feed(&feed, &fin.users, doomed, &mine(DOOMED), &mut v);
     let followed = follower.finish().await;
     check_followed(&followed, &feed, doomed, &mut v);
-    let webhooks = check_webhooks(&cluster.receiver, &feed, &mut v).await;
+    let dead_letters = (
+        dead_letters_in(coordination, topology),
+        faults.fired_of(Fault::ReceiverFailingLong) > 0,
+    );
+    let webhooks = check_webhooks(&cluster, &feed, doomed, dead_letters, &mut v).await;
     let hook = check_hook(&cluster.hook, &history, &mut v);
     let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
     // A young stray seen beside and gone by the end was a clean-up in flight.
@@ -478,13 +482,26 @@ fn check_hook(hook: &PrecommitHookServer, history: &[Event], v: &mut Verdict) ->
 const WEBHOOKS_SETTLE: Duration = Duration::from_secs(60);
 
 /// Every event of the feed delivered to the suite's receiver at least
-/// once, each owner's first deliveries in sequence order with no gap,
-/// duplicates with the same id and body, every signature verified by a
-/// Standard Webhooks verifier (`webhook_receiver::check_order`); counted in
-/// `bad_webhooks`. A deleted user's events that left the feed with their
-/// data before their delivery are not delivered (the feed is what is
-/// expected); what was delivered of them is still checked for order.
-async fn check_webhooks(receiver: &WebhookReceiver, feed: &FeedRead, v: &mut Verdict) -> String {
+/// once or given up on (a dead letter, where the mode makes them), each
+/// owner's first deliveries in sequence order with no gap but the dead
+/// letters, duplicates with the same id and body, every signature verified
+/// by a Standard Webhooks verifier (`webhook_receiver::check_order`), and
+/// every dead letter an event of the feed; counted in `bad_webhooks`. A
+/// deleted user's events that left the feed with their data before their
+/// delivery are not delivered (the feed is what is expected), nor are
+/// their letters kept (a letter of theirs made by a delivery in flight
+/// during the deletion may outlive it, README); what was delivered of them
+/// is still checked for order. `dead_letters` says whether this mode makes
+/// letters: then the receiver's long failure, once fired, must have made
+/// some.
+async fn check_webhooks(
+    cluster: &Cluster,
+    feed: &FeedRead,
+    doomed: &str,
+    (dead_letters, long_failure_fired): (bool, bool),
+    v: &mut Verdict,
+) -> String {
+    let receiver = &cluster.receiver;
     let mut expected: HashMap<String, Vec<(i64, String)>> = HashMap::new();
     for e in &feed.events {
         expected
@@ -495,18 +512,103 @@ async fn check_webhooks(receiver: &WebhookReceiver, feed: &FeedRead, v: &mut Ver
     for events in expected.values_mut() {
         events.sort();
     }
-    let waited = receiver.wait_accepted(&expected, WEBHOOKS_SETTLE).await;
+    // Until every event is accepted or a dead letter: a delivery may still
+    // be retried, or given up on, after the last fault.
+    let base = &cluster.instances[0].base;
+    let deadline = Instant::now() + WEBHOOKS_SETTLE;
+    let (waited, dead) = loop {
+        let dead = match read_dead_letters(base).await {
+            Ok(dead) => dead,
+            Err(e) => {
+                v.note(|v| &mut v.bad_webhooks, format!("dead letters: {e}"));
+                HashSet::new()
+            }
+        };
+        let mut undead = expected.clone();
+        for events in undead.values_mut() {
+            events.retain(|(_, id)| !dead.contains(id));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let waited = receiver
+            .wait_accepted(&undead, left.min(Duration::from_secs(2)))
+            .await;
+        if waited.is_ok() || left.is_zero() {
+            break (waited.map(|()| undead), dead);
+        }
+    };
     let accepted = receiver.accepted();
-    if let Err(e) = waited.and_then(|()| check_order(&accepted, &expected)) {
+    if let Err(e) = waited.and_then(|undead| check_order(&accepted, &undead)) {
         v.note(|v| &mut v.bad_webhooks, format!("webhooks: {e}"));
+    }
+    let in_feed: HashSet<&str> = expected
+        .values()
+        .flatten()
+        .map(|(_, id)| id.as_str())
+        .collect();
+    let strays: Vec<&String> = dead
+        .iter()
+        .filter(|id| !in_feed.contains(id.as_str()) && !id.starts_with(&format!("{doomed}:")))
+        .collect();
+    if !strays.is_empty() {
+        let m = format!("dead letters of events not in the feed: {strays:?}");
+        v.note(|v| &mut v.bad_webhooks, m);
+    }
+    if !dead_letters && !dead.is_empty() {
+        let m = format!(
+            "{} dead letters in a mode that keeps events for an hour",
+            dead.len()
+        );
+        v.note(|v| &mut v.bad_webhooks, m);
+    }
+    if dead_letters && long_failure_fired && dead.is_empty() {
+        let m = "the receiver's long failure fired and left no dead letter".to_owned();
+        v.note(|v| &mut v.bad_webhooks, m);
     }
     let refused = receiver.refused().len();
     let ids: HashSet<&str> = accepted.iter().map(|d| d.webhook_id.as_str()).collect();
     format!(
-        "webhooks=accepted:{},distinct:{},refused:{refused}",
+        "webhooks=accepted:{},distinct:{},refused:{refused},dead:{}",
         accepted.len(),
-        ids.len()
+        ids.len(),
+        dead.len()
     )
+}
+
+/// Every dead letter's event, as `owner_id:seq` (`GET /v1/admin/events/dead`,
+/// page by page).
+async fn read_dead_letters(base: &str) -> Result<HashSet<String>, String> {
+    let client = reqwest::Client::new();
+    let mut ids = HashSet::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = format!("{base}/v1/admin/events/dead?limit=500");
+        if let Some(a) = &after {
+            url.push_str(&format!("&after={a}"));
+        }
+        let response = client
+            .get(&url)
+            .bearer_auth(ADMIN_KEY)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let page: serde_json::Value = response.json().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("{status}: {page}"));
+        }
+        for letter in page["dead_letters"].as_array().into_iter().flatten() {
+            let event = &letter["event"];
+            ids.insert(format!(
+                "{}:{}",
+                event["owner_id"].as_str().unwrap_or("?"),
+                event["seq"]
+            ));
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return Ok(ids),
+        }
+    }
 }
 
 #[tokio::test]

@@ -313,6 +313,10 @@ impl Dispatcher {
                 owner.done();
                 Some("dead_lettered")
             }
+            What::Dropped => {
+                owner.done();
+                Some("dropped")
+            }
             What::Failed(why) => {
                 if owner.attempts == 0 {
                     tracing::warn!(url_id = %self.endpoint.id, owner = %done.owner, reason = %why, "webhook delivery failed; retrying with backoff");

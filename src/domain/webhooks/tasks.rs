@@ -46,6 +46,8 @@ pub(super) async fn bounded<T>(call: impl Future<Output = MetaResult<T>>) -> Met
 pub(super) enum What {
     Delivered,
     DeadLettered,
+    /// Given up on, and not kept: its owner is deleted.
+    Dropped,
     /// The next events of an owner whose queue overflowed.
     Refilled(Refill),
     /// They could not be read: read again soon.
@@ -128,9 +130,15 @@ pub(super) async fn deliver(
         dead_at: chrono::Utc::now(),
     };
     match bounded(hooks.repo.put_dead_letter(&letter)).await {
-        Ok(()) => {
+        Ok(true) => {
             tracing::warn!(event = %letter.id, reason = %why, "webhook event dead-lettered after FILEDOCK_WEBHOOK_MAX_AGE_SECS; the owner's later events go on");
             What::DeadLettered
+        }
+        // Nothing of a deleted user's is kept, their undelivered events
+        // neither.
+        Ok(false) => {
+            tracing::info!(event = %letter.id, reason = %why, "webhook event given up on after FILEDOCK_WEBHOOK_MAX_AGE_SECS; its owner is deleted, so it is not kept");
+            What::Dropped
         }
         Err(e) => {
             tracing::warn!(error = %e, "could not keep a dead letter; trying the event again");

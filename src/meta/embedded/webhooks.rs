@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{EmbeddedStore, txn::Txn};
+use super::{EmbeddedStore, txn::Txn, user_key};
 use crate::{
-    meta::{DeadLetter, MetaResult, WebhookMark, WebhookRepo},
+    meta::{DeadLetter, MetaResult, UserRecord, WebhookMark, WebhookRepo},
     vocab::UserId,
 };
 
@@ -151,13 +151,19 @@ impl WebhookRepo for EmbeddedStore {
         .await
     }
 
-    async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<()> {
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<bool> {
         let letter = letter.clone();
         self.transaction(move |tx| {
+            let owner: Option<UserRecord> = tx.get(&user_key(&letter.event.owner_id))?;
+            let gone = owner.is_none_or(|u| u.deleting_since.is_some());
+            if gone && !letter.outlives_its_owner() {
+                return Ok(false);
+            }
             let [own, by_owner, by_time] = keys_of(&letter);
             tx.put(&own, &letter)?;
             tx.put(&by_owner, &letter.id)?;
-            tx.put(&by_time, &letter.id)
+            tx.put(&by_time, &letter.id)?;
+            Ok(true)
         })
         .await
     }
@@ -206,9 +212,45 @@ impl WebhookRepo for EmbeddedStore {
 mod tests {
     use super::*;
     use crate::{
-        meta::{EventRecord, EventType, now},
-        vocab::UserId,
+        meta::{ApiKeyRecord, DeletionRepo, EventRecord, EventType, UserRepo, now},
+        vocab::{ApiKeyHash, UserId},
     };
+
+    /// A user of `store`, whose letters it keeps.
+    async fn owner(store: &EmbeddedStore) -> UserId {
+        let user = UserRecord::new("owner".into());
+        let key = ApiKeyRecord {
+            id: Default::default(),
+            user_id: user.id,
+            name: "default".into(),
+            hash: ApiKeyHash::from_hex(format!("hash-{}", user.id)),
+            created_at: now(),
+        };
+        store.insert_user(&user, &key).await.unwrap();
+        user.id
+    }
+
+    /// A letter of a user who is gone, or whose deletion began, is not
+    /// kept: their deletion's purge may have passed already.
+    #[tokio::test]
+    async fn a_letter_of_a_user_deleted_or_being_deleted_is_not_kept() {
+        let (store, dir) = open();
+        let (ann, bob) = (owner(&store).await, owner(&store).await);
+        assert!(store.put_dead_letter(&letter("e", ann, 1)).await.unwrap());
+        store.begin_user_deletion(&bob).await.unwrap();
+        assert!(!store.put_dead_letter(&letter("e", bob, 1)).await.unwrap());
+        let gone = UserId::new();
+        assert!(!store.put_dead_letter(&letter("e", gone, 1)).await.unwrap());
+        // But `user.deleted`, kept as the event is.
+        let mut last = letter("e", bob, 2);
+        last.event.kind = EventType::UserDeleted.as_str().to_owned();
+        assert!(store.put_dead_letter(&last).await.unwrap());
+        let kept = store.dead_letters(None, 10).await.unwrap();
+        let mut want = vec![letter("e", ann, 1).id, last.id];
+        want.sort();
+        assert_eq!(ids_of(&kept), want);
+        std::fs::remove_dir_all(dir).ok();
+    }
 
     fn open() -> (EmbeddedStore, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!("filedock-hooks-{}", uuid::Uuid::new_v4()));
@@ -307,7 +349,7 @@ mod tests {
     #[tokio::test]
     async fn dead_letters_page_in_id_order() {
         let (store, dir) = open();
-        let owner = UserId::new();
+        let owner = owner(&store).await;
         let letters = [
             letter("e", owner, 3),
             letter("e", owner, 2),
@@ -339,7 +381,7 @@ mod tests {
     #[tokio::test]
     async fn letters_go_by_owner_and_by_time_older_ones_once_indexed() {
         let (store, dir) = open();
-        let (ann, bob) = (UserId::new(), UserId::new());
+        let (ann, bob) = (owner(&store).await, owner(&store).await);
         let mut old = letter("e", bob, 9);
         old.event.time = now() - chrono::Duration::hours(2);
         for l in [

@@ -131,13 +131,26 @@ impl WebhookRepo for MongoStore {
         }
     }
 
-    async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<()> {
+    /// Kept, then its owner read: a deletion marked before the read finds
+    /// the letter gone again here; one marked after it purges it (the
+    /// purge follows the mark).
+    async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<bool> {
         self.dead()
             .replace_one(doc! {"_id": &letter.id}, letter)
             .upsert(true)
             .await
-            .map(|_| ())
-            .map_err(classify)
+            .map_err(classify)?;
+        if letter.outlives_its_owner() {
+            return Ok(true);
+        }
+        let owner = doc! {"_id": &letter.event.owner_id, "deleting_since": null};
+        let alive = self.users().find_one(owner).await.map_err(classify)?;
+        if alive.is_some() {
+            return Ok(true);
+        }
+        let id = doc! {"_id": &letter.id};
+        self.dead().delete_one(id).await.map_err(classify)?;
+        Ok(false)
     }
 
     async fn dead_letters(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<DeadLetter>> {

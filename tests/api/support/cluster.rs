@@ -14,7 +14,7 @@ use crate::{
     helpers::*,
     support::{
         fault_proxy::FaultProxy,
-        nemesis::Topology,
+        nemesis::{DEAD_LETTER_AGE, Topology, dead_letters_in},
         own_cluster::OwnRedisCluster,
         own_sentinel::{MASTER, OwnSentinel},
         precommit_hook::PrecommitHookServer,
@@ -290,6 +290,11 @@ impl Cluster {
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );
+        // Where the nemesis makes dead letters: events given up on soon.
+        if dead_letters_in(&self.coordination, self.topology) {
+            let age = DEAD_LETTER_AGE.as_secs().to_string();
+            env.push(("FILEDOCK_WEBHOOK_MAX_AGE_SECS".to_owned(), age));
+        }
         env
     }
 

@@ -79,6 +79,11 @@ pub enum Fault {
     ReceiverDown,
     /// The webhook receiver answering 500 for up to 3 s.
     ReceiverFailing,
+    /// The webhook receiver answering 500 for longer than the webhooks'
+    /// maximum age ([`DEAD_LETTER_AGE`], set in lock mode on one Redis
+    /// node only): what was refused early in it is given up on, a dead
+    /// letter, and its owner's later events are delivered after it.
+    ReceiverFailingLong,
     /// The webhook receiver answering after 1.5 s, for 3 s (and on until a
     /// delivery met it, 8 s at most): deliveries in flight when another
     /// fault kills, pauses or drains an instance.
@@ -103,6 +108,18 @@ pub enum Fault {
     /// had not replicated lost) and started again, a primary until the
     /// sentinels demote it.
     SentinelPrimaryKill,
+}
+
+/// `FILEDOCK_WEBHOOK_MAX_AGE_SECS` where the suite makes dead letters.
+pub const DEAD_LETTER_AGE: Duration = Duration::from_secs(4);
+/// How long [`Fault::ReceiverFailingLong`] refuses every delivery.
+const DEAD_LETTER_WINDOW: Duration = Duration::from_secs(10);
+
+/// Whether this mode makes dead letters: one mode is enough (every
+/// event dead-lettered is one the suite cannot see delivered), and lock
+/// mode on one node has the fewest other faults on the deliveries' path.
+pub fn dead_letters_in(coordination: &str, topology: Topology) -> bool {
+    coordination == "lock" && topology == Topology::Node
 }
 
 /// The Redis the fault suite's instances take their locks on.
@@ -131,6 +148,7 @@ impl fmt::Display for Fault {
             Self::Pause => "pause",
             Self::ReceiverDown => "receiver-down",
             Self::ReceiverFailing => "receiver-failing",
+            Self::ReceiverFailingLong => "receiver-failing-long",
             Self::ReceiverSlow => "receiver-slow",
             Self::Kill => "kill",
             Self::Drain => "drain",
@@ -146,7 +164,7 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 23] = [
+    const ALL: [Fault; 24] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -161,6 +179,7 @@ impl Fault {
         Self::Pause,
         Self::ReceiverDown,
         Self::ReceiverFailing,
+        Self::ReceiverFailingLong,
         Self::ReceiverSlow,
         Self::Kill,
         Self::Drain,
@@ -183,6 +202,7 @@ impl Fault {
             }
             Self::ClusterMasterKill | Self::ClusterFailover => Some(Topology::Cluster),
             Self::SentinelFailover | Self::SentinelPrimaryKill => Some(Topology::Sentinel),
+            Self::ReceiverFailingLong => return dead_letters_in(coordination, topology),
             _ => None,
         };
         redis.is_none_or(|t| t == topology)
@@ -204,6 +224,11 @@ pub struct Tally(pub BTreeMap<Fault, (usize, usize)>);
 impl Tally {
     pub fn fired(&self) -> usize {
         self.0.values().map(|(_, fired)| fired).sum()
+    }
+
+    /// How often `kind` fired.
+    pub fn fired_of(&self, kind: Fault) -> usize {
+        self.0.get(&kind).map_or(0, |(_, fired)| *fired)
     }
 
     /// The kinds of `deck` that never fired.
@@ -318,6 +343,19 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             tokio::time::sleep(short(rng, Duration::from_secs(3))).await;
             c.receiver.answer_ok();
             c.receiver.refused().len() > before
+        }
+        Fault::ReceiverFailingLong => {
+            // Fired if a delivery was refused early enough that it stayed
+            // refused past the maximum age (then its next failure, a
+            // second at most later, dead-letters it).
+            let early = DEAD_LETTER_WINDOW - DEAD_LETTER_AGE - Duration::from_secs(2);
+            let before = c.receiver.refused().len();
+            c.receiver.fail_all();
+            tokio::time::sleep(early).await;
+            let fired = c.receiver.refused().len() > before;
+            tokio::time::sleep(DEAD_LETTER_WINDOW - early).await;
+            c.receiver.answer_ok();
+            fired
         }
         Fault::ReceiverSlow => {
             let before = c.receiver.requests().len();
