@@ -92,9 +92,25 @@ fn remove_by(
     Ok(gone)
 }
 
-/// Removes up to `limit` of `owner`'s dead letters (their deletion); how many.
+/// Removes up to `limit` of `owner`'s dead letters (their deletion), but
+/// that of `user.deleted` (see [`DeadLetter::outlives_its_owner`]); how
+/// many. (The owner's whole range is read: a user's letters are few.)
 pub(super) fn purge_dead_letters(tx: &mut Txn, owner: &UserId, limit: usize) -> MetaResult<usize> {
-    remove_by(tx, &format!("{BY_OWNER}{owner}/"), limit, |_| true)
+    let index = format!("{BY_OWNER}{owner}/");
+    let mut gone = 0;
+    for k in tx.keys(&index, None, usize::MAX)? {
+        if gone == limit {
+            break;
+        }
+        let id = k[index.len()..].to_owned();
+        match tx.get::<DeadLetter>(&dead_key(&id))? {
+            Some(letter) if letter.outlives_its_owner() => continue,
+            Some(letter) => keys_of(&letter).iter().for_each(|k| tx.delete(k)),
+            None => tx.delete(&k),
+        }
+        gone += 1;
+    }
+    Ok(gone)
 }
 
 /// Removes up to `limit` dead letters whose event was written before
@@ -154,10 +170,14 @@ impl WebhookRepo for EmbeddedStore {
     async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<bool> {
         let letter = letter.clone();
         self.transaction(move |tx| {
-            let owner: Option<UserRecord> = tx.get(&user_key(&letter.event.owner_id))?;
-            let gone = owner.is_none_or(|u| u.deleting_since.is_some());
-            if gone && !letter.outlives_its_owner() {
-                return Ok(false);
+            if !letter.outlives_its_owner() {
+                // Written back unchanged: a commit checks what it wrote, so
+                // the deletion's mark and this letter are ordered.
+                let key = user_key(&letter.event.owner_id);
+                match tx.get::<UserRecord>(&key)? {
+                    Some(user) if user.deleting_since.is_none() => tx.put(&key, &user)?,
+                    _ => return Ok(false),
+                }
             }
             let [own, by_owner, by_time] = keys_of(&letter);
             tx.put(&own, &letter)?;
@@ -246,9 +266,13 @@ mod tests {
         last.event.kind = EventType::UserDeleted.as_str().to_owned();
         assert!(store.put_dead_letter(&last).await.unwrap());
         let kept = store.dead_letters(None, 10).await.unwrap();
-        let mut want = vec![letter("e", ann, 1).id, last.id];
+        let mut want = vec![letter("e", ann, 1).id, last.id.clone()];
         want.sort();
         assert_eq!(ids_of(&kept), want);
+        // Their deletion's purge leaves it too.
+        let purge = move |tx: &mut Txn| purge_dead_letters(tx, &bob, 10);
+        assert_eq!(store.transaction(purge).await.unwrap(), 0);
+        assert!(store.dead_letter(&last.id).await.unwrap().is_some());
         std::fs::remove_dir_all(dir).ok();
     }
 

@@ -14,7 +14,7 @@ use mongodb::Collection;
 
 use super::{MongoStore, errors::classify, find_sorted};
 use crate::{
-    meta::{DeadLetter, MetaError, MetaResult, WebhookMark, WebhookRepo},
+    meta::{DeadLetter, EventType, MetaError, MetaResult, WebhookMark, WebhookRepo},
     vocab::UserId,
 };
 
@@ -34,15 +34,17 @@ impl MongoStore {
         self.db.collection(DEAD)
     }
 
-    /// Removes up to `limit` of `owner`'s dead letters (their deletion);
+    /// Removes up to `limit` of `owner`'s dead letters (their deletion),
+    /// but that of `user.deleted` (see [`DeadLetter::outlives_its_owner`]);
     /// how many.
     pub(super) async fn purge_dead_letters(
         &self,
         owner: &UserId,
         limit: usize,
     ) -> MetaResult<usize> {
-        self.remove_dead_where(doc! {"event.owner_id": owner}, limit)
-            .await
+        let kept = EventType::UserDeleted.as_str();
+        let filter = doc! {"event.owner_id": owner, "event.type": {"$ne": kept}};
+        self.remove_dead_where(filter, limit).await
     }
 
     /// Removes up to `limit` dead letters whose event was written before
@@ -131,26 +133,36 @@ impl WebhookRepo for MongoStore {
         }
     }
 
-    /// Kept, then its owner read: a deletion marked before the read finds
-    /// the letter gone again here; one marked after it purges it (the
-    /// purge follows the mark).
+    /// In one transaction with a write of its owner's record while their
+    /// deletion has not begun: the deletion's mark (a write of that record)
+    /// and the letter are ordered, so a letter kept is one the purge after
+    /// the mark finds, and a crash keeps nothing.
     async fn put_dead_letter(&self, letter: &DeadLetter) -> MetaResult<bool> {
-        self.dead()
-            .replace_one(doc! {"_id": &letter.id}, letter)
-            .upsert(true)
-            .await
-            .map_err(classify)?;
-        if letter.outlives_its_owner() {
-            return Ok(true);
+        let mut s = self.txns.begin(None).await?;
+        let result = async {
+            if !letter.outlives_its_owner() {
+                let owner = doc! {"_id": &letter.event.owner_id, "deleting_since": null};
+                let at = bson::DateTime::from_chrono(letter.dead_at);
+                let touched = self
+                    .users()
+                    .update_one(owner, doc! {"$set": {"last_dead_letter_at": at}})
+                    .session(&mut s)
+                    .await
+                    .map_err(classify)?;
+                if touched.matched_count == 0 {
+                    return Ok(false);
+                }
+            }
+            self.dead()
+                .replace_one(doc! {"_id": &letter.id}, letter)
+                .upsert(true)
+                .session(&mut s)
+                .await
+                .map_err(classify)?;
+            Ok(true)
         }
-        let owner = doc! {"_id": &letter.event.owner_id, "deleting_since": null};
-        let alive = self.users().find_one(owner).await.map_err(classify)?;
-        if alive.is_some() {
-            return Ok(true);
-        }
-        let id = doc! {"_id": &letter.id};
-        self.dead().delete_one(id).await.map_err(classify)?;
-        Ok(false)
+        .await;
+        self.txns.finish(s, None, result).await
     }
 
     async fn dead_letters(&self, after: Option<&str>, limit: usize) -> MetaResult<Vec<DeadLetter>> {
