@@ -83,13 +83,20 @@ fn remove_by(
             break;
         }
         let id = rest.rsplit_once('/').map_or(rest, |(_, id)| id);
-        match tx.get::<DeadLetter>(&dead_key(id))? {
-            Some(letter) => keys_of(&letter).iter().for_each(|k| tx.delete(k)),
-            None => tx.delete(&k),
-        }
+        let letter = tx.get::<DeadLetter>(&dead_key(id))?;
+        remove(tx, &k, letter.as_ref());
         gone += 1;
     }
     Ok(gone)
+}
+
+/// Removes `letter` with its keys, or, when it is not there, the index
+/// entry `k` that named it.
+fn remove(tx: &mut Txn, k: &str, letter: Option<&DeadLetter>) {
+    match letter {
+        Some(letter) => keys_of(letter).iter().for_each(|k| tx.delete(k)),
+        None => tx.delete(k),
+    }
 }
 
 /// Removes up to `limit` of `owner`'s dead letters (their deletion), but
@@ -102,12 +109,11 @@ pub(super) fn purge_dead_letters(tx: &mut Txn, owner: &UserId, limit: usize) -> 
         if gone == limit {
             break;
         }
-        let id = k[index.len()..].to_owned();
-        match tx.get::<DeadLetter>(&dead_key(&id))? {
-            Some(letter) if letter.outlives_its_owner() => continue,
-            Some(letter) => keys_of(&letter).iter().for_each(|k| tx.delete(k)),
-            None => tx.delete(&k),
+        let letter = tx.get::<DeadLetter>(&dead_key(&k[index.len()..]))?;
+        if letter.as_ref().is_some_and(DeadLetter::outlives_its_owner) {
+            continue;
         }
+        remove(tx, &k, letter.as_ref());
         gone += 1;
     }
     Ok(gone)
