@@ -10,11 +10,11 @@ if ! command -v docker-compose >/dev/null 2>&1; then
   echo "[compose] installing docker-compose (Debian package)" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
 fi
-docker-compose -f docker-compose.yml --profile seaweedfs config -q
+docker-compose -f docker-compose.yml --profile seaweedfs --profile rabbitmq config -q
 # The stack with a Redis Cluster: the second file over the first.
 docker-compose -f docker-compose.yml -f docker-compose.cluster.yml config -q
 images=$(
-  docker-compose -f docker-compose.yml --profile seaweedfs config | sed -n 's/^ *image: *//p'
+  docker-compose -f docker-compose.yml --profile seaweedfs --profile rabbitmq config | sed -n 's/^ *image: *//p'
   docker-compose -f docker-compose.yml -f docker-compose.cluster.yml config | sed -n 's/^ *image: *//p'
 )
 froms=$(sed -n 's/^FROM \([^ ]*\).*/\1/p' Dockerfile)

@@ -10,7 +10,9 @@ mod vars;
 pub use hooks::{HookFailure, PrecommitSettings, WebhookSettings};
 pub use media::AllowedTypes;
 
-pub use modes::{Coordination, Environment, LockScope, LockStrategy, RedisMode, SignedLinks};
+pub use modes::{
+    Coordination, Environment, LockScope, LockStrategy, QueueBroker, RedisMode, SignedLinks,
+};
 pub use table::{OLDER_NAMES, SETTINGS, Setting, default_of};
 pub use unknown::{Unknown, unknown_variables};
 
@@ -60,6 +62,14 @@ pub struct Settings {
     /// Queue mode: a waiter waits this long plus 2 s per operation ahead of
     /// it (at most 5 min, or this if longer); then its operation is cancelled.
     pub queue_wait: Duration,
+    /// Queue mode: Redis Streams or RabbitMQ.
+    pub queue_broker: QueueBroker,
+    /// RabbitMQ's address (`amqp://user:password@host:port/vhost`).
+    pub amqp_url: Option<SecretString>,
+    /// RabbitMQ: queues unused this long (no consumer) are deleted by the
+    /// broker with what they hold (`x-expires`): for throwaway brokers
+    /// and tests. `None`, the default: kept whatever happens.
+    pub amqp_queue_expiry: Option<Duration>,
     /// How long an upload whose commit answer was lost keeps trying to
     /// settle it (read back whether it applied) before it answers
     /// `outcome_unknown`; the sweeper settles it later.
@@ -282,6 +292,11 @@ impl Settings {
             },
             coordination: vars.value("COORDINATION")?,
             queue_wait: vars.secs("QUEUE_WAIT_SECS")?,
+            queue_broker: vars.value("QUEUE_BROKER")?,
+            amqp_url: vars.get("AMQP_URL").map(SecretString::from),
+            amqp_queue_expiry: vars
+                .optional::<u64>("AMQP_QUEUE_EXPIRY_SECS")?
+                .map(Duration::from_secs),
             settle_window: vars.secs("SETTLE_WINDOW_SECS")?,
             auth_cache_ttl: vars.secs("AUTH_CACHE_SECS")?,
             token_max_lifetime: vars.secs("TOKEN_MAX_SECS")?,
@@ -336,6 +351,22 @@ impl Settings {
         if s.redis_mode == RedisMode::Sentinel && s.redis_sentinel_master.is_none() {
             bail!(
                 "FILEDOCK_REDIS_MODE=sentinel needs FILEDOCK_REDIS_SENTINEL_MASTER (the master's name)"
+            );
+        }
+        if s.coordination == Coordination::Queue
+            && s.queue_broker == QueueBroker::Rabbitmq
+            && s.amqp_url.is_none()
+        {
+            bail!(
+                "FILEDOCK_QUEUE_BROKER=rabbitmq needs FILEDOCK_AMQP_URL (amqp://user:password@host:5672/%2f)"
+            );
+        }
+        if s.amqp_queue_expiry.is_some_and(|e| e.is_zero()) {
+            bail!("FILEDOCK_AMQP_QUEUE_EXPIRY_SECS must be more than 0 (or unset: queues kept)");
+        }
+        if s.is_production() && s.amqp_queue_expiry.is_some() {
+            bail!(
+                "FILEDOCK_AMQP_QUEUE_EXPIRY_SECS deletes queued operations with their queue: refused in production"
             );
         }
         if s.max_connections == 0 {

@@ -41,6 +41,27 @@ impl FromStr for Coordination {
     }
 }
 
+/// Which broker carries the queue (`FILEDOCK_COORDINATION=queue`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueBroker {
+    /// Redis Streams on `FILEDOCK_REDIS_URL`.
+    Redis,
+    /// RabbitMQ on `FILEDOCK_AMQP_URL` (leases and the direct path still
+    /// on Redis).
+    Rabbitmq,
+}
+
+impl FromStr for QueueBroker {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "redis" => Ok(Self::Redis),
+            "rabbitmq" => Ok(Self::Rabbitmq),
+            other => bail!("expected redis or rabbitmq, got {other:?}"),
+        }
+    }
+}
+
 /// What `FILEDOCK_REDIS_URL` points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RedisMode {

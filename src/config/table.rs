@@ -263,6 +263,24 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_QUEUE_BROKER",
+        meaning: "queue mode (FILEDOCK_COORDINATION=queue): redis (Redis Streams on FILEDOCK_REDIS_URL) or rabbitmq (on FILEDOCK_AMQP_URL; the bucket leases and the direct path stay on Redis)",
+        value: Some("redis"),
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_AMQP_URL",
+        meaning: "RabbitMQ's address for FILEDOCK_QUEUE_BROKER=rabbitmq (amqp://user:password@host:5672/%2f); a secret, never logged",
+        value: None,
+        shown: None,
+    },
+    Setting {
+        var: "FILEDOCK_AMQP_QUEUE_EXPIRY_SECS",
+        meaning: "RabbitMQ: the broker deletes a queue of filedock's unused (no consumer) this long, with what it holds; for throwaway brokers and tests only, never in a deployment",
+        value: None,
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_SETTLE_WINDOW_SECS",
         meaning: "how long an upload whose commit answer was lost keeps reading back whether it applied before answering 504 outcome_unknown (the sweeper settles it later)",
         value: Some("20"),

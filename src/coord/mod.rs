@@ -9,6 +9,7 @@
 //! transaction on the container repository.
 
 pub mod bell;
+pub mod brokers;
 pub mod local;
 pub mod members;
 pub mod queue;

@@ -8,7 +8,7 @@ use secrecy::SecretString;
 
 use crate::{
     config::Settings,
-    coord::queue::RedisQueue,
+    coord::brokers::BrokerQueue,
     domain::{
         containers::ContainerService,
         events::EventService,
@@ -51,8 +51,9 @@ pub struct AppState {
     pub reconciler: Arc<Reconciler>,
     /// The stages of a drain (SIGTERM), which the handlers heed.
     pub drain: super::drain::Drain,
-    /// The Redis queue, whose workers run with the server (queue mode).
-    pub(crate) queue: Option<Arc<RedisQueue>>,
+    /// The queue on its broker, whose workers run with the server (queue
+    /// mode on Redis or RabbitMQ).
+    pub(crate) queue: Option<BrokerQueue>,
     /// The adapters themselves: for readiness checks, admin listings and tests.
     pub ports: Ports,
     /// Read through [`AppState::admin_key`].

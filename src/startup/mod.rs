@@ -24,10 +24,10 @@ use crate::{
         resumable::ResumableBlobs,
         s3::S3BlobStore,
     },
-    config::{Coordination, Settings},
+    config::{Coordination, QueueBroker, Settings},
     coord::{
-        Applier, Coordinator, LockCoordinator, bell::RedisBell, local::LocalQueue,
-        members::Members, queue::RedisQueue,
+        Applier, Coordinator, LockCoordinator, bell::RedisBell, brokers::BrokerQueue,
+        local::LocalQueue, members::Members, queue::RedisQueue, queue::rabbit::RabbitQueue,
     },
     domain::{
         auth_cache::AuthCache,
@@ -219,26 +219,9 @@ impl AppState {
             (txns.clone(), turns.clone()),
             settings.max_container_items,
         );
-        // Queue mode on Redis: a link of its own (its own connections and
-        // subscription); without Redis, the in-process queue below.
-        let link = match settings.coordination {
-            Coordination::Queue => RedisLink::from_settings(&settings)?
-                .map(|link| link.counted(metrics.redis_commands.clone())),
-            Coordination::Lock => None,
-        };
-        let queue = match link {
-            Some(link) => Some(Arc::new(RedisQueue::connect(
-                link,
-                &settings.redis_prefix,
-                locks.clone(),
-                applier.clone(),
-                metrics.clone(),
-                settings.queue_wait,
-            )?)),
-            None => None,
-        };
+        let queue = broker_queue(&settings, &locks, &applier, &metrics)?;
         let coordinator: Arc<dyn Coordinator> = match (&queue, settings.coordination) {
-            (Some(q), _) => q.clone(),
+            (Some(q), _) => q.coordinator(),
             (None, Coordination::Queue) => Arc::new(LocalQueue::new(applier)),
             (None, Coordination::Lock) => Arc::new(LockCoordinator::new(locks.clone(), applier)),
         };
@@ -411,6 +394,13 @@ impl Application {
 
     /// Serves an already-built state (tests wrap adapters this way).
     pub async fn with_state(state: AppState) -> anyhow::Result<Self> {
+        // Connected before the first request where RabbitMQ is up (the
+        // lock path while it is not, until the link connects).
+        if let Some(BrokerQueue::Rabbitmq(q)) = &state.queue
+            && let Err(e) = q.connect().await
+        {
+            tracing::warn!(error = %e, "starting with the queue's broker down");
+        }
         let bind = &state.settings.bind;
         let listener = TcpListener::bind(bind)
             .await
@@ -469,10 +459,7 @@ impl Application {
             workers.spawn(sweeper, requests_done.child_token());
         }
         if let Some(queue) = &self.state.queue {
-            workers.add(
-                "queue manager",
-                queue.spawn_workers(requests_done.child_token()),
-            );
+            workers.add("queue", queue.spawn_workers(requests_done.child_token()));
         }
         workers.spawn(self.state.events.sequencer(), requests_done.child_token());
         for dispatcher in webhooks::dispatchers(&self.state.webhooks) {
@@ -541,4 +528,41 @@ pub fn shutdown_signal() -> CancellationToken {
         fire.cancel();
     });
     token
+}
+
+/// Queue mode's queue on its broker: RabbitMQ, or Redis Streams on a Redis
+/// link of its own (its own connections and subscription); `None` for the
+/// in-process queue (queue mode without Redis) and in lock mode.
+fn broker_queue(
+    settings: &Settings,
+    locks: &Arc<Locks>,
+    applier: &Applier,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Option<BrokerQueue>> {
+    if settings.coordination != Coordination::Queue {
+        return Ok(None);
+    }
+    if let (QueueBroker::Rabbitmq, Some(url)) = (settings.queue_broker, &settings.amqp_url) {
+        return Ok(Some(BrokerQueue::Rabbitmq(Arc::new(RabbitQueue::new(
+            url,
+            &settings.redis_prefix,
+            locks.clone(),
+            applier.clone(),
+            metrics.clone(),
+            settings.queue_wait,
+            settings.amqp_queue_expiry,
+        )?))));
+    }
+    let Some(link) = RedisLink::from_settings(settings)? else {
+        return Ok(None);
+    };
+    let link = link.counted(metrics.redis_commands.clone());
+    Ok(Some(BrokerQueue::Redis(Arc::new(RedisQueue::connect(
+        link,
+        &settings.redis_prefix,
+        locks.clone(),
+        applier.clone(),
+        metrics.clone(),
+        settings.queue_wait,
+    )?))))
 }

@@ -32,6 +32,18 @@ fn env(name: &str) -> String {
     })
 }
 
+/// How long a test's RabbitMQ queues outlive their last consumer.
+const AMQP_QUEUE_EXPIRY: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// RabbitMQ's address when the tests run on it (`FILEDOCK_TEST_QUEUE_BROKER=rabbitmq`;
+/// `FILEDOCK_TEST_AMQP_URL`, or the machine's broker on 5672).
+pub fn test_amqp_url() -> Option<String> {
+    (std::env::var("FILEDOCK_TEST_QUEUE_BROKER").as_deref() == Ok("rabbitmq")).then(|| {
+        std::env::var("FILEDOCK_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    })
+}
+
 /// Settings for a fresh, isolated instance.
 pub fn test_settings() -> Settings {
     let run = uuid::Uuid::new_v4().simple().to_string();
@@ -56,6 +68,12 @@ pub fn test_settings() -> Settings {
             s.redis_sentinel_master = std::env::var("FILEDOCK_TEST_REDIS_SENTINEL_MASTER").ok();
         }
         s.redis_prefix = format!("t{}:", &run[..16]);
+        // scripts/test.sh reruns the queue-mode tests on RabbitMQ.
+        if let Some(url) = test_amqp_url() {
+            s.queue_broker = filedock::config::QueueBroker::Rabbitmq;
+            s.amqp_url = Some(url.into());
+            s.amqp_queue_expiry = Some(AMQP_QUEUE_EXPIRY);
+        }
         s.s3 = Some(S3Settings {
             endpoint: env("FILEDOCK_TEST_S3_ENDPOINT"),
             bucket: "filedock-test".into(),
@@ -357,6 +375,16 @@ pub fn binary_env(s: &Settings) -> Vec<(String, String)> {
             ),
             ("FILEDOCK_S3_KEY_PREFIX".into(), s3.key_prefix.clone()),
         ]);
+        if let Some(url) = test_amqp_url() {
+            env.extend([
+                ("FILEDOCK_QUEUE_BROKER".to_owned(), "rabbitmq".to_owned()),
+                ("FILEDOCK_AMQP_URL".into(), url),
+                (
+                    "FILEDOCK_AMQP_QUEUE_EXPIRY_SECS".into(),
+                    AMQP_QUEUE_EXPIRY.as_secs().to_string(),
+                ),
+            ]);
+        }
     }
     env
 }

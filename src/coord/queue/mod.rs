@@ -41,6 +41,7 @@ mod apply;
 mod dead_letter;
 mod front;
 mod manager;
+pub mod rabbit;
 mod results;
 mod stats;
 mod worker;

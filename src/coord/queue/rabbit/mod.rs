@@ -1,0 +1,273 @@
+//! The RabbitMQ queue (`FILEDOCK_QUEUE_BROKER=rabbitmq`): the same front
+//! (`front.rs`: circuit breaker, waiting, the dynamic timeout, settling)
+//! and the same consumer logic (`apply.rs`: group commit, retries, dead
+//! letters) as the Redis Streams queue, on another broker.
+//!
+//! - The 64 logical buckets are 64 durable queues (`filedock_queue.{b}`),
+//!   each with **single active consumer**: every instance consumes every
+//!   bucket, the broker delivers a bucket to one of them at a time, in
+//!   order, and hands it to a standby when that one's connection dies.
+//! - The broker says nothing of who consumed before, so the active consumer
+//!   takes the bucket's lease (the Redis lock the Redis Streams queue's
+//!   worker holds, `filedock_queue_lease:{b}`) before it applies, and every
+//!   transaction checks its fencing token: a consumer that was paused past
+//!   its lease, its deliveries handed to another, cannot apply after it.
+//! - An enqueue counts once the broker confirmed it (publisher confirms; a
+//!   persistent message on a durable queue). A delivery is acknowledged
+//!   only once its outcome is in the store (applied, or recorded refused),
+//!   so a consumer that dies leaves it to be delivered again, and
+//!   `processed_ops` applies it once.
+//! - The answer goes to the instance that asked, by direct reply-to
+//!   (`amq.rabbitmq.reply-to` on the channel that published): no reply
+//!   queue shared between instances, no pool of reply channels.
+//! - What keeps failing is rejected to the dead-letter queue
+//!   (`filedock_queue_dlq`, through the queues' dead-letter exchange),
+//!   counted by `GET /v1/admin/queue`.
+//! - RabbitMQ not connected: the direct lock path (the circuit breaker).
+//!
+//! `link.rs` keeps the connection (and starts the consumers), `consumer.rs`
+//! consumes a bucket, `live.rs` is what a connection holds.
+
+mod consumer;
+mod link;
+mod live;
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use async_trait::async_trait;
+use lapin::{
+    BasicProperties,
+    options::BasicPublishOptions,
+    types::{AMQPValue, FieldTable},
+    uri::AMQPUri,
+};
+use secrecy::{ExposeSecret, SecretString};
+
+use self::live::{Lengths, Live};
+use super::{
+    front::{Broker, EnqueueError, Front, Waiters},
+    now_ms,
+    stats::Recent,
+};
+use crate::{
+    coord::{Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, QueueStats},
+    lock::Locks,
+    metrics::Metrics,
+    vocab::{OpId, Operation},
+};
+
+/// How long a broker that failed a publish counts as down (the circuit
+/// breaker), unless the connection is found up again sooner.
+const UNHEALTHY_FOR: Duration = Duration::from_secs(1);
+/// The heartbeat asked of the broker when the URL names none: a consumer
+/// whose process stalled loses its buckets to a standby after about two.
+const HEARTBEAT_SECS: u16 = 5;
+/// Where a publish asks its answer to go: this channel's own consumer.
+const DIRECT_REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+pub struct RabbitQueue {
+    uri: AMQPUri,
+    prefix: String,
+    /// Names this instance's connection, for an operator's listing.
+    instance: String,
+    front: Front,
+    /// The connection while it is up.
+    live: Mutex<Option<Arc<Live>>>,
+    /// Until when a failed publish keeps the breaker open.
+    unhealthy_until: Mutex<Option<Instant>>,
+    /// The queues' lengths as last read (once a second).
+    lengths: Mutex<Lengths>,
+    /// Queues unused this long are removed by the broker (tests).
+    expiry: Option<Duration>,
+    recent: Recent,
+    /// Buckets this instance is the active consumer of (holding the lease).
+    held: AtomicUsize,
+    locks: Arc<Locks>,
+    metrics: Arc<Metrics>,
+}
+
+impl RabbitQueue {
+    /// The queue on the broker at `url`; it connects in the background
+    /// (`link.rs`), so a server starts with RabbitMQ down.
+    pub fn new(
+        url: &SecretString,
+        prefix: &str,
+        locks: Arc<Locks>,
+        applier: Applier,
+        metrics: Arc<Metrics>,
+        wait: Duration,
+        expiry: Option<Duration>,
+    ) -> anyhow::Result<Self> {
+        // The URL holds a password: the error names neither.
+        let mut uri: AMQPUri = url
+            .expose_secret()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("FILEDOCK_AMQP_URL is not an amqp:// URL"))?;
+        uri.query.heartbeat.get_or_insert(HEARTBEAT_SECS);
+        Ok(Self {
+            uri,
+            prefix: prefix.to_owned(),
+            instance: format!("filedock-{}", uuid::Uuid::new_v4().simple()),
+            front: Front {
+                waiters: Waiters::default(),
+                direct: LockCoordinator::new(locks.clone(), applier.clone()),
+                applier,
+                wait,
+            },
+            live: Mutex::default(),
+            unhealthy_until: Mutex::default(),
+            lengths: Mutex::default(),
+            expiry,
+            recent: Recent::default(),
+            held: AtomicUsize::new(0),
+            locks,
+            metrics,
+        })
+    }
+
+    /// The queue of bucket `b`.
+    pub fn queue_name(prefix: &str, b: u32) -> String {
+        format!("{prefix}filedock_queue.{b}")
+    }
+
+    /// The dead-letter queue.
+    pub fn dlq_name(prefix: &str) -> String {
+        format!("{prefix}filedock_queue_dlq")
+    }
+
+    fn live(&self) -> Option<Arc<Live>> {
+        self.live.lock().unwrap().clone()
+    }
+
+    /// The arguments every bucket's queue is declared with (the same each
+    /// time: a queue declared again with others is refused).
+    fn bucket_args(&self) -> FieldTable {
+        let mut args = self.expiry_args();
+        args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(Self::dlq_name(&self.prefix).as_str().into()),
+        );
+        args
+    }
+
+    fn expiry_args(&self) -> FieldTable {
+        let mut args = FieldTable::default();
+        if let Some(e) = self.expiry {
+            let ms = i64::try_from(e.as_millis()).unwrap_or(i64::MAX);
+            args.insert("x-expires".into(), AMQPValue::LongLongInt(ms));
+        }
+        args
+    }
+}
+
+#[async_trait]
+impl Coordinator for RabbitQueue {
+    async fn run(&self, op: Operation) -> Result<(), CoordError> {
+        self.front.run(self, op).await
+    }
+
+    async fn stats(&self) -> Option<QueueStats> {
+        let lengths = self.lengths.lock().unwrap().clone();
+        let (processing_rate, average_wait_ms, failure_rate) = self.recent.figures();
+        Some(
+            QueueStats {
+                length: lengths.buckets.iter().sum(),
+                processing_rate,
+                average_wait_ms,
+                failure_rate,
+                dead_letter_count: lengths.dead,
+                buckets_held: self.held.load(Ordering::Relaxed),
+                warnings: Vec::new(),
+            }
+            .with_warnings(),
+        )
+    }
+}
+
+#[async_trait]
+impl Broker for RabbitQueue {
+    /// Answers come on the publishing channel's own consumer, heard while
+    /// the connection lives.
+    type Listening = ();
+
+    /// Whether the connection and its publishing channel are up (for every
+    /// bucket: one broker holds them all), and no publish failed in the
+    /// last second.
+    async fn healthy(&self, _b: u32) -> bool {
+        let failed = self.unhealthy_until.lock().unwrap();
+        if failed.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        self.live().is_some_and(|l| l.is_up())
+    }
+
+    fn mark_unhealthy(&self, _b: u32) {
+        *self.unhealthy_until.lock().unwrap() = Some(Instant::now() + UNHEALTHY_FOR);
+    }
+
+    async fn listen(&self, _b: u32) -> Option<()> {
+        Some(())
+    }
+
+    async fn enqueue(&self, b: u32, op: &Operation, op_id: &OpId) -> Result<u64, EnqueueError> {
+        let live = self
+            .live()
+            .ok_or_else(|| EnqueueError::Failed("not connected to RabbitMQ".into()))?;
+        let body = serde_json::to_vec(op).map_err(|e| EnqueueError::Failed(e.to_string()))?;
+        let mut headers = FieldTable::default();
+        headers.insert("at".into(), AMQPValue::LongLongInt(now_ms() as i64));
+        let props = BasicProperties::default()
+            .with_correlation_id(op_id.to_string().into())
+            .with_reply_to(DIRECT_REPLY_TO.into())
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_headers(headers);
+        // Mandatory: a queue that is not there returns the message instead
+        // of dropping it.
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let queue = Self::queue_name(&self.prefix, b);
+        let confirm = live
+            .publish
+            .basic_publish("".into(), queue.as_str().into(), options, &body, props)
+            .await
+            .map_err(|e| EnqueueError::Failed(e.to_string()))?
+            .await
+            .map_err(|e| EnqueueError::Failed(e.to_string()))?;
+        if confirm.is_nack() {
+            return Err(EnqueueError::Failed("RabbitMQ refused the message".into()));
+        }
+        if let Some(returned) = confirm.take_message() {
+            return Err(EnqueueError::Failed(format!(
+                "RabbitMQ returned the message: {}",
+                returned.reply_text
+            )));
+        }
+        let ahead = self
+            .lengths
+            .lock()
+            .unwrap()
+            .buckets
+            .get(b as usize)
+            .copied();
+        Ok(ahead.unwrap_or(0))
+    }
+}
+
+/// The buckets' names, for the declarations.
+fn buckets() -> impl Iterator<Item = u32> {
+    0..BUCKETS
+}
