@@ -155,6 +155,33 @@ stack_cluster_start() {
   log "redis cluster ${ports[*]} (pids ${STACK_CLUSTER_PIDS[*]})"
 }
 
+# stack_rabbitmq_check: what queue mode on RabbitMQ needs, checked (nothing
+# started): RabbitMQ's own scripts, from which the fault suite starts private
+# nodes on free ports (tests/api/support/own_rabbit.rs), and the broker the API
+# tests use, FILEDOCK_TEST_AMQP_URL (exported; by default the machine's on
+# 5672), answering AMQP 0-9-1's protocol header with a frame.
+stack_rabbitmq_check() {
+  if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || [ ! -x /usr/lib/rabbitmq/bin/rabbitmqctl ]; then
+    log "RabbitMQ is not installed (no /usr/lib/rabbitmq/bin/rabbitmq-server): apt-get install rabbitmq-server"
+    return 1
+  fi
+  export FILEDOCK_TEST_AMQP_URL="${FILEDOCK_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+  if ! python3 - "$FILEDOCK_TEST_AMQP_URL" <<'PY'
+import socket, sys, urllib.parse
+url = urllib.parse.urlsplit(sys.argv[1])
+try:
+    with socket.create_connection((url.hostname, url.port or 5672), timeout=5) as s:
+        s.sendall(b"AMQP\x00\x00\x09\x01")
+        sys.exit(0 if s.recv(3) == b"\x01\x00\x00" else 1)
+except OSError:
+    sys.exit(1)
+PY
+  then
+    log "no RabbitMQ answers at ${FILEDOCK_TEST_AMQP_URL#*@} (FILEDOCK_TEST_AMQP_URL): start the machine's broker (service rabbitmq-server start) or point FILEDOCK_TEST_AMQP_URL at one"
+    return 1
+  fi
+}
+
 # stop_all PID...: ends the processes started here, by PID, and waits for them.
 stop_all() {
   local pid

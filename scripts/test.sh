@@ -5,7 +5,8 @@
 # and the tests that need a Redis Cluster on one (stack.sh starts six nodes),
 # with the lock tests run again in cluster mode.
 # The session/agent tests (and the other suites that write to agents) run
-# once more in queue mode on each backend.
+# once more in queue mode on each backend, and with the queue's own tests on
+# RabbitMQ (the machine's broker, FILEDOCK_TEST_AMQP_URL).
 # First, scripts/layers.sh checks that src/ keeps its dependency rule. The
 # README's shell blocks run too, as written (scripts/readme-test.sh).
 set -euo pipefail
@@ -39,6 +40,9 @@ bash scripts/readme-test.sh
 echo "== filedock tests: real Redis, MongoDB and S3"
 trap stack_stop EXIT
 stack_start
+# RabbitMQ for queue mode on it: the fault suite starts private nodes, the
+# last reruns use the machine's broker.
+stack_rabbitmq_check
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api -- --skip fault_suite::
 echo "== filedock tests: a Redis Cluster (3 masters, a replica each): MOVED is never an outage; cluster mode"
 stack_cluster_start
@@ -81,7 +85,14 @@ bash scripts/tus-interop.sh
 # armed for an upload's commit once waited for one in vain.
 stack_stop
 stack_start
-echo "== filedock tests: the fault suite, lock and queue mode (one summary line per run)"
+echo "== filedock tests: the fault suite, lock and queue mode, queue mode on RabbitMQ too (one summary line per run)"
 FILEDOCK_TEST_BACKEND=real cargo test --locked --test api fault_suite:: -- --nocapture
 echo "== filedock tests: sessions and agents in queue mode (Redis Streams)"
 FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_COORDINATION=queue cargo test --locked --test api -- "${QUEUE_MODE_TESTS[@]}"
+# The queue's own tests that do not read Redis Streams run there too
+# (rabbit_queue:: ran in the real-servers pass above).
+RABBIT_QUEUE_TESTS=(queue::a_refused_operation_in_a_group_fails_alone
+  queue::a_poisoned_operation_is_dead_lettered_and_its_waiter_told)
+echo "== filedock tests: sessions and agents, and the queue's tests, in queue mode on RabbitMQ (${FILEDOCK_TEST_AMQP_URL#*@})"
+FILEDOCK_TEST_BACKEND=real FILEDOCK_TEST_COORDINATION=queue FILEDOCK_TEST_QUEUE_BROKER=rabbitmq \
+  cargo test --locked --test api -- "${QUEUE_MODE_TESTS[@]}" "${RABBIT_QUEUE_TESTS[@]}"

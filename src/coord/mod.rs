@@ -84,6 +84,16 @@ impl Applier {
             .value)
     }
 
+    /// How a queued operation was settled, if it was and the store says
+    /// (see [`ContainerRepo::find_op`]); `None` otherwise.
+    pub async fn outcome(&self, op_id: &OpId) -> Option<OpOutcome> {
+        match self.meta.find_op(op_id).await {
+            Ok(Some(Settled::Refused(why))) => Some(why.into()),
+            Ok(Some(_)) => Some(OpOutcome::Applied),
+            Ok(None) | Err(_) => None,
+        }
+    }
+
     /// Applies queued operations in one transaction (see
     /// [`ContainerRepo::apply_group`]), in the turns of their owners.
     pub async fn apply_group(&self, ops: &[(Operation, OpId)], fence: &Fence) -> MetaResult<()> {

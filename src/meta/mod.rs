@@ -267,6 +267,11 @@ pub trait ContainerRepo: Send + Sync {
     /// or been settled before.
     async fn cancel_op(&self, op_id: &OpId, why: Refusal) -> MetaResult<Settled>;
 
+    /// How a queued operation was settled, if it was: applied
+    /// ([`Settled::Applied`]) or refused ([`Settled::Refused`]); `None`
+    /// while its id is not in `processed_ops`. A read: it settles nothing.
+    async fn find_op(&self, op_id: &OpId) -> MetaResult<Option<Settled>>;
+
     /// Applies queued operations in order in one transaction, recording each
     /// one's id (the second of the pair) as `apply_op` does,
     /// under one fence: all or none, with the events of those that changed

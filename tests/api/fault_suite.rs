@@ -21,7 +21,9 @@
 //! cuts, also right after a commit or an enqueue was answered and past the
 //! settle window, a pause past the leases and the grace, SIGKILL and restart,
 //! Redis restarted and flushed; in the run on a Redis Cluster, a master
-//! killed and a `CLUSTER FAILOVER` instead), while `reconcile --delete` and
+//! killed and a `CLUSTER FAILOVER` instead; in the run with the queue on
+//! RabbitMQ, its link cut, also right after a publish, the broker killed
+//! and made to close its connections), while `reconcile --delete` and
 //! `sweep` run in a loop. After healing, the resumable uploads' expiry and a final sweep,
 //! the checker holds everything read back against the history
 //! (`support/checker.rs`; a container deleted with a 204 is gone and no file
@@ -52,6 +54,7 @@ use std::{
 };
 
 use filedock::{
+    config::QueueBroker,
     domain::{sweeper::Outcome, users},
     http::AppState,
 };
@@ -64,13 +67,14 @@ use crate::{
         accounts::{accounts_summary, check_account, check_deleted},
         checker::check,
         cluster::{AUTH_CACHE, Cluster, GRACE, TUS_EXPIRY},
+        fault_deck::{Fault, Topology, dead_letters_in},
         feed_checks::{
             FeedRead, check_feed, check_followed, feed_summary, follow_feed, read_feed_settled,
         },
         history::{Answer, Event, Holder, Op},
         lives::deletes_summary,
         mints::{check_deleted_creds, mints_summary},
-        nemesis::{Fault, Topology, dead_letters_in, nemesis},
+        nemesis::nemesis,
         precommit_hook::{PrecommitHookServer, REFUSED_PREFIX},
         readback::read_final,
         signed_links::{LinkTally, check_deleted_links, check_links, links_summary, probe_links},
@@ -190,8 +194,9 @@ async fn final_sweeps(state: &AppState) {
 /// One run of the suite: `coordination` (lock or queue) on one Redis node
 /// behind a proxy, or (lock mode) on a Redis that the nemesis fails over:
 /// `topology`, or if `None`, `FILEDOCK_FAULT_REDIS` (`cluster` or
-/// `sentinel`; unset, the seed picks one).
-async fn run_suite(coordination: &str, topology: Option<Topology>) {
+/// `sentinel`; unset, the seed picks one); in queue mode, the queue on
+/// that Redis or on RabbitMQ (`broker`).
+async fn run_suite(coordination: &str, topology: Option<Topology>, broker: QueueBroker) {
     if !real_backends() {
         eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
         return;
@@ -210,15 +215,16 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
         (None, _) if seed.is_multiple_of(2) => Topology::Cluster,
         (None, _) => Topology::Sentinel,
     };
-    let mode = match topology {
-        Topology::Node => coordination.to_owned(),
-        Topology::Cluster => format!("{coordination}-on-redis-cluster"),
-        Topology::Sentinel => format!("{coordination}-with-redis-sentinel"),
+    let mode = match (topology, broker) {
+        (Topology::Node, QueueBroker::Rabbitmq) => format!("{coordination}-on-rabbitmq"),
+        (Topology::Node, QueueBroker::Redis) => coordination.to_owned(),
+        (Topology::Cluster, _) => format!("{coordination}-on-redis-cluster"),
+        (Topology::Sentinel, _) => format!("{coordination}-with-redis-sentinel"),
     };
     let secs: u64 = env_or("FILEDOCK_FAULT_SECS", 0);
     eprintln!("fault suite ({mode}): seed {seed}; replay with FILEDOCK_FAULT_SEED={seed}");
     let started = Instant::now();
-    let mut cluster = Cluster::start(coordination, topology).await;
+    let mut cluster = Cluster::start(coordination, topology, broker).await;
     let mut users = Vec::new();
     for i in 0..=DOOMED {
         users.push(new_user(&cluster, i).await);
@@ -265,7 +271,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>) {
     };
     let until = Instant::now() + Duration::from_secs(secs);
     let faults = nemesis(&mut cluster, &mut rng, until).await;
-    for proxy in [&cluster.mongo, &cluster.redis, &cluster.s3] {
+    for proxy in cluster.proxies() {
         proxy.heal();
     }
     tokio::time::sleep(TAIL).await;
@@ -616,12 +622,23 @@ async fn read_dead_letters(base: &str) -> Result<HashMap<String, String>, String
 
 #[tokio::test]
 async fn lock_mode_keeps_every_acknowledged_write_under_faults() {
-    run_suite("lock", Some(Topology::Node)).await;
+    run_suite("lock", Some(Topology::Node), QueueBroker::Redis).await;
 }
 
 #[tokio::test]
 async fn queue_mode_keeps_every_acknowledged_write_under_faults() {
-    run_suite("queue", Some(Topology::Node)).await;
+    run_suite("queue", Some(Topology::Node), QueueBroker::Redis).await;
+}
+
+/// Queue mode with the queue on a private RabbitMQ behind its own fault
+/// proxy (the buckets' leases and the direct path still on the one Redis
+/// node behind its proxy): the AMQP link cut, also right after a
+/// `basic.publish`, the broker SIGKILLed and started again, and every
+/// client connection closed by the broker (consumers' mid-delivery), beside
+/// the Redis faults of a node (but the cut after an `XADD`) and the rest.
+#[tokio::test]
+async fn queue_mode_on_rabbitmq_keeps_every_acknowledged_write_under_faults() {
+    run_suite("queue", Some(Topology::Node), QueueBroker::Rabbitmq).await;
 }
 
 /// Lock mode on a Redis that fails over (`FILEDOCK_FAULT_REDIS`): a Redis
@@ -631,7 +648,7 @@ async fn queue_mode_keeps_every_acknowledged_write_under_faults() {
 /// nemesis kills. Unset, the seed picks one.
 #[tokio::test]
 async fn lock_mode_keeps_every_acknowledged_write_under_redis_failovers() {
-    run_suite("lock", None).await;
+    run_suite("lock", None, QueueBroker::Redis).await;
 }
 
 /// Queue mode on a Redis that fails over (`FILEDOCK_FAULT_REDIS`, or the
@@ -640,5 +657,5 @@ async fn lock_mode_keeps_every_acknowledged_write_under_redis_failovers() {
 /// and fails over.
 #[tokio::test]
 async fn queue_mode_keeps_every_acknowledged_write_under_redis_failovers() {
-    run_suite("queue", None).await;
+    run_suite("queue", None, QueueBroker::Redis).await;
 }

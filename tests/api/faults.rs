@@ -542,3 +542,43 @@ async fn a_revocation_cut_before_its_commit_is_answered_failed_and_changes_nothi
         "the key is revoked"
     );
 }
+
+/// The S3 link is cut right after the server answered a terminate's
+/// `AbortMultipartUpload`: the SDK sends it again, and the server no longer
+/// knows the upload (S3 answers `NoSuchUpload`, taken as aborted; s3s-fs
+/// `AccessDenied`, which on S3 is a missing permission, so it cannot be
+/// taken as aborted). The store refused: 503 `dependency_unavailable`,
+/// not 500 (the fault suite met it), and the upload is still there to
+/// terminate again or to expire.
+#[tokio::test]
+async fn a_terminate_whose_abort_answer_is_lost_is_an_outage_not_a_bug() {
+    if !real_backends() {
+        eprintln!("needs the real servers: runs in the real-servers pass of scripts/test.sh");
+        return;
+    }
+    let endpoint = std::env::var("FILEDOCK_TEST_S3_ENDPOINT").unwrap();
+    let proxy = FaultProxy::start(endpoint.trim_start_matches("http://").parse().unwrap()).await;
+    let mut settings = test_settings();
+    settings.s3.as_mut().unwrap().endpoint = format!("http://{}", proxy.addr());
+    let app = spawn_app_with(settings).await;
+    let user = app.create_user("lost-abort").await;
+    let len = 12 << 20;
+    let bytes = crate::tus::data(len);
+    let id = crate::tus::create(&app, &user, len).await;
+    let first = crate::tus::patch(&app, &user, &id, 0, &bytes[..6 << 20]).await;
+    assert_eq!(first.status(), StatusCode::NO_CONTENT, "a part stored");
+    proxy.cut_after(b"x-id=AbortMultipartUpload", Duration::from_millis(300));
+    let res = app
+        .client
+        .delete(app.url(&format!("/v1/uploads/{id}")))
+        .bearer_auth(&user.key)
+        .header("tus-resumable", crate::tus::TUS)
+        .send()
+        .await
+        .unwrap();
+    assert!(proxy.triggered(), "the abort was not cut");
+    let status = res.status();
+    let body: Value = res.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "dependency_unavailable", "{body}");
+}

@@ -44,6 +44,7 @@ mod precommit;
 mod queue;
 mod queue_faults;
 mod quotas;
+mod rabbit_faults;
 mod rabbit_queue;
 mod real;
 mod redis_cluster;

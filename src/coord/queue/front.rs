@@ -66,12 +66,15 @@ pub(super) trait Broker: Send + Sync {
     /// confirm).
     async fn enqueue(&self, b: u32, op: &Operation, op_id: &OpId) -> Result<u64, EnqueueError>;
 
-    /// The answer for `op_id`, if the broker keeps answers and has it (a
-    /// broker that only sends them never does: a waiter whose answer was
-    /// lost is answered by settling at its deadline).
-    async fn read_result(&self, _b: u32, _op_id: &OpId) -> Option<OpOutcome> {
-        None
-    }
+    /// The answer for `op_id`, read again (every second while its waiter
+    /// waits) in case its notice was lost; `heard` is what
+    /// [`Broker::listen`] gave the waiter.
+    async fn read_result(
+        &self,
+        b: u32,
+        op_id: &OpId,
+        heard: Option<&Self::Listening>,
+    ) -> Option<OpOutcome>;
 }
 
 /// The broker-neutral part of a queue's front.
@@ -96,7 +99,7 @@ impl Front {
         // Registered, and its answers heard, before the enqueue, so the
         // result cannot come too early.
         let _waiting = self.waiters.register(&op_id.to_string(), tx);
-        let _heard = broker.listen(b).await;
+        let heard = broker.listen(b).await;
         let ahead = match broker.enqueue(b, &op, &op_id).await {
             Ok(n) => n,
             // This try was not taken, but an earlier one the broker's
@@ -135,7 +138,7 @@ impl Front {
                 }
                 _ = tokio::time::sleep(RESULT_POLL_EVERY.min(deadline - now)) => {}
             }
-            if let Some(o) = broker.read_result(b, &op_id).await {
+            if let Some(o) = broker.read_result(b, &op_id, heard.as_ref()).await {
                 return o.into_result();
             }
         }

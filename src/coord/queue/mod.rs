@@ -231,7 +231,7 @@ impl Broker for RedisQueue {
         }
     }
 
-    async fn read_result(&self, b: u32, op_id: &OpId) -> Option<OpOutcome> {
+    async fn read_result(&self, b: u32, op_id: &OpId, _heard: Option<&Watch>) -> Option<OpOutcome> {
         read_result(&mut self.conn.clone(), &self.prefix, b, op_id).await
     }
 }

@@ -72,6 +72,10 @@ impl ContainerRepo for Announced<dyn ContainerRepo> {
         self.inner.cancel_op(op_id, why).await
     }
 
+    async fn find_op(&self, op_id: &OpId) -> MetaResult<Option<Settled>> {
+        self.inner.find_op(op_id).await
+    }
+
     async fn apply_group(
         &self,
         ops: &[(Operation, OpId)],

@@ -255,6 +255,17 @@ impl ContainerRepo for EmbeddedStore {
         .await
     }
 
+    async fn find_op(&self, op_id: &OpId) -> MetaResult<Option<Settled>> {
+        let key = format!("processed_ops/{op_id}");
+        self.transaction(move |tx| {
+            Ok(tx.get::<ProcessedOp>(&key)?.map(|p| match p.refused {
+                Some(why) => Settled::Refused(why),
+                None => Settled::Applied,
+            }))
+        })
+        .await
+    }
+
     async fn apply_group(
         &self,
         ops: &[(Operation, OpId)],

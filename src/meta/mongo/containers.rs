@@ -432,6 +432,15 @@ impl ContainerRepo for MongoStore {
         }
     }
 
+    async fn find_op(&self, op_id: &OpId) -> MetaResult<Option<Settled>> {
+        let ops = self.db.collection::<ProcessedOp>("processed_ops");
+        let seen = ops.find_one(doc! {"_id": op_id}).await.map_err(classify)?;
+        Ok(seen.map(|p| match p.refused {
+            Some(why) => Settled::Refused(why),
+            None => Settled::Applied,
+        }))
+    }
+
     async fn apply_group(
         &self,
         ops: &[(Operation, OpId)],

@@ -1,7 +1,8 @@
 //! The fault suite's nemesis: it deals a shuffled deck that holds every
-//! fault kind that applies to the mode, one fault at a time, and counts a
-//! fault only once it fired (a cut armed to follow a command fires only when
-//! that command is sent; one that did not goes back under the deck).
+//! fault kind that applies to the mode (`fault_deck.rs`), one fault at a
+//! time, and counts a fault only once it fired (a cut armed to follow a
+//! command fires only when that command is sent; one that did not goes
+//! back under the deck).
 
 use std::{
     collections::BTreeMap,
@@ -13,6 +14,8 @@ use rand::{Rng, rngs::StdRng, seq::SliceRandom};
 
 use crate::support::{
     cluster::{Cluster, GRACE, LOCK_TTL, SETTLE_WINDOW},
+    fault_deck::{DEAD_LETTER_AGE, Fault},
+    fault_proxy::FaultProxy,
     servers::OwnRedis,
     webhook_receiver::Delivery,
 };
@@ -30,6 +33,10 @@ const UPLOAD_PART: &[u8] = b"partNumber=";
 /// A small resumable upload's one `PutObject` (the only conditional one).
 const WHOLE_PUT: &[u8] = b"if-none-match: *";
 const XADD: &[u8] = b"XADD";
+/// AMQP 0-9-1 `basic.publish`: class 60, method 40, the start of its
+/// method frame's payload (a content body holding these bytes is unlikely
+/// with JSON bodies, and would only fire the cut at another moment).
+pub const BASIC_PUBLISH: &[u8] = b"\x00\x3c\x00\x28";
 /// How long an armed cut may wait for its command before it goes back
 /// under the deck.
 const ARMED_FOR: Duration = Duration::from_secs(10);
@@ -39,183 +46,8 @@ const REDEALS: usize = 5;
 /// The pause between two faults.
 const BETWEEN: std::ops::Range<u64> = 300..1200;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Fault {
-    /// Every MongoDB connection cut, new ones refused, for up to 3 s.
-    MongoCut,
-    /// The same for longer than the settle window: an upload whose commit
-    /// answer was lost answers 504 `outcome_unknown`.
-    MongoCutLong,
-    /// Cut right after any transaction's `commitTransaction` was answered.
-    MongoCutAfterCommit,
-    /// Cut right after an upload's commit was answered, for longer than the
-    /// settle window: the upload 504 path.
-    MongoCutAfterUploadCommitLong,
-    RedisCut,
-    /// Cut right after an enqueue (`XADD`) was answered (queue mode only).
-    RedisCutAfterEnqueue,
-    S3Cut,
-    /// Cut right after a part of a multipart upload was stored: a PATCH
-    /// (or a plain upload) loses its link mid-body.
-    S3CutDuringPart,
-    /// Cut right after a small resumable upload's `PutObject` was answered:
-    /// the object is there, the answer lost (the SDK's retry is refused by
-    /// `If-None-Match`, and the PATCH finds its own bytes there).
-    S3CutAfterWholePut,
-    /// Cut right after a resumable upload's state update was answered,
-    /// for longer than the settle window: the PATCH cannot read back
-    /// whether its offset moved.
-    MongoCutAfterTusUpdate,
-    /// Cut right after a resumable upload's commit was answered (the
-    /// transaction that marks its state, and records a small upload's
-    /// bytes), for longer than the settle window: the final PATCH cannot
-    /// tell whether it applied, nor record its bytes after it.
-    MongoCutAfterTusCommit,
-    /// SIGSTOP for longer than the lock lease and the sweeper's grace (and
-    /// the webhooks' partition leases: the other instance takes them over,
-    /// and the paused one must send nothing more when it wakes).
-    Pause,
-    /// The webhook receiver down (connections refused) for up to 3 s.
-    ReceiverDown,
-    /// The webhook receiver answering 500 for up to 3 s.
-    ReceiverFailing,
-    /// The webhook receiver answering 500 for longer than the webhooks'
-    /// maximum age ([`DEAD_LETTER_AGE`], set in lock mode on one Redis
-    /// node only): what was refused early in it is given up on, a dead
-    /// letter, and its owner's later events are delivered after it.
-    ReceiverFailingLong,
-    /// The webhook receiver answering after 1.5 s, for 3 s (and on until a
-    /// delivery met it, 8 s at most): deliveries in flight when another
-    /// fault kills, pauses or drains an instance.
-    ReceiverSlow,
-    /// SIGKILL, then the instance starts again on its port.
-    Kill,
-    /// SIGTERM: the instance drains (unready, then its tus PATCHes and long
-    /// polls let go, the rest finish) and must exit 0; then it starts again
-    /// on its port, as in a rolling deploy.
-    Drain,
-    RedisRestart,
-    RedisFlush,
-    /// On a Redis Cluster: a master SIGKILLed (its replica promoted, its
-    /// last writes possibly lost), started again as a replica.
-    ClusterMasterKill,
-    /// On a Redis Cluster: `CLUSTER FAILOVER` on a replica.
-    ClusterFailover,
-    /// With Sentinel: `SENTINEL FAILOVER` (the replica promoted, the old
-    /// primary demoted; instances that have not heard may still write there).
-    SentinelFailover,
-    /// With Sentinel: the primary SIGKILLed (its replica promoted, what it
-    /// had not replicated lost) and started again, a primary until the
-    /// sentinels demote it.
-    SentinelPrimaryKill,
-}
-
-/// `FILEDOCK_WEBHOOK_MAX_AGE_SECS` where the suite makes dead letters.
-pub const DEAD_LETTER_AGE: Duration = Duration::from_secs(4);
 /// How long [`Fault::ReceiverFailingLong`] refuses every delivery.
 const DEAD_LETTER_WINDOW: Duration = Duration::from_secs(10);
-
-/// Whether this mode makes dead letters: one mode is enough (every
-/// event dead-lettered is one the suite cannot see delivered), and lock
-/// mode on one node has the fewest other faults on the deliveries' path.
-pub fn dead_letters_in(coordination: &str, topology: Topology) -> bool {
-    coordination == "lock" && topology == Topology::Node
-}
-
-/// The Redis the fault suite's instances take their locks on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Topology {
-    /// One node behind a fault proxy.
-    Node,
-    Cluster,
-    Sentinel,
-}
-
-impl fmt::Display for Fault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self {
-            Self::MongoCut => "mongo-cut",
-            Self::MongoCutLong => "mongo-cut-long",
-            Self::MongoCutAfterCommit => "mongo-cut-after-commit",
-            Self::MongoCutAfterUploadCommitLong => "mongo-cut-after-upload-commit-long",
-            Self::RedisCut => "redis-cut",
-            Self::RedisCutAfterEnqueue => "redis-cut-after-enqueue",
-            Self::S3Cut => "s3-cut",
-            Self::S3CutDuringPart => "s3-cut-during-part",
-            Self::S3CutAfterWholePut => "s3-cut-after-whole-put",
-            Self::MongoCutAfterTusUpdate => "mongo-cut-after-tus-update",
-            Self::MongoCutAfterTusCommit => "mongo-cut-after-tus-commit",
-            Self::Pause => "pause",
-            Self::ReceiverDown => "receiver-down",
-            Self::ReceiverFailing => "receiver-failing",
-            Self::ReceiverFailingLong => "receiver-failing-long",
-            Self::ReceiverSlow => "receiver-slow",
-            Self::Kill => "kill",
-            Self::Drain => "drain",
-            Self::RedisRestart => "redis-restart",
-            Self::RedisFlush => "redis-flush",
-            Self::ClusterMasterKill => "cluster-master-kill",
-            Self::ClusterFailover => "cluster-failover",
-            Self::SentinelFailover => "sentinel-failover",
-            Self::SentinelPrimaryKill => "sentinel-primary-kill",
-        };
-        f.write_str(name)
-    }
-}
-
-impl Fault {
-    const ALL: [Fault; 24] = [
-        Self::MongoCut,
-        Self::MongoCutLong,
-        Self::MongoCutAfterCommit,
-        Self::MongoCutAfterUploadCommitLong,
-        Self::RedisCut,
-        Self::RedisCutAfterEnqueue,
-        Self::S3Cut,
-        Self::S3CutDuringPart,
-        Self::S3CutAfterWholePut,
-        Self::MongoCutAfterTusUpdate,
-        Self::MongoCutAfterTusCommit,
-        Self::Pause,
-        Self::ReceiverDown,
-        Self::ReceiverFailing,
-        Self::ReceiverFailingLong,
-        Self::ReceiverSlow,
-        Self::Kill,
-        Self::Drain,
-        Self::RedisRestart,
-        Self::RedisFlush,
-        Self::ClusterMasterKill,
-        Self::ClusterFailover,
-        Self::SentinelFailover,
-        Self::SentinelPrimaryKill,
-    ];
-
-    /// Whether the fault can happen in this coordination mode (nothing
-    /// sends `XADD` in lock mode) and Redis topology: the Redis faults of a
-    /// single node go through its proxy, a cluster's are failovers.
-    fn applies(self, coordination: &str, topology: Topology) -> bool {
-        let redis = match self {
-            Self::RedisCut | Self::RedisRestart | Self::RedisFlush => Some(Topology::Node),
-            Self::RedisCutAfterEnqueue => {
-                return topology == Topology::Node && coordination == "queue";
-            }
-            Self::ClusterMasterKill | Self::ClusterFailover => Some(Topology::Cluster),
-            Self::SentinelFailover | Self::SentinelPrimaryKill => Some(Topology::Sentinel),
-            Self::ReceiverFailingLong => return dead_letters_in(coordination, topology),
-            _ => None,
-        };
-        redis.is_none_or(|t| t == topology)
-    }
-
-    /// The kinds of the deck for `coordination` on that Redis topology.
-    pub fn deck(coordination: &str, topology: Topology) -> Vec<Fault> {
-        Self::ALL
-            .into_iter()
-            .filter(|f| f.applies(coordination, topology))
-            .collect()
-    }
-}
 
 /// Per fault kind: how often it was dealt, and how often it fired.
 #[derive(Debug, Default)]
@@ -414,10 +246,38 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             Some(own) => own.kill_primary().await,
             None => false,
         },
+        Fault::RabbitCut
+        | Fault::RabbitCutAfterPublish
+        | Fault::RabbitKill
+        | Fault::RabbitConnectionsClosed => inject_rabbit(c, fault, rng).await,
     }
 }
 
-async fn cut_for(proxy: &crate::support::fault_proxy::FaultProxy, down: Duration) -> bool {
+/// The faults of RabbitMQ (the queue's broker in one mode); none fires
+/// without it.
+async fn inject_rabbit(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
+    let (Some(proxy), Some(own)) = (&c.amqp, &mut c.own_rabbit) else {
+        return false;
+    };
+    match fault {
+        Fault::RabbitCut => cut_for(proxy, short(rng, Duration::from_secs(3))).await,
+        Fault::RabbitCutAfterPublish => {
+            let down = short(rng, Duration::from_secs(2));
+            cut_after(proxy, &[BASIC_PUBLISH], down).await
+        }
+        Fault::RabbitKill => {
+            own.kill();
+            tokio::time::sleep(Duration::from_millis(rng.random_range(1000..2000))).await;
+            // Booted again (about 6 s) before the next fault is dealt.
+            own.restart().await;
+            true
+        }
+        Fault::RabbitConnectionsClosed => own.close_connections().await > 0,
+        _ => false,
+    }
+}
+
+async fn cut_for(proxy: &FaultProxy, down: Duration) -> bool {
     proxy.cut(down);
     tokio::time::sleep(down).await;
     true
@@ -425,11 +285,7 @@ async fn cut_for(proxy: &crate::support::fault_proxy::FaultProxy, down: Duration
 
 /// Arms a cut after `patterns`; waits for it to fire (then for its down
 /// time) or for [`ARMED_FOR`], and disarms it.
-async fn cut_after(
-    proxy: &crate::support::fault_proxy::FaultProxy,
-    patterns: &[&[u8]],
-    down: Duration,
-) -> bool {
+async fn cut_after(proxy: &FaultProxy, patterns: &[&[u8]], down: Duration) -> bool {
     let before = proxy.fired();
     proxy.cut_after_sequence(patterns, 0, down);
     let deadline = Instant::now() + ARMED_FOR;

@@ -1,5 +1,6 @@
 //! Private server processes a test may stop and start again: its own
-//! redis-server, SecantusDB or s3s-fs, on a free port.
+//! redis-server, SecantusDB or s3s-fs, on a free port (and RabbitMQ, in
+//! `own_rabbit.rs`).
 
 use std::{
     process::{Child, Command, Stdio},

@@ -193,7 +193,8 @@ struct DeliverySink<'c> {
 #[async_trait]
 impl Sink<Delivery> for DeliverySink<'_> {
     /// For each delivery in turn: its answer to its waiter's reply address
-    /// (a waiter gone, the answer is dropped: it settles at its deadline),
+    /// (a waiter's connection gone, the answer is dropped: it reads the
+    /// store instead),
     /// then its acknowledgement, or its rejection to the dead letters.
     /// A channel that closed under them: [`Step::Stop`] (the broker
     /// delivers them again, to whichever consumer is active).

@@ -5,7 +5,7 @@
 
 use std::{
     collections::HashMap,
-    sync::Arc,
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -106,6 +106,7 @@ impl RabbitQueue {
         let live = Arc::new(Live {
             conn,
             publish,
+            generation: self.connections.fetch_add(1, Ordering::Relaxed) + 1,
             replies,
         });
         *self.live.lock().unwrap() = Some(live.clone());
@@ -184,8 +185,8 @@ impl worker::Worker for Link {
 
 impl Link {
     /// Forgets a connection that went down: its consumers stop, its
-    /// replies are heard no more (a waiter whose answer went with it is
-    /// answered at its deadline, by settling).
+    /// replies are heard no more (a waiter whose answer went with it reads
+    /// it from the store, every second: `processed_ops`).
     async fn tear_down(&mut self) {
         self.queue.live.lock().unwrap().take();
         for (_, (handle, stop)) in self.consumers.drain() {

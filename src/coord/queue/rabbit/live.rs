@@ -8,6 +8,8 @@ use tokio::task::JoinHandle;
 pub(super) struct Live {
     pub(super) conn: Connection,
     pub(super) publish: Channel,
+    /// Which of this instance's connections it is.
+    pub(super) generation: u64,
     /// Hands each direct reply to its waiter.
     pub(super) replies: JoinHandle<()>,
 }

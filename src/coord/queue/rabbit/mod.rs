@@ -19,7 +19,9 @@
 //!   `processed_ops` applies it once.
 //! - The answer goes to the instance that asked, by direct reply-to
 //!   (`amq.rabbitmq.reply-to` on the channel that published): no reply
-//!   queue shared between instances, no pool of reply channels.
+//!   queue shared between instances, no pool of reply channels. A waiter
+//!   whose connection went down (and its answer with it) reads how its
+//!   operation was settled in the store (`processed_ops`) every second.
 //! - What keeps failing is rejected to the dead-letter queue
 //!   (`filedock_queue_dlq`, through the queues' dead-letter exchange),
 //!   counted by `GET /v1/admin/queue`.
@@ -35,7 +37,7 @@ mod live;
 use std::{
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -56,7 +58,7 @@ use super::{
     stats::Recent,
 };
 use crate::{
-    coord::{Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, QueueStats},
+    coord::{Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, QueueStats},
     lock::Locks,
     metrics::Metrics,
     vocab::{OpId, Operation},
@@ -79,6 +81,8 @@ pub struct RabbitQueue {
     front: Front,
     /// The connection while it is up.
     live: Mutex<Option<Arc<Live>>>,
+    /// Connections made so far (each one's generation).
+    connections: AtomicU64,
     /// Until when a failed publish keeps the breaker open.
     unhealthy_until: Mutex<Option<Instant>>,
     /// The queues' lengths as last read (once a second).
@@ -121,6 +125,7 @@ impl RabbitQueue {
                 wait,
             },
             live: Mutex::default(),
+            connections: AtomicU64::new(0),
             unhealthy_until: Mutex::default(),
             lengths: Mutex::default(),
             expiry,
@@ -198,8 +203,8 @@ impl Coordinator for RabbitQueue {
 #[async_trait]
 impl Broker for RabbitQueue {
     /// Answers come on the publishing channel's own consumer, heard while
-    /// the connection lives.
-    type Listening = ();
+    /// the connection lives: which connection it was (its generation).
+    type Listening = u64;
 
     /// Whether the connection and its publishing channel are up (for every
     /// bucket: one broker holds them all), and no publish failed in the
@@ -216,8 +221,19 @@ impl Broker for RabbitQueue {
         *self.unhealthy_until.lock().unwrap() = Some(Instant::now() + UNHEALTHY_FOR);
     }
 
-    async fn listen(&self, _b: u32) -> Option<()> {
-        Some(())
+    async fn listen(&self, _b: u32) -> Option<u64> {
+        self.live().map(|l| l.generation)
+    }
+
+    /// Nothing while the connection the waiter listened on lives (its
+    /// answer comes by reply); once it is gone, the answer can only be
+    /// read from the store: how the operation was settled, if it was.
+    async fn read_result(&self, _b: u32, op_id: &OpId, heard: Option<&u64>) -> Option<OpOutcome> {
+        let current = self.live().map(|l| l.generation);
+        if heard.is_some() && current.as_ref() == heard {
+            return None;
+        }
+        self.front.applier.outcome(op_id).await
     }
 
     async fn enqueue(&self, b: u32, op: &Operation, op_id: &OpId) -> Result<u64, EnqueueError> {

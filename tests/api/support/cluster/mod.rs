@@ -1,27 +1,31 @@
 //! The fault suite's cluster: two filedock processes whose MongoDB, Redis
-//! and S3 links run through fault proxies, and a private Redis the nemesis
-//! may restart and flush. An instance can be killed (SIGKILL), paused
-//! (SIGSTOP) and started again on its port.
+//! and S3 links (and RabbitMQ's, with the queue on it) run through fault
+//! proxies, and a private Redis the nemesis may restart and flush (and a
+//! private RabbitMQ it may kill). An instance can be killed (SIGKILL),
+//! paused (SIGSTOP) and started again on its port.
 
 use std::{process::Child, time::Duration};
 
 use filedock::{
-    config::{RedisMode, Settings},
+    config::{QueueBroker, RedisMode, Settings},
     http::AppState,
 };
 
 use crate::{
     helpers::*,
     support::{
+        fault_deck::{Fault, Topology},
         fault_proxy::FaultProxy,
-        nemesis::{DEAD_LETTER_AGE, Topology, dead_letters_in},
         own_cluster::OwnRedisCluster,
+        own_rabbit::OwnRabbit,
         own_sentinel::{MASTER, OwnSentinel},
         precommit_hook::PrecommitHookServer,
         servers::OwnRedis,
         webhook_receiver::WebhookReceiver,
     },
 };
+
+mod env;
 
 /// Leases and grace short enough that a paused process outlives them.
 pub const LOCK_TTL: Duration = Duration::from_secs(2);
@@ -46,8 +50,6 @@ pub const CONTAINER_MAX_ITEMS: usize = 3;
 /// hot user's mints meet them (409, and nothing stored) now and then.
 pub const MAX_KEYS: usize = 5;
 pub const MAX_TOKENS: usize = 8;
-/// The instances' shared link secret (`FILEDOCK_LINK_SECRET`).
-const LINK_SECRET: &str = "fault-suite-link-secret-shared-by-both-instances";
 const INSTANCES: usize = 2;
 /// What the suite reads from the instances' `/metrics` (summed over
 /// restarts): panics, and how often the grouped paths ran.
@@ -101,6 +103,11 @@ pub struct Cluster {
     pub own_cluster: Option<OwnRedisCluster>,
     pub own_sentinel: Option<OwnSentinel>,
     topology: Topology,
+    /// With the queue on RabbitMQ: the instances' link to it, and the
+    /// broker the nemesis kills (the suite's own state reaches it directly).
+    pub amqp: Option<FaultProxy>,
+    pub own_rabbit: Option<OwnRabbit>,
+    broker: QueueBroker,
     pub instances: Vec<Instance>,
     /// The same backends, reached directly: maintenance and the checker.
     pub state: AppState,
@@ -117,8 +124,21 @@ pub struct Cluster {
 impl Cluster {
     /// `topology`: the instances take their locks on one Redis behind a
     /// proxy, or (lock mode) on a private Redis Cluster or Sentinel-watched
-    /// primary, which the nemesis fails over.
-    pub async fn start(coordination: &str, topology: Topology) -> Self {
+    /// primary, which the nemesis fails over. `broker`: in queue mode, the
+    /// queue on that Redis, or on a private RabbitMQ behind a proxy.
+    pub async fn start(coordination: &str, topology: Topology, broker: QueueBroker) -> Self {
+        assert!(
+            broker == QueueBroker::Redis || coordination == "queue",
+            "RabbitMQ carries queue mode only"
+        );
+        let own_rabbit = match broker {
+            QueueBroker::Rabbitmq => Some(OwnRabbit::start().await),
+            QueueBroker::Redis => None,
+        };
+        let amqp = match &own_rabbit {
+            Some(own) => Some(FaultProxy::start(([127, 0, 0, 1], own.port()).into()).await),
+            None => None,
+        };
         let redis_port = free_port();
         let own_redis = OwnRedis::start(redis_port).await;
         let own_cluster = match topology {
@@ -149,6 +169,8 @@ impl Cluster {
             settings.redis_mode = RedisMode::Sentinel;
             settings.redis_sentinel_master = Some(MASTER.into());
         }
+        settings.queue_broker = broker;
+        settings.amqp_url = own_rabbit.as_ref().map(|own| own.url().into());
         settings.sweep.intent_grace = GRACE;
         settings.sweep.retry_interval = Duration::ZERO;
         settings.max_container_items = CONTAINER_MAX_ITEMS;
@@ -177,6 +199,9 @@ impl Cluster {
             own_cluster,
             own_sentinel,
             topology,
+            amqp,
+            own_rabbit,
+            broker,
             instances: Vec::new(),
             state,
             settings,
@@ -221,86 +246,16 @@ impl Cluster {
         }
     }
 
-    fn instance_env(&self) -> Vec<(String, String)> {
-        let mut env = binary_env(&self.settings);
-        // A drain (the `drain` fault) is unready a second before it closes.
-        env.push(("FILEDOCK_DRAIN_READY_GRACE_SECS".into(), "1".into()));
-        let redis = match (&self.own_cluster, &self.own_sentinel) {
-            (Some(own), _) => [
-                ("FILEDOCK_REDIS_URL", own.seeds()),
-                ("FILEDOCK_REDIS_MODE", "cluster".into()),
-                ("FILEDOCK_REDIS_SENTINEL_MASTER", String::new()),
-            ],
-            (None, Some(own)) => [
-                ("FILEDOCK_REDIS_URL", own.urls().to_owned()),
-                ("FILEDOCK_REDIS_MODE", "sentinel".into()),
-                ("FILEDOCK_REDIS_SENTINEL_MASTER", MASTER.into()),
-            ],
-            (None, None) => [
-                (
-                    "FILEDOCK_REDIS_URL",
-                    format!("redis://{}/", self.redis.addr()),
-                ),
-                ("FILEDOCK_REDIS_MODE", "single".into()),
-                ("FILEDOCK_REDIS_SENTINEL_MASTER", String::new()),
-            ],
-        };
-        env.extend(redis.map(|(k, v)| (k.to_owned(), v)));
-        env.extend(
-            [
-                (
-                    "FILEDOCK_MONGODB_URI",
-                    format!(
-                        "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=1000",
-                        self.mongo.addr()
-                    ),
-                ),
-                ("FILEDOCK_S3_ENDPOINT", format!("http://{}", self.s3.addr())),
-                ("FILEDOCK_S3_PART_SIZE", PART_SIZE.to_string()),
-                ("FILEDOCK_TUS_EXPIRY_SECS", TUS_EXPIRY.as_secs().to_string()),
-                (
-                    "FILEDOCK_MAX_CONTAINER_ITEMS",
-                    CONTAINER_MAX_ITEMS.to_string(),
-                ),
-                ("FILEDOCK_COORDINATION", self.coordination.clone()),
-                ("FILEDOCK_LOCK_TTL_SECS", LOCK_TTL.as_secs().to_string()),
-                ("FILEDOCK_LOCK_WAIT_SECS", "10".into()),
-                (
-                    "FILEDOCK_SETTLE_WINDOW_SECS",
-                    SETTLE_WINDOW.as_secs().to_string(),
-                ),
-                (
-                    "FILEDOCK_SWEEP_INTENT_GRACE_SECS",
-                    GRACE.as_secs().to_string(),
-                ),
-                ("FILEDOCK_SWEEP_RETRY_INTERVAL_SECS", "0".into()),
-                ("FILEDOCK_AUTH_CACHE_SECS", AUTH_CACHE.as_secs().to_string()),
-                ("FILEDOCK_MAX_KEYS_PER_USER", MAX_KEYS.to_string()),
-                ("FILEDOCK_MAX_TOKENS_PER_USER", MAX_TOKENS.to_string()),
-                // Shared, as every instance behind one URL needs: a link
-                // made at one downloads at the other, and after a restart.
-                ("FILEDOCK_LINK_SECRET", LINK_SECRET.into()),
-                // Every event to the suite's receiver, retried soon after
-                // a fault (the nemesis's receiver faults last seconds).
-                ("FILEDOCK_WEBHOOK_URL", self.receiver.url()),
-                ("FILEDOCK_WEBHOOK_SECRET", self.receiver.secret()),
-                ("FILEDOCK_WEBHOOK_RETRY_MAX_SECS", "1".into()),
-                ("FILEDOCK_WEBHOOK_TIMEOUT_SECS", "3".into()),
-                ("FILEDOCK_PRECOMMIT_HOOK_URL", self.hook.url()),
-            ]
-            .map(|(k, v)| (k.to_owned(), v)),
-        );
-        // Where the nemesis makes dead letters: events given up on soon.
-        if dead_letters_in(&self.coordination, self.topology) {
-            let age = DEAD_LETTER_AGE.as_secs().to_string();
-            env.push(("FILEDOCK_WEBHOOK_MAX_AGE_SECS".to_owned(), age));
-        }
-        env
+    /// The fault kinds the nemesis deals for this cluster.
+    pub fn deck(&self) -> Vec<Fault> {
+        Fault::deck(&self.coordination, self.topology, self.broker)
     }
 
-    /// The fault kinds the nemesis deals for this cluster.
-    pub fn deck(&self) -> Vec<crate::support::nemesis::Fault> {
-        crate::support::nemesis::Fault::deck(&self.coordination, self.topology)
+    /// Every fault proxy of the instances' links.
+    pub fn proxies(&self) -> Vec<&FaultProxy> {
+        let mut proxies = vec![&self.mongo, &self.redis, &self.s3];
+        proxies.extend(&self.amqp);
+        proxies
     }
 
     pub fn pid(&self, i: usize) -> i32 {

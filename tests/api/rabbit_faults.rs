@@ -1,0 +1,178 @@
+//! Queue mode on RabbitMQ when the broker or a link to it fails: answers
+//! stay true and in order, and arrive without waiting for the deadline.
+
+use std::time::{Duration, Instant};
+
+use filedock::config::{Coordination, QueueBroker, Settings};
+use mongodb::bson::doc;
+use reqwest::StatusCode;
+
+use crate::{
+    helpers::*,
+    support::{fault_proxy::FaultProxy, own_rabbit::OwnRabbit},
+};
+
+/// A waiter's base wait: an answer that came in far less did not wait for
+/// its deadline.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Settings for an app in queue mode on the broker at `url`.
+fn on_rabbit(settings: &Settings, url: String) -> Settings {
+    let mut s = settings.clone();
+    s.coordination = Coordination::Queue;
+    s.queue_broker = QueueBroker::Rabbitmq;
+    s.amqp_url = Some(url.into());
+    s.amqp_queue_expiry = Some(Duration::from_secs(120));
+    s.queue_wait = WAIT;
+    s
+}
+
+fn machine_broker() -> String {
+    std::env::var("FILEDOCK_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// An agent of `u`'s.
+async fn agent_of(app: &TestApp, u: &TestUser) -> String {
+    let (status, agent) = app
+        .json(
+            "POST",
+            "/v1/agents",
+            u,
+            Some(serde_json::json!({"name": "a"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{agent}");
+    agent["id"].as_str().unwrap().to_owned()
+}
+
+/// Connects (PUT) or disconnects (DELETE) an MCP link; the status.
+async fn link(app: &TestApp, u: &TestUser, method: &str, agent: &str, mcp: &str) -> StatusCode {
+    let path = format!("/v1/agents/{agent}/mcps/{mcp}");
+    app.json(method, path, u, None).await.0
+}
+
+async fn mcps(app: &TestApp, u: &TestUser, agent: &str) -> Vec<String> {
+    let (_, a) = app
+        .json("GET", format!("/v1/agents/{agent}"), u, None)
+        .await;
+    a["mcp_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Another client's transaction that writes the agent and stays open, so
+/// that a consumer's transactions on it meet write conflicts until it ends.
+async fn hold_agent(app: &TestApp, agent: &str) -> mongodb::ClientSession {
+    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
+        .await
+        .unwrap();
+    let mut held = mongo.start_session().await.unwrap();
+    held.start_transaction().await.unwrap();
+    mongo
+        .database(&app.settings.mongodb_db)
+        .collection::<mongodb::bson::Document>("agents")
+        .update_one(doc! {"_id": agent}, doc! {"$set": {"held": true}})
+        .session(&mut held)
+        .await
+        .unwrap();
+    held
+}
+
+/// The asker's link to the broker is cut while its operation waits to be
+/// applied (another instance is the bucket's active consumer; a
+/// transaction left open on the agent holds it back): its answer, sent by
+/// reply to a channel that is gone, is lost. The waiter reads how its
+/// operation was settled from the store once its connection has changed:
+/// 200 within seconds, not at its deadline; applied once.
+#[tokio::test]
+async fn an_answer_lost_with_the_asker_s_link_is_read_from_the_store() {
+    if !real_backends() {
+        return;
+    }
+    let base = test_settings();
+    // The consumer first: it is every bucket's active consumer.
+    let consumer = spawn_app_with(on_rabbit(&base, machine_broker())).await;
+    let broker: std::net::SocketAddr = "127.0.0.1:5672".parse().unwrap();
+    let proxy = FaultProxy::start(broker).await;
+    let via_proxy = format!("amqp://guest:guest@{}/%2f", proxy.addr());
+    let asker = spawn_app_with(on_rabbit(&base, via_proxy)).await;
+    let u = asker.create_user("lost-answer").await;
+    let agent = agent_of(&asker, &u).await;
+    let held = hold_agent(&asker, &agent).await;
+    let started = Instant::now();
+    let waiting = link(&asker, &u, "PUT", &agent, "lost");
+    let faults = async {
+        // Enqueued and delivered to the consumer, which waits on the agent.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        proxy.cut(Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        drop(held); // aborted: the consumer applies, its answer goes nowhere
+    };
+    let (status, ()) = tokio::join!(waiting, faults);
+    let took = started.elapsed();
+    eprintln!("answered {status} after {took:?}");
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        took < WAIT / 2,
+        "answered at the waiter's deadline ({took:?}), not from the store"
+    );
+    assert_eq!(mcps(&consumer, &u, &agent).await, ["lost"]);
+}
+
+/// With the broker down, operations take the lock path at once; once it is
+/// back, the queue again. The links are an array in the order they were
+/// connected: every operation applied once and in order, whichever path it
+/// took.
+#[tokio::test]
+async fn with_the_broker_down_operations_take_the_lock_path_and_the_queue_resumes_after() {
+    if !real_backends() {
+        return;
+    }
+    let mut rabbit = OwnRabbit::start().await;
+    let app = spawn_app_with(on_rabbit(&test_settings(), rabbit.url())).await;
+    let u = app.create_user("broker-down").await;
+    let agent = agent_of(&app, &u).await;
+    let queued = || app.metric("filedock_queue_processed_total", "outcome=\"applied\"");
+
+    assert_eq!(link(&app, &u, "PUT", &agent, "one").await, StatusCode::OK);
+    assert_eq!(link(&app, &u, "PUT", &agent, "two").await, StatusCode::OK);
+    assert_eq!(queued().await, 2.0, "applied by a queue consumer");
+
+    rabbit.kill();
+    let started = Instant::now();
+    for (method, mcp) in [("DELETE", "one"), ("PUT", "three"), ("PUT", "one")] {
+        let status = link(&app, &u, method, &agent, mcp).await;
+        assert_eq!(status, StatusCode::OK, "{method} {mcp}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(queued().await, 2.0, "not through the queue");
+
+    rabbit.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    while queued().await < 3.0 {
+        assert!(Instant::now() < deadline, "the queue did not resume");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        n += 1;
+        let status = link(&app, &u, "PUT", &agent, &format!("again-{n}")).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(
+        link(&app, &u, "DELETE", &agent, "two").await,
+        StatusCode::OK
+    );
+    let expected: Vec<String> = ["three", "one"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((1..=n).map(|i| format!("again-{i}")))
+        .collect();
+    assert_eq!(
+        mcps(&app, &u, &agent).await,
+        expected,
+        "every operation applied once and in order, whichever path it took"
+    );
+}
