@@ -42,6 +42,8 @@ for n in "${scenarios[@]}"; do
   stack_start
   # 2c and 4c compare one Redis node with a Redis Cluster: they start one too.
   case "$n" in 2c | 4c) stack_cluster_start ;; esac
+  # 4 runs the queue on RabbitMQ too (the machine's broker).
+  case "$n" in 4) stack_rabbitmq_check ;; esac
   # The stack's servers, so that a scenario can count their CPU too.
   FILEDOCK_BENCH_STACK_PIDS="mongo=$STACK_MONGO_PID,s3=$STACK_S3_PID,redis=$STACK_REDIS_PID" \
     FILEDOCK_BIN="$server" "$load" "$n"

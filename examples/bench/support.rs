@@ -230,6 +230,7 @@ pub(crate) struct Batch {
     pub(crate) wall: Duration,
     pub(crate) p50: Duration,
     pub(crate) p99: Duration,
+    pub(crate) mean: Duration,
 }
 
 impl Batch {
@@ -247,6 +248,7 @@ impl Batch {
             wall,
             p50: pick(0.5),
             p99: pick(0.99),
+            mean: lat.iter().sum::<Duration>() / lat.len().max(1) as u32,
         }
     }
 

@@ -26,40 +26,93 @@ async fn agents_on(client: &Client, server: &Server) -> Vec<(String, String)> {
     owners
 }
 
-/// Scenario 4: lock vs queue coordination, spread over 200 users and on one hot agent.
+/// Scenario 4: lock vs queue coordination, spread over 200 users and on
+/// one hot agent: the lock path, the queue on Redis Streams, and the queue
+/// on RabbitMQ with direct reply-to and with a reply queue per instance
+/// (the study's three designs, and its reply choice measured), alternating
+/// within each repetition; then the hot agent at 200 in flight (the
+/// study's k6 load) with failures, mean, p50 and p99.
 pub(crate) async fn lock_vs_queue(client: &Client, r: &mut Report) {
     r.section(
         "4. Lock vs queue coordination (1000 MCP connects, 64 in flight)",
         "| load | coordination | succeeded | ops/s | p50 | p99 |",
     );
-    let lock = Server::start(&[("FILEDOCK_COORDINATION", "lock")]).await;
-    let queue = Server::start(&[("FILEDOCK_COORDINATION", "queue")]).await;
-    // 200 users with an agent each, on both servers.
-    let owners = [
-        agents_on(client, &lock).await,
-        agents_on(client, &queue).await,
+    let amqp = std::env::var("FILEDOCK_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let rabbit = |reply_to: &'static str| {
+        vec![
+            ("FILEDOCK_COORDINATION", "queue".to_owned()),
+            ("FILEDOCK_QUEUE_BROKER", "rabbitmq".into()),
+            ("FILEDOCK_AMQP_URL", amqp.clone()),
+            ("FILEDOCK_AMQP_REPLY_TO", reply_to.into()),
+            // The machine's broker: the run's queues go with it.
+            ("FILEDOCK_AMQP_QUEUE_EXPIRY_SECS", "60".into()),
+        ]
+    };
+    let designs: Vec<(&str, Vec<(&str, String)>)> = vec![
+        ("lock", vec![("FILEDOCK_COORDINATION", "lock".into())]),
+        (
+            "queue, Redis Streams",
+            vec![("FILEDOCK_COORDINATION", "queue".into())],
+        ),
+        ("queue, RabbitMQ direct reply-to", rabbit("direct")),
+        ("queue, RabbitMQ reply queue", rabbit("queue")),
     ];
+    let mut servers = Vec::new();
+    for (_, env) in &designs {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        servers.push(Server::start(&env).await);
+    }
+    // 200 users with an agent each, on every server.
+    let mut owners = Vec::new();
+    for server in &servers {
+        owners.push(agents_on(client, server).await);
+    }
+    let n = servers.len();
+    let run = |load: &'static str, ops: usize, in_flight: usize, spread: bool, rep: usize| {
+        let (servers, owners) = (&servers, &owners);
+        async move {
+            let mut batches = vec![None; n];
+            for i in 0..n {
+                let which = (i + rep) % n;
+                let (server, owners) = (&servers[which], &owners[which]);
+                // The 200-in-flight run on an agent of its own: a hot
+                // agent's links grow with every run on it.
+                let hot = usize::from(load == "H");
+                let batch = drive(ops, in_flight, |k| {
+                    let (key, agent) = if spread {
+                        &owners[k % 200]
+                    } else {
+                        &owners[hot]
+                    };
+                    let mcp = format!("{load}{rep}-{k}");
+                    async move { client.connect(server, key, agent, &mcp).await }
+                })
+                .await;
+                batches[which] = Some(batch);
+            }
+            batches
+                .into_iter()
+                .map(Option::unwrap)
+                .collect::<Vec<Batch>>()
+        }
+    };
     for (load, spread) in [
         ("A: spread over 200 agents", true),
         ("B: one hot agent", false),
     ] {
-        let mut results = [Vec::new(), Vec::new()];
+        let mut results = vec![Vec::new(); n];
         for rep in 0..REPS {
-            for i in 0..2 {
-                let which = (i + rep) % 2;
-                let server = if which == 0 { &lock } else { &queue };
-                let owners = &owners[which];
-                let batch = drive(1000, 64, |n| {
-                    let (key, agent) = if spread { &owners[n % 200] } else { &owners[0] };
-                    let mcp = format!("m{rep}-{n}");
-                    async move { client.connect(server, key, agent, &mcp).await }
-                })
-                .await;
-                results[which].push(batch);
+            for (i, b) in run(&load[..1], 1000, 64, spread, rep)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                results[i].push(b);
             }
         }
-        let (l, q) = (median(results[0].clone()), median(results[1].clone()));
-        for (name, b) in [("lock", l), ("queue", q)] {
+        let medians: Vec<Batch> = results.into_iter().map(median).collect();
+        for ((name, _), b) in designs.iter().zip(&medians) {
             r.row(format!(
                 "| {load} | {name} | {}/{} | {:.0} | {} | {} |",
                 b.ok,
@@ -69,9 +122,35 @@ pub(crate) async fn lock_vs_queue(client: &Client, r: &mut Report) {
                 ms(b.p99)
             ));
         }
+        for ((name, _), b) in designs.iter().zip(&medians).skip(1) {
+            r.row(format!(
+                "| {load} | {name} ÷ lock (ops/s) | | {:.2}× | | |",
+                b.rate() / medians[0].rate()
+            ));
+        }
+    }
+    r.section(
+        "4b. One hot agent at 200 in flight (the study's load: 1000 MCP connects)",
+        "| coordination | failed | ops/s | mean | p50 | p99 |",
+    );
+    let mut results = vec![Vec::new(); n];
+    for rep in 0..REPS {
+        for (i, b) in run("H", 1000, 200, false, rep)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            results[i].push(b);
+        }
+    }
+    for ((name, _), b) in designs.iter().zip(results.into_iter().map(median)) {
         r.row(format!(
-            "| {load} | queue ÷ lock (ops/s) | | {:.2}× | | |",
-            q.rate() / l.rate()
+            "| {name} | {} | {:.0} | {} | {} | {} |",
+            b.total - b.ok,
+            b.rate(),
+            ms(b.mean),
+            ms(b.p50),
+            ms(b.p99)
         ));
     }
 }

@@ -270,15 +270,10 @@ impl ResumableBlobs for S3BlobStore {
             Ok(()) | Err(BlobError::NotFound) => Ok(()),
             // A completed upload's id is gone (s3s-fs says AccessDenied,
             // not NoSuchUpload): its object is there. An AccessDenied
-            // otherwise is not taken as aborted (on S3 it is a missing
-            // permission; on s3s-fs, an abort retried after its answer was
-            // lost meets it too): the store refused, an outage, not a bug.
-            Err(e) if self.head(key).await?.is_none() => Err(match e {
-                BlobError::Other(why) => BlobError::Unavailable(format!(
-                    "the store refused to abort the multipart upload: {why}"
-                )),
-                e => e,
-            }),
+            // otherwise stands (on S3 it is a missing permission; on
+            // s3s-fs, an abort retried after its answer was lost meets it
+            // too), not taken as aborted.
+            Err(e) if self.head(key).await?.is_none() => Err(e),
             Err(_) => Ok(()),
         }
     }

@@ -11,7 +11,8 @@ pub use hooks::{HookFailure, PrecommitSettings, WebhookSettings};
 pub use media::AllowedTypes;
 
 pub use modes::{
-    Coordination, Environment, LockScope, LockStrategy, QueueBroker, RedisMode, SignedLinks,
+    AmqpReplyTo, Coordination, Environment, LockScope, LockStrategy, QueueBroker, RedisMode,
+    SignedLinks,
 };
 pub use table::{OLDER_NAMES, SETTINGS, Setting, default_of};
 pub use unknown::{Unknown, unknown_variables};
@@ -66,6 +67,8 @@ pub struct Settings {
     pub queue_broker: QueueBroker,
     /// RabbitMQ's address (`amqp://user:password@host:port/vhost`).
     pub amqp_url: Option<SecretString>,
+    /// How RabbitMQ's answers reach the instance that asked.
+    pub amqp_reply_to: AmqpReplyTo,
     /// RabbitMQ: queues unused this long (no consumer) are deleted by the
     /// broker with what they hold (`x-expires`): for throwaway brokers
     /// and tests. `None`, the default: kept whatever happens.
@@ -294,6 +297,7 @@ impl Settings {
             queue_wait: vars.secs("QUEUE_WAIT_SECS")?,
             queue_broker: vars.value("QUEUE_BROKER")?,
             amqp_url: vars.get("AMQP_URL").map(SecretString::from),
+            amqp_reply_to: vars.value("AMQP_REPLY_TO")?,
             amqp_queue_expiry: vars
                 .optional::<u64>("AMQP_QUEUE_EXPIRY_SECS")?
                 .map(Duration::from_secs),
@@ -359,6 +363,16 @@ impl Settings {
         {
             bail!(
                 "FILEDOCK_QUEUE_BROKER=rabbitmq needs FILEDOCK_AMQP_URL (amqp://user:password@host:5672/%2f)"
+            );
+        }
+        // The buckets' leases (and their fencing tokens) and the lock path
+        // are Redis's: in-process locks exclude nothing across instances.
+        if s.coordination == Coordination::Queue
+            && s.queue_broker == QueueBroker::Rabbitmq
+            && s.redis_url.is_none()
+        {
+            bail!(
+                "FILEDOCK_QUEUE_BROKER=rabbitmq needs FILEDOCK_REDIS_URL too (the buckets' leases and the lock path are on Redis)"
             );
         }
         if s.amqp_queue_expiry.is_some_and(|e| e.is_zero()) {

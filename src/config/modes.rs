@@ -62,6 +62,27 @@ impl FromStr for QueueBroker {
     }
 }
 
+/// Where RabbitMQ's consumers send a queued operation's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmqpReplyTo {
+    /// Direct reply-to (`amq.rabbitmq.reply-to`): to the asking channel,
+    /// no queue in between.
+    Direct,
+    /// An exclusive, server-named reply queue per instance.
+    Queue,
+}
+
+impl FromStr for AmqpReplyTo {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "direct" => Ok(Self::Direct),
+            "queue" => Ok(Self::Queue),
+            other => bail!("expected direct or queue, got {other:?}"),
+        }
+    }
+}
+
 /// What `FILEDOCK_REDIS_URL` points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RedisMode {

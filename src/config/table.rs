@@ -275,6 +275,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_AMQP_REPLY_TO",
+        meaning: "RabbitMQ: how answers reach the instance that asked: direct (direct reply-to, amq.rabbitmq.reply-to) or queue (an exclusive reply queue per instance)",
+        value: Some("direct"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_AMQP_QUEUE_EXPIRY_SECS",
         meaning: "RabbitMQ: the broker deletes a queue of filedock's unused (no consumer) this long, with what it holds; for throwaway brokers and tests only, never in a deployment",
         value: None,

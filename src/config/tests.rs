@@ -115,3 +115,40 @@ fn bad_values_are_named_in_the_error() {
         .unwrap_err();
     assert!(err.to_string().contains("FILEDOCK_LOCK_TTL_SECS"), "{err}");
 }
+
+#[test]
+fn queue_mode_on_rabbitmq_needs_its_url_and_redis_and_no_expiry_in_production() {
+    let with = |pairs: &[(&str, &str)]| {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (format!("FILEDOCK_{k}"), v.to_string()))
+            .collect();
+        Settings::from_lookup(move |n| pairs.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()))
+    };
+    let queue = [("COORDINATION", "queue"), ("QUEUE_BROKER", "rabbitmq")];
+    let url = ("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let redis = ("REDIS_URL", "redis://127.0.0.1:6379/");
+    let err = with(&[queue[0], queue[1], redis]).unwrap_err().to_string();
+    assert!(err.contains("FILEDOCK_AMQP_URL"), "{err}");
+    let err = with(&[queue[0], queue[1], url]).unwrap_err().to_string();
+    assert!(err.contains("FILEDOCK_REDIS_URL"), "{err}");
+    let s = with(&[queue[0], queue[1], url, redis]).unwrap();
+    assert_eq!(s.queue_broker, QueueBroker::Rabbitmq);
+    assert_eq!(s.amqp_reply_to, AmqpReplyTo::Direct);
+    // In lock mode the broker is not used: nothing more is needed.
+    assert!(with(&[("QUEUE_BROKER", "rabbitmq")]).is_ok());
+    let expiry = ("AMQP_QUEUE_EXPIRY_SECS", "60");
+    assert!(with(&[queue[0], queue[1], url, redis, expiry]).is_ok());
+    let production = [
+        queue[0],
+        queue[1],
+        url,
+        redis,
+        expiry,
+        ("ENV", "production"),
+    ];
+    let err = with(&production).unwrap_err().to_string();
+    assert!(err.contains("FILEDOCK_AMQP_QUEUE_EXPIRY_SECS"), "{err}");
+    let err = with(&[("QUEUE_BROKER", "kafka")]).unwrap_err().to_string();
+    assert!(err.contains("redis or rabbitmq"), "{err}");
+}

@@ -542,15 +542,12 @@ fn broker_queue(
     if settings.coordination != Coordination::Queue {
         return Ok(None);
     }
-    if let (QueueBroker::Rabbitmq, Some(url)) = (settings.queue_broker, &settings.amqp_url) {
+    if settings.queue_broker == QueueBroker::Rabbitmq {
         return Ok(Some(BrokerQueue::Rabbitmq(Arc::new(RabbitQueue::new(
-            url,
-            &settings.redis_prefix,
+            settings,
             locks.clone(),
             applier.clone(),
             metrics.clone(),
-            settings.queue_wait,
-            settings.amqp_queue_expiry,
         )?))));
     }
     let Some(link) = RedisLink::from_settings(settings)? else {

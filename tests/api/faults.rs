@@ -581,4 +581,11 @@ async fn a_terminate_whose_abort_answer_is_lost_is_an_outage_not_a_bug() {
     let body: Value = res.json().await.unwrap_or(Value::Null);
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "dependency_unavailable", "{body}");
+    // Expired, the sweeper takes it (the write the store refuses to abort
+    // is left to its backstops, not tried for ever): nothing of it stays.
+    crate::tus_reserve::expire_and_sweep(&app, &id).await;
+    let file_id = id.parse().unwrap();
+    let meta = &app.state.ports.meta;
+    let left = meta.resumable_by_id_alone(&file_id).await.unwrap();
+    assert!(left.is_none(), "the upload's state stayed: {left:?}");
 }

@@ -277,7 +277,7 @@ pub async fn spawn_app_with_state(state: AppState) -> TestApp {
     let state = app.state().clone();
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
-    TestApp {
+    let app = TestApp {
         base,
         metrics_base,
         client: reqwest::Client::new(),
@@ -285,7 +285,29 @@ pub async fn spawn_app_with_state(state: AppState) -> TestApp {
         settings,
         shutdown,
         server,
+    };
+    // The reruns on RabbitMQ must run on it, not on the lock path its
+    // breaker falls back to.
+    if test_amqp_url().is_some()
+        && app.settings.coordination == filedock::config::Coordination::Queue
+    {
+        let stats: Value = app
+            .client
+            .get(app.url("/v1/admin/queue"))
+            .bearer_auth(ADMIN_KEY)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let warnings = stats["warnings"].to_string();
+        assert!(
+            !warnings.contains(filedock::coord::queue::rabbit::NOT_LINKED),
+            "a test app in queue mode is not linked to RabbitMQ: {stats}"
+        );
     }
+    app
 }
 
 /// A blob store whose deletes fail while `fail` is set, as an unreachable

@@ -34,7 +34,13 @@ fn rabbit_env() -> Vec<(&'static str, String)> {
 }
 
 async fn spawn(settings: &filedock::config::Settings) -> Server {
-    let env = rabbit_env();
+    spawn_replying(settings, "direct").await
+}
+
+/// A process whose answers come back by `reply_to` (`FILEDOCK_AMQP_REPLY_TO`).
+async fn spawn_replying(settings: &filedock::config::Settings, reply_to: &str) -> Server {
+    let mut env = rabbit_env();
+    env.push(("FILEDOCK_AMQP_REPLY_TO", reply_to.into()));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     spawn_binary(settings, &env).await
 }
@@ -100,6 +106,23 @@ async fn mcp_ids(base: &str, key: &str, agent: &str) -> Vec<String> {
         .collect()
 }
 
+/// Every event of the user whose key is `key`, in order.
+async fn events_of(base: &str, key: &str) -> Vec<Value> {
+    let client = reqwest::Client::new();
+    let (mut all, mut cursor) = (Vec::new(), "0".to_owned());
+    loop {
+        let url = format!("{base}/v1/events?after={cursor}&limit=500");
+        let (status, page, _) = call(&client, "GET", url, key, None).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let events = page["events"].as_array().unwrap().clone();
+        if events.is_empty() {
+            return all;
+        }
+        all.extend(events);
+        cursor = page["cursor"].as_str().unwrap().to_owned();
+    }
+}
+
 /// Asserts that `applied` holds each id once and each lane's ids in lane
 /// order (a lane: one client's requests, each sent after the last answer).
 fn assert_once_and_in_lane_order(applied: &[String], lanes: &[Vec<String>]) {
@@ -134,11 +157,24 @@ async fn drained(base: &str) -> Value {
 /// the burst partly in group commits.
 #[tokio::test]
 async fn two_processes_on_one_broker_apply_each_operation_once_in_order_answering_the_asker() {
+    two_processes_answering_by("direct").await;
+}
+
+/// The same, each process with a reply queue of its own.
+#[tokio::test]
+async fn two_processes_with_reply_queues_of_their_own_answer_the_asker() {
+    two_processes_answering_by("queue").await;
+}
+
+async fn two_processes_answering_by(reply_to: &str) {
     if skip() {
         return;
     }
     let settings = test_settings();
-    let servers = [spawn(&settings).await, spawn(&settings).await];
+    let servers = [
+        spawn_replying(&settings, reply_to).await,
+        spawn_replying(&settings, reply_to).await,
+    ];
     let (key, agent) = user_and_agent(&servers[0].base).await;
     let client = reqwest::Client::new();
     let lanes: Vec<Vec<String>> = (0..4)
@@ -164,20 +200,51 @@ async fn two_processes_on_one_broker_apply_each_operation_once_in_order_answerin
         let url = format!("{base}/v1/agents/{agent}/mcps/burst-{i}");
         call(&client, "PUT", url, &key, None)
     });
-    let (slowest_lanes, burst) = tokio::join!(join_all(runs), join_all(burst));
-    let mut slowest = slowest_lanes.into_iter().max().unwrap();
+    // One link connected and disconnected 20 times, one request after
+    // another: an operation applied twice (a connect again after its
+    // disconnect) would leave it there, or write an event too many.
+    let toggles = async {
+        let mut slowest = Duration::ZERO;
+        for i in 0..40 {
+            let method = if i % 2 == 0 { "PUT" } else { "DELETE" };
+            let base = &servers[i % 2].base;
+            let url = format!("{base}/v1/agents/{agent}/mcps/toggled");
+            let (status, body, took) = call(&client, method, url, &key, None).await;
+            assert_eq!(status, StatusCode::OK, "{method} toggled: {body}");
+            slowest = slowest.max(took);
+        }
+        slowest
+    };
+    let (slowest_lanes, burst, toggled) = tokio::join!(join_all(runs), join_all(burst), toggles);
+    let slowest_lanes = slowest_lanes.into_iter().chain([toggled]);
+    let mut slowest = slowest_lanes.max().unwrap();
     for (status, body, took) in burst {
         assert_eq!(status, StatusCode::OK, "{body}");
         slowest = slowest.max(took);
     }
-    eprintln!("260 connects over 2 processes; the slowest answer took {slowest:?}");
+    eprintln!(
+        "260 connects over 2 processes ({reply_to} replies); the slowest answer took {slowest:?}"
+    );
     assert!(
         slowest < Duration::from_secs(WAIT_SECS / 2),
         "an answer came at the waiter's deadline, not by its reply: {slowest:?}"
     );
     let applied = mcp_ids(&servers[1].base, &key, &agent).await;
-    assert_eq!(applied.len(), 260);
+    assert_eq!(applied.len(), 260, "toggled is disconnected last");
     assert_once_and_in_lane_order(&applied, &lanes);
+    let events = events_of(&servers[0].base, &key).await;
+    let count = |kind: &str| {
+        let toggled = |e: &&Value| e["type"] == kind && e["data"]["mcp_id"] == "toggled";
+        events.iter().filter(toggled).count()
+    };
+    assert_eq!(
+        (
+            count("agent.mcp_connected"),
+            count("agent.mcp_disconnected")
+        ),
+        (20, 20),
+        "each connect and disconnect applied once"
+    );
     let mut grouped = 0.0;
     for s in &servers {
         grouped += metric_at(&s.base, "filedock_queue_grouped_total", "").await;

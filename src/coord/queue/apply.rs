@@ -204,8 +204,16 @@ impl Applying<'_> {
                                 None => continue,
                             }
                         }
-                        // Settled before (refused, dead-lettered or cancelled,
-                        // then redelivered): the same answer again.
+                        // Dead-lettered before, then delivered again (the
+                        // broker did not hear it was dead-lettered): dead-
+                        // lettered again, so that the letter is not lost.
+                        Err(MetaError::Refused(Refusal::DeadLettered)) => {
+                            let error = "dead-lettered before, and delivered again";
+                            dead = Some((error.to_owned(), attempts.max(1)));
+                            break Refusal::DeadLettered.into();
+                        }
+                        // Settled before (refused or cancelled, then
+                        // redelivered): the same answer again.
                         Err(MetaError::Refused(why)) => break why.into(),
                         Err(MetaError::StaleFence) => return Step::Stop,
                         // Transient: a conflicting transaction (perhaps left open by a

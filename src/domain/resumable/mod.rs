@@ -277,7 +277,16 @@ impl ResumableService {
             // Read again under the lock: a last PATCH may have finished it.
             let record = self.find(user, id).await?;
             if !record.all_stored() {
-                self.parts.abort(&record.key, &record.handle).await?;
+                // Refused (not the store away): an outage to the client all
+                // the same, 503, not a bug; the upload stays, to terminate
+                // again or to expire (the sweeper leaves a write the store
+                // refuses to its backstops).
+                (self.parts.abort(&record.key, &record.handle).await).map_err(|e| match e {
+                    BlobError::Other(why) => BlobError::Unavailable(format!(
+                        "the store refused to abort the upload's write: {why}"
+                    )),
+                    e => e,
+                })?;
                 // An orphan of the intent: the object under its key, if a
                 // PATCH stored one (a small upload's on S3), goes with it
                 // (unless a commit took the intent first, by a holder whose

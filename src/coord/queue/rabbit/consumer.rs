@@ -55,7 +55,7 @@ pub(super) async fn consume(
         }
     };
     let mut lease = None;
-    if let Err(e) = run(&queue, &channel, b, &stop, &mut lease).await {
+    if let Err(e) = run(&queue, &live, &channel, b, &stop, &mut lease).await {
         tracing::debug!(bucket = b, error = %e, "bucket consumer stopped");
     }
     let _ = channel.close(200, "consumer stopped".into()).await;
@@ -67,11 +67,14 @@ pub(super) async fn consume(
 
 async fn run(
     queue: &RabbitQueue,
+    live: &Live,
     channel: &Channel,
     b: u32,
     stop: &CancellationToken,
     lease: &mut Option<LockGuard>,
 ) -> lapin::Result<()> {
+    // Declared again: a queue deleted since the link was made comes back.
+    queue.declare_bucket(channel, b).await?;
     channel
         .basic_qos(PREFETCH, BasicQosOptions::default())
         .await?;
@@ -132,16 +135,21 @@ async fn run(
             lost: &lost,
         };
         let entries: Vec<_> = batch.into_iter().map(decode).collect();
-        let mut sink = DeliverySink { channel };
+        let mut sink = DeliverySink {
+            answer: &live.answer,
+        };
         if let Step::Stop = applying.handle(&mut sink, &entries).await {
             return Ok(());
         }
     }
 }
 
-/// The bucket's lease, asked for until it is free (`None`: stopped).
+/// The bucket's lease, asked for until it is free (`None`: stopped). While
+/// the lock backend cannot be asked, the bucket's requests take the lock
+/// path (see [`RabbitQueue::lease_failed`]) rather than wait in vain.
 async fn take_lease(queue: &RabbitQueue, b: u32, stop: &CancellationToken) -> Option<LockGuard> {
     let key = LockKey::queue_bucket(b);
+    let mut failing = false;
     loop {
         if stop.is_cancelled() {
             return None;
@@ -149,7 +157,13 @@ async fn take_lease(queue: &RabbitQueue, b: u32, stop: &CancellationToken) -> Op
         match queue.locks.try_lease(&key, LEASE_TTL).await {
             Ok(Some(guard)) => return Some(guard),
             Ok(None) => {}
-            Err(e) => tracing::warn!(bucket = b, error = %e, "cannot take a queue bucket's lease"),
+            Err(e) => {
+                queue.lease_failed(b);
+                if !failing {
+                    tracing::warn!(bucket = b, error = %e, "cannot take a queue bucket's lease");
+                }
+                failing = true;
+            }
         }
         tokio::time::sleep(LEASE_RETRY).await;
     }
@@ -185,9 +199,10 @@ fn decode(d: Delivery) -> Delivered<Delivery> {
     }
 }
 
-/// Answers and acknowledges on the consumer's channel.
+/// Answers on the publishing connection's answer channel, acknowledges on
+/// the consumer's own (each delivery's acker).
 struct DeliverySink<'c> {
-    channel: &'c Channel,
+    answer: &'c Channel,
 }
 
 #[async_trait]
@@ -206,7 +221,7 @@ impl Sink<Delivery> for DeliverySink<'_> {
                 let props =
                     BasicProperties::default().with_correlation_id(op_id.to_string().into());
                 let sent = self
-                    .channel
+                    .answer
                     .basic_publish(
                         "".into(),
                         reply_to.as_str().into(),

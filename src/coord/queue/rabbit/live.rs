@@ -1,16 +1,24 @@
-//! What one connection to RabbitMQ holds while it is up.
+//! What one link to RabbitMQ holds while it is up.
 
 use lapin::{Channel, Connection};
 use tokio::task::JoinHandle;
 
-/// A connection and the channel requests are published on (publisher
-/// confirms on, and consuming its own direct replies).
+/// The two connections (see `open.rs`) and their channels.
 pub(super) struct Live {
+    /// The consuming connection: a channel per bucket's consumer.
     pub(super) conn: Connection,
+    /// The publishing connection.
+    pub(super) publisher: Connection,
+    /// Where requests are published (publisher confirms on), consuming
+    /// this link's answers.
     pub(super) publish: Channel,
-    /// Which of this instance's connections it is.
+    /// Where the consumers publish the answers.
+    pub(super) answer: Channel,
+    /// Where this link's requests ask their answers to go.
+    pub(super) reply_to: String,
+    /// Which of this instance's links it is.
     pub(super) generation: u64,
-    /// Hands each direct reply to its waiter.
+    /// Hands each answer to its waiter.
     pub(super) replies: JoinHandle<()>,
 }
 
@@ -21,8 +29,13 @@ impl Drop for Live {
 }
 
 impl Live {
+    /// Both connections up, and the publishing one not blocked by an
+    /// alarm of the broker's.
     pub(super) fn is_up(&self) -> bool {
-        self.conn.status().connected() && self.publish.status().connected()
+        self.conn.status().connected()
+            && self.publisher.status().connected()
+            && !self.publisher.status().blocked()
+            && self.publish.status().connected()
     }
 }
 

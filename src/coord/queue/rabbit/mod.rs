@@ -18,8 +18,10 @@
 //!   so a consumer that dies leaves it to be delivered again, and
 //!   `processed_ops` applies it once.
 //! - The answer goes to the instance that asked, by direct reply-to
-//!   (`amq.rabbitmq.reply-to` on the channel that published): no reply
-//!   queue shared between instances, no pool of reply channels. A waiter
+//!   (`amq.rabbitmq.reply-to` on the channel that published), or with
+//!   `FILEDOCK_AMQP_REPLY_TO=queue` by an exclusive reply queue of the
+//!   instance's own: never a reply queue shared between instances, no pool
+//!   of reply channels. A waiter
 //!   whose connection went down (and its answer with it) reads how its
 //!   operation was settled in the store (`processed_ops`) every second.
 //! - What keeps failing is rejected to the dead-letter queue
@@ -27,14 +29,17 @@
 //!   counted by `GET /v1/admin/queue`.
 //! - RabbitMQ not connected: the direct lock path (the circuit breaker).
 //!
-//! `link.rs` keeps the connection (and starts the consumers), `consumer.rs`
-//! consumes a bucket, `live.rs` is what a connection holds.
+//! `open.rs` links to the broker, `link.rs` keeps the link (and starts the
+//! consumers), `consumer.rs` consumes a bucket, `live.rs` is what a link
+//! holds.
 
 mod consumer;
 mod link;
 mod live;
+mod open;
 
 use std::{
+    collections::HashMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, AtomicUsize, Ordering},
@@ -47,9 +52,9 @@ use lapin::{
     BasicProperties,
     options::BasicPublishOptions,
     types::{AMQPValue, FieldTable},
-    uri::AMQPUri,
+    uri::{AMQPScheme, AMQPUri},
 };
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 
 use self::live::{Lengths, Live};
 use super::{
@@ -58,6 +63,7 @@ use super::{
     stats::Recent,
 };
 use crate::{
+    config::{AmqpReplyTo, Settings},
     coord::{Applier, BUCKETS, CoordError, Coordinator, LockCoordinator, OpOutcome, QueueStats},
     lock::Locks,
     metrics::Metrics,
@@ -70,12 +76,21 @@ const UNHEALTHY_FOR: Duration = Duration::from_secs(1);
 /// The heartbeat asked of the broker when the URL names none: a consumer
 /// whose process stalled loses its buckets to a standby after about two.
 const HEARTBEAT_SECS: u16 = 5;
-/// Where a publish asks its answer to go: this channel's own consumer.
+/// The figures' warning while operations take the lock path for want of
+/// the broker.
+pub const NOT_LINKED: &str =
+    "not linked to RabbitMQ (or blocked by its alarm): operations take the lock path";
+/// How long a publish may wait for the broker's confirm.
+const PUBLISH_WITHIN: Duration = Duration::from_secs(5);
+/// Where a publish asks its answer to go with direct reply-to: this
+/// channel's own consumer.
 const DIRECT_REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
 pub struct RabbitQueue {
     uri: AMQPUri,
     prefix: String,
+    /// Where answers come back.
+    reply_to: AmqpReplyTo,
     /// Names this instance's connection, for an operator's listing.
     instance: String,
     front: Front,
@@ -85,6 +100,9 @@ pub struct RabbitQueue {
     connections: AtomicU64,
     /// Until when a failed publish keeps the breaker open.
     unhealthy_until: Mutex<Option<Instant>>,
+    /// When each bucket's consumer last failed to ask for its lease (the
+    /// lock backend away): its requests take the lock path for a while.
+    lease_failures: Mutex<HashMap<u32, Instant>>,
     /// The queues' lengths as last read (once a second).
     lengths: Mutex<Lengths>,
     /// Queues unused this long are removed by the broker (tests).
@@ -97,38 +115,59 @@ pub struct RabbitQueue {
 }
 
 impl RabbitQueue {
-    /// The queue on the broker at `url`; it connects in the background
-    /// (`link.rs`), so a server starts with RabbitMQ down.
+    /// The queue on the broker at `FILEDOCK_AMQP_URL`; it connects in the
+    /// background too (`link.rs`), so a server starts with RabbitMQ down.
     pub fn new(
-        url: &SecretString,
-        prefix: &str,
+        settings: &Settings,
         locks: Arc<Locks>,
         applier: Applier,
         metrics: Arc<Metrics>,
-        wait: Duration,
-        expiry: Option<Duration>,
     ) -> anyhow::Result<Self> {
+        let url = (settings.amqp_url.as_ref())
+            .ok_or_else(|| anyhow::anyhow!("FILEDOCK_AMQP_URL is not set"))?;
         // The URL holds a password: the error names neither.
         let mut uri: AMQPUri = url
             .expose_secret()
             .parse()
             .map_err(|_| anyhow::anyhow!("FILEDOCK_AMQP_URL is not an amqp:// URL"))?;
-        uri.query.heartbeat.get_or_insert(HEARTBEAT_SECS);
+        if uri.scheme == AMQPScheme::AMQPS {
+            anyhow::bail!(
+                "FILEDOCK_AMQP_URL: amqps:// is not supported (this build speaks AMQP without TLS)"
+            );
+        }
+        // None or 0 (the broker's own, 60 s): a stalled consumer would keep
+        // its buckets for minutes.
+        if uri.query.heartbeat.is_none_or(|h| h == 0) {
+            uri.query.heartbeat = Some(HEARTBEAT_SECS);
+        }
+        // A channel per bucket's consumer, and three more.
+        if uri
+            .query
+            .channel_max
+            .is_some_and(|c| u32::from(c) < BUCKETS + 3)
+        {
+            anyhow::bail!(
+                "FILEDOCK_AMQP_URL: channel_max must allow at least {} channels",
+                BUCKETS + 3
+            );
+        }
         Ok(Self {
             uri,
-            prefix: prefix.to_owned(),
+            prefix: settings.redis_prefix.clone(),
+            reply_to: settings.amqp_reply_to,
             instance: format!("filedock-{}", uuid::Uuid::new_v4().simple()),
             front: Front {
                 waiters: Waiters::default(),
                 direct: LockCoordinator::new(locks.clone(), applier.clone()),
                 applier,
-                wait,
+                wait: settings.queue_wait,
             },
             live: Mutex::default(),
             connections: AtomicU64::new(0),
             unhealthy_until: Mutex::default(),
+            lease_failures: Mutex::default(),
             lengths: Mutex::default(),
-            expiry,
+            expiry: settings.amqp_queue_expiry,
             recent: Recent::default(),
             held: AtomicUsize::new(0),
             locks,
@@ -148,6 +187,16 @@ impl RabbitQueue {
 
     fn live(&self) -> Option<Arc<Live>> {
         self.live.lock().unwrap().clone()
+    }
+
+    /// Bucket `b`'s consumer could not ask for its lease: nothing applies
+    /// there until it can, so the bucket's requests take the lock path
+    /// (which answers at once whether the lock backend is back).
+    fn lease_failed(&self, b: u32) {
+        self.lease_failures
+            .lock()
+            .unwrap()
+            .insert(b, Instant::now());
     }
 
     /// The arguments every bucket's queue is declared with (the same each
@@ -185,18 +234,20 @@ impl Coordinator for RabbitQueue {
     async fn stats(&self) -> Option<QueueStats> {
         let lengths = self.lengths.lock().unwrap().clone();
         let (processing_rate, average_wait_ms, failure_rate) = self.recent.figures();
-        Some(
-            QueueStats {
-                length: lengths.buckets.iter().sum(),
-                processing_rate,
-                average_wait_ms,
-                failure_rate,
-                dead_letter_count: lengths.dead,
-                buckets_held: self.held.load(Ordering::Relaxed),
-                warnings: Vec::new(),
-            }
-            .with_warnings(),
-        )
+        let mut stats = QueueStats {
+            length: lengths.buckets.iter().sum(),
+            processing_rate,
+            average_wait_ms,
+            failure_rate,
+            dead_letter_count: lengths.dead,
+            buckets_held: self.held.load(Ordering::Relaxed),
+            warnings: Vec::new(),
+        }
+        .with_warnings();
+        if !self.live().is_some_and(|l| l.is_up()) {
+            stats.warnings.push(NOT_LINKED.into());
+        }
+        Some(stats)
     }
 }
 
@@ -209,9 +260,13 @@ impl Broker for RabbitQueue {
     /// Whether the connection and its publishing channel are up (for every
     /// bucket: one broker holds them all), and no publish failed in the
     /// last second.
-    async fn healthy(&self, _b: u32) -> bool {
-        let failed = self.unhealthy_until.lock().unwrap();
+    async fn healthy(&self, b: u32) -> bool {
+        let failed = *self.unhealthy_until.lock().unwrap();
         if failed.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        let lease_failed = self.lease_failures.lock().unwrap().get(&b).copied();
+        if lease_failed.is_some_and(|t| t.elapsed() < UNHEALTHY_FOR) {
             return false;
         }
         self.live().is_some_and(|l| l.is_up())
@@ -241,36 +296,29 @@ impl Broker for RabbitQueue {
             .live()
             .ok_or_else(|| EnqueueError::Failed("not connected to RabbitMQ".into()))?;
         let body = serde_json::to_vec(op).map_err(|e| EnqueueError::Failed(e.to_string()))?;
-        let mut headers = FieldTable::default();
-        headers.insert("at".into(), AMQPValue::LongLongInt(now_ms() as i64));
-        let props = BasicProperties::default()
-            .with_correlation_id(op_id.to_string().into())
-            .with_reply_to(DIRECT_REPLY_TO.into())
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into())
-            .with_headers(headers);
-        // Mandatory: a queue that is not there returns the message instead
-        // of dropping it.
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
-        let queue = Self::queue_name(&self.prefix, b);
-        let confirm = live
-            .publish
-            .basic_publish("".into(), queue.as_str().into(), options, &body, props)
-            .await
-            .map_err(|e| EnqueueError::Failed(e.to_string()))?
-            .await
-            .map_err(|e| EnqueueError::Failed(e.to_string()))?;
-        if confirm.is_nack() {
-            return Err(EnqueueError::Failed("RabbitMQ refused the message".into()));
-        }
-        if let Some(returned) = confirm.take_message() {
-            return Err(EnqueueError::Failed(format!(
-                "RabbitMQ returned the message: {}",
-                returned.reply_text
-            )));
+        // A broker that neither confirms nor refuses (an alarm blocks the
+        // connection): failed, the lock path, and the breaker open.
+        let published = tokio::time::timeout(PUBLISH_WITHIN, async {
+            if self.publish(&live, b, &body, op_id).await? {
+                return Ok(());
+            }
+            // Returned: the bucket's queue is not there (deleted since the
+            // link declared it). Declared again, published again once.
+            let declared = self.declare_bucket(&live.publish, b).await;
+            declared.map_err(|e| e.to_string())?;
+            match self.publish(&live, b, &body, op_id).await? {
+                true => Ok(()),
+                false => Err("RabbitMQ returned the message: its queue is missing".to_owned()),
+            }
+        });
+        match published.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(EnqueueError::Failed(e)),
+            Err(_) => {
+                return Err(EnqueueError::Failed(
+                    "RabbitMQ did not confirm in time".into(),
+                ));
+            }
         }
         let ahead = self
             .lengths
@@ -280,6 +328,44 @@ impl Broker for RabbitQueue {
             .get(b as usize)
             .copied();
         Ok(ahead.unwrap_or(0))
+    }
+}
+
+impl RabbitQueue {
+    /// Publishes an operation to bucket `b`'s queue, persistent; `true`
+    /// once the broker confirmed it, `false` if it returned it
+    /// (unroutable: mandatory, so a missing queue does not drop it).
+    async fn publish(
+        &self,
+        live: &Live,
+        b: u32,
+        body: &[u8],
+        op_id: &OpId,
+    ) -> Result<bool, String> {
+        let mut headers = FieldTable::default();
+        headers.insert("at".into(), AMQPValue::LongLongInt(now_ms() as i64));
+        let props = BasicProperties::default()
+            .with_correlation_id(op_id.to_string().into())
+            .with_reply_to(live.reply_to.as_str().into())
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_headers(headers);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let queue = Self::queue_name(&self.prefix, b);
+        let confirm = live
+            .publish
+            .basic_publish("".into(), queue.as_str().into(), options, body, props)
+            .await
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())?;
+        if confirm.is_nack() {
+            return Err("RabbitMQ refused the message".into());
+        }
+        Ok(confirm.take_message().is_none())
     }
 }
 
