@@ -101,7 +101,7 @@ async fn enqueued_links(settings: &filedock::config::Settings, agent: &str) -> V
         .collect()
 }
 
-async fn mcp_ids(base: &str, key: &str, agent: &str) -> Vec<String> {
+pub(crate) async fn mcp_ids(base: &str, key: &str, agent: &str) -> Vec<String> {
     let (_, a) = call(
         &reqwest::Client::new(),
         "GET",

@@ -48,7 +48,7 @@ async fn link(app: &TestApp, u: &TestUser, method: &str, agent: &str, mcp: &str)
 
 /// Another client's transaction that writes the agent and stays open, so
 /// that a worker's transactions on it meet write conflicts until it ends.
-async fn hold_agent(app: &TestApp, agent: &str) -> mongodb::ClientSession {
+pub(crate) async fn hold_agent(app: &TestApp, agent: &str) -> mongodb::ClientSession {
     let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
         .await
         .unwrap();

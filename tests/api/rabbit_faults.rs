@@ -4,11 +4,11 @@
 use std::time::{Duration, Instant};
 
 use filedock::config::{Coordination, QueueBroker, Settings};
-use mongodb::bson::doc;
 use reqwest::StatusCode;
 
 use crate::{
     helpers::*,
+    queue_faults::hold_agent,
     support::{fault_proxy::FaultProxy, own_rabbit::OwnRabbit},
 };
 
@@ -62,24 +62,6 @@ async fn mcps(app: &TestApp, u: &TestUser, agent: &str) -> Vec<String> {
         .iter()
         .map(|v| v.as_str().unwrap().to_owned())
         .collect()
-}
-
-/// Another client's transaction that writes the agent and stays open, so
-/// that a consumer's transactions on it meet write conflicts until it ends.
-async fn hold_agent(app: &TestApp, agent: &str) -> mongodb::ClientSession {
-    let mongo = mongodb::Client::with_uri_str(std::env::var("FILEDOCK_TEST_MONGODB_URI").unwrap())
-        .await
-        .unwrap();
-    let mut held = mongo.start_session().await.unwrap();
-    held.start_transaction().await.unwrap();
-    mongo
-        .database(&app.settings.mongodb_db)
-        .collection::<mongodb::bson::Document>("agents")
-        .update_one(doc! {"_id": agent}, doc! {"$set": {"held": true}})
-        .session(&mut held)
-        .await
-        .unwrap();
-    held
 }
 
 /// The asker's link to the broker is cut while its operation waits to be

@@ -13,7 +13,7 @@ use futures::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::*;
+use crate::{helpers::*, queue::mcp_ids};
 
 /// How long a waiter waits: an answer that came by its reply is back long
 /// before; one whose reply was lost is answered at this deadline.
@@ -92,18 +92,6 @@ async fn user_and_agent(base: &str) -> (String, String) {
     let (status, agent, _) = call(&client, "POST", url, &key, Some(json!({"name": "hot"}))).await;
     assert_eq!(status, StatusCode::CREATED, "{agent}");
     (key, agent["id"].as_str().unwrap().to_owned())
-}
-
-async fn mcp_ids(base: &str, key: &str, agent: &str) -> Vec<String> {
-    let client = reqwest::Client::new();
-    let url = format!("{base}/v1/agents/{agent}");
-    let (_, a, _) = call(&client, "GET", url, key, None).await;
-    a["mcp_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap().to_owned())
-        .collect()
 }
 
 /// Every event of the user whose key is `key`, in order.
