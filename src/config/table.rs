@@ -282,7 +282,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         var: "FILEDOCK_AMQP_QUEUE_EXPIRY_SECS",
-        meaning: "RabbitMQ: the broker deletes a queue of filedock's unused (no consumer) this long, with what it holds; for throwaway brokers and tests only, never in a deployment",
+        meaning: "RabbitMQ: the broker deletes a queue of filedock's unused (no consumer) this long, with what it holds; for throwaway brokers and tests only, refused in production",
         value: None,
         shown: None,
     },

@@ -158,3 +158,72 @@ async fn with_the_broker_down_operations_take_the_lock_path_and_the_queue_resume
         "every operation applied once and in order, whichever path it took"
     );
 }
+
+/// The embedded metadata store (and local files) with the queue on
+/// RabbitMQ (and its leases on Redis): one process, three clients each
+/// connecting 30 links one after another while one link is connected and
+/// disconnected 20 times: each client's links apply in its order, each
+/// operation once (20 connect and 20 disconnect events for the toggled
+/// link), all through the queue.
+#[tokio::test]
+async fn the_embedded_store_on_rabbitmq_applies_each_operation_once_in_order() {
+    if !real_backends() {
+        return;
+    }
+    let mut settings = on_rabbit(&test_settings(), machine_broker());
+    settings.mongodb_uri = None;
+    settings.s3 = None;
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("embedded").await;
+    let agent = agent_of(&app, &u).await;
+    let lanes: Vec<Vec<String>> = (0..3)
+        .map(|l| (0..30).map(|i| format!("lane{l}-{i}")).collect())
+        .collect();
+    let runs = lanes.iter().map(|lane| {
+        let (app, u, agent) = (&app, &u, &agent);
+        async move {
+            for mcp in lane {
+                assert_eq!(
+                    link(app, u, "PUT", agent, mcp).await,
+                    StatusCode::OK,
+                    "{mcp}"
+                );
+            }
+        }
+    });
+    let toggles = async {
+        for i in 0..40 {
+            let method = if i % 2 == 0 { "PUT" } else { "DELETE" };
+            assert_eq!(
+                link(&app, &u, method, &agent, "toggled").await,
+                StatusCode::OK
+            );
+        }
+    };
+    tokio::join!(futures::future::join_all(runs), toggles);
+    let applied = mcps(&app, &u, &agent).await;
+    assert_eq!(applied.len(), 90, "{applied:?}");
+    for lane in &lanes {
+        let order: Vec<&String> = applied.iter().filter(|m| lane.contains(m)).collect();
+        assert_eq!(order, lane.iter().collect::<Vec<_>>(), "a client's order");
+    }
+    let (_, page) = app.json("GET", "/v1/events?limit=1000", &u, None).await;
+    let events = page["events"].as_array().unwrap();
+    let count = |kind: &str| {
+        let toggled =
+            |e: &&serde_json::Value| e["type"] == kind && e["data"]["mcp_id"] == "toggled";
+        events.iter().filter(toggled).count()
+    };
+    assert_eq!(
+        (
+            count("agent.mcp_connected"),
+            count("agent.mcp_disconnected")
+        ),
+        (20, 20),
+        "each connect and disconnect applied once"
+    );
+    let queued = app
+        .metric("filedock_queue_processed_total", "outcome=\"applied\"")
+        .await;
+    assert_eq!(queued, 130.0, "every operation through the queue");
+}
