@@ -333,6 +333,16 @@ pub struct Fence {
 }
 
 impl Fence {
+    /// The fence of queue bucket `b`'s lease, held with fencing token
+    /// `token` (whichever broker delivers the bucket): pinned.
+    pub fn of_queue_bucket(b: u32, token: u64) -> Self {
+        Self {
+            slot: format!("queue{b}"),
+            token: token as i64,
+            pinned: true,
+        }
+    }
+
     /// The fence of a lock held with fencing token `token` (`None`: no lock
     /// held, the lock backend being down in development mode: no fence).
     pub fn of_lock(token: Option<u64>, slot: impl Into<String>) -> Option<Self> {

@@ -8,6 +8,7 @@ use reqwest::StatusCode;
 
 use crate::{
     helpers::*,
+    queue::mcp_ids,
     queue_faults::hold_agent,
     support::{fault_proxy::FaultProxy, own_rabbit::OwnRabbit},
 };
@@ -52,16 +53,9 @@ async fn link(app: &TestApp, u: &TestUser, method: &str, agent: &str, mcp: &str)
     app.json(method, path, u, None).await.0
 }
 
+/// The agent's MCP links, in the order they were connected.
 async fn mcps(app: &TestApp, u: &TestUser, agent: &str) -> Vec<String> {
-    let (_, a) = app
-        .json("GET", format!("/v1/agents/{agent}"), u, None)
-        .await;
-    a["mcp_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap().to_owned())
-        .collect()
+    mcp_ids(&app.base, &u.key, agent).await
 }
 
 /// The asker's link to the broker is cut while its operation waits to be

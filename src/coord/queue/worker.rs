@@ -72,11 +72,7 @@ async fn consume_bucket(queue: &RedisQueue, b: u32, guard: LockGuard, stop: &Can
             applier: &queue.front.applier,
             metrics: &queue.metrics,
             recent: &queue.recent,
-            fence: Fence {
-                slot: format!("queue{b}"),
-                token: guard.fence() as i64,
-                pinned: true,
-            },
+            fence: Fence::of_queue_bucket(b, guard.fence()),
             lost: &lost,
         },
     };

@@ -127,11 +127,7 @@ async fn run(
             applier: &queue.front.applier,
             metrics: &queue.metrics,
             recent: &queue.recent,
-            fence: Fence {
-                slot: format!("queue{b}"),
-                token: guard.fence() as i64,
-                pinned: true,
-            },
+            fence: Fence::of_queue_bucket(b, guard.fence()),
             lost: &lost,
         };
         let entries: Vec<_> = batch.into_iter().map(decode).collect();
