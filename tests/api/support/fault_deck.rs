@@ -44,7 +44,8 @@ pub enum Fault {
     Pause,
     /// The webhook receiver down (connections refused) for up to 3 s.
     ReceiverDown,
-    /// The webhook receiver answering 500 for up to 3 s.
+    /// The webhook receiver answering 500 for up to 3 s (and on until a
+    /// delivery met it, 8 s at most).
     ReceiverFailing,
     /// The webhook receiver answering 500 for longer than the webhooks'
     /// maximum age ([`DEAD_LETTER_AGE`], set in lock mode on one Redis

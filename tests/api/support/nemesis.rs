@@ -173,8 +173,17 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             let before = c.receiver.refused().len();
             c.receiver.fail_all();
             tokio::time::sleep(short(rng, Duration::from_secs(3))).await;
+            // Failing on until a delivery met it (at most 5 s more): a
+            // short window can fall between deliveries, and five of them
+            // once did, in a slow run on a Redis Cluster.
+            let met = |log: &[Delivery]| log.iter().filter(|d| d.refused()).count() > before;
+            let fired = c
+                .receiver
+                .wait_for(met, Duration::from_secs(5))
+                .await
+                .is_ok();
             c.receiver.answer_ok();
-            c.receiver.refused().len() > before
+            fired
         }
         Fault::ReceiverFailingLong => {
             // Fired if a delivery was refused early enough that it stayed
