@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use filedock::config::{Coordination, QueueBroker, Settings};
+use futures::future::join_all;
 use reqwest::StatusCode;
 
 use crate::{
@@ -142,6 +143,107 @@ async fn with_the_broker_down_operations_take_the_lock_path_and_the_queue_resume
         StatusCode::OK
     );
     let expected: Vec<String> = ["three", "one"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((1..=n).map(|i| format!("again-{i}")))
+        .collect();
+    assert_eq!(
+        mcps(&app, &u, &agent).await,
+        expected,
+        "every operation applied once and in order, whichever path it took"
+    );
+}
+
+/// A memory alarm of the broker's blocks every connection that publishes
+/// (the broker stops reading them): an operation already delivered is
+/// applied and acknowledged all the same (the consumers' connection
+/// publishes nothing), and its waiter, whose answer the alarm holds, reads
+/// it from the store within seconds, not at its deadline; requests made
+/// during the alarm take the lock path at once; once it clears, the queue
+/// again. Every operation applied once and in order.
+#[tokio::test]
+async fn a_broker_alarm_sends_requests_down_the_lock_path_and_answers_from_the_store() {
+    if !real_backends() {
+        return;
+    }
+    let rabbit = OwnRabbit::start().await;
+    let app = spawn_app_with(on_rabbit(&test_settings(), rabbit.url())).await;
+    let u = app.create_user("alarm").await;
+    let agent = agent_of(&app, &u).await;
+    let queued = || app.metric("filedock_queue_processed_total", "outcome=\"applied\"");
+    assert_eq!(link(&app, &u, "PUT", &agent, "one").await, StatusCode::OK);
+    assert_eq!(queued().await, 1.0, "applied by a queue consumer");
+
+    // Three operations are delivered and wait on the agent held by a
+    // transaction; the alarm goes off; then the agent is let go. The
+    // broker takes the first answer published (and blocks the connection
+    // that sent it), and holds the others.
+    let held = hold_agent(&app, &agent).await;
+    let started = Instant::now();
+    let waiting = join_all(
+        ["two-a", "two-b", "two-c"]
+            .into_iter()
+            .enumerate()
+            .map(|(i, mcp)| {
+                let (app, u, agent) = (&app, &u, &agent);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
+                    (
+                        mcp,
+                        link(app, u, "PUT", agent, mcp).await,
+                        started.elapsed(),
+                    )
+                }
+            }),
+    );
+    let alarm = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (ok, out) = rabbit.ctl(&["set_vm_memory_high_watermark", "0"]).await;
+        assert!(ok, "{out}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(held);
+    };
+    let (answers, ()) = tokio::join!(waiting, alarm);
+    for (mcp, status, took) in answers {
+        eprintln!("{mcp} answered {status} after {took:?} under the alarm");
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            took < WAIT / 3,
+            "{mcp} answered at the waiter's deadline ({took:?}), not from the store"
+        );
+    }
+    // The consumer acknowledged them all the same (its answers held).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rabbit.unacknowledged().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "deliveries stayed unacknowledged under the alarm"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(queued().await, 4.0, "applied by the queue's consumer");
+
+    for (method, mcp) in [("DELETE", "one"), ("PUT", "three")] {
+        let started = Instant::now();
+        let status = link(&app, &u, method, &agent, mcp).await;
+        assert_eq!(status, StatusCode::OK, "{method} {mcp}");
+        // A publish that met the alarm waits for its confirm 5 s at most.
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    let (ok, out) = rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]).await;
+    assert!(ok, "{out}");
+    let before = queued().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    while queued().await <= before {
+        assert!(Instant::now() < deadline, "the queue did not resume");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        n += 1;
+        let status = link(&app, &u, "PUT", &agent, &format!("again-{n}")).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let expected: Vec<String> = ["two-a", "two-b", "two-c", "three"]
         .into_iter()
         .map(str::to_owned)
         .chain((1..=n).map(|i| format!("again-{i}")))

@@ -211,6 +211,17 @@ impl OwnRabbit {
             .unwrap_or(0)
     }
 
+    /// Deliveries the node's queues hold unacknowledged, in all.
+    pub async fn unacknowledged(&self) -> u64 {
+        let (ok, out) = self
+            .ctl(&["list_queues", "-s", "name", "messages_unacknowledged"])
+            .await;
+        assert!(ok, "rabbitmqctl list_queues: {out}");
+        out.lines()
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// Runs `rabbitmqctl -n NODE ARGS` (90 s at most): whether it succeeded,
     /// and what it printed.
     pub async fn ctl(&self, args: &[&str]) -> (bool, String) {

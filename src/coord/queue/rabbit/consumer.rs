@@ -10,7 +10,7 @@ use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use lapin::{
-    BasicProperties, Channel,
+    BasicProperties, Channel, Connection,
     message::Delivery,
     options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions},
     types::{AMQPValue, FieldTable},
@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{RabbitQueue, live::Live};
 use crate::{
+    coord::OpOutcome,
     coord::queue::{
         apply::{Answered, Applying, Delivered, Sink, Step},
         now_ms,
@@ -36,6 +37,9 @@ const LEASE_TTL: Duration = Duration::from_secs(3);
 /// How often the active consumer asks for a lease another holds (one that
 /// lost the bucket and has not let go yet, or died holding it).
 const LEASE_RETRY: Duration = Duration::from_millis(100);
+/// How long an answer may wait to be written (a connection an alarm
+/// blocked writes nothing) before the consumer goes on without it.
+const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 
 /// Consumes bucket `b` on `live` until `stop` fires, its channel closes, or
 /// it can no longer apply (its lease lost): then it closes its channel, so
@@ -133,6 +137,7 @@ async fn run(
         let entries: Vec<_> = batch.into_iter().map(decode).collect();
         let mut sink = DeliverySink {
             answer: &live.answer,
+            publisher: &live.publisher,
         };
         if let Step::Stop = applying.handle(&mut sink, &entries).await {
             return Ok(());
@@ -199,6 +204,34 @@ fn decode(d: Delivery) -> Delivered<Delivery> {
 /// the consumer's own (each delivery's acker).
 struct DeliverySink<'c> {
     answer: &'c Channel,
+    publisher: &'c Connection,
+}
+
+impl DeliverySink<'_> {
+    /// Sends `outcome` to its waiter, unless the publishing connection is
+    /// blocked by an alarm of the broker's (nothing is written on it until
+    /// the alarm clears) or the answer cannot be written within
+    /// [`ANSWER_WITHIN`]: the acknowledgements, on the consumer's own
+    /// connection, go on all the same. An answer not sent is read from the
+    /// store: the link is made again when its publisher is blocked, and a
+    /// waiter whose link changed reads its outcome there.
+    async fn send_answer(&self, reply_to: &str, op_id: &OpId, outcome: &OpOutcome) {
+        if self.publisher.status().blocked() {
+            return;
+        }
+        let body = serde_json::to_vec(outcome).unwrap_or_default();
+        let props = BasicProperties::default().with_correlation_id(op_id.to_string().into());
+        let sent =
+            self.answer
+                .basic_publish("".into(), reply_to.into(), Default::default(), &body, props);
+        match tokio::time::timeout(ANSWER_WITHIN, sent).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "could not send a queued operation's answer");
+            }
+            Err(_) => tracing::debug!("a queued operation's answer was not written in time"),
+        }
+    }
 }
 
 #[async_trait]
@@ -213,22 +246,7 @@ impl Sink<Delivery> for DeliverySink<'_> {
         for a in done {
             let d = a.delivered;
             if let (Some(reply_to), Some(op_id)) = (&d.reply_to, &d.op_id) {
-                let body = serde_json::to_vec(a.outcome).unwrap_or_default();
-                let props =
-                    BasicProperties::default().with_correlation_id(op_id.to_string().into());
-                let sent = self
-                    .answer
-                    .basic_publish(
-                        "".into(),
-                        reply_to.as_str().into(),
-                        Default::default(),
-                        &body,
-                        props,
-                    )
-                    .await;
-                if let Err(e) = sent {
-                    tracing::debug!(error = %e, "could not send a queued operation's answer");
-                }
+                self.send_answer(reply_to, op_id, a.outcome).await;
             }
             let acker = &d.handle.acker;
             let settled = match a.dead {
