@@ -198,8 +198,7 @@ async fn a_broker_alarm_sends_requests_down_the_lock_path_and_answers_from_the_s
     );
     let alarm = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (ok, out) = rabbit.ctl(&["set_vm_memory_high_watermark", "0"]).await;
-        assert!(ok, "{out}");
+        rabbit.memory_alarm(true).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         drop(held);
     };
@@ -231,8 +230,7 @@ async fn a_broker_alarm_sends_requests_down_the_lock_path_and_answers_from_the_s
         assert!(started.elapsed() < Duration::from_secs(10));
     }
 
-    let (ok, out) = rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]).await;
-    assert!(ok, "{out}");
+    rabbit.memory_alarm(false).await;
     let before = queued().await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut n = 0;

@@ -87,6 +87,10 @@ pub enum Fault {
     /// On RabbitMQ: the broker closes every client connection
     /// (`rabbitmqctl close_all_connections`), consumers' mid-delivery too.
     RabbitConnectionsClosed,
+    /// On RabbitMQ: a memory alarm for 1 to 3 s (the high watermark at 0):
+    /// the broker blocks every connection that publishes, requests and
+    /// answers alike.
+    RabbitAlarm,
 }
 
 /// `FILEDOCK_WEBHOOK_MAX_AGE_SECS` where the suite makes dead letters.
@@ -139,13 +143,14 @@ impl fmt::Display for Fault {
             Self::RabbitCutAfterPublish => "rabbit-cut-after-publish",
             Self::RabbitKill => "rabbit-kill",
             Self::RabbitConnectionsClosed => "rabbit-connections-closed",
+            Self::RabbitAlarm => "rabbit-alarm",
         };
         f.write_str(name)
     }
 }
 
 impl Fault {
-    const ALL: [Fault; 28] = [
+    const ALL: [Fault; 29] = [
         Self::MongoCut,
         Self::MongoCutLong,
         Self::MongoCutAfterCommit,
@@ -174,6 +179,7 @@ impl Fault {
         Self::RabbitCutAfterPublish,
         Self::RabbitKill,
         Self::RabbitConnectionsClosed,
+        Self::RabbitAlarm,
     ];
 
     /// Whether the fault can happen in this coordination mode (nothing
@@ -191,7 +197,8 @@ impl Fault {
             Self::RabbitCut
             | Self::RabbitCutAfterPublish
             | Self::RabbitKill
-            | Self::RabbitConnectionsClosed => return broker == QueueBroker::Rabbitmq,
+            | Self::RabbitConnectionsClosed
+            | Self::RabbitAlarm => return broker == QueueBroker::Rabbitmq,
             Self::ClusterMasterKill | Self::ClusterFailover => Some(Topology::Cluster),
             Self::SentinelFailover | Self::SentinelPrimaryKill => Some(Topology::Sentinel),
             Self::ReceiverFailingLong => return dead_letters_in(coordination, topology),

@@ -258,7 +258,8 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
         Fault::RabbitCut
         | Fault::RabbitCutAfterPublish
         | Fault::RabbitKill
-        | Fault::RabbitConnectionsClosed => inject_rabbit(c, fault, rng).await,
+        | Fault::RabbitConnectionsClosed
+        | Fault::RabbitAlarm => inject_rabbit(c, fault, rng).await,
     }
 }
 
@@ -282,6 +283,18 @@ async fn inject_rabbit(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool 
             true
         }
         Fault::RabbitConnectionsClosed => own.close_connections().await > 0,
+        Fault::RabbitAlarm => {
+            own.memory_alarm(true).await;
+            let until = Instant::now() + Duration::from_millis(rng.random_range(1000..3000));
+            // Fired once a connection was blocked (one published in it).
+            let mut fired = false;
+            while Instant::now() < until {
+                fired = fired || own.blocked_connections().await > 0;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            own.memory_alarm(false).await;
+            fired
+        }
         _ => false,
     }
 }

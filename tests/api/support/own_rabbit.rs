@@ -211,6 +211,22 @@ impl OwnRabbit {
             .unwrap_or(0)
     }
 
+    /// Sets off a memory alarm (the high watermark at 0: the node blocks
+    /// every connection that publishes), or clears it (`false`: the
+    /// default watermark again).
+    pub async fn memory_alarm(&self, on: bool) {
+        let watermark = if on { "0" } else { "0.4" };
+        let (ok, out) = self.ctl(&["set_vm_memory_high_watermark", watermark]).await;
+        assert!(ok, "rabbitmqctl set_vm_memory_high_watermark: {out}");
+    }
+
+    /// How many client connections the node holds blocked (an alarm's).
+    pub async fn blocked_connections(&self) -> usize {
+        let (ok, out) = self.ctl(&["list_connections", "-s", "state"]).await;
+        assert!(ok, "rabbitmqctl list_connections: {out}");
+        out.lines().filter(|l| l.trim() == "blocked").count()
+    }
+
     /// Deliveries the node's queues hold unacknowledged, in all.
     pub async fn unacknowledged(&self) -> u64 {
         let (ok, out) = self
