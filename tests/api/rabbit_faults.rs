@@ -253,6 +253,62 @@ async fn a_broker_alarm_sends_requests_down_the_lock_path_and_answers_from_the_s
     );
 }
 
+/// With Redis cut (RabbitMQ up), a bucket's consumer cannot take its
+/// lease: the operation delivered to it waits for Redis, and the bucket's
+/// next requests take the lock path (which in production answers at once
+/// that Redis is down: 503, nothing applied) rather than queue behind it
+/// in vain. Once Redis is back, the waiting one applies and is answered.
+#[tokio::test]
+async fn a_bucket_whose_lease_cannot_be_taken_sends_its_requests_down_the_lock_path() {
+    if !real_backends() {
+        return;
+    }
+    let redis_url = std::env::var("FILEDOCK_TEST_REDIS_URL").unwrap();
+    let redis_addr = redis_url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/');
+    let redis = FaultProxy::start(redis_addr.parse().unwrap()).await;
+    // Production (no lock-free path with Redis down), on a node of its own
+    // (production keeps its queues: no expiry).
+    let rabbit = OwnRabbit::start().await;
+    let mut settings = on_rabbit(&test_settings(), rabbit.url());
+    settings.env = filedock::config::Environment::Production;
+    settings.amqp_queue_expiry = None;
+    settings.redis_url = Some(format!("redis://{}/", redis.addr()).into());
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("no-lease").await;
+    let agent = agent_of(&app, &u).await;
+    assert_eq!(link(&app, &u, "PUT", &agent, "one").await, StatusCode::OK);
+
+    // Cut for longer than the lease (3 s): the consumer has lost it when
+    // "two" is delivered, and cannot take it again until Redis is back.
+    let cut = Duration::from_secs(10);
+    redis.cut(cut);
+    let cut_at = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let two = async {
+        let status = link(&app, &u, "PUT", &agent, "two").await;
+        (status, cut_at.elapsed())
+    };
+    let three = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let sent = Instant::now();
+        let status = link(&app, &u, "PUT", &agent, "three").await;
+        (status, sent.elapsed())
+    };
+    let ((two, two_at), (three, three_took)) = tokio::join!(two, three);
+    eprintln!("two {two} at {two_at:?} into the cut; three {three} in {three_took:?}");
+    assert_eq!(
+        three,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the bucket's next request took the lock path"
+    );
+    assert!(three_took < Duration::from_secs(8), "{three_took:?}");
+    assert_eq!(two, StatusCode::OK, "applied once Redis was back");
+    assert!(two_at >= cut, "answered before Redis was back ({two_at:?})");
+    assert_eq!(mcps(&app, &u, &agent).await, ["one", "two"]);
+}
+
 /// The embedded metadata store (and local files) with the queue on
 /// RabbitMQ (and its leases on Redis): one process, three clients each
 /// connecting 30 links one after another while one link is connected and
