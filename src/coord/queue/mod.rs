@@ -38,6 +38,8 @@ use std::{
 };
 
 mod apply;
+#[cfg(test)]
+mod apply_tests;
 mod dead_letter;
 mod front;
 mod manager;
