@@ -87,6 +87,7 @@ pub struct Metrics {
     pub queue_dead_letters: Gauge,
     pub queue_processed: Family<OutcomeLabel, Counter>,
     pub queue_grouped: Counter,
+    pub queue_returned: Counter,
     pub upload_commit_txns: Counter,
     pub uploads_grouped: Counter,
     pub upload_commits_waiting: Gauge,
@@ -166,6 +167,7 @@ impl Default for Metrics {
             queue_dead_letters: Gauge::default(),
             queue_processed: Family::default(),
             queue_grouped: Counter::default(),
+            queue_returned: Counter::default(),
             upload_commit_txns: Counter::default(),
             uploads_grouped: Counter::default(),
             upload_commits_waiting: Gauge::default(),
@@ -363,6 +365,11 @@ impl Default for Metrics {
             "filedock_queue_grouped",
             "Queued operations this instance applied in one transaction with others",
             m.queue_grouped.clone(),
+        );
+        r.register(
+            "filedock_queue_returned",
+            "Operations RabbitMQ returned unrouted (their bucket's queue missing): declared again and published again once",
+            m.queue_returned.clone(),
         );
         r.register(
             "filedock_upload_commit_txns",

@@ -3,7 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use filedock::config::{Coordination, QueueBroker, Settings};
+use filedock::{
+    config::{Coordination, QueueBroker, Settings},
+    coord::{bucket_of, queue::rabbit::RabbitQueue},
+    lock::LockKey,
+};
 use futures::future::join_all;
 use reqwest::StatusCode;
 
@@ -307,6 +311,60 @@ async fn a_bucket_whose_lease_cannot_be_taken_sends_its_requests_down_the_lock_p
     assert_eq!(two, StatusCode::OK, "applied once Redis was back");
     assert!(two_at >= cut, "answered before Redis was back ({two_at:?})");
     assert_eq!(mcps(&app, &u, &agent).await, ["one", "two"]);
+}
+
+/// A bucket's queue deleted under a running instance (an operator's
+/// `delete_queue`): a publish to it comes back unrouted (mandatory), is
+/// declared again and published again once, and applies through the
+/// queue, not the lock path. The consumer, cancelled by the deletion,
+/// consumes the queue declared again.
+#[tokio::test]
+async fn an_operation_returned_for_a_deleted_queue_is_published_again_to_its_queue_declared_again()
+{
+    use lapin::{Connection, ConnectionProperties, options::QueueDeleteOptions};
+
+    if !real_backends() {
+        return;
+    }
+    let rabbit = OwnRabbit::start().await;
+    let app = spawn_app_with(on_rabbit(&test_settings(), rabbit.url())).await;
+    let u = app.create_user("returned").await;
+    let agent = agent_of(&app, &u).await;
+    let queued = || app.metric("filedock_queue_processed_total", "outcome=\"applied\"");
+    let returned = || app.metric("filedock_queue_returned_total", "");
+    assert_eq!(link(&app, &u, "PUT", &agent, "one").await, StatusCode::OK);
+    let b = bucket_of(&LockKey::agent_config(&agent));
+    let queue = RabbitQueue::queue_name(&app.settings.redis_prefix, b);
+    let operator = Connection::connect(&rabbit.url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = operator.create_channel().await.unwrap();
+    // The instance declares the queue again within half a second of its
+    // consumer's cancellation: the request must be published before that.
+    let mut n = 0;
+    while returned().await == 0.0 {
+        n += 1;
+        assert!(
+            n <= 5,
+            "no publish met the deleted queue in {} tries",
+            n - 1
+        );
+        let before = queued().await;
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        let status = link(&app, &u, "PUT", &agent, &format!("again-{n}")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(queued().await, before + 1.0, "applied through the queue");
+    }
+    eprintln!("a publish met the deleted queue in try {n}");
+    assert_eq!(link(&app, &u, "PUT", &agent, "last").await, StatusCode::OK);
+    let expected: Vec<String> = std::iter::once("one".to_owned())
+        .chain((1..=n).map(|i| format!("again-{i}")))
+        .chain(std::iter::once("last".to_owned()))
+        .collect();
+    assert_eq!(mcps(&app, &u, &agent).await, expected);
 }
 
 /// The embedded metadata store (and local files) with the queue on

@@ -304,6 +304,11 @@ impl Broker for RabbitQueue {
             }
             // Returned: the bucket's queue is not there (deleted since the
             // link declared it). Declared again, published again once.
+            self.metrics.queue_returned.inc();
+            tracing::warn!(
+                bucket = b,
+                "RabbitMQ returned an operation: its queue is missing; declaring it again"
+            );
             let declared = self.declare_bucket(&live.publish, b).await;
             declared.map_err(|e| e.to_string())?;
             match self.publish(&live, b, &body, op_id).await? {
