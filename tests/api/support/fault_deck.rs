@@ -87,9 +87,9 @@ pub enum Fault {
     /// On RabbitMQ: the broker closes every client connection
     /// (`rabbitmqctl close_all_connections`), consumers' mid-delivery too.
     RabbitConnectionsClosed,
-    /// On RabbitMQ: a memory alarm for 1 to 3 s (the high watermark at 0):
-    /// the broker blocks every connection that publishes, requests and
-    /// answers alike.
+    /// On RabbitMQ: a memory alarm for 1 to 3 s (the high watermark at 0;
+    /// on until a connection was blocked, 8 s at most): the broker blocks
+    /// every connection that publishes, requests and answers alike.
     RabbitAlarm,
 }
 

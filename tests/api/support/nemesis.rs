@@ -285,11 +285,17 @@ async fn inject_rabbit(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool 
         Fault::RabbitConnectionsClosed => own.close_connections().await > 0,
         Fault::RabbitAlarm => {
             own.memory_alarm(true).await;
-            let until = Instant::now() + Duration::from_millis(rng.random_range(1000..3000));
-            // Fired once a connection was blocked (one published in it).
+            let started = Instant::now();
+            let at_least = Duration::from_millis(rng.random_range(1000..3000));
+            // Fired once a connection was blocked (one published in it):
+            // on until one was, 8 s at most (each look takes rabbitmqctl
+            // a second or two on a loaded machine).
             let mut fired = false;
-            while Instant::now() < until {
+            while started.elapsed() < Duration::from_secs(8) {
                 fired = fired || own.blocked_connections().await > 0;
+                if fired && started.elapsed() >= at_least {
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             own.memory_alarm(false).await;

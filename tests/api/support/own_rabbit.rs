@@ -222,9 +222,19 @@ impl OwnRabbit {
 
     /// How many client connections the node holds blocked (an alarm's).
     pub async fn blocked_connections(&self) -> usize {
+        self.connection_states()
+            .await
+            .iter()
+            .filter(|s| *s == "blocked")
+            .count()
+    }
+
+    /// The state of each client connection the node holds (`running`,
+    /// `blocking`, `blocked`...).
+    pub async fn connection_states(&self) -> Vec<String> {
         let (ok, out) = self.ctl(&["list_connections", "-s", "state"]).await;
         assert!(ok, "rabbitmqctl list_connections: {out}");
-        out.lines().filter(|l| l.trim() == "blocked").count()
+        out.lines().map(|l| l.trim().to_owned()).collect()
     }
 
     /// Deliveries the node's queues hold unacknowledged, in all.

@@ -213,8 +213,8 @@ impl DeliverySink<'_> {
     /// the alarm clears) or the answer cannot be written within
     /// [`ANSWER_WITHIN`]: the acknowledgements, on the consumer's own
     /// connection, go on all the same. An answer not sent is read from the
-    /// store: the link is made again when its publisher is blocked, and a
-    /// waiter whose link changed reads its outcome there.
+    /// store: a waiter whose link went down or is blocked reads its
+    /// outcome there.
     async fn send_answer(&self, reply_to: &str, op_id: &OpId, outcome: &OpOutcome) {
         if self.publisher.status().blocked() {
             return;

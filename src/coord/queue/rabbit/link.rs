@@ -59,14 +59,18 @@ impl worker::Worker for Link {
 
     fn status(&self) -> String {
         match self.queue.live() {
-            Some(l) if l.is_up() => format!("connected, {} consumers", self.consumers.len()),
+            Some(l) if l.blocked() => "connected, publishing blocked by an alarm".into(),
+            Some(l) if l.linked() => format!("connected, {} consumers", self.consumers.len()),
             _ => "not connected".into(),
         }
     }
 
     async fn work(&mut self, shutdown: &CancellationToken) -> WorkerState {
+        // A link an alarm blocks is kept (linking again would only block
+        // the new one at its first publish): requests take the lock path
+        // meanwhile, the consumers go on, and it unblocks when it clears.
         let live = match self.queue.live() {
-            Some(live) if live.is_up() => live,
+            Some(live) if live.linked() => live,
             _ => {
                 self.tear_down(false).await;
                 if let Err(e) = self.queue.connect().await {
@@ -106,7 +110,10 @@ impl worker::Worker for Link {
         self.tear_down(true).await;
         if let Some(live) = live {
             let _ = live.conn.close(200, "shutting down".into()).await;
-            let _ = live.publisher.close(200, "shutting down".into()).await;
+            // Nothing is written on a connection an alarm blocks, its close
+            // neither: not waited for past a second.
+            let closing = live.publisher.close(200, "shutting down".into());
+            let _ = tokio::time::timeout(Duration::from_secs(1), closing).await;
         }
     }
 }

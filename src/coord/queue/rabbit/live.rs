@@ -29,13 +29,23 @@ impl Drop for Live {
 }
 
 impl Live {
-    /// Both connections up, and the publishing one not blocked by an
-    /// alarm of the broker's.
-    pub(super) fn is_up(&self) -> bool {
+    /// Both connections up (a link to keep, blocked or not).
+    pub(super) fn linked(&self) -> bool {
         self.conn.status().connected()
             && self.publisher.status().connected()
-            && !self.publisher.status().blocked()
             && self.publish.status().connected()
+    }
+
+    /// Whether an alarm of the broker's (memory, disk) blocks the
+    /// publishing connection: nothing is written on it until it clears.
+    pub(super) fn blocked(&self) -> bool {
+        self.publisher.status().blocked()
+    }
+
+    /// Linked, and the publishing connection not blocked: what a request
+    /// needs to be enqueued.
+    pub(super) fn is_up(&self) -> bool {
+        self.linked() && !self.blocked()
     }
 }
 

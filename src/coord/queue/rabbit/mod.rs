@@ -73,6 +73,9 @@ use crate::{
 /// How long a broker that failed a publish counts as down (the circuit
 /// breaker), unless the connection is found up again sooner.
 const UNHEALTHY_FOR: Duration = Duration::from_secs(1);
+/// How often a waiter whose link lives reads its outcome from the store
+/// all the same (an answer may have been left unsent).
+const STORE_READ_EVERY: Duration = Duration::from_secs(5);
 /// The heartbeat asked of the broker when the URL names none: a consumer
 /// whose process stalled loses its buckets to a standby after about two.
 const HEARTBEAT_SECS: u16 = 5;
@@ -251,11 +254,19 @@ impl Coordinator for RabbitQueue {
     }
 }
 
+/// What a waiter listened on: its link (which one: its generation), since
+/// when, and how many of its periodic store reads it made.
+pub(super) struct Heard {
+    generation: u64,
+    since: Instant,
+    reads: AtomicU64,
+}
+
 #[async_trait]
 impl Broker for RabbitQueue {
     /// Answers come on the publishing channel's own consumer, heard while
-    /// the connection lives: which connection it was (its generation).
-    type Listening = u64;
+    /// the connection lives: which connection it was, and since when.
+    type Listening = Heard;
 
     /// Whether the connection and its publishing channel are up (for every
     /// bucket: one broker holds them all), and no publish failed in the
@@ -276,17 +287,30 @@ impl Broker for RabbitQueue {
         *self.unhealthy_until.lock().unwrap() = Some(Instant::now() + UNHEALTHY_FOR);
     }
 
-    async fn listen(&self, _b: u32) -> Option<u64> {
-        self.live().map(|l| l.generation)
+    async fn listen(&self, _b: u32) -> Option<Heard> {
+        self.live().map(|l| Heard {
+            generation: l.generation,
+            since: Instant::now(),
+            reads: AtomicU64::new(0),
+        })
     }
 
-    /// Nothing while the connection the waiter listened on lives (its
-    /// answer comes by reply); once it is gone, the answer can only be
-    /// read from the store: how the operation was settled, if it was.
-    async fn read_result(&self, _b: u32, op_id: &OpId, heard: Option<&u64>) -> Option<OpOutcome> {
-        let current = self.live().map(|l| l.generation);
-        if heard.is_some() && current.as_ref() == heard {
-            return None;
+    /// The outcome as the store has it (how the operation was settled, if
+    /// it was) once the link the waiter listened on is gone, or blocked by
+    /// an alarm of the broker's (which holds every publisher's frames, the
+    /// consumers' answers among them, until it clears); while it lives and
+    /// publishes, the answer comes by reply, and the store is read only
+    /// every [`STORE_READ_EVERY`] (the instance that applied the operation
+    /// may have left its answer unsent: an alarm blocked its publisher).
+    async fn read_result(&self, _b: u32, op_id: &OpId, heard: Option<&Heard>) -> Option<OpOutcome> {
+        if let Some(heard) = heard {
+            let listening = self
+                .live()
+                .is_some_and(|l| l.generation == heard.generation && !l.blocked());
+            let due = heard.since.elapsed().as_secs() / STORE_READ_EVERY.as_secs();
+            if listening && heard.reads.swap(due, Ordering::Relaxed) == due {
+                return None;
+            }
         }
         self.front.applier.outcome(op_id).await
     }
