@@ -158,6 +158,41 @@ async fn with_the_broker_down_operations_take_the_lock_path_and_the_queue_resume
     );
 }
 
+/// Asks `asker` for `names` (links of `agent`) 150 ms apart while a
+/// transaction holds the agent, so that they are delivered and wait; a
+/// second in, the broker's memory alarm goes off; a second later the agent
+/// is let go. Each must be answered applied, long before its deadline.
+async fn answered_through_an_alarm(
+    rabbit: &OwnRabbit,
+    asker: &TestApp,
+    u: &TestUser,
+    agent: &str,
+    names: &[&'static str],
+) {
+    let held = hold_agent(asker, agent).await;
+    let started = Instant::now();
+    let waiting = join_all(names.iter().enumerate().map(|(i, mcp)| async move {
+        tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
+        let status = link(asker, u, "PUT", agent, mcp).await;
+        (mcp, status, started.elapsed())
+    }));
+    let alarm = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rabbit.memory_alarm(true).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(held);
+    };
+    let (answers, ()) = tokio::join!(waiting, alarm);
+    for (mcp, status, took) in answers {
+        eprintln!("{mcp} answered {status} after {took:?} through the alarm");
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            took < WAIT / 3,
+            "{mcp} answered at the waiter's deadline ({took:?}), not from the store"
+        );
+    }
+}
+
 /// A memory alarm of the broker's blocks every connection that publishes
 /// (the broker stops reading them): an operation already delivered is
 /// applied and acknowledged all the same (the consumers' connection
@@ -178,43 +213,10 @@ async fn a_broker_alarm_sends_requests_down_the_lock_path_and_answers_from_the_s
     assert_eq!(link(&app, &u, "PUT", &agent, "one").await, StatusCode::OK);
     assert_eq!(queued().await, 1.0, "applied by a queue consumer");
 
-    // Three operations are delivered and wait on the agent held by a
-    // transaction; the alarm goes off; then the agent is let go. The
-    // broker takes the first answer published (and blocks the connection
-    // that sent it), and holds the others.
-    let held = hold_agent(&app, &agent).await;
-    let started = Instant::now();
-    let waiting = join_all(
-        ["two-a", "two-b", "two-c"]
-            .into_iter()
-            .enumerate()
-            .map(|(i, mcp)| {
-                let (app, u, agent) = (&app, &u, &agent);
-                async move {
-                    tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
-                    (
-                        mcp,
-                        link(app, u, "PUT", agent, mcp).await,
-                        started.elapsed(),
-                    )
-                }
-            }),
-    );
-    let alarm = async {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        rabbit.memory_alarm(true).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        drop(held);
-    };
-    let (answers, ()) = tokio::join!(waiting, alarm);
-    for (mcp, status, took) in answers {
-        eprintln!("{mcp} answered {status} after {took:?} under the alarm");
-        assert_eq!(status, StatusCode::OK);
-        assert!(
-            took < WAIT / 3,
-            "{mcp} answered at the waiter's deadline ({took:?}), not from the store"
-        );
-    }
+    // The broker takes the first answer published after the alarm (and
+    // blocks the connection that sent it), and holds the others.
+    let names = ["two-a", "two-b", "two-c"];
+    answered_through_an_alarm(&rabbit, &app, &u, &agent, &names).await;
     // The alarm blocked the instance's publishing connection...
     assert!(
         rabbit.blocked_connections().await > 0,
@@ -266,8 +268,9 @@ async fn a_broker_alarm_sends_requests_down_the_lock_path_and_answers_from_the_s
         assert!(Instant::now() < deadline, "the queue did not resume");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let expected: Vec<String> = ["two-a", "two-b", "two-c", "three"]
+    let expected: Vec<String> = names
         .into_iter()
+        .chain(["three"])
         .map(str::to_owned)
         .chain((1..=n).map(|i| format!("again-{i}")))
         .collect();
@@ -295,32 +298,8 @@ async fn answers_an_alarm_holds_on_another_instance_are_read_from_the_store() {
     let asker = spawn_app_with(settings).await;
     let u = asker.create_user("held-elsewhere").await;
     let agent = agent_of(&asker, &u).await;
-    let held = hold_agent(&asker, &agent).await;
-    let started = Instant::now();
     let names = ["x1", "x2", "x3"];
-    let waiting = join_all(names.into_iter().enumerate().map(|(i, mcp)| {
-        let (app, u, agent) = (&asker, &u, &agent);
-        async move {
-            tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
-            let status = link(app, u, "PUT", agent, mcp).await;
-            (mcp, status, started.elapsed())
-        }
-    }));
-    let alarm = async {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        rabbit.memory_alarm(true).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        drop(held);
-    };
-    let (answers, ()) = tokio::join!(waiting, alarm);
-    for (mcp, status, took) in answers {
-        eprintln!("{mcp} answered {status} after {took:?}, asked of another instance");
-        assert_eq!(status, StatusCode::OK);
-        assert!(
-            took < WAIT / 3,
-            "{mcp} answered at the waiter's deadline ({took:?}), not from the store"
-        );
-    }
+    answered_through_an_alarm(&rabbit, &asker, &u, &agent, &names).await;
     rabbit.memory_alarm(false).await;
     assert_eq!(mcps(&consumer, &u, &agent).await, names);
 }
