@@ -108,16 +108,7 @@ impl ContainerService {
                 "name must be 1 to 200 characters".into(),
             ));
         }
-        let agent = AgentRecord {
-            id: AgentId::new(),
-            owner_id: user.id,
-            name,
-            file_ids: Vec::new(),
-            mcp_ids: Vec::new(),
-            toolset_ids: Vec::new(),
-            fence: Default::default(),
-            created_at: now(),
-        };
+        let agent = AgentRecord::new(user.id, name);
         let location = format!("/v1/agents/{}", agent.id);
         let what = ("insert_agent", Some(location));
         (self.inserts)

@@ -140,6 +140,22 @@ pub struct AgentRecord {
     pub created_at: DateTime<Utc>,
 }
 
+impl AgentRecord {
+    /// A new agent of `owner_id`'s, with no files or connections yet.
+    pub fn new(owner_id: UserId, name: String) -> Self {
+        Self {
+            id: AgentId::new(),
+            owner_id,
+            name,
+            file_ids: Vec::new(),
+            mcp_ids: Vec::new(),
+            toolset_ids: Vec::new(),
+            fence: Default::default(),
+            created_at: now(),
+        }
+    }
+}
+
 /// `permissions` collection.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct PermissionRecord {

@@ -15,6 +15,7 @@ use crate::{
     helpers::*,
     queue::mcp_ids,
     queue_faults::hold_agent,
+    rabbit_queue::{assert_once_and_in_lane_order, events_of, toggle_counts},
     support::{fault_proxy::FaultProxy, own_rabbit::OwnRabbit},
 };
 
@@ -458,22 +459,9 @@ async fn the_embedded_store_on_rabbitmq_applies_each_operation_once_in_order() {
     tokio::join!(futures::future::join_all(runs), toggles);
     let applied = mcps(&app, &u, &agent).await;
     assert_eq!(applied.len(), 90, "{applied:?}");
-    for lane in &lanes {
-        let order: Vec<&String> = applied.iter().filter(|m| lane.contains(m)).collect();
-        assert_eq!(order, lane.iter().collect::<Vec<_>>(), "a client's order");
-    }
-    let (_, page) = app.json("GET", "/v1/events?limit=1000", &u, None).await;
-    let events = page["events"].as_array().unwrap();
-    let count = |kind: &str| {
-        let toggled =
-            |e: &&serde_json::Value| e["type"] == kind && e["data"]["mcp_id"] == "toggled";
-        events.iter().filter(toggled).count()
-    };
+    assert_once_and_in_lane_order(&applied, &lanes);
     assert_eq!(
-        (
-            count("agent.mcp_connected"),
-            count("agent.mcp_disconnected")
-        ),
+        toggle_counts(&events_of(&app.base, &u.key).await),
         (20, 20),
         "each connect and disconnect applied once"
     );

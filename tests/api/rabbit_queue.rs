@@ -95,7 +95,7 @@ async fn user_and_agent(base: &str) -> (String, String) {
 }
 
 /// Every event of the user whose key is `key`, in order.
-async fn events_of(base: &str, key: &str) -> Vec<Value> {
+pub(crate) async fn events_of(base: &str, key: &str) -> Vec<Value> {
     let client = reqwest::Client::new();
     let (mut all, mut cursor) = (Vec::new(), "0".to_owned());
     loop {
@@ -113,7 +113,7 @@ async fn events_of(base: &str, key: &str) -> Vec<Value> {
 
 /// Asserts that `applied` holds each id once and each lane's ids in lane
 /// order (a lane: one client's requests, each sent after the last answer).
-fn assert_once_and_in_lane_order(applied: &[String], lanes: &[Vec<String>]) {
+pub(crate) fn assert_once_and_in_lane_order(applied: &[String], lanes: &[Vec<String>]) {
     let distinct: HashSet<&String> = applied.iter().collect();
     assert_eq!(distinct.len(), applied.len(), "none twice: {applied:?}");
     for lane in lanes {
@@ -121,6 +121,19 @@ fn assert_once_and_in_lane_order(applied: &[String], lanes: &[Vec<String>]) {
         let expected: Vec<&String> = lane.iter().collect();
         assert_eq!(order, expected, "a client's operations apply in its order");
     }
+}
+
+/// How many times the link `toggled` was connected and disconnected, by
+/// `events`.
+pub(crate) fn toggle_counts(events: &[Value]) -> (usize, usize) {
+    let count = |kind: &str| {
+        let toggled = |e: &&Value| e["type"] == kind && e["data"]["mcp_id"] == "toggled";
+        events.iter().filter(toggled).count()
+    };
+    (
+        count("agent.mcp_connected"),
+        count("agent.mcp_disconnected"),
+    )
 }
 
 /// The queue's figures at `base`, once they show nothing waiting.
@@ -221,15 +234,8 @@ async fn two_processes_answering_by(reply_to: &str) {
     assert_eq!(applied.len(), 260, "toggled is disconnected last");
     assert_once_and_in_lane_order(&applied, &lanes);
     let events = events_of(&servers[0].base, &key).await;
-    let count = |kind: &str| {
-        let toggled = |e: &&Value| e["type"] == kind && e["data"]["mcp_id"] == "toggled";
-        events.iter().filter(toggled).count()
-    };
     assert_eq!(
-        (
-            count("agent.mcp_connected"),
-            count("agent.mcp_disconnected")
-        ),
+        toggle_counts(&events),
         (20, 20),
         "each connect and disconnect applied once"
     );

@@ -18,7 +18,7 @@ use crate::{
         embedded::EmbeddedStore, now, retry::Transactions,
     },
     metrics::Metrics,
-    vocab::{AgentId, ApiKeyHash, LinkId, LinkKind, OpId, Operation},
+    vocab::{ApiKeyHash, LinkId, LinkKind, OpId, Operation},
 };
 
 /// What the consumer told the broker of each delivery: its outcome, and
@@ -45,7 +45,7 @@ async fn a_dead_lettered_operation_delivered_again_is_dead_lettered_again() {
     let settings = Settings::embedded(&dir);
     let store = Arc::new(EmbeddedStore::open(&dir).unwrap());
     let user = UserRecord::new("ann".into());
-    let (owner, agent) = (user.id, AgentId::new());
+    let owner = user.id;
     let key = ApiKeyRecord {
         id: Default::default(),
         user_id: owner,
@@ -54,19 +54,9 @@ async fn a_dead_lettered_operation_delivered_again_is_dead_lettered_again() {
         created_at: now(),
     };
     store.insert_user(&user, &key).await.unwrap();
-    store
-        .insert_agent(&AgentRecord {
-            id: agent,
-            owner_id: owner,
-            name: "a".into(),
-            file_ids: vec![],
-            mcp_ids: vec![],
-            toolset_ids: vec![],
-            fence: Default::default(),
-            created_at: now(),
-        })
-        .await
-        .unwrap();
+    let agent = AgentRecord::new(owner, "a".into());
+    store.insert_agent(&agent).await.unwrap();
+    let agent = agent.id;
     let metrics = Arc::new(Metrics::default());
     let txns = Transactions::new(settings.txn_retry, metrics.clone());
     let applier = Applier::new(store.clone(), (txns, Arc::new(UserTurns::default())), 8);

@@ -294,7 +294,7 @@ impl ContainerRepo for EmbeddedStore {
 mod tests {
     use super::*;
     use crate::{
-        meta::{UserRecord, now},
+        meta::UserRecord,
         vocab::{LinkId, LinkKind},
     };
 
@@ -316,26 +316,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("filedock-ops-{}", uuid::Uuid::new_v4()));
         let store = EmbeddedStore::open(&dir).unwrap();
         let user = UserRecord::new("ann".into());
-        let (owner, agent) = (user.id, AgentId::new());
+        let owner = user.id;
         // The agent's owner, as a record of theirs needs one.
         let key = super::super::user_key(&owner);
         store
             .transaction(move |tx| tx.insert(&key, &user))
             .await
             .unwrap();
-        store
-            .insert_agent(&AgentRecord {
-                id: agent,
-                owner_id: owner,
-                name: "a".into(),
-                file_ids: vec![],
-                mcp_ids: vec![],
-                toolset_ids: vec![],
-                fence: Default::default(),
-                created_at: now(),
-            })
-            .await
-            .unwrap();
+        let record = AgentRecord::new(owner, "a".into());
+        store.insert_agent(&record).await.unwrap();
+        let agent = record.id;
         let (first, second) = (OpId::new(), OpId::new());
         let a = connect(owner, agent, "a", true);
         let b = connect(owner, agent, "b", true);

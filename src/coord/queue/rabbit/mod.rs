@@ -255,7 +255,8 @@ impl Coordinator for RabbitQueue {
 }
 
 /// What a waiter listened on: its link (which one: its generation), since
-/// when, and how many of its periodic store reads it made.
+/// when, and the last [`STORE_READ_EVERY`] period since then in which it
+/// read the store (0: none yet).
 pub(super) struct Heard {
     generation: u64,
     since: Instant,
