@@ -90,6 +90,7 @@ pub struct Metrics {
     pub queue_returned: Counter,
     pub upload_commit_txns: Counter,
     pub uploads_grouped: Counter,
+    pub upload_groups_merged: Counter,
     pub upload_commits_waiting: Gauge,
     pub mongo_commands: Counter,
     /// Requests sent to S3 (each attempt), by operation (`PutObject`, `UploadPart`…).
@@ -170,6 +171,7 @@ impl Default for Metrics {
             queue_returned: Counter::default(),
             upload_commit_txns: Counter::default(),
             uploads_grouped: Counter::default(),
+            upload_groups_merged: Counter::default(),
             upload_commits_waiting: Gauge::default(),
             mongo_commands: Counter::default(),
             s3_requests: Family::default(),
@@ -378,8 +380,13 @@ impl Default for Metrics {
         );
         r.register(
             "filedock_uploads_grouped",
-            "Uploads committed in one transaction with others of their user (group commit)",
+            "Uploads committed in one transaction with others (group commit)",
             m.uploads_grouped.clone(),
+        );
+        r.register(
+            "filedock_upload_groups_merged",
+            "Group commits of different users committed in one transaction together",
+            m.upload_groups_merged.clone(),
         );
         r.register(
             "filedock_upload_commits_waiting",

@@ -49,7 +49,7 @@ pub(crate) async fn until_waiting(app: &TestApp, n: usize) {
 }
 
 /// Commit transactions run (attempts), and the write conflicts among them.
-async fn commit_txns(app: &TestApp) -> (f64, f64) {
+pub(crate) async fn commit_txns(app: &TestApp) -> (f64, f64) {
     let txns = app.metric("filedock_upload_commit_txns_total", "").await;
     let conflicts = app
         .metric("filedock_txn_write_conflicts_total", "op=\"commit_upload")
@@ -58,7 +58,7 @@ async fn commit_txns(app: &TestApp) -> (f64, f64) {
 }
 
 /// Sends an upload in a task of its own, so it runs while the test waits.
-fn send(
+pub(crate) fn send(
     app: &TestApp,
     u: &TestUser,
     body: Vec<u8>,
@@ -75,7 +75,9 @@ fn send(
     tokio::spawn(async move { req.send().await.unwrap() })
 }
 
-async fn statuses(sent: Vec<tokio::task::JoinHandle<Response>>) -> Vec<(StatusCode, Value)> {
+pub(crate) async fn statuses(
+    sent: Vec<tokio::task::JoinHandle<Response>>,
+) -> Vec<(StatusCode, Value)> {
     let mut out = Vec::new();
     for r in join_all(sent).await {
         let r = r.unwrap();
@@ -84,7 +86,7 @@ async fn statuses(sent: Vec<tokio::task::JoinHandle<Response>>) -> Vec<(StatusCo
     out
 }
 
-async fn stored_user(app: &TestApp, u: &TestUser) -> filedock::meta::UserRecord {
+pub(crate) async fn stored_user(app: &TestApp, u: &TestUser) -> filedock::meta::UserRecord {
     app.state
         .ports
         .meta

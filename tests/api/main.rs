@@ -35,6 +35,7 @@ mod lock_waiters;
 mod locks;
 mod memory;
 mod memory_budget;
+mod merged_commit;
 mod mongo_commands;
 mod openapi;
 mod orphans;

@@ -7,10 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{
-    group::{Answer, CommitGroups},
-    intents::IntentBatches,
-};
+use super::{group::CommitGroups, intents::IntentBatches, merge::Answer};
 use crate::{
     domain::commit::user_commit,
     lock::Locks,

@@ -16,10 +16,19 @@ use super::{
 use crate::{
     meta::{
         CommitOutcome, CommitUpload, DeletedFile, EventDraft, Fence, FileRecord, FileRepo,
-        IdempotencyRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
+        IdempotencyRecord, MetaError, MetaResult, OrphanRecord, Outcomes, PermissionRecord, events,
+        group,
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
+
+/// A group commit's plan, its user's document written.
+struct Planned<'a> {
+    owner: UserId,
+    plan: group::GroupPlan<'a>,
+    /// The number of its owner's event before its first.
+    first_event: i64,
+}
 
 /// The part of a user document a commit decides on.
 #[derive(serde::Deserialize)]
@@ -147,9 +156,50 @@ impl MongoStore {
         &self,
         s: &mut ClientSession,
         group: &[CommitUpload],
-    ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
-        let Some(owner) = group.first().map(|c| &c.file.owner_id) else {
+    ) -> MetaResult<Outcomes> {
+        let Some(planned) = self.plan_group_in(s, group).await? else {
             return Ok(Vec::new());
+        };
+        self.write_groups_in(s, std::slice::from_ref(&planned))
+            .await?;
+        Ok(planned.plan.outcomes)
+    }
+
+    /// Several users' group commits (see [`FileRepo::commit_upload_groups`]):
+    /// each user's document read and written once, as one group's is, and
+    /// then the files, events, permissions, idempotency records and intents
+    /// of all the groups in one `insert_many` / `delete_many` each.
+    async fn commit_upload_groups_in(
+        &self,
+        s: &mut ClientSession,
+        groups: &[Vec<CommitUpload>],
+    ) -> MetaResult<Vec<Outcomes>> {
+        let mut planned = Vec::with_capacity(groups.len());
+        for group in groups {
+            planned.extend(self.plan_group_in(s, group).await?);
+        }
+        self.write_groups_in(s, &planned).await?;
+        let mut outcomes = planned.into_iter().map(|p| p.plan.outcomes);
+        // An empty group plans nothing and has no outcome to give.
+        Ok(groups
+            .iter()
+            .map(|g| match g.is_empty() {
+                true => Vec::new(),
+                false => outcomes.next().unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// A group's reads and its write of the user document: what it commits
+    /// (`None` for an empty group). Its other writes are
+    /// [`Self::write_groups_in`]'s.
+    async fn plan_group_in<'a>(
+        &self,
+        s: &mut ClientSession,
+        group: &'a [CommitUpload],
+    ) -> MetaResult<Option<Planned<'a>>> {
+        let Some(owner) = group.first().map(|c| c.file.owner_id) else {
+            return Ok(None);
         };
         let fences = group::fences(group)?;
         let key_ids = group::idempotency_ids(group);
@@ -166,30 +216,34 @@ impl MongoStore {
                 recorded.insert(r.id.clone(), r);
             }
         }
-        let user = self.quota_of(s, owner).await?;
+        let user = self.quota_of(s, &owner).await?;
         let mut held = HashMap::new();
         for c in group.iter().filter(|c| c.resumable) {
             let (id, state) = (c.file.id, c.state.as_deref());
-            if let Some(h) = self.held_in(s, owner, &id, state).await? {
+            if let Some(h) = self.held_in(s, &owner, &id, state).await? {
                 held.insert(id, h);
             }
         }
         let plan = group::plan(group, user.counted(), user.quota_bytes, recorded, &held);
         if plan.committing.is_empty() {
-            return Ok(plan.outcomes);
+            return Ok(Some(Planned {
+                owner,
+                plan,
+                first_event: 0,
+            }));
         }
-        let ids: Vec<FileId> = plan.committing.iter().map(|c| c.file.id).collect();
+        let n = plan.committing.len() as i64;
         // The quota read above is in this transaction's snapshot: a write of
         // the user document since then makes this update a write conflict.
         let mut filter = doc! {"_id": owner, "deleting_since": null};
-        self.mark_released_in(s, owner, &plan.resumable).await?;
+        self.mark_released_in(s, &owner, &plan.resumable).await?;
         let mut update = doc! {
             "$inc": {
                 "used_bytes": plan.bytes,
-                "file_count": ids.len() as i64,
+                "file_count": n,
                 "reserved_bytes": -plan.freed_bytes,
                 "open_uploads": -plan.freed_open,
-                "event_seq": ids.len() as i64,
+                "event_seq": n,
             },
         };
         add_fences(&mut filter, &mut update, "upload_fence", &fences);
@@ -203,9 +257,9 @@ impl MongoStore {
             .await
             .map_err(classify)?;
         let Some(updated) = updated else {
-            let mut why = self.why_user_unmatched(s, owner, None).await;
+            let mut why = self.why_user_unmatched(s, &owner, None).await;
             for f in &fences {
-                let stale = self.why_user_unmatched(s, owner, Some(f)).await;
+                let stale = self.why_user_unmatched(s, &owner, Some(f)).await;
                 if matches!(stale, MetaError::StaleFence) {
                     why = stale;
                     break;
@@ -213,45 +267,65 @@ impl MongoStore {
             }
             return Err(why);
         };
+        Ok(Some(Planned {
+            owner,
+            first_event: updated.event_seq - n,
+            plan,
+        }))
+    }
+
+    /// The writes of `planned` groups after their users' (see
+    /// [`Self::plan_group_in`]), all in one command per collection.
+    async fn write_groups_in(
+        &self,
+        s: &mut ClientSession,
+        planned: &[Planned<'_>],
+    ) -> MetaResult<()> {
+        let committing = || planned.iter().flat_map(|p| p.plan.committing.iter());
+        if committing().next().is_none() {
+            return Ok(());
+        }
         self.files()
-            .insert_many(plan.committing.iter().map(|c| &c.file))
+            .insert_many(committing().map(|c| &c.file))
             .session(&mut *s)
             .await
             .map_err(|e| classify(e).met_own_file())?;
-        // One event per file, numbered in the group's order.
-        let created = plan
-            .committing
-            .iter()
-            .map(|c| EventDraft::file_created(&c.file));
-        let first = updated.event_seq - ids.len() as i64;
-        self.insert_events(s, *owner, first, created.collect())
-            .await?;
-        self.permissions()
-            .insert_many(
-                plan.committing
-                    .iter()
-                    .map(|c| PermissionRecord::owner_of(&c.file)),
-            )
+        // One event per file, numbered in its group's order.
+        let created = planned.iter().flat_map(|p| {
+            let drafts = p.plan.committing.iter();
+            let drafts = drafts.map(|c| EventDraft::file_created(&c.file));
+            events::number(p.owner, p.first_event, drafts.collect())
+        });
+        self.events()
+            .insert_many(created.collect::<Vec<_>>())
             .session(&mut *s)
             .await
             .map_err(classify)?;
-        if !plan.keys.is_empty() {
+        self.permissions()
+            .insert_many(committing().map(|c| PermissionRecord::owner_of(&c.file)))
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        let keys: Vec<&IdempotencyRecord> = planned.iter().flat_map(|p| &p.plan.keys).collect();
+        if !keys.is_empty() {
             self.idempotency()
-                .insert_many(&plan.keys)
+                .insert_many(keys)
                 .session(&mut *s)
                 .await
                 .map_err(classify)?;
         }
+        let ids: Vec<FileId> = committing().map(|c| c.file.id).collect();
+        let owners: Vec<UserId> = planned.iter().map(|p| p.owner).collect();
         let removed = self
             .intents()
-            .delete_many(doc! {"_id": {"$in": &ids}, "user_id": owner})
+            .delete_many(doc! {"_id": {"$in": &ids}, "user_id": {"$in": &owners}})
             .session(&mut *s)
             .await
             .map_err(classify)?;
         if removed.deleted_count != ids.len() as u64 {
             return Err(MetaError::IntentGone);
         }
-        Ok(plan.outcomes)
+        Ok(())
     }
 
     /// Applies `update` to the user document under the upload fence (the
@@ -442,6 +516,16 @@ impl FileRepo for MongoStore {
         // Upload fences are never pinned (see `Fence::pinned`).
         let mut s = self.txns.begin(None).await?;
         let result = self.commit_uploads_in(&mut s, group).await;
+        self.txns.finish(s, None, result).await
+    }
+
+    async fn commit_upload_groups(
+        &self,
+        groups: &[Vec<CommitUpload>],
+    ) -> MetaResult<Vec<Outcomes>> {
+        // Upload fences are never pinned (see `Fence::pinned`).
+        let mut s = self.txns.begin(None).await?;
+        let result = self.commit_upload_groups_in(&mut s, groups).await;
         self.txns.finish(s, None, result).await
     }
 
