@@ -91,6 +91,7 @@ pub struct Metrics {
     pub upload_commit_txns: Counter,
     pub uploads_grouped: Counter,
     pub upload_groups_merged: Counter,
+    pub upload_groups_waiting: Gauge,
     pub upload_commits_waiting: Gauge,
     pub mongo_commands: Counter,
     /// Requests sent to S3 (each attempt), by operation (`PutObject`, `UploadPart`…).
@@ -172,6 +173,7 @@ impl Default for Metrics {
             upload_commit_txns: Counter::default(),
             uploads_grouped: Counter::default(),
             upload_groups_merged: Counter::default(),
+            upload_groups_waiting: Gauge::default(),
             upload_commits_waiting: Gauge::default(),
             mongo_commands: Counter::default(),
             s3_requests: Family::default(),
@@ -389,8 +391,13 @@ impl Default for Metrics {
             m.upload_groups_merged.clone(),
         );
         r.register(
+            "filedock_upload_groups_waiting",
+            "Users' group commits waiting for one of the instance's commit transactions",
+            m.upload_groups_waiting.clone(),
+        );
+        r.register(
             "filedock_upload_commits_waiting",
-            "Uploads whose bytes are stored, waiting for their user's next group commit",
+            "Uploads whose bytes are stored, waiting for their commit's transaction",
             m.upload_commits_waiting.clone(),
         );
         r.register(

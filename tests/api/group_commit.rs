@@ -34,15 +34,20 @@ pub(crate) async fn hold_commit_lock(app: &TestApp, u: &TestUser) -> Held {
 
 /// Waits until `n` uploads have stored their bytes and wait for a commit.
 pub(crate) async fn until_waiting(app: &TestApp, n: usize) {
+    until_gauge(app, "filedock_upload_commits_waiting", n).await
+}
+
+/// Waits until gauge `name` reads `n`.
+pub(crate) async fn until_gauge(app: &TestApp, name: &str, n: usize) {
     let deadline = tokio::time::Instant::now() + ARRIVAL_LIMIT;
     loop {
-        let waiting = app.metric("filedock_upload_commits_waiting", "").await;
+        let waiting = app.metric(name, "").await;
         if waiting == n as f64 {
             return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{waiting} of {n} uploads reached their committer"
+            "{name} read {waiting}, not {n}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

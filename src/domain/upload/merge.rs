@@ -11,10 +11,12 @@
 //! one slowed by its retries (a write conflict with another instance) does
 //! not hold every other user's commit behind it.
 //!
-//! A merged transaction the store refuses (one group's refusal: a stale
-//! fence, a swept intent, the user gone) changed nothing, and each group is
-//! then committed on its own, so that each upload gets its own answer. One
-//! whose outcome is unknown leaves every upload in it to settle its own.
+//! A merged transaction is tried once. One the store refuses (one group's
+//! refusal: a stale fence, a swept intent, the user gone, a file already
+//! there; or a write conflict) changed nothing, and each group is then
+//! committed on its own, with its own retries, so that each upload gets its
+//! own answer and no group waits out another's conflicts. One whose outcome
+//! is unknown leaves every upload in it to settle its own.
 
 use std::{
     collections::VecDeque,
@@ -98,6 +100,7 @@ impl Merges {
                 commits,
                 answer,
             });
+            self.metrics.upload_groups_waiting.inc();
             let start = queue.running < MERGERS;
             queue.running += start as usize;
             start
@@ -112,7 +115,7 @@ impl Merges {
     /// Commits batches until none waits.
     async fn run(self: Arc<Self>) {
         let mut done = Done {
-            merges: &self,
+            merges: self.clone(),
             finished: false,
         };
         loop {
@@ -148,6 +151,8 @@ impl Merges {
             batch.extend(queue.pop_front());
         }
         self.metrics.upload_commits_waiting.dec_by(uploads as i64);
+        let groups = batch.len() as i64;
+        self.metrics.upload_groups_waiting.dec_by(groups);
         batch
     }
 
@@ -158,19 +163,19 @@ impl Merges {
         let users: Vec<&UserId> = batch.iter().map(|w| &w.user).collect();
         let groups: Vec<Vec<CommitUpload>> = batch.iter().map(|w| w.commits.clone()).collect();
         let uploads: usize = groups.iter().map(Vec::len).sum();
-        let merged = self.txns.run("commit_upload_groups", || {
-            let attempt = self.files.commit_upload_groups(&groups);
-            async {
-                let _turns = self.turns.hold_all(&users).await;
-                self.metrics.upload_commit_txns.inc();
-                attempt.await
-            }
+        // One attempt: after a write conflict (one user's document written
+        // meanwhile) each group retries on its own, and the others do not
+        // wait on that user's.
+        let merged = self.txns.once("commit_upload_groups", async {
+            let _turns = self.turns.hold_all(&users).await;
+            self.metrics.upload_commit_txns.inc();
+            self.files.commit_upload_groups(&groups).await
         });
         match merged.await {
-            Ok(r) => {
+            Ok(outcomes) => {
                 self.metrics.uploads_grouped.inc_by(uploads as u64);
                 self.metrics.upload_groups_merged.inc_by(batch.len() as u64);
-                let answers = r.value.into_iter().map(|outcomes| {
+                let answers = outcomes.into_iter().map(|outcomes| {
                     let answers = outcomes.into_iter().map(|a| a.map_err(Into::into));
                     answers.collect()
                 });
@@ -232,25 +237,32 @@ impl Merges {
 }
 
 /// Ends a merger that did not finish (it panicked): its batch is dropped
-/// unanswered, and if it was the last one running, so are the groups
-/// waiting (their uploads settle them as unknown); the next group starts a
-/// new one.
-struct Done<'a> {
-    merges: &'a Merges,
+/// unanswered (its uploads settle it as unknown); if it was the last one
+/// running and groups wait, a new one takes them.
+struct Done {
+    merges: Arc<Merges>,
     finished: bool,
 }
 
-impl Drop for Done<'_> {
+impl Drop for Done {
     fn drop(&mut self) {
-        if !self.finished
-            && let Ok(mut queue) = self.merges.queue.lock()
+        if self.finished {
+            return;
+        }
+        if std::thread::panicking() {
+            self.merges.metrics.committer_panics.inc();
+        }
+        let Ok(mut queue) = self.merges.queue.lock() else {
+            return;
+        };
+        queue.running -= 1;
+        if queue.running == 0
+            && !queue.waiting.is_empty()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            queue.running -= 1;
-            if queue.running == 0 {
-                let dropped = std::mem::take(&mut queue.waiting);
-                let n: usize = dropped.iter().map(|w| w.commits.len()).sum();
-                self.merges.metrics.upload_commits_waiting.dec_by(n as i64);
-            }
+            queue.running += 1;
+            let merges = self.merges.clone();
+            runtime.spawn(async move { merges.run().await });
         }
     }
 }

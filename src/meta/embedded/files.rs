@@ -168,7 +168,7 @@ impl FileRepo for EmbeddedStore {
             user.file_count += 1;
             emit(tx, &mut user, vec![EventDraft::file_created(file)])?;
             tx.put(&ukey, &user)?;
-            insert_file(tx, file)?;
+            insert_file(tx, file).map_err(MetaError::met_own_file)?;
             Ok(CommitOutcome::Committed)
         })
         .await
@@ -179,7 +179,7 @@ impl FileRepo for EmbeddedStore {
         group: &[CommitUpload],
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
         let group = group.to_vec();
-        self.transaction(move |tx| commit_group_in(tx, &group))
+        self.transaction(move |tx| commit_group_in(tx, &group).map_err(MetaError::met_own_file))
             .await
     }
 
@@ -188,6 +188,9 @@ impl FileRepo for EmbeddedStore {
         groups: &[Vec<CommitUpload>],
     ) -> MetaResult<Vec<Outcomes>> {
         let groups = groups.to_vec();
+        // A file already there is not known here to be whose earlier
+        // attempt's: `Duplicate` fails them all, and the one it is learns it
+        // committing alone.
         self.transaction(move |tx| groups.iter().map(|g| commit_group_in(tx, g)).collect())
             .await
     }
@@ -284,10 +287,10 @@ fn key_of_file(file_id: &FileId) -> String {
 }
 
 /// Inserts a committed upload's file, its owner index entry and its owner
-/// permission, and deletes its intent (`IntentGone` if it was swept).
+/// permission, and deletes its intent (`IntentGone` if it was swept;
+/// `Duplicate` if the file is there: see [`MetaError::met_own_file`]).
 fn insert_file(tx: &mut Txn, file: &FileRecord) -> MetaResult<()> {
-    tx.insert(&file_key(&file.id), file)
-        .map_err(MetaError::met_own_file)?;
+    tx.insert(&file_key(&file.id), file)?;
     tx.put(
         &format!("{}{}", owner_index("files", file.owner_id), file.id),
         &(),

@@ -289,7 +289,13 @@ impl MongoStore {
             .insert_many(committing().map(|c| &c.file))
             .session(&mut *s)
             .await
-            .map_err(|e| classify(e).met_own_file())?;
+            .map_err(|e| match planned {
+                [_] => classify(e).met_own_file(),
+                // Whose earlier attempt's file is there is not known here:
+                // `Duplicate` fails them all, and the one it is learns it
+                // committing alone.
+                _ => classify(e),
+            })?;
         // One event per file, numbered in its group's order.
         let created = planned.iter().flat_map(|p| {
             let drafts = p.plan.committing.iter();
