@@ -18,7 +18,7 @@ use std::{
 use filedock::testing::{Server, free_port};
 
 use crate::{
-    cost::{Runs, counters, per_upload},
+    cost::{Cost, Runs, counters, per_upload},
     support::*,
 };
 
@@ -255,15 +255,16 @@ async fn one_load(
 }
 
 /// filedock's CPU per 4 KiB plain upload: 32 users with one in flight
-/// each, and one user's 32 at once (grouped).
+/// each, and one user's 32 at once (grouped); with the MongoDB and Redis
+/// commands per upload and the store's CPU beside.
 async fn cpu_per_small_upload(client: &Client, builds: &[(String, Server)], r: &mut Report) {
     const N: usize = 640;
     r.section(
         "13b. filedock's CPU per 4 KiB plain upload, 640 uploads, 32 in flight (issue 44)",
-        "| build | load | succeeded | per second | CPU ms / upload |",
+        "| build | load | succeeded | per second | MongoDB cmds / upload | Redis cmds / upload | CPU ms / upload: filedock | SecantusDB |",
     );
     for (users, load) in [(32, "32 users"), (1, "one user's burst")] {
-        let mut results: Vec<Vec<(Batch, f64)>> = builds.iter().map(|_| Vec::new()).collect();
+        let mut results: Vec<Vec<(Batch, Cost)>> = builds.iter().map(|_| Vec::new()).collect();
         for rep in 0..REPS {
             for i in 0..builds.len() {
                 let which = (i + rep) % builds.len();
@@ -272,7 +273,7 @@ async fn cpu_per_small_upload(client: &Client, builds: &[(String, Server)], r: &
                 for u in 0..users {
                     keys.push(client.user(server, &format!("cpu-{users}-{rep}-{u}")).await);
                 }
-                let cpu = server.cpu_secs();
+                let before = counters(server, true).await;
                 let batch = drive(N, 32, |i| {
                     client.upload(
                         server,
@@ -281,19 +282,23 @@ async fn cpu_per_small_upload(client: &Client, builds: &[(String, Server)], r: &
                     )
                 })
                 .await;
-                let per = (server.cpu_secs() - cpu) * 1000.0 / N as f64;
-                results[which].push((batch, per));
+                let after = counters(server, true).await;
+                results[which].push((batch, per_upload(&before, &after, N)));
             }
         }
         for (which, (name, _)) in builds.iter().enumerate() {
             let mut reps = results[which].clone();
-            reps.sort_by(|a, b| a.1.partial_cmp(&b.1).unwrap());
-            let (batch, per) = reps[reps.len() / 2];
+            reps.sort_by(|a, b| a.1.cpu_ms.partial_cmp(&b.1.cpu_ms).unwrap());
+            let (batch, c) = &reps[reps.len() / 2];
             r.row(format!(
-                "| {name} | {load} | {}/{} | {:.0} | {per:.2} |",
+                "| {name} | {load} | {}/{} | {:.0} | {:.1} | {:.1} | {:.2} | {} |",
                 batch.ok,
                 batch.total,
-                batch.rate()
+                batch.rate(),
+                c.mongo,
+                c.redis,
+                c.cpu_ms,
+                c.stack("mongo"),
             ));
         }
     }
