@@ -13,6 +13,9 @@ use crate::support::*;
 pub(crate) struct Cost {
     pub(crate) mongo: f64,
     pub(crate) redis: f64,
+    /// Upload commit transactions (attempts), and write conflicts of any.
+    pub(crate) txns: f64,
+    pub(crate) conflicts: f64,
     pub(crate) s3: BTreeMap<String, f64>,
     /// The server's own CPU (filedock's, or the peer's).
     pub(crate) cpu_ms: f64,
@@ -68,6 +71,8 @@ pub(crate) async fn counters(server: &Server, filedock: bool) -> Cost {
     Cost {
         mongo: metric_in(&text, "filedock_mongo_commands_total", ""),
         redis: metric_in(&text, "filedock_redis_commands_total", ""),
+        txns: metric_in(&text, "filedock_upload_commit_txns_total", ""),
+        conflicts: metric_in(&text, "filedock_txn_write_conflicts_total", ""),
         s3: metric_by_label(&text, "filedock_s3_requests_total"),
         cpu_ms,
         stack_ms,
@@ -92,6 +97,8 @@ pub(crate) fn per_upload(before: &Cost, after: &Cost, n: usize) -> Cost {
     Cost {
         mongo: (after.mongo - before.mongo) / n,
         redis: (after.redis - before.redis) / n,
+        txns: (after.txns - before.txns) / n,
+        conflicts: (after.conflicts - before.conflicts) / n,
         s3: rise(&before.s3, &after.s3, n)
             .into_iter()
             .filter(|(_, v)| *v > 0.0)

@@ -261,7 +261,7 @@ async fn cpu_per_small_upload(client: &Client, builds: &[(String, Server)], r: &
     const N: usize = 640;
     r.section(
         "13b. filedock's CPU per 4 KiB plain upload, 640 uploads, 32 in flight (issue 44)",
-        "| build | load | succeeded | per second | MongoDB cmds / upload | Redis cmds / upload | CPU ms / upload: filedock | SecantusDB |",
+        "| build | load | succeeded | per second | MongoDB cmds / upload | commit txns / upload | write conflicts / upload | Redis cmds / upload | CPU ms / upload: filedock | SecantusDB |",
     );
     for (users, load) in [(32, "32 users"), (1, "one user's burst")] {
         let mut results: Vec<Vec<(Batch, Cost)>> = builds.iter().map(|_| Vec::new()).collect();
@@ -291,11 +291,13 @@ async fn cpu_per_small_upload(client: &Client, builds: &[(String, Server)], r: &
             reps.sort_by(|a, b| a.1.cpu_ms.partial_cmp(&b.1.cpu_ms).unwrap());
             let (batch, c) = &reps[reps.len() / 2];
             r.row(format!(
-                "| {name} | {load} | {}/{} | {:.0} | {:.1} | {:.1} | {:.2} | {} |",
+                "| {name} | {load} | {}/{} | {:.0} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {} |",
                 batch.ok,
                 batch.total,
                 batch.rate(),
                 c.mongo,
+                c.txns,
+                c.conflicts,
                 c.redis,
                 c.cpu_ms,
                 c.stack("mongo"),

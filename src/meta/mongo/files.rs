@@ -30,6 +30,18 @@ struct Planned<'a> {
     first_event: i64,
 }
 
+/// What a group's plan adds to its user's counters (a `$inc`).
+fn counters_of(plan: &group::GroupPlan<'_>) -> Document {
+    let n = plan.committing.len() as i64;
+    doc! {
+        "used_bytes": plan.bytes,
+        "file_count": n,
+        "reserved_bytes": -plan.freed_bytes,
+        "open_uploads": -plan.freed_open,
+        "event_seq": n,
+    }
+}
+
 /// The part of a user document a commit decides on.
 #[derive(serde::Deserialize)]
 struct UserQuota {
@@ -149,7 +161,7 @@ impl MongoStore {
     }
 
     /// A group commit (see [`FileRepo::commit_uploads`]): the user's
-    /// document is read (for the quota) and written once, files,
+    /// document written once (twice where the quota leaves some out), files,
     /// permissions, idempotency records and intents in one `insert_many` /
     /// `delete_many` each.
     async fn commit_uploads_in(
@@ -166,7 +178,7 @@ impl MongoStore {
     }
 
     /// Several users' group commits (see [`FileRepo::commit_upload_groups`]):
-    /// each user's document read and written once, as one group's is, and
+    /// each user's document written as one group's is, and
     /// then the files, events, permissions, idempotency records and intents
     /// of all the groups in one `insert_many` / `delete_many` each.
     async fn commit_upload_groups_in(
@@ -190,7 +202,7 @@ impl MongoStore {
             .collect())
     }
 
-    /// A group's reads and its write of the user document: what it commits
+    /// A group's reads and its writes of the user document: what it commits
     /// (`None` for an empty group). Its other writes are
     /// [`Self::write_groups_in`]'s.
     async fn plan_group_in<'a>(
@@ -216,7 +228,6 @@ impl MongoStore {
                 recorded.insert(r.id.clone(), r);
             }
         }
-        let user = self.quota_of(s, &owner).await?;
         let mut held = HashMap::new();
         for c in group.iter().filter(|c| c.resumable) {
             let (id, state) = (c.file.id, c.state.as_deref());
@@ -224,39 +235,23 @@ impl MongoStore {
                 held.insert(id, h);
             }
         }
-        let plan = group::plan(group, user.counted(), user.quota_bytes, recorded, &held);
-        if plan.committing.is_empty() {
+        // The user document is written first as if every upload fitted,
+        // and its answer says what counted before: one round trip, not a
+        // read and a write. Where the quota leaves some out, a second write
+        // takes their share back (in this transaction: nobody sees the guess).
+        let guess = group::plan_unlimited(group, recorded.clone(), &held);
+        if guess.committing.is_empty() {
+            // Nothing to commit (replays, moved states): nothing to write.
             return Ok(Some(Planned {
                 owner,
-                plan,
+                plan: guess,
                 first_event: 0,
             }));
         }
-        let n = plan.committing.len() as i64;
-        // The quota read above is in this transaction's snapshot: a write of
-        // the user document since then makes this update a write conflict.
         let mut filter = doc! {"_id": owner, "deleting_since": null};
-        self.mark_released_in(s, &owner, &plan.resumable).await?;
-        let mut update = doc! {
-            "$inc": {
-                "used_bytes": plan.bytes,
-                "file_count": n,
-                "reserved_bytes": -plan.freed_bytes,
-                "open_uploads": -plan.freed_open,
-                "event_seq": n,
-            },
-        };
+        let mut update = doc! {"$inc": counters_of(&guess)};
         add_fences(&mut filter, &mut update, "upload_fence", &fences);
-        let updated = self
-            .db
-            .collection::<UserQuota>("users")
-            .find_one_and_update(filter, update)
-            .projection(UserQuota::projection())
-            .return_document(ReturnDocument::After)
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
-        let Some(updated) = updated else {
+        let Some(user) = self.update_counts_in(s, filter, update).await? else {
             let mut why = self.why_user_unmatched(s, &owner, None).await;
             for f in &fences {
                 let stale = self.why_user_unmatched(s, &owner, Some(f)).await;
@@ -267,11 +262,42 @@ impl MongoStore {
             }
             return Err(why);
         };
+        let before = user.counted() - (guess.bytes - guess.freed_bytes);
+        let plan = group::plan(group, before, user.quota_bytes, recorded, &held);
+        let mut last_event = user.event_seq;
+        if plan.committing.len() != guess.committing.len() {
+            let mut back = counters_of(&plan);
+            for (field, guessed) in counters_of(&guess) {
+                let (now, guessed) = (back.get_i64(&field).unwrap_or(0), guessed.as_i64());
+                back.insert(field, now - guessed.unwrap_or(0));
+            }
+            let corrected = self.update_counts_in(s, doc! {"_id": owner}, doc! {"$inc": back});
+            last_event = corrected.await?.ok_or(MetaError::NotFound)?.event_seq;
+        }
+        self.mark_released_in(s, &owner, &plan.resumable).await?;
         Ok(Some(Planned {
             owner,
-            first_event: updated.event_seq - n,
+            first_event: last_event - plan.committing.len() as i64,
             plan,
         }))
+    }
+
+    /// Applies `update` to the user document `filter` finds, in `s`: the
+    /// document as it leaves it (`None`: none matched).
+    async fn update_counts_in(
+        &self,
+        s: &mut ClientSession,
+        filter: Document,
+        update: Document,
+    ) -> MetaResult<Option<UserQuota>> {
+        self.db
+            .collection::<UserQuota>("users")
+            .find_one_and_update(filter, update)
+            .projection(UserQuota::projection())
+            .return_document(ReturnDocument::After)
+            .session(&mut *s)
+            .await
+            .map_err(classify)
     }
 
     /// The writes of `planned` groups after their users' (see
@@ -370,18 +396,6 @@ impl MongoStore {
                 .await?;
         }
         Ok(())
-    }
-
-    /// What a group commit decides the quota on, read in the transaction.
-    async fn quota_of(&self, s: &mut ClientSession, id: &UserId) -> MetaResult<UserQuota> {
-        self.db
-            .collection::<UserQuota>("users")
-            .find_one(doc! {"_id": id})
-            .projection(UserQuota::projection())
-            .session(&mut *s)
-            .await
-            .map_err(classify)?
-            .ok_or(MetaError::NotFound)
     }
 
     /// Why a conditional update of the user document matched nothing.
