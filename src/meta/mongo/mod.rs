@@ -15,6 +15,7 @@ mod errors;
 mod events;
 mod feed;
 mod files;
+mod group_commit;
 mod migrate;
 mod op_group;
 mod resumable;
