@@ -452,3 +452,70 @@ async fn a_group_whose_commit_answer_is_lost_answers_each_upload_as_applied() {
     assert_eq!(app.intents().await, 0);
     assert_bucket_matches_metadata(&app.state).await;
 }
+
+/// A group whose first upload the quota leaves out and whose second has the
+/// same idempotency key: the second is no replay (the first never
+/// committed) and takes its place. The user is counted for the second only
+/// (the MongoDB adapter writes the user document first as if both fitted,
+/// then corrects it: a correction decided by the number committed alone
+/// left the first's 200 bytes counted).
+#[tokio::test]
+async fn a_group_commit_counts_the_upload_that_took_a_refused_one_s_place() {
+    use filedock::meta::{CommitOutcome, CommitUpload, IdempotencyClaim, IntentRecord, MetaError};
+
+    let app = spawn_app().await;
+    let u = app.create_user("place").await;
+    let meta = &app.state.ports.meta;
+    let bucket = app.state.ports.blobs.bucket().to_owned();
+    let key = filedock::vocab::IdempotencyKey::parse("same").unwrap();
+    let commit = |size: i64| {
+        let intent = IntentRecord::new(u.user_id(), filedock::vocab::FileId::new(), &bucket);
+        let file = filedock::meta::FileRecord {
+            id: intent.id,
+            owner_id: u.user_id(),
+            filename: "p.bin".into(),
+            content_type: "application/octet-stream".into(),
+            size,
+            sha256: String::new(),
+            category: filedock::vocab::SizeCategory::Small,
+            bucket: bucket.clone(),
+            key: intent.key,
+            created_at: filedock::meta::now(),
+            sessions: vec![],
+            agents: vec![],
+        };
+        let claim = IdempotencyClaim {
+            key: key.clone(),
+            fingerprint: String::new(),
+        };
+        let commit = CommitUpload {
+            file,
+            fence: None,
+            quota_bytes: Some(100),
+            idempotency: Some(claim),
+            resumable: false,
+            state: None,
+        };
+        (intent, commit)
+    };
+    let (big, small) = (commit(200), commit(10));
+    meta.put_intents(&[big.0.clone(), small.0.clone()])
+        .await
+        .unwrap();
+    let outcomes = meta.commit_uploads(&[big.1, small.1]).await.unwrap();
+    assert!(
+        matches!(outcomes[0], Err(MetaError::QuotaExceeded)),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[1], Ok(CommitOutcome::Committed)),
+        "{outcomes:?}"
+    );
+    let user = stored_user(&app, &u).await;
+    assert_eq!(
+        (user.file_count, user.used_bytes, user.event_seq),
+        (1, 10, 1),
+        "counted for the one committed"
+    );
+    assert_eq!(app.list_ids(&u).await, [small.0.id.to_string()]);
+}

@@ -144,7 +144,10 @@ impl MongoStore {
         let before = user.counted() - (guess.bytes - guess.freed_bytes);
         let plan = group::plan(group, before, user.quota_bytes, recorded, &held);
         let mut last_event = user.event_seq;
-        if plan.committing.len() != guess.committing.len() {
+        // The quota may leave some out, and then a later upload may take an
+        // earlier one's place (one with the same key, see `group::plan`):
+        // whatever the counts, the counters decide.
+        if counters_of(&plan) != counters_of(&guess) {
             let mut back = counters_of(&plan);
             for (field, guessed) in counters_of(&guess) {
                 let (now, guessed) = (back.get_i64(&field).unwrap_or(0), guessed.as_i64());
