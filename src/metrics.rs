@@ -90,8 +90,6 @@ pub struct Metrics {
     pub queue_returned: Counter,
     pub upload_commit_txns: Counter,
     pub uploads_grouped: Counter,
-    pub upload_groups_merged: Counter,
-    pub upload_groups_waiting: Gauge,
     pub upload_commits_waiting: Gauge,
     pub mongo_commands: Counter,
     /// Requests sent to S3 (each attempt), by operation (`PutObject`, `UploadPart`…).
@@ -172,8 +170,6 @@ impl Default for Metrics {
             queue_returned: Counter::default(),
             upload_commit_txns: Counter::default(),
             uploads_grouped: Counter::default(),
-            upload_groups_merged: Counter::default(),
-            upload_groups_waiting: Gauge::default(),
             upload_commits_waiting: Gauge::default(),
             mongo_commands: Counter::default(),
             s3_requests: Family::default(),
@@ -382,22 +378,12 @@ impl Default for Metrics {
         );
         r.register(
             "filedock_uploads_grouped",
-            "Uploads committed in one transaction with others (group commit)",
+            "Uploads committed in one transaction with others of their user (group commit)",
             m.uploads_grouped.clone(),
         );
         r.register(
-            "filedock_upload_groups_merged",
-            "Group commits of different users committed in one transaction together",
-            m.upload_groups_merged.clone(),
-        );
-        r.register(
-            "filedock_upload_groups_waiting",
-            "Users' group commits waiting for one of the instance's commit transactions",
-            m.upload_groups_waiting.clone(),
-        );
-        r.register(
             "filedock_upload_commits_waiting",
-            "Uploads whose bytes are stored, waiting for their commit's transaction",
+            "Uploads whose bytes are stored, waiting for their user's next group commit",
             m.upload_commits_waiting.clone(),
         );
         r.register(

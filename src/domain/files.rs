@@ -30,12 +30,6 @@ pub struct FileService {
 }
 
 impl FileService {
-    /// The users' turns in this instance, which every write of a user's
-    /// record takes (a test holds one to hold that user's commits back).
-    pub fn turns(&self) -> &UserTurns {
-        &self.turns
-    }
-
     /// The caller's file, or `NotFound` (also for other users' files).
     pub async fn find(&self, user: &UserRecord, id: &FileId) -> Result<FileRecord, DomainError> {
         self.find_owned(&user.id, id).await

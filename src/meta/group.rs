@@ -58,27 +58,6 @@ pub fn plan<'a>(
     group: &'a [CommitUpload],
     counted_bytes: i64,
     user_quota: Option<i64>,
-    recorded: HashMap<String, IdempotencyRecord>,
-    held: &HashMap<FileId, Held>,
-) -> GroupPlan<'a> {
-    plan_within(group, Some((counted_bytes, user_quota)), recorded, held)
-}
-
-/// [`plan`] as if no quota held: what the group commits if all fits (a
-/// guess to write first and correct, see the MongoDB adapter's group commit).
-pub fn plan_unlimited<'a>(
-    group: &'a [CommitUpload],
-    recorded: HashMap<String, IdempotencyRecord>,
-    held: &HashMap<FileId, Held>,
-) -> GroupPlan<'a> {
-    plan_within(group, None, recorded, held)
-}
-
-/// [`plan`], with the quota when `quota` gives what counts against it and
-/// the user's own.
-fn plan_within<'a>(
-    group: &'a [CommitUpload],
-    quota: Option<(i64, Option<i64>)>,
     mut recorded: HashMap<String, IdempotencyRecord>,
     held: &HashMap<FileId, Held>,
 ) -> GroupPlan<'a> {
@@ -115,11 +94,8 @@ fn plan_within<'a>(
             }
             _ => Held::default(),
         };
-        let past = quota.is_some_and(|(counted_bytes, user_quota)| {
-            let after = counted_bytes + p.bytes - p.freed_bytes - own.reserved + c.file.size;
-            effective_quota(user_quota, c.quota_bytes).is_some_and(|q| after.max(0) as u64 > q)
-        });
-        if past {
+        let after = counted_bytes + p.bytes - p.freed_bytes - own.reserved + c.file.size;
+        if effective_quota(user_quota, c.quota_bytes).is_some_and(|q| after.max(0) as u64 > q) {
             p.outcomes.push(Err(MetaError::QuotaExceeded));
             continue;
         }

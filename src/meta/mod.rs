@@ -55,9 +55,6 @@ pub trait UserRepo: Send + Sync {
     async fn set_quota(&self, id: &UserId, quota: Option<i64>) -> MetaResult<Option<UserRecord>>;
 }
 
-/// A group commit's outcomes, one per upload in the group's order.
-pub type Outcomes = Vec<MetaResult<CommitOutcome>>;
-
 /// Files: the upload commit, reads, lists and the delete.
 #[async_trait]
 pub trait FileRepo: Send + Sync {
@@ -91,15 +88,6 @@ pub trait FileRepo: Send + Sync {
         &self,
         group: &[CommitUpload],
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>>;
-
-    /// The group commits of several users (`groups`, each one user's) in
-    /// one transaction: each group exactly as [`Self::commit_uploads`]
-    /// commits it, in order (two groups of one user: the second after the
-    /// first), the outcomes group by group.
-    /// A refusal of any group fails them all and changes nothing (the
-    /// caller then commits each group on its own, to learn whose it was).
-    async fn commit_upload_groups(&self, groups: &[Vec<CommitUpload>])
-    -> MetaResult<Vec<Outcomes>>;
 
     /// The file if `owner_id` owns it.
     async fn file(&self, owner_id: &UserId, file_id: &FileId) -> MetaResult<Option<FileRecord>>;

@@ -39,20 +39,6 @@ impl Transactions {
         }
         result
     }
-
-    /// Runs `txn` once, not retried (its caller has another way after a
-    /// write conflict), and records it under `op` as one attempt.
-    pub async fn once<T>(
-        &self,
-        op: &str,
-        txn: impl Future<Output = MetaResult<T>>,
-    ) -> MetaResult<T> {
-        let result = txn.await;
-        if result.is_ok() || result.as_ref().is_err_and(MetaError::is_write_conflict) {
-            self.metrics.observe_txn(op, 0);
-        }
-        result
-    }
 }
 
 /// A value and how many times its transaction was retried to get it.

@@ -326,7 +326,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>, broker: Queue
     );
     let webhooks = check_webhooks(&cluster, &feed, doomed, dead_letters, &mut v).await;
     let hook = check_hook(&cluster.hook, &history, &mut v);
-    let [panics, grouped, queue_grouped, merged] = cluster.counted().await.try_into().unwrap();
+    let [panics, grouped, queue_grouped] = cluster.counted().await.try_into().unwrap();
     // A young stray seen beside and gone by the end was a clean-up in flight.
     let mut strays = deleted;
     for key in young {
@@ -368,7 +368,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>, broker: Queue
     let took = started.elapsed().as_secs();
     let events: usize = fin.users.iter().map(|u| u.events.len()).sum();
     eprintln!(
-        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}, bad events {} of {events} read, bad webhooks {}, bad hook {}; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads ({merged} users' groups merged) and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
+        "fault suite ({mode}) seed {seed}, {took} s: {} faults fired: {faults}; {} requests, {} acknowledged, {} failed, {} unknown; lost {}, half-done {}, reordered {}, failed-but-applied {}, duplicated {}, internal errors {}, bad events {} of {events} read, bad webhooks {}, bad hook {}; open defects {} (not failing); {reconciles} reconciles and {sweeps} sweeps beside; {grouped} uploads and {queue_grouped} queued operations committed in groups; per kind (sent, acknowledged): {:?}; not 2xx: {:?}",
         faults.fired(),
         v.requests,
         v.acknowledged,
@@ -396,7 +396,7 @@ async fn run_suite(coordination: &str, topology: Option<Topology>, broker: Queue
     let (tus, tus_acked) = v.kinds.get("tus").copied().unwrap_or_default();
     let multipart = fin.multipart.map_or("not listed".into(), |n| n.to_string());
     eprintln!(
-        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} merged={merged} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} {} {} {} fired={}",
+        "FAULT-SUITE mode={mode} seed={seed} secs={took} requests={} acknowledged={} lost={} half_done={} reordered={} failed_but_applied={} duplicated={} internal={} bad_events={} events={events} open_defects={} unknown={} grouped={grouped} queue_grouped={queue_grouped} tus={tus} tus_acknowledged={tus_acked} tus_left=states:{},staging:{},multipart:{multipart} {} {} {} {} {} {} {} fired={}",
         v.requests,
         v.acknowledged,
         v.lost,

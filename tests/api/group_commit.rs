@@ -34,27 +34,22 @@ pub(crate) async fn hold_commit_lock(app: &TestApp, u: &TestUser) -> Held {
 
 /// Waits until `n` uploads have stored their bytes and wait for a commit.
 pub(crate) async fn until_waiting(app: &TestApp, n: usize) {
-    until_gauge(app, "filedock_upload_commits_waiting", n).await
-}
-
-/// Waits until gauge `name` reads `n`.
-pub(crate) async fn until_gauge(app: &TestApp, name: &str, n: usize) {
     let deadline = tokio::time::Instant::now() + ARRIVAL_LIMIT;
     loop {
-        let waiting = app.metric(name, "").await;
+        let waiting = app.metric("filedock_upload_commits_waiting", "").await;
         if waiting == n as f64 {
             return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{name} read {waiting}, not {n}"
+            "{waiting} of {n} uploads reached their committer"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 /// Commit transactions run (attempts), and the write conflicts among them.
-pub(crate) async fn commit_txns(app: &TestApp) -> (f64, f64) {
+async fn commit_txns(app: &TestApp) -> (f64, f64) {
     let txns = app.metric("filedock_upload_commit_txns_total", "").await;
     let conflicts = app
         .metric("filedock_txn_write_conflicts_total", "op=\"commit_upload")
@@ -63,7 +58,7 @@ pub(crate) async fn commit_txns(app: &TestApp) -> (f64, f64) {
 }
 
 /// Sends an upload in a task of its own, so it runs while the test waits.
-pub(crate) fn send(
+fn send(
     app: &TestApp,
     u: &TestUser,
     body: Vec<u8>,
@@ -80,9 +75,7 @@ pub(crate) fn send(
     tokio::spawn(async move { req.send().await.unwrap() })
 }
 
-pub(crate) async fn statuses(
-    sent: Vec<tokio::task::JoinHandle<Response>>,
-) -> Vec<(StatusCode, Value)> {
+async fn statuses(sent: Vec<tokio::task::JoinHandle<Response>>) -> Vec<(StatusCode, Value)> {
     let mut out = Vec::new();
     for r in join_all(sent).await {
         let r = r.unwrap();
@@ -91,7 +84,7 @@ pub(crate) async fn statuses(
     out
 }
 
-pub(crate) async fn stored_user(app: &TestApp, u: &TestUser) -> filedock::meta::UserRecord {
+async fn stored_user(app: &TestApp, u: &TestUser) -> filedock::meta::UserRecord {
     app.state
         .ports
         .meta
@@ -451,71 +444,4 @@ async fn a_group_whose_commit_answer_is_lost_answers_each_upload_as_applied() {
     );
     assert_eq!(app.intents().await, 0);
     assert_bucket_matches_metadata(&app.state).await;
-}
-
-/// A group whose first upload the quota leaves out and whose second has the
-/// same idempotency key: the second is no replay (the first never
-/// committed) and takes its place. The user is counted for the second only
-/// (the MongoDB adapter writes the user document first as if both fitted,
-/// then corrects it: a correction decided by the number committed alone
-/// left the first's 200 bytes counted).
-#[tokio::test]
-async fn a_group_commit_counts_the_upload_that_took_a_refused_one_s_place() {
-    use filedock::meta::{CommitOutcome, CommitUpload, IdempotencyClaim, IntentRecord, MetaError};
-
-    let app = spawn_app().await;
-    let u = app.create_user("place").await;
-    let meta = &app.state.ports.meta;
-    let bucket = app.state.ports.blobs.bucket().to_owned();
-    let key = filedock::vocab::IdempotencyKey::parse("same").unwrap();
-    let commit = |size: i64| {
-        let intent = IntentRecord::new(u.user_id(), filedock::vocab::FileId::new(), &bucket);
-        let file = filedock::meta::FileRecord {
-            id: intent.id,
-            owner_id: u.user_id(),
-            filename: "p.bin".into(),
-            content_type: "application/octet-stream".into(),
-            size,
-            sha256: String::new(),
-            category: filedock::vocab::SizeCategory::Small,
-            bucket: bucket.clone(),
-            key: intent.key,
-            created_at: filedock::meta::now(),
-            sessions: vec![],
-            agents: vec![],
-        };
-        let claim = IdempotencyClaim {
-            key: key.clone(),
-            fingerprint: String::new(),
-        };
-        let commit = CommitUpload {
-            file,
-            fence: None,
-            quota_bytes: Some(100),
-            idempotency: Some(claim),
-            resumable: false,
-            state: None,
-        };
-        (intent, commit)
-    };
-    let (big, small) = (commit(200), commit(10));
-    meta.put_intents(&[big.0.clone(), small.0.clone()])
-        .await
-        .unwrap();
-    let outcomes = meta.commit_uploads(&[big.1, small.1]).await.unwrap();
-    assert!(
-        matches!(outcomes[0], Err(MetaError::QuotaExceeded)),
-        "{outcomes:?}"
-    );
-    assert!(
-        matches!(outcomes[1], Ok(CommitOutcome::Committed)),
-        "{outcomes:?}"
-    );
-    let user = stored_user(&app, &u).await;
-    assert_eq!(
-        (user.file_count, user.used_bytes, user.event_seq),
-        (1, 10, 1),
-        "counted for the one committed"
-    );
-    assert_eq!(app.list_ids(&u).await, [small.0.id.to_string()]);
 }

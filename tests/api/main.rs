@@ -35,7 +35,6 @@ mod lock_waiters;
 mod locks;
 mod memory;
 mod memory_budget;
-mod merged_commit;
 mod mongo_commands;
 mod openapi;
 mod orphans;

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use crate::{
     meta::{
         CommitOutcome, CommitUpload, DeletedFile, EventBell, Fence, FileRecord, FileRepo,
-        IdempotencyRecord, MetaError, MetaResult, Outcomes,
+        IdempotencyRecord, MetaError, MetaResult,
     },
     metrics::Metrics,
     vocab::{FileId, Filename, IdempotencyKey, UserId},
@@ -47,14 +47,6 @@ impl<R: ?Sized> Announced<R> {
     }
 }
 
-/// How many of a group's uploads committed.
-fn committed(outcomes: &Outcomes) -> u64 {
-    let committed = outcomes
-        .iter()
-        .filter(|o| matches!(o, Ok(CommitOutcome::Committed)));
-    committed.count() as u64
-}
-
 pub(super) fn unknown<T>(r: &MetaResult<T>) -> bool {
     matches!(r, Err(MetaError::OutcomeUnknown(_)))
 }
@@ -83,22 +75,11 @@ impl FileRepo for Announced<dyn FileRepo> {
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
         let r = self.inner.commit_uploads(group).await;
         if let Some(first) = group.first() {
-            let written = r.as_ref().map_or(0, committed);
-            self.announce(&first.file.owner_id, written, unknown(&r))
-                .await;
-        }
-        r
-    }
-
-    async fn commit_upload_groups(
-        &self,
-        groups: &[Vec<CommitUpload>],
-    ) -> MetaResult<Vec<Outcomes>> {
-        let r = self.inner.commit_upload_groups(groups).await;
-        for (i, group) in groups.iter().enumerate() {
-            let Some(first) = group.first() else { continue };
             let written = match &r {
-                Ok(all) => all.get(i).map_or(0, committed),
+                Ok(outcomes) => outcomes
+                    .iter()
+                    .filter(|o| matches!(o, Ok(CommitOutcome::Committed)))
+                    .count() as u64,
                 Err(_) => 0,
             };
             self.announce(&first.file.owner_id, written, unknown(&r))

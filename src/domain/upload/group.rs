@@ -4,10 +4,9 @@
 //! would (the category lock with lock scope = commit, then the user's commit
 //! lock), and with them held takes every commit waiting for them (at most
 //! `upload_group_max`, in arrival order) and runs them in one transaction
-//! ([`FileRepo::commit_uploads`]), under one fence: the holder's, with the
-//! groups of other users ready at the same time ([`Merges`]). A group the
-//! store refuses is committed one upload at a time under the same locks, as
-//! the queue does with a group it cannot apply.
+//! ([`FileRepo::commit_uploads`]), under one fence: the holder's. A group
+//! the store refuses is committed one upload at a time under the same locks,
+//! as the queue does with a group it cannot apply.
 //!
 //! The committer is a task of its own: an upload whose client goes away
 //! does not take the commits of others with it.
@@ -19,14 +18,17 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use super::merge::{Answer, Merges};
 use crate::{
+    domain::commit::UserCommitError,
     lock::{Held, LockError, Locks},
     meta::retry::Transactions,
-    meta::{CommitUpload, Fence, FileRepo, MetaError, UserTurns},
+    meta::{CommitOutcome, CommitUpload, Fence, FileRepo, MetaError, UserTurns},
     metrics::Metrics,
     vocab::{LockKey, SizeCategory, UserId},
 };
+
+/// What one upload's commit came to.
+pub(super) type Answer = Result<CommitOutcome, UserCommitError>;
 
 /// Whose commits go together: a user's, and with lock scope = commit, one
 /// size category's (the lock whose fence the group commits under).
@@ -45,13 +47,15 @@ struct Waiting {
 
 /// The committers of this instance, one per group key while it has work.
 pub struct CommitGroups {
+    files: Arc<dyn FileRepo>,
     locks: Arc<Locks>,
+    txns: Transactions,
     metrics: Arc<Metrics>,
     max: usize,
     /// Commits waiting, per key; a key is here while its committer runs.
     waiting: Mutex<HashMap<GroupKey, VecDeque<Waiting>>>,
-    /// Where a group goes to the store, with other users' groups.
-    merges: Arc<Merges>,
+    /// Whose turn it is to write a user's record.
+    turns: Arc<UserTurns>,
 }
 
 impl CommitGroups {
@@ -64,11 +68,13 @@ impl CommitGroups {
         turns: Arc<UserTurns>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            merges: Merges::new(files, txns, metrics.clone(), max, turns),
+            files,
             locks,
+            txns,
             metrics,
             max: max.max(1),
             waiting: Mutex::default(),
+            turns,
         })
     }
 
@@ -118,10 +124,7 @@ impl CommitGroups {
             let held = match self.lock_group(&key).await {
                 Ok(held) => held,
                 Err(e) => {
-                    let refused = self.take(&key);
-                    let n = refused.len() as i64;
-                    self.metrics.upload_commits_waiting.dec_by(n);
-                    for w in refused {
+                    for w in self.take(&key) {
                         let _ = w.answer.send(Err(e.clone().into()));
                     }
                     if self.finished(&key) {
@@ -139,14 +142,7 @@ impl CommitGroups {
                 }
             }
             let commits: Vec<CommitUpload> = group.iter().map(|w| w.commit.clone()).collect();
-            // With other users' groups waiting at the time, if any.
-            let answers = match self.merges.commit(key.user, commits).await {
-                Some(answers) => answers,
-                None => {
-                    let unknown = MetaError::OutcomeUnknown("the merger died".into());
-                    vec![Err(unknown.into()); group.len()]
-                }
-            };
+            let answers = self.commit_group(&key.user, &commits).await;
             for held in held.into_iter().rev() {
                 held.release().await;
             }
@@ -184,8 +180,7 @@ impl CommitGroups {
         Ok(held)
     }
 
-    /// The commits waiting for `key`, oldest first, at most `max` (still
-    /// counted as waiting: the merger counts them off as it takes them); with
+    /// The commits waiting for `key`, oldest first, at most `max`; with
     /// lock scope = upload, only as far as their fences agree (one token
     /// per slot).
     fn take(&self, key: &GroupKey) -> Vec<Waiting> {
@@ -210,6 +205,9 @@ impl CommitGroups {
             }
             group.extend(queue.pop_front());
         }
+        self.metrics
+            .upload_commits_waiting
+            .dec_by(group.len() as i64);
         group
     }
 
@@ -222,6 +220,49 @@ impl CommitGroups {
             return true;
         }
         false
+    }
+
+    /// Runs `commits` (the user's commit lock held): alone as ever, several
+    /// in one transaction, or, if the store refuses the group, one by one.
+    /// Each transaction runs in `user`'s turn ([`UserTurns`]): none of
+    /// their other writes to their record in this instance (a creation)
+    /// runs meanwhile, to conflict with it.
+    async fn commit_group(&self, user: &UserId, commits: &[CommitUpload]) -> Vec<Answer> {
+        if let [one] = commits {
+            return vec![self.commit_one(user, one).await];
+        }
+        let grouped = self.turns.run(&self.txns, "commit_upload_group", user, || {
+            self.metrics.upload_commit_txns.inc();
+            self.files.commit_uploads(commits)
+        });
+        match grouped.await {
+            Ok(r) => {
+                self.metrics.uploads_grouped.inc_by(commits.len() as u64);
+                r.value.into_iter().map(|a| a.map_err(Into::into)).collect()
+            }
+            // It may have applied (each upload settles its own), or the
+            // store is not there and nothing was sent (each refuses its own).
+            Err(e @ (MetaError::OutcomeUnknown(_) | MetaError::Unavailable(_))) => {
+                vec![Err(e.into()); commits.len()]
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, n = commits.len(), "group commit refused; committing one at a time");
+                let mut answers = Vec::with_capacity(commits.len());
+                for c in commits {
+                    answers.push(self.commit_one(user, c).await);
+                }
+                answers
+            }
+        }
+    }
+
+    /// One upload's commit in a transaction of its own.
+    async fn commit_one(&self, user: &UserId, commit: &CommitUpload) -> Answer {
+        let committed = self.turns.run(&self.txns, "commit_upload", user, || {
+            self.metrics.upload_commit_txns.inc();
+            self.files.commit_upload(commit)
+        });
+        Ok(committed.await?.value)
     }
 }
 

@@ -15,7 +15,6 @@ mod committer;
 mod group;
 mod idempotency;
 mod intents;
-mod merge;
 mod path;
 mod precommit;
 mod scope;
@@ -35,7 +34,6 @@ pub use self::{
     admission::{Admission, Usage},
     committer::{Commit, Committer, Refusal, StoredBlob},
     idempotency::Idempotency,
-    merge::MERGERS,
     precommit::{Asking, PrecommitHook},
     scope::Hold,
     slots::{KeyClaim, UploadSlot},

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{group::CommitGroups, intents::IntentBatches, merge::Answer};
+use super::{
+    group::{Answer, CommitGroups},
+    intents::IntentBatches,
+};
 use crate::{
     domain::commit::user_commit,
     lock::Locks,

@@ -16,7 +16,7 @@ use super::{
 use crate::{
     meta::{
         CommitOutcome, CommitUpload, DeletedFile, EventDraft, Fence, FileRecord, FileRepo,
-        IdempotencyRecord, IntentRecord, MetaError, MetaResult, OpenLimits, OrphanRecord, Outcomes,
+        IdempotencyRecord, IntentRecord, MetaError, MetaResult, OpenLimits, OrphanRecord,
         PermissionRecord, UserRecord, group,
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
@@ -77,61 +77,6 @@ pub(super) fn delete_file_in(
     }))
 }
 
-/// One user's group commit inside `tx` (see [`FileRepo::commit_uploads`]).
-fn commit_group_in(
-    tx: &mut Txn,
-    group: &[CommitUpload],
-) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
-    let Some(owner) = group.first().map(|c| c.file.owner_id) else {
-        return Ok(Vec::new());
-    };
-    let mut recorded = HashMap::new();
-    for id in group::idempotency_ids(group) {
-        if let Some(first) = tx.get::<IdempotencyRecord>(&format!("idempotency/{id}"))? {
-            recorded.insert(id, first);
-        }
-    }
-    let ukey = user_key(&owner);
-    let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
-    for f in group::fences(group)? {
-        apply_fence(&mut user, Some(f))?;
-    }
-    OpenLimits::may_write(&user)?;
-    let mut held = HashMap::new();
-    for c in group.iter().filter(|c| c.resumable) {
-        if let Some(h) = resumable::held(tx, &c.file.id, c.state.as_deref())? {
-            held.insert(c.file.id, h);
-        }
-    }
-    let plan = group::plan(
-        group,
-        user.counted_bytes(),
-        user.quota_bytes,
-        recorded,
-        &held,
-    );
-    user.used_bytes += plan.bytes;
-    for id in &plan.resumable {
-        resumable::release(tx, &mut user, id, None)?;
-    }
-    user.file_count += plan.committing.len() as i64;
-    // One event per file, numbered in the group's order.
-    let created = plan
-        .committing
-        .iter()
-        .map(|c| EventDraft::file_created(&c.file));
-    emit(tx, &mut user, created.collect())?;
-    tx.put(&ukey, &user)?;
-    for record in &plan.keys {
-        tx.put(&format!("idempotency/{}", record.id), record)?;
-        tx.put(&key_of_file(&record.file.id), &record.id)?;
-    }
-    for c in &plan.committing {
-        insert_file(tx, &c.file)?;
-    }
-    Ok(plan.outcomes)
-}
-
 #[async_trait]
 impl FileRepo for EmbeddedStore {
     async fn commit_upload(&self, commit: &CommitUpload) -> MetaResult<CommitOutcome> {
@@ -168,7 +113,7 @@ impl FileRepo for EmbeddedStore {
             user.file_count += 1;
             emit(tx, &mut user, vec![EventDraft::file_created(file)])?;
             tx.put(&ukey, &user)?;
-            insert_file(tx, file).map_err(MetaError::met_own_file)?;
+            insert_file(tx, file)?;
             Ok(CommitOutcome::Committed)
         })
         .await
@@ -179,20 +124,57 @@ impl FileRepo for EmbeddedStore {
         group: &[CommitUpload],
     ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
         let group = group.to_vec();
-        self.transaction(move |tx| commit_group_in(tx, &group).map_err(MetaError::met_own_file))
-            .await
-    }
-
-    async fn commit_upload_groups(
-        &self,
-        groups: &[Vec<CommitUpload>],
-    ) -> MetaResult<Vec<Outcomes>> {
-        let groups = groups.to_vec();
-        // A file already there is not known here to be whose earlier
-        // attempt's: `Duplicate` fails them all, and the one it is learns it
-        // committing alone.
-        self.transaction(move |tx| groups.iter().map(|g| commit_group_in(tx, g)).collect())
-            .await
+        self.transaction(move |tx| {
+            let Some(owner) = group.first().map(|c| c.file.owner_id) else {
+                return Ok(Vec::new());
+            };
+            let mut recorded = HashMap::new();
+            for id in group::idempotency_ids(&group) {
+                if let Some(first) = tx.get::<IdempotencyRecord>(&format!("idempotency/{id}"))? {
+                    recorded.insert(id, first);
+                }
+            }
+            let ukey = user_key(&owner);
+            let mut user: UserRecord = tx.get(&ukey)?.ok_or(MetaError::NotFound)?;
+            for f in group::fences(&group)? {
+                apply_fence(&mut user, Some(f))?;
+            }
+            OpenLimits::may_write(&user)?;
+            let mut held = HashMap::new();
+            for c in group.iter().filter(|c| c.resumable) {
+                if let Some(h) = resumable::held(tx, &c.file.id, c.state.as_deref())? {
+                    held.insert(c.file.id, h);
+                }
+            }
+            let plan = group::plan(
+                &group,
+                user.counted_bytes(),
+                user.quota_bytes,
+                recorded,
+                &held,
+            );
+            user.used_bytes += plan.bytes;
+            for id in &plan.resumable {
+                resumable::release(tx, &mut user, id, None)?;
+            }
+            user.file_count += plan.committing.len() as i64;
+            // One event per file, numbered in the group's order.
+            let created = plan
+                .committing
+                .iter()
+                .map(|c| EventDraft::file_created(&c.file));
+            emit(tx, &mut user, created.collect())?;
+            tx.put(&ukey, &user)?;
+            for record in &plan.keys {
+                tx.put(&format!("idempotency/{}", record.id), record)?;
+                tx.put(&key_of_file(&record.file.id), &record.id)?;
+            }
+            for c in &plan.committing {
+                insert_file(tx, &c.file)?;
+            }
+            Ok(plan.outcomes)
+        })
+        .await
     }
 
     async fn idempotency_record(
@@ -287,10 +269,10 @@ fn key_of_file(file_id: &FileId) -> String {
 }
 
 /// Inserts a committed upload's file, its owner index entry and its owner
-/// permission, and deletes its intent (`IntentGone` if it was swept;
-/// `Duplicate` if the file is there: see [`MetaError::met_own_file`]).
+/// permission, and deletes its intent (`IntentGone` if it was swept).
 fn insert_file(tx: &mut Txn, file: &FileRecord) -> MetaResult<()> {
-    tx.insert(&file_key(&file.id), file)?;
+    tx.insert(&file_key(&file.id), file)
+        .map_err(MetaError::met_own_file)?;
     tx.put(
         &format!("{}{}", owner_index("files", file.owner_id), file.id),
         &(),

@@ -1,41 +1,47 @@
 //! Files on MongoDB: the upload commit and the delete, each one transaction.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use bson::{Bson, Document, doc};
 use mongodb::{ClientSession, options::ReturnDocument};
 
 use super::{
-    MongoStore, errors::classify, events::EventSeq, find_sorted, owned_after, txn::add_fence,
+    MongoStore,
+    errors::classify,
+    events::EventSeq,
+    find_sorted, owned_after,
+    txn::{add_fence, add_fences},
 };
 use crate::{
     meta::{
         CommitOutcome, CommitUpload, DeletedFile, EventDraft, Fence, FileRecord, FileRepo,
-        IdempotencyRecord, MetaError, MetaResult, OrphanRecord, Outcomes, PermissionRecord, group,
+        IdempotencyRecord, MetaError, MetaResult, OrphanRecord, PermissionRecord, group,
     },
     vocab::{FileId, Filename, IdempotencyKey, UserId},
 };
 
 /// The part of a user document a commit decides on.
 #[derive(serde::Deserialize)]
-pub(super) struct UserQuota {
+struct UserQuota {
     used_bytes: i64,
     #[serde(default)]
     reserved_bytes: i64,
     #[serde(default)]
-    pub(super) quota_bytes: Option<i64>,
+    quota_bytes: Option<i64>,
     /// The number of the user's last event.
     #[serde(default)]
-    pub(super) event_seq: i64,
+    event_seq: i64,
 }
 
 impl UserQuota {
     /// What counts against the quota: the bytes stored and the bytes reserved.
-    pub(super) fn counted(&self) -> i64 {
+    fn counted(&self) -> i64 {
         self.used_bytes + self.reserved_bytes
     }
 
     /// The fields it reads.
-    pub(super) fn projection() -> Document {
+    fn projection() -> Document {
         doc! {"used_bytes": 1, "reserved_bytes": 1, "quota_bytes": 1, "event_seq": 1}
     }
 }
@@ -89,7 +95,16 @@ impl MongoStore {
         // makes this write a write conflict, so no upload commits past a
         // quota lowered meanwhile. Past the quota, the error aborts the
         // transaction and its write.
-        let Some(user) = self.update_counts_in(s, filter, update).await? else {
+        let Some(user) = self
+            .db
+            .collection::<UserQuota>("users")
+            .find_one_and_update(filter, update)
+            .projection(UserQuota::projection())
+            .return_document(ReturnDocument::After)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?
+        else {
             return Err(self
                 .why_user_unmatched(s, &file.owner_id, c.fence.as_ref())
                 .await);
@@ -122,6 +137,121 @@ impl MongoStore {
             return Err(MetaError::IntentGone);
         }
         Ok(CommitOutcome::Committed)
+    }
+
+    /// A group commit (see [`FileRepo::commit_uploads`]): the user's
+    /// document is read (for the quota) and written once, files,
+    /// permissions, idempotency records and intents in one `insert_many` /
+    /// `delete_many` each.
+    async fn commit_uploads_in(
+        &self,
+        s: &mut ClientSession,
+        group: &[CommitUpload],
+    ) -> MetaResult<Vec<MetaResult<CommitOutcome>>> {
+        let Some(owner) = group.first().map(|c| &c.file.owner_id) else {
+            return Ok(Vec::new());
+        };
+        let fences = group::fences(group)?;
+        let key_ids = group::idempotency_ids(group);
+        let mut recorded = HashMap::new();
+        if !key_ids.is_empty() {
+            let mut found = self
+                .idempotency()
+                .find(doc! {"_id": {"$in": &key_ids}, "file.owner_id": owner})
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+            while let Some(r) = found.next(&mut *s).await {
+                let r = r.map_err(classify)?;
+                recorded.insert(r.id.clone(), r);
+            }
+        }
+        let user = self.quota_of(s, owner).await?;
+        let mut held = HashMap::new();
+        for c in group.iter().filter(|c| c.resumable) {
+            let (id, state) = (c.file.id, c.state.as_deref());
+            if let Some(h) = self.held_in(s, owner, &id, state).await? {
+                held.insert(id, h);
+            }
+        }
+        let plan = group::plan(group, user.counted(), user.quota_bytes, recorded, &held);
+        if plan.committing.is_empty() {
+            return Ok(plan.outcomes);
+        }
+        let ids: Vec<FileId> = plan.committing.iter().map(|c| c.file.id).collect();
+        // The quota read above is in this transaction's snapshot: a write of
+        // the user document since then makes this update a write conflict.
+        let mut filter = doc! {"_id": owner, "deleting_since": null};
+        self.mark_released_in(s, owner, &plan.resumable).await?;
+        let mut update = doc! {
+            "$inc": {
+                "used_bytes": plan.bytes,
+                "file_count": ids.len() as i64,
+                "reserved_bytes": -plan.freed_bytes,
+                "open_uploads": -plan.freed_open,
+                "event_seq": ids.len() as i64,
+            },
+        };
+        add_fences(&mut filter, &mut update, "upload_fence", &fences);
+        let updated = self
+            .db
+            .collection::<UserQuota>("users")
+            .find_one_and_update(filter, update)
+            .projection(UserQuota::projection())
+            .return_document(ReturnDocument::After)
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        let Some(updated) = updated else {
+            let mut why = self.why_user_unmatched(s, owner, None).await;
+            for f in &fences {
+                let stale = self.why_user_unmatched(s, owner, Some(f)).await;
+                if matches!(stale, MetaError::StaleFence) {
+                    why = stale;
+                    break;
+                }
+            }
+            return Err(why);
+        };
+        self.files()
+            .insert_many(plan.committing.iter().map(|c| &c.file))
+            .session(&mut *s)
+            .await
+            .map_err(|e| classify(e).met_own_file())?;
+        // One event per file, numbered in the group's order.
+        let created = plan
+            .committing
+            .iter()
+            .map(|c| EventDraft::file_created(&c.file));
+        let first = updated.event_seq - ids.len() as i64;
+        self.insert_events(s, *owner, first, created.collect())
+            .await?;
+        self.permissions()
+            .insert_many(
+                plan.committing
+                    .iter()
+                    .map(|c| PermissionRecord::owner_of(&c.file)),
+            )
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if !plan.keys.is_empty() {
+            self.idempotency()
+                .insert_many(&plan.keys)
+                .session(&mut *s)
+                .await
+                .map_err(classify)?;
+        }
+        let removed = self
+            .intents()
+            .delete_many(doc! {"_id": {"$in": &ids}, "user_id": owner})
+            .session(&mut *s)
+            .await
+            .map_err(classify)?;
+        if removed.deleted_count != ids.len() as u64 {
+            return Err(MetaError::IntentGone);
+        }
+        Ok(plan.outcomes)
     }
 
     /// Applies `update` to the user document under the upload fence (the
@@ -162,8 +292,20 @@ impl MongoStore {
         Ok(())
     }
 
+    /// What a group commit decides the quota on, read in the transaction.
+    async fn quota_of(&self, s: &mut ClientSession, id: &UserId) -> MetaResult<UserQuota> {
+        self.db
+            .collection::<UserQuota>("users")
+            .find_one(doc! {"_id": id})
+            .projection(UserQuota::projection())
+            .session(&mut *s)
+            .await
+            .map_err(classify)?
+            .ok_or(MetaError::NotFound)
+    }
+
     /// Why a conditional update of the user document matched nothing.
-    pub(super) async fn why_user_unmatched(
+    async fn why_user_unmatched(
         &self,
         s: &mut ClientSession,
         user_id: &UserId,
@@ -300,16 +442,6 @@ impl FileRepo for MongoStore {
         // Upload fences are never pinned (see `Fence::pinned`).
         let mut s = self.txns.begin(None).await?;
         let result = self.commit_uploads_in(&mut s, group).await;
-        self.txns.finish(s, None, result).await
-    }
-
-    async fn commit_upload_groups(
-        &self,
-        groups: &[Vec<CommitUpload>],
-    ) -> MetaResult<Vec<Outcomes>> {
-        // Upload fences are never pinned (see `Fence::pinned`).
-        let mut s = self.txns.begin(None).await?;
-        let result = self.commit_upload_groups_in(&mut s, groups).await;
         self.txns.finish(s, None, result).await
     }
 

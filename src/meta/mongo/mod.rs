@@ -15,7 +15,6 @@ mod errors;
 mod events;
 mod feed;
 mod files;
-mod group_commit;
 mod migrate;
 mod op_group;
 mod resumable;

@@ -53,11 +53,10 @@ pub const MAX_TOKENS: usize = 8;
 const INSTANCES: usize = 2;
 /// What the suite reads from the instances' `/metrics` (summed over
 /// restarts): panics, and how often the grouped paths ran.
-pub const COUNTERS: [&str; 4] = [
+pub const COUNTERS: [&str; 3] = [
     "filedock_http_panics_total",
     "filedock_uploads_grouped_total",
     "filedock_queue_grouped_total",
-    "filedock_upload_groups_merged_total",
 ];
 
 fn addr_of(url: &str) -> std::net::SocketAddr {
