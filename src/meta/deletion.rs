@@ -6,7 +6,8 @@ use async_trait::async_trait;
 
 use super::{
     error::MetaResult,
-    records::{IntentRecord, OrphanRecord, ResumableRecord, UserRecord},
+    records::{IntentRecord, OrphanRecord, UserRecord},
+    upload_records::ResumableRecord,
 };
 use crate::vocab::UserId;
 

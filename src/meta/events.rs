@@ -12,7 +12,8 @@ use serde_json::{Map, Value, json};
 
 use super::{
     error::MetaResult,
-    records::{FileRecord, ResumableRecord, bson_time, now},
+    records::{FileRecord, bson_time, now},
+    upload_records::ResumableRecord,
 };
 use crate::vocab::{Container, KeyId, LinkKind, Operation, UserId};
 

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use super::{
     error::{MetaError, MetaResult},
-    records::{CommitOutcome, CommitUpload, Fence, IdempotencyRecord, now},
+    records::now,
+    upload_records::{CommitOutcome, CommitUpload, Fence, IdempotencyRecord},
 };
 use crate::vocab::FileId;
 

@@ -15,6 +15,7 @@ mod records;
 mod resumable;
 pub mod retry;
 mod turns;
+mod upload_records;
 mod webhooks;
 
 use async_trait::async_trait;
@@ -30,6 +31,7 @@ pub use self::keys::{ApiKeyRecord, FIRST_KEY_NAME, KeyMint, KeyRepo, REVOKED_KEP
 pub use self::records::*;
 pub use self::resumable::{Claim, OpenLimits, Reserve, ResumableRepo};
 pub use self::turns::UserTurns;
+pub use self::upload_records::*;
 pub use self::webhooks::{DeadLetter, WebhookMark, WebhookRepo};
 use crate::vocab::{
     AgentId, BlobKey, FileId, Filename, IdempotencyKey, OpId, Operation, OrphanId, SessionId,

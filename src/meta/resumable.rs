@@ -8,7 +8,8 @@ use chrono::{DateTime, Utc};
 use super::{
     error::{MetaError, MetaResult},
     group::effective_quota,
-    records::{IntentRecord, Progress, ResumableRecord, UserRecord},
+    records::{IntentRecord, UserRecord},
+    upload_records::{Progress, ResumableRecord},
 };
 use crate::vocab::{FileId, UserId};
 
