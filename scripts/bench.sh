@@ -8,7 +8,8 @@
 # cost vs files held (FILEDOCK_BENCH_HELD_MAX=10000 stops it at 10k files),
 # `scripts/bench.sh 2c` the lock hand-off on one Redis node vs a Redis Cluster,
 # `scripts/bench.sh 4c` lock vs queue on one Redis node vs a Redis Cluster,
-# `scripts/bench.sh 12` what the events cost (A/B against FILEDOCK_BENCH_BASE_BIN's builds),
+# `scripts/bench.sh 12` what the events cost (A/B against FILEDOCK_BENCH_BASE_BIN's builds;
+# FILEDOCK_BENCH_12=a runs 12a alone, =ab without 12c's minutes of growing),
 # `scripts/bench.sh 13` small tus uploads against tus-node-server (installed
 # from npm into ~/.cache/filedock/tus-node, once; `13b` its CPU per 4 KiB plain
 # upload alone), `scripts/bench.sh 14` what

@@ -139,6 +139,38 @@ def run(client, pid):
         inserts(events)()
     measure(f"placing {BATCH} at a time, an update each, {3 * N} placed before", place(False))
 
+    # The other way to place: the commit inserts into a small outbox
+    # (`_id` and `(owner_id, seq)` only); placing moves a batch into the
+    # events (inserted with their place) in one transaction: a find, the
+    # counter, one insert_many, one delete_many.
+    outbox, placed = db.outbox, db.placed
+    outbox.create_index([("owner_id", 1), ("seq", 1)])
+    for index in specs["+ (feed, owner_id, seq): filedock's"]:
+        placed.create_index(index)
+    measure("insert into the outbox, in transactions of 10", inserts(outbox))
+
+    def move(batch):
+        def work():
+            while True:
+                with client.start_session() as s, s.start_transaction():
+                    found = list(outbox.find({}, session=s)
+                                 .sort([("owner_id", 1), ("seq", 1)]).limit(batch))
+                    if not found:
+                        return
+                    state = db.feed_state.find_one_and_update(
+                        {"_id": "m"}, {"$inc": {"last": len(found)}}, upsert=True,
+                        return_document=ReturnDocument.AFTER, session=s)
+                    first = state["last"] - len(found) + 1
+                    for k, e in enumerate(found):
+                        e["feed"] = first + k
+                    placed.insert_many(found, session=s)
+                    outbox.delete_many({"_id": {"$in": [e["_id"] for e in found]}}, session=s)
+        return work
+
+    measure(f"moving {BATCH} at a time from the outbox", move(BATCH))
+    inserts(outbox)()
+    measure("moving 200 at a time from the outbox", move(200))
+
 
 if __name__ == "__main__":
     main()

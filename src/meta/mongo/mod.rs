@@ -323,8 +323,13 @@ impl MongoStore {
         self.events()
             .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
             .await?;
-        // The feed's sequencing finds the events not placed yet (each
-        // owner's in order), and the admin's reader reads it in order.
+        // The outbox, where the changes write their events, read as the
+        // owner's and moved in owner and number order.
+        self.outbox()
+            .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
+            .await?;
+        // The admin's reader reads the feed in order; the sequencing finds
+        // the events an instance before the outbox wrote unplaced.
         self.events()
             .create_index(index(doc! {"feed": 1, "owner_id": 1, "seq": 1}, false))
             .await?;
