@@ -339,7 +339,8 @@ async fn open_metadata_counted(
         Some(uri) => Arc::new(
             MongoStore::connect(uri.expose_secret(), &settings.mongodb_db, commands)
                 .await
-                .context("connecting to MongoDB")?,
+                .context("connecting to MongoDB")?
+                .writing_outbox(settings.event_outbox),
         ),
         None => Arc::new(EmbeddedStore::open(&settings.data_dir)?),
     })

@@ -6,7 +6,10 @@
 //! embedded store places its events where they are).
 
 use bson::{Document, doc};
-use filedock::meta::{EventRepo, mongo::MongoStore};
+use filedock::{
+    domain::users::create_user,
+    meta::{DeletionRepo, EventRepo, mongo::MongoStore},
+};
 use mongodb::{Collection, Database};
 use prometheus_client::metrics::counter::Counter;
 use secrecy::ExposeSecret;
@@ -23,6 +26,13 @@ async fn database(settings: &filedock::config::Settings) -> Database {
     let uri = settings.mongodb_uri.as_ref().unwrap().expose_secret();
     let client = mongodb::Client::with_uri_str(uri).await.unwrap();
     client.database(&settings.mongodb_db)
+}
+
+/// The app's store, with no sequencer running.
+async fn store(settings: &filedock::config::Settings) -> MongoStore {
+    let uri = settings.mongodb_uri.as_ref().unwrap().expose_secret();
+    let store = MongoStore::connect(uri, &settings.mongodb_db, Counter::default());
+    store.await.unwrap()
 }
 
 /// Moves `owner`'s placed events numbered `seqs` back into the outbox, as
@@ -58,9 +68,7 @@ async fn an_owner_reads_an_event_in_the_outbox_and_once_moved_the_same() {
     back_to_the_outbox(&db, &ann.id, &[2, 3]).await;
 
     // A store with no sequencer running: 2 and 3 wait in the outbox.
-    let uri = settings.mongodb_uri.as_ref().unwrap().expose_secret();
-    let store = MongoStore::connect(uri, &settings.mongodb_db, Counter::default());
-    let store = store.await.unwrap();
+    let store = store(&settings).await;
     let owner = ann.id.parse().unwrap();
     let seqs = |events: &[filedock::meta::EventRecord]| -> Vec<i64> {
         events.iter().map(|e| e.seq).collect()
@@ -88,10 +96,11 @@ async fn an_owner_reads_an_event_in_the_outbox_and_once_moved_the_same() {
 }
 
 /// MongoDB during a rolling upgrade: an instance of the version before the
-/// outbox wrote a user's first events into `events` unplaced, this
-/// version's their next into the outbox; the sequencer places them all,
-/// in the owner's order (one batch holds both: moved first, or placed in
-/// the order read, the outbox's event would come before the older ones).
+/// outbox (or one with `FILEDOCK_EVENT_OUTBOX=false`) wrote a user's first
+/// events into `events` unplaced, this version's their next into the
+/// outbox; the sequencer places them all in the owner's order, also when a
+/// placing cannot take them all at once (its read of the unplaced ones
+/// full, the outbox's event waits for the next).
 #[tokio::test]
 async fn events_left_unplaced_by_the_version_before_the_outbox_are_placed_in_order() {
     if !real_backends() {
@@ -118,18 +127,65 @@ async fn events_left_unplaced_by_the_version_before_the_outbox_are_placed_in_ord
     );
     let feed: Collection<Document> = db.collection("event_feed");
     feed.delete_many(doc! {}).await.unwrap();
+
+    // Two at a time: 1 and 2, then 3.
+    let store = store(&settings).await;
+    let place = |seq: i64| {
+        let events = events.clone();
+        let owner = ann.id.clone();
+        async move {
+            let event = events.find_one(doc! {"owner_id": owner, "seq": seq});
+            event.await.unwrap().and_then(|e| e.get_i64("feed").ok())
+        }
+    };
+    assert_eq!(store.sequence_events(2).await.unwrap(), 2);
+    assert_eq!(
+        (place(1).await, place(2).await, place(3).await),
+        (Some(1), Some(2), None)
+    );
+    assert_eq!(store.sequence_events(2).await.unwrap(), 1);
+    assert_eq!(place(3).await, Some(3));
+
+    // Moved, not copied: the outbox is empty, and the user and the admin
+    // read each once.
     let app = spawn_app_with(settings).await;
-    assert_eq!(until_placed(&app.base, 3).await.len(), 3);
     let placed: Vec<(i64, Value)> = (whole_feed(&app.base, 1).await.into_iter())
         .map(|(p, e)| (p, e["seq"].clone()))
         .collect();
     let want: Vec<(i64, Value)> = (1..=3).map(|s| (s, Value::from(s))).collect();
     assert_eq!(placed, want);
-    // Moved, not copied: the outbox is empty, and the user reads each once.
     let seqs: Vec<i64> = (all_events(&app, &ann, 2).await.iter())
         .map(|e| e["seq"].as_i64().unwrap())
         .collect();
     assert_eq!(seqs, [1, 2, 3]);
     let outbox: Collection<Document> = db.collection("event_outbox");
     assert_eq!(outbox.count_documents(doc! {}).await.unwrap(), 0);
+}
+
+/// `FILEDOCK_EVENT_OUTBOX=false` (a rolling upgrade from a version before
+/// the outbox): a change writes its event into `events`, unplaced, where
+/// the older instances read it; it is read and placed where it is.
+#[tokio::test]
+async fn with_the_outbox_off_an_event_is_written_where_older_versions_read_it() {
+    if !real_backends() {
+        return;
+    }
+    let settings = test_settings();
+    let store = store(&settings).await.writing_outbox(false);
+    let (ann, _) = create_user(&store, "ann").await.unwrap();
+    store.begin_user_deletion(&ann.id).await.unwrap();
+    let db = database(&settings).await;
+    let events: Collection<Document> = db.collection("events");
+    let outbox: Collection<Document> = db.collection("event_outbox");
+    let theirs = doc! {"owner_id": ann.id.to_string()};
+    let written = events.find_one(theirs.clone()).await.unwrap().unwrap();
+    assert_eq!(written.get_str("type"), Ok("user.deleted"));
+    assert!(written.get("feed").is_none(), "{written}");
+    assert_eq!(outbox.count_documents(theirs.clone()).await.unwrap(), 0);
+    let page = store.owner_page(&ann.id, 0, 10).await.unwrap();
+    assert_eq!(page.events.len(), 1);
+
+    assert_eq!(store.sequence_events(200).await.unwrap(), 1);
+    let placed = events.find_one(theirs).await.unwrap().unwrap();
+    assert_eq!(placed.get_i64("feed"), Ok(1));
 }

@@ -58,8 +58,11 @@ impl MongoStore {
             return Ok(());
         }
         let numbered = events::number(owner, last_before, drafts);
-        self.outbox()
-            .insert_many(&numbered)
+        let into = match self.outbox {
+            true => self.outbox(),
+            false => self.events(),
+        };
+        into.insert_many(&numbered)
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -274,11 +277,10 @@ impl EventRepo for MongoStore {
     }
 
     async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>> {
+        // Of those the retention removes: placed, out of the outbox (which
+        // holds an event until the next placing, unindexed by time).
         let oldest = find_sorted(self.events(), doc! {}, doc! {"time": 1}, 1).await?;
-        // The outbox holds an event only until the next placing: few, and
-        // older than those placed only while the sequencer cannot run.
-        let waiting = find_sorted(self.outbox(), doc! {}, doc! {"time": 1}, 1).await?;
-        Ok(oldest.into_iter().chain(waiting).map(|e| e.time).min())
+        Ok(oldest.first().map(|e| e.time))
     }
 
     async fn sequence_events(&self, limit: usize) -> MetaResult<usize> {

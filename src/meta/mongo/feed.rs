@@ -12,9 +12,29 @@ use super::{MongoStore, errors::classify, events::EVENTS, find_sorted_in};
 use crate::meta::{EventRecord, FEED_STATE, FeedBounds, FeedPage, MetaError, MetaResult};
 
 /// The events in `events` not placed yet: only the version before the
-/// outbox wrote them there.
+/// outbox (or `FILEDOCK_EVENT_OUTBOX=false`) writes them there.
 fn unplaced() -> Document {
     doc! {"feed": null}
+}
+
+/// The events of the outbox (`moved`) and the unplaced ones of `events`,
+/// each read whole up to `limit` and sorted by owner and number: merged in
+/// that order (each flagged whether it is the outbox's), the first `limit`.
+/// A read that came back full may have left out its events past its last,
+/// but those sort after all `limit` it returned: none is passed over by
+/// an owner's later event. (Owners sort as MongoDB sorts their ids: a
+/// UUID's hyphenated lower-case hex sorts as its bytes.)
+fn merged(
+    moved: Vec<EventRecord>,
+    unplaced: Vec<EventRecord>,
+    limit: usize,
+) -> Vec<(bool, EventRecord)> {
+    let mut all: Vec<(bool, EventRecord)> = (moved.into_iter().map(|e| (true, e)))
+        .chain(unplaced.into_iter().map(|e| (false, e)))
+        .collect();
+    all.sort_by_key(|(_, e)| (e.owner_id, e.seq));
+    all.truncate(limit);
+    all
 }
 
 impl MongoStore {
@@ -41,16 +61,10 @@ impl MongoStore {
         let result = async {
             let by_owner = doc! {"owner_id": 1, "seq": 1};
             let moved = find_sorted_in(&mut s, self.outbox(), doc! {}, by_owner, limit).await?;
-            // Only with room left: then every outbox event the transaction
-            // sees is in hand, and an owner's merge below keeps their order.
-            let unplaced = match limit - moved.len() {
-                0 => Vec::new(),
-                room => {
-                    let sort = doc! {"feed": 1, "owner_id": 1, "seq": 1};
-                    find_sorted_in(&mut s, self.events(), unplaced(), sort, room).await?
-                }
-            };
-            let n = moved.len() + unplaced.len();
+            let sort = doc! {"feed": 1, "owner_id": 1, "seq": 1};
+            let unplaced = find_sorted_in(&mut s, self.events(), unplaced(), sort, limit).await?;
+            let all = merged(moved, unplaced, limit);
+            let n = all.len();
             if n == 0 {
                 return Ok(0);
             }
@@ -63,11 +77,6 @@ impl MongoStore {
                 .await
                 .map_err(classify)?
                 .unwrap_or_default();
-            // Each owner's in sequence order, owners in id order.
-            let mut all: Vec<(bool, EventRecord)> = (moved.into_iter().map(|e| (true, e)))
-                .chain(unplaced.into_iter().map(|e| (false, e)))
-                .collect();
-            all.sort_by_key(|(_, e)| (e.owner_id, e.seq));
             let (mut placed, mut ids, mut owners) = (Vec::new(), Vec::new(), BTreeSet::new());
             for ((from_outbox, mut event), position) in
                 all.into_iter().zip(state.last - n as i64 + 1..)
@@ -197,5 +206,69 @@ impl MongoStore {
             .map(|_| ())
             .map_err(classify);
         self.txns.finish(s, None, result).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vocab::UserId;
+
+    fn event(owner: UserId, seq: i64) -> EventRecord {
+        EventRecord {
+            id: EventRecord::id_for(&owner, seq),
+            owner_id: owner,
+            seq,
+            kind: "file.created".into(),
+            subject: String::new(),
+            time: chrono::Utc::now(),
+            data: Default::default(),
+            feed: None,
+        }
+    }
+
+    /// What [`merged`] keeps: (from the outbox, owner, number).
+    fn keys(all: &[(bool, EventRecord)], a: UserId) -> Vec<(bool, char, i64)> {
+        let name = |o: UserId| if o == a { 'a' } else { 'b' };
+        all.iter()
+            .map(|(m, e)| (*m, name(e.owner_id), e.seq))
+            .collect()
+    }
+
+    #[test]
+    fn a_merge_keeps_each_owner_s_order_across_both_reads() {
+        let (a, b) = (UserId::new(), UserId::new());
+        assert!(a < b, "ids rise with time");
+        // Neither read full: all of both, by owner and number.
+        let all = merged(
+            vec![event(a, 2), event(b, 3)],
+            vec![event(a, 1), event(b, 2)],
+            10,
+        );
+        let want = [
+            (false, 'a', 1),
+            (true, 'a', 2),
+            (false, 'b', 2),
+            (true, 'b', 3),
+        ];
+        assert_eq!(keys(&all, a), want);
+        // The unplaced read came back full at b's 8: b's 10 from the
+        // outbox waits for the next placing (b's 9 was not read).
+        let all = merged(
+            vec![event(b, 10)],
+            vec![event(a, 1), event(a, 2), event(b, 8)],
+            3,
+        );
+        assert_eq!(
+            keys(&all, a),
+            [(false, 'a', 1), (false, 'a', 2), (false, 'b', 8)]
+        );
+        // The outbox's read came back full: no unplaced event past its last.
+        let all = merged(
+            vec![event(a, 3), event(a, 4)],
+            vec![event(a, 1), event(a, 5)],
+            2,
+        );
+        assert_eq!(keys(&all, a), [(false, 'a', 1), (true, 'a', 3)]);
     }
 }

@@ -80,6 +80,9 @@ pub struct MongoStore {
     db: Database,
     /// Where transactions begin and end (`txn.rs`).
     txns: Sessions,
+    /// Changes write their events into the outbox (`events.rs`); off, into
+    /// `events` unplaced (`FILEDOCK_EVENT_OUTBOX`).
+    outbox: bool,
 }
 
 type Res<T> = Result<T, mongodb::error::Error>;
@@ -189,6 +192,14 @@ impl MongoStore {
         Self::open(uri, db, commands, None).await
     }
 
+    /// Whether changes write their events into the outbox (the default) or,
+    /// as versions before it did, into `events` unplaced
+    /// (`FILEDOCK_EVENT_OUTBOX`); either way they are read and placed.
+    pub fn writing_outbox(mut self, outbox: bool) -> Self {
+        self.outbox = outbox;
+        self
+    }
+
     /// [`Self::connect`], and `observer` is told of every command sent
     /// (tests read the filters; the product never sets one).
     pub async fn connect_observed(
@@ -252,6 +263,7 @@ impl MongoStore {
         let store = Self {
             txns: Sessions::new(client, db.clone()),
             db,
+            outbox: true,
         };
         // A page of events is read in one snapshot: MongoDB 5.0 or later
         // (wire version 13).
