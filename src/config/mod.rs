@@ -96,11 +96,6 @@ pub struct Settings {
     /// The most members one list of a session or agent may hold (its files,
     /// MCP or toolset connections).
     pub max_container_items: usize,
-    /// On MongoDB, changes write their events into the outbox
-    /// (`event_outbox`), from which the sequencer moves them; off, into
-    /// `events` where they are placed, as versions before the outbox did
-    /// (a rolling upgrade from one of them: README "Events").
-    pub event_outbox: bool,
     /// Commit a user's uploads that are ready together, in one transaction
     /// (group commit); off, each upload commits in a transaction of its own.
     pub upload_group_commit: bool,
@@ -315,7 +310,6 @@ impl Settings {
             drain: vars.secs("DRAIN_SECS")?,
             max_uploads_per_user: vars.value("MAX_UPLOADS_PER_USER")?,
             max_container_items: vars.value("MAX_CONTAINER_ITEMS")?,
-            event_outbox: vars.value("EVENT_OUTBOX")?,
             upload_group_commit: vars.value("UPLOAD_GROUP_COMMIT")?,
             upload_group_max: vars.value("UPLOAD_GROUP_MAX")?,
             upload_memory_bytes: vars.value("UPLOAD_MEMORY_BYTES")?,

@@ -251,12 +251,6 @@ pub const SETTINGS: &[Setting] = &[
         shown: Some("604800 (7 days)"),
     },
     Setting {
-        var: "FILEDOCK_EVENT_OUTBOX",
-        meaning: "MongoDB: changes write their events into event_outbox, from which they are moved into the feed (false: into events, as versions before it did; set false while instances of such a version still run)",
-        value: Some("true"),
-        shown: None,
-    },
-    Setting {
         var: "FILEDOCK_COORDINATION",
         meaning: "lock or queue for session and agent writes",
         value: Some("lock"),

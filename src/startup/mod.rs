@@ -339,8 +339,7 @@ async fn open_metadata_counted(
         Some(uri) => Arc::new(
             MongoStore::connect(uri.expose_secret(), &settings.mongodb_db, commands)
                 .await
-                .context("connecting to MongoDB")?
-                .writing_outbox(settings.event_outbox),
+                .context("connecting to MongoDB")?,
         ),
         None => Arc::new(EmbeddedStore::open(&settings.data_dir)?),
     })

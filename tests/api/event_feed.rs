@@ -22,7 +22,7 @@ async fn feed_page(base: &str, query: &str) -> (StatusCode, Value) {
 
 /// The whole feed, `limit` at a time from the first, with each event's
 /// place (the cursor after it, read one at a time when `limit` is 1).
-pub(crate) async fn whole_feed(base: &str, limit: usize) -> Vec<(i64, Value)> {
+async fn whole_feed(base: &str, limit: usize) -> Vec<(i64, Value)> {
     let (mut out, mut cursor) = (Vec::new(), "0".to_owned());
     loop {
         let (status, page) = feed_page(base, &format!("?after={cursor}&limit={limit}")).await;
@@ -50,7 +50,7 @@ pub(crate) async fn whole_feed(base: &str, limit: usize) -> Vec<(i64, Value)> {
 }
 
 /// Waits until the feed holds `n` events (placing follows the commits).
-pub(crate) async fn until_placed(base: &str, n: usize) -> Vec<(i64, Value)> {
+async fn until_placed(base: &str, n: usize) -> Vec<(i64, Value)> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let feed = whole_feed(base, 1000).await;

@@ -17,7 +17,6 @@ mod deletion;
 mod deletion_trickle;
 mod drain;
 mod event_feed;
-mod event_outbox;
 mod event_types;
 mod events;
 mod fault_suite;

@@ -70,7 +70,7 @@ const SCATTERED: &[Scattered] = &[
         "events",
         "find",
         &["feed"],
-        "the sequencer: the events an instance before the outbox left unplaced; the admin's read of the feed",
+        "the sequencer: the events not in the feed yet; the admin's read of the feed",
     ),
     scattered(
         "events",
@@ -83,12 +83,6 @@ const SCATTERED: &[Scattered] = &[
         "find",
         &[],
         "the sweeper: the oldest event kept (a gauge)",
-    ),
-    scattered(
-        "event_outbox",
-        "find",
-        &[],
-        "the sequencer: the events to place; the sweeper: the oldest event kept (a gauge)",
     ),
     scattered(
         "upload_intents",

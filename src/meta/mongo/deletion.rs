@@ -3,12 +3,7 @@
 use async_trait::async_trait;
 use bson::{Document, doc};
 
-use super::{
-    MongoStore,
-    errors::classify,
-    events::{EVENTS, OUTBOX, purged_of},
-    find_sorted,
-};
+use super::{MongoStore, errors::classify, events::purged_of, find_sorted};
 use crate::{
     meta::{
         DeletionRepo, EventDraft, IntentRecord, MetaResult, OrphanRecord, ResumableRecord,
@@ -154,8 +149,7 @@ impl DeletionRepo for MongoStore {
                 ("files", doc! {"owner_id": id}),
                 ("sessions", doc! {"owner_id": id}),
                 ("agents", doc! {"owner_id": id}),
-                (EVENTS, purged_of(id)),
-                (OUTBOX, purged_of(id)),
+                ("events", purged_of(id)),
                 ("upload_intents", doc! {"user_id": id}),
                 ("resumable_uploads", doc! {"user_id": id}),
             ] {

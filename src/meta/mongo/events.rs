@@ -1,9 +1,6 @@
-//! Events on MongoDB: written by the changes' own transactions (`files.rs`)
-//! into the outbox (`event_outbox`: `_id` and `(owner_id, seq)`, the least
-//! an insert costs), moved from there into `events` by the sequencer with
-//! their place in the feed (`feed.rs`); read here in an owner's sequence
-//! order from both (the `(owner_id, seq)` indexes) and expired oldest
-//! first (the `time` index).
+//! Events on MongoDB: written by the changes' own transactions (`files.rs`),
+//! read here in an owner's sequence order (the `(owner_id, seq)` index) and
+//! expired oldest first (the `time` index).
 
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -25,11 +22,6 @@ use crate::{
     vocab::UserId,
 };
 
-/// Where the changes' transactions write their events.
-pub(super) const OUTBOX: &str = "event_outbox";
-/// Where the sequencer moves them, placed in the feed.
-pub(super) const EVENTS: &str = "events";
-
 /// The part of a user document a change's event is numbered by.
 #[derive(serde::Deserialize)]
 pub(super) struct EventSeq {
@@ -39,11 +31,7 @@ pub(super) struct EventSeq {
 
 impl MongoStore {
     pub(super) fn events(&self) -> Collection<EventRecord> {
-        self.db.collection(EVENTS)
-    }
-
-    pub(super) fn outbox(&self) -> Collection<EventRecord> {
-        self.db.collection(OUTBOX)
+        self.db.collection("events")
     }
 
     /// Inserts `drafts` as `owner`'s events after number `last_before`.
@@ -58,11 +46,8 @@ impl MongoStore {
             return Ok(());
         }
         let numbered = events::number(owner, last_before, drafts);
-        let into = match self.outbox {
-            true => self.outbox(),
-            false => self.events(),
-        };
-        into.insert_many(&numbered)
+        self.events()
+            .insert_many(&numbered)
             .session(&mut *s)
             .await
             .map_err(classify)?;
@@ -112,7 +97,7 @@ impl MongoStore {
 
     /// Deletes up to `limit` of `owner`'s first events (a user's deletion),
     /// all but their `user.deleted`, once placed in the feed (the sequencer
-    /// places those in the outbox soon: the next pass takes them); how many.
+    /// places the others soon: the next pass takes them); how many.
     pub(super) async fn purge_events(&self, owner: &UserId, limit: usize) -> MetaResult<usize> {
         let first = find_sorted(
             self.events(),
@@ -145,43 +130,6 @@ fn owner_range(owner: &UserId, after: i64, limit: usize) -> Document {
     doc! {"owner_id": owner, "seq": seq}
 }
 
-/// `owner`'s events in `range` (an [`owner_range`]), the outbox's and the
-/// placed ones, in sequence order, at most `limit`; read in session `s`
-/// (a snapshot's) or, with none, each with majority read concern. The
-/// outbox is read first: an event the sequencer moves between the two
-/// reads is then met in `events` (an owner's are moved in order, so what
-/// the second read finds and the first did not is the next of theirs,
-/// with no gap); one met in both is kept once.
-async fn both_in(
-    store: &MongoStore,
-    s: Option<&mut ClientSession>,
-    range: Document,
-    limit: usize,
-) -> MetaResult<Vec<EventRecord>> {
-    let seq = doc! {"seq": 1};
-    let (mut events, placed): (Vec<EventRecord>, _) = match s {
-        Some(s) => {
-            let outbox = store.in_snapshot(OUTBOX);
-            let first = find_sorted_in(s, outbox, range.clone(), seq.clone(), limit).await?;
-            let placed = store.in_snapshot(EVENTS);
-            (first, find_sorted_in(s, placed, range, seq, limit).await?)
-        }
-        None => {
-            let first = find_sorted(store.majority(OUTBOX), range.clone(), seq.clone(), limit);
-            let first = first.await?;
-            (
-                first,
-                find_sorted(store.majority(EVENTS), range, seq, limit).await?,
-            )
-        }
-    };
-    events.extend(placed);
-    events.sort_by_key(|e| e.seq);
-    events.dedup_by_key(|e| e.seq);
-    events.truncate(limit);
-    Ok(events)
-}
-
 /// The events a user's deletion removes: all of `owner`'s but the one that
 /// tells it.
 pub(super) fn purged_of(owner: &UserId) -> Document {
@@ -205,7 +153,8 @@ impl EventRepo for MongoStore {
         after: i64,
         limit: usize,
     ) -> MetaResult<Vec<EventRecord>> {
-        both_in(self, None, owner_range(owner, after, limit), limit).await
+        let filter = owner_range(owner, after, limit);
+        find_sorted(self.majority("events"), filter, doc! {"seq": 1}, limit).await
     }
 
     async fn owner_page(&self, owner: &UserId, after: i64, limit: usize) -> MetaResult<OwnerPage> {
@@ -217,20 +166,17 @@ impl EventRepo for MongoStore {
             .session(&mut s)
             .await
             .map_err(classify)?;
+        let filter = owner_range(owner, after, limit);
+        let events = self.in_snapshot("events");
+        let events = find_sorted_in(&mut s, events, filter, doc! {"seq": 1}, limit).await?;
         let last = user.map_or(0, |u| u.event_seq);
-        // None numbered past the cursor (a long poll's look at its start,
-        // most often): nothing to read.
-        let events = match last > after {
-            true => both_in(self, Some(&mut s), owner_range(owner, after, limit), limit).await?,
-            false => Vec::new(),
-        };
         Ok(OwnerPage { last, events })
     }
 
     async fn expire_events(&self, before: DateTime<Utc>, limit: usize) -> MetaResult<usize> {
         let old: Vec<Document> = self
             .db
-            .collection::<Document>(EVENTS)
+            .collection::<Document>("events")
             .find(placed(
                 doc! {"time": {"$lt": bson::DateTime::from_chrono(before)}},
             ))
@@ -277,8 +223,6 @@ impl EventRepo for MongoStore {
     }
 
     async fn oldest_event(&self) -> MetaResult<Option<DateTime<Utc>>> {
-        // Of those the retention removes: placed, out of the outbox (which
-        // holds an event until the next placing, unindexed by time).
         let oldest = find_sorted(self.events(), doc! {}, doc! {"time": 1}, 1).await?;
         Ok(oldest.first().map(|e| e.time))
     }

@@ -80,9 +80,6 @@ pub struct MongoStore {
     db: Database,
     /// Where transactions begin and end (`txn.rs`).
     txns: Sessions,
-    /// Changes write their events into the outbox (`events.rs`); off, into
-    /// `events` unplaced (`FILEDOCK_EVENT_OUTBOX`).
-    outbox: bool,
 }
 
 type Res<T> = Result<T, mongodb::error::Error>;
@@ -192,14 +189,6 @@ impl MongoStore {
         Self::open(uri, db, commands, None).await
     }
 
-    /// Whether changes write their events into the outbox (the default) or,
-    /// as versions before it did, into `events` unplaced
-    /// (`FILEDOCK_EVENT_OUTBOX`); either way they are read and placed.
-    pub fn writing_outbox(mut self, outbox: bool) -> Self {
-        self.outbox = outbox;
-        self
-    }
-
     /// [`Self::connect`], and `observer` is told of every command sent
     /// (tests read the filters; the product never sets one).
     pub async fn connect_observed(
@@ -263,7 +252,6 @@ impl MongoStore {
         let store = Self {
             txns: Sessions::new(client, db.clone()),
             db,
-            outbox: true,
         };
         // A page of events is read in one snapshot: MongoDB 5.0 or later
         // (wire version 13).
@@ -335,13 +323,8 @@ impl MongoStore {
         self.events()
             .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
             .await?;
-        // The outbox, where the changes write their events, read as the
-        // owner's and moved in owner and number order.
-        self.outbox()
-            .create_index(index(doc! {"owner_id": 1, "seq": 1}, true))
-            .await?;
-        // The admin's reader reads the feed in order; the sequencing finds
-        // the events an instance before the outbox wrote unplaced.
+        // The feed's sequencing finds the events not placed yet (each
+        // owner's in order), and the admin's reader reads it in order.
         self.events()
             .create_index(index(doc! {"feed": 1, "owner_id": 1, "seq": 1}, false))
             .await?;

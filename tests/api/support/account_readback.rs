@@ -116,10 +116,8 @@ pub async fn leftovers(state: &AppState, user_id: &str) -> Vec<String> {
                 continue;
             }
             // The one event a deletion keeps (the admin's feed shows it
-            // until the retention removes it; on its way there from the
-            // outbox, on MongoDB).
-            let event_kept = matches!(collection.as_str(), "events" | "event_outbox");
-            if event_kept && d.get_str("type") == Ok("user.deleted") {
+            // until the retention removes it).
+            if collection == "events" && d.get_str("type") == Ok("user.deleted") {
                 continue;
             }
             let event = d.get_document("event").ok();

@@ -21,7 +21,6 @@ pub const SHARD_KEYS: &[(&str, Option<&str>)] = &[
     ("sessions", Some("owner_id")),
     ("agents", Some("owner_id")),
     ("events", Some("owner_id")),
-    ("event_outbox", Some("owner_id")),
     ("upload_intents", Some("user_id")),
     ("resumable_uploads", Some("user_id")),
     ("revoked_keys", Some("user_id")),
