@@ -76,7 +76,7 @@ use crate::{
         mints::{check_deleted_creds, mints_summary},
         nemesis::nemesis,
         precommit_hook::{PrecommitHookServer, REFUSED_PREFIX},
-        readback::read_final,
+        readback::{self, read_final},
         signed_links::{LinkTally, check_deleted_links, check_links, links_summary, probe_links},
         verdict::Verdict,
         webhook_receiver::check_order,
@@ -96,9 +96,10 @@ const USERS: usize = 3;
 const CONTAINERS: usize = 2;
 /// The workload goes on this long after the last fault.
 const TAIL: Duration = Duration::from_secs(1);
-/// How long the final sweeps may take to see every intent settled: a
+/// How long the final sweeps may take to see everything settled: a
 /// transaction a killed process left open holds its intent until MongoDB
-/// reaps it (60 s).
+/// reaps it (60 s); a committed upload's state stays until its expiry
+/// (TUS_EXPIRY after its commit).
 const SETTLE_LIMIT: Duration = Duration::from_secs(90);
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -169,22 +170,20 @@ async fn new_user(cluster: &Cluster, i: usize) -> UserWorld {
 }
 
 /// The final sweeps: after the grace and the resumable uploads' expiry,
-/// until no intent is left and no user's deletion is pending (or the limit).
+/// passes until one ran and nothing is left to wait for
+/// ([`readback::settled`]: no intent, no deletion pending, no resumable
+/// state, each swept at its expiry), or the limit.
 async fn final_sweeps(state: &AppState) {
     tokio::time::sleep(GRACE.max(TUS_EXPIRY) + Duration::from_secs(1)).await;
     let deadline = Instant::now() + SETTLE_LIMIT;
-    let far = || filedock::meta::now() + chrono::Duration::days(3650);
     loop {
         let swept = state.sweeper.try_run_once().await;
-        let left = state.ports.meta.intents(far(), 10).await.map(|i| i.len());
-        let deleting = state
-            .ports
-            .meta
-            .users_being_deleted(1)
-            .await
-            .map(|u| u.len());
-        let settled = matches!((left, deleting), (Ok(0), Ok(0)));
-        if swept.is_ok() && settled || Instant::now() > deadline {
+        let ran = matches!(swept, Ok(Outcome::Swept(_)));
+        if ran && readback::settled(state).await {
+            return;
+        }
+        if Instant::now() > deadline {
+            eprintln!("final sweeps: not settled after {SETTLE_LIMIT:?}; checking what is left");
             return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

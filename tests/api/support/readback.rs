@@ -26,6 +26,21 @@ use crate::{
 /// Most of anything one user has here.
 const ALL: usize = 100_000;
 
+/// Whether the final sweeps have nothing left to wait for: no intent, no
+/// user's deletion pending, and no resumable upload's state. A committed
+/// upload's state has no intent and is kept until its expiry (a HEAD
+/// still answers it), then swept: a commit that lands after its client
+/// gave up (a PATCH's own task, a group commit) leaves one the first final
+/// pass does not see expired. A store that cannot answer is not settled.
+pub async fn settled(state: &AppState) -> bool {
+    let far = filedock::meta::now() + chrono::Duration::days(3650);
+    let meta = &state.ports.meta;
+    let intents = meta.intents(far, 10).await.map(|i| i.len());
+    let deleting = meta.users_being_deleted(1).await.map(|u| u.len());
+    let states = meta.expired_resumables(far, 1).await.map(|s| s.len());
+    matches!((intents, deleting, states), (Ok(0), Ok(0), Ok(0)))
+}
+
 pub async fn read_final(
     state: &AppState,
     base: &str,
