@@ -16,6 +16,7 @@ use crate::{
     helpers::*,
     support::{fault_proxy::FaultProxy, readback::settled},
     tus::{OCTETS, TUS, content, create, data, patch, staging_left},
+    tus_reserve::expire_and_sweep,
 };
 
 /// The header that names a completed upload's file.
@@ -252,9 +253,9 @@ async fn a_completed_upload_whose_file_was_deleted_is_gone() {
 
 /// The fault suite's final sweeps wait until `settled`, which waits for a
 /// committed upload's state (kept, with no intent, until its expiry): a
-/// commit that lands late,
-/// after its client gave up, leaves one that the first final pass does not
-/// see expired, and a check then would count it as left half-done.
+/// commit that lands after its client gave up leaves one that the first
+/// final pass does not see expired, and a check then would count it as
+/// left half-done.
 #[tokio::test]
 async fn settled_waits_for_a_committed_upload_s_state_to_expire() {
     let app = spawn_app().await;
@@ -268,20 +269,6 @@ async fn settled_waits_for_a_committed_upload_s_state_to_expire() {
     assert_eq!(app.intents().await, 0, "the commit took the intent");
     assert!(!settled(&app.state).await, "the committed state is kept");
 
-    let meta = &app.state.ports.meta;
-    let mut upload = (meta.resumable_by_id_alone(&id.parse().unwrap()))
-        .await
-        .unwrap()
-        .unwrap();
-    upload.expires_at = filedock::meta::now() - chrono::Duration::seconds(1);
-    assert!(
-        meta.advance_resumable(&upload, upload.progress())
-            .await
-            .unwrap()
-    );
-    assert!(matches!(
-        app.state.sweeper.try_run_once().await,
-        Ok(Outcome::Swept(_))
-    ));
+    expire_and_sweep(&app, &id).await;
     assert!(settled(&app.state).await, "swept at its expiry");
 }
