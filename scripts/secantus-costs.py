@@ -109,6 +109,13 @@ def run(client, pid):
         measure(f"insert, in transactions of 10, indexes {name}", inserts(coll))
     events = db[f"events{len(specs) - 1}"]
 
+    def take_places(s, counter, n):
+        """The first of `n` places taken from feed counter `counter`, in session `s`."""
+        state = db.feed_state.find_one_and_update(
+            {"_id": counter}, {"$inc": {"last": n}}, upsert=True,
+            return_document=ReturnDocument.AFTER, session=s)
+        return state["last"] - n + 1
+
     def place(bulk):
         def work():
             while True:
@@ -117,10 +124,7 @@ def run(client, pid):
                                  .sort([("feed", 1), ("owner_id", 1), ("seq", 1)]).limit(BATCH))
                     if not found:
                         return
-                    state = db.feed_state.find_one_and_update(
-                        {"_id": "s"}, {"$inc": {"last": len(found)}}, upsert=True,
-                        return_document=ReturnDocument.AFTER, session=s)
-                    first = state["last"] - len(found) + 1
+                    first = take_places(s, "s", len(found))
                     updates = [({"_id": e["_id"], "feed": None}, {"$set": {"feed": first + k}})
                                for k, e in enumerate(found)]
                     if bulk:
@@ -157,10 +161,7 @@ def run(client, pid):
                                  .sort([("owner_id", 1), ("seq", 1)]).limit(batch))
                     if not found:
                         return
-                    state = db.feed_state.find_one_and_update(
-                        {"_id": "m"}, {"$inc": {"last": len(found)}}, upsert=True,
-                        return_document=ReturnDocument.AFTER, session=s)
-                    first = state["last"] - len(found) + 1
+                    first = take_places(s, "m", len(found))
                     for k, e in enumerate(found):
                         e["feed"] = first + k
                     placed.insert_many(found, session=s)
