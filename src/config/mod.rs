@@ -48,6 +48,8 @@ pub struct Settings {
     pub user_quota_bytes: Option<u64>,
     pub mongodb_uri: Option<SecretString>,
     pub mongodb_db: String,
+    /// A transaction's writes in one `bulkWrite` where MongoDB takes it (8.0+).
+    pub mongodb_bulk_write: bool,
     /// One node, or a cluster's seed nodes (comma-separated) in cluster mode.
     pub redis_url: Option<SecretString>,
     pub redis_mode: RedisMode,
@@ -271,6 +273,7 @@ impl Settings {
             user_quota_bytes: vars.optional("USER_QUOTA_BYTES")?,
             mongodb_uri: vars.get("MONGODB_URI").map(SecretString::from),
             mongodb_db: vars.value("MONGODB_DB")?,
+            mongodb_bulk_write: vars.value("MONGODB_BULK_WRITE")?,
             redis_url: vars.get("REDIS_URL").map(SecretString::from),
             redis_mode: vars.value("REDIS_MODE")?,
             redis_sentinel_master: vars.get("REDIS_SENTINEL_MASTER"),

@@ -95,6 +95,12 @@ pub const SETTINGS: &[Setting] = &[
         shown: None,
     },
     Setting {
+        var: "FILEDOCK_MONGODB_BULK_WRITE",
+        meaning: "on MongoDB 8.0 or later, a lone upload's commit sends its writes after the user document's (file, event, permission, intent) in one bulkWrite command, and the sequencer a batch of events' feed places (false, and before 8.0: a command each)",
+        value: Some("true"),
+        shown: None,
+    },
+    Setting {
         var: "FILEDOCK_REDIS_URL",
         meaning: "Redis",
         value: None,

@@ -336,11 +336,15 @@ async fn open_metadata_counted(
     commands: prometheus_client::metrics::counter::Counter,
 ) -> anyhow::Result<Arc<dyn MetadataStore>> {
     Ok(match &settings.mongodb_uri {
-        Some(uri) => Arc::new(
-            MongoStore::connect(uri.expose_secret(), &settings.mongodb_db, commands)
+        Some(uri) => {
+            let store = MongoStore::connect(uri.expose_secret(), &settings.mongodb_db, commands)
                 .await
-                .context("connecting to MongoDB")?,
-        ),
+                .context("connecting to MongoDB")?;
+            match settings.mongodb_bulk_write {
+                true => Arc::new(store),
+                false => Arc::new(store.without_bulk_write()),
+            }
+        }
         None => Arc::new(EmbeddedStore::open(&settings.data_dir)?),
     })
 }

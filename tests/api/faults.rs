@@ -397,9 +397,14 @@ async fn a_multipart_upload_the_store_lost_while_completing_is_an_outage() {
 /// settles by reading the file back; and the second run counts nothing.
 #[tokio::test]
 async fn a_commit_run_again_after_it_applied_is_an_unknown_outcome_not_a_conflict() {
+    run_again_after_it_applied(&spawn_app().await).await;
+}
+
+/// [`a_commit_run_again_after_it_applied_is_an_unknown_outcome_not_a_conflict`]
+/// on `app` (`bulk_write` runs it with the writes a command each).
+pub(crate) async fn run_again_after_it_applied(app: &TestApp) {
     use filedock::meta::{CommitUpload, MetaError};
 
-    let app = spawn_app().await;
     let u = app.create_user("again").await;
     let up = app.upload_json(&u, "once.txt", b"once".to_vec()).await;
     let owner: filedock::vocab::UserId = u.id.parse().unwrap();

@@ -5,6 +5,7 @@
 mod account;
 mod audit;
 mod bounded;
+mod bulk_write;
 mod cli;
 mod clients;
 mod cluster_failover;

@@ -28,6 +28,19 @@ fn code(e: &mongodb::error::Error) -> Option<i32> {
             .and_then(|w| w.first())
             .map(|w| w.code)
             .or(m.write_concern_error.as_ref().map(|w| w.code)),
+        // `bulkWrite`: its first failed write, else its write concern's.
+        ErrorKind::BulkWrite(b) => failed_write(e)
+            .and_then(|i| b.write_errors.get(&i))
+            .map(|w| w.code)
+            .or(b.write_concern_errors.first().map(|w| w.code)),
+        _ => None,
+    }
+}
+
+/// Which of a `bulkWrite`'s writes failed first (its index in the command).
+pub fn failed_write(e: &mongodb::error::Error) -> Option<usize> {
+    match e.kind.as_ref() {
+        ErrorKind::BulkWrite(b) => b.write_errors.keys().min().copied(),
         _ => None,
     }
 }

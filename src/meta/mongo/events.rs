@@ -13,7 +13,7 @@ use mongodb::{
     options::{CollectionOptions, ReadConcern, ReturnDocument},
 };
 
-use super::{MongoStore, errors::classify, find_sorted, find_sorted_in};
+use super::{MongoStore, batch::Writes, errors::classify, find_sorted, find_sorted_in};
 use crate::{
     meta::{
         EventDraft, EventRecord, EventRepo, EventType, FeedPage, MetaError, MetaResult, OwnerPage,
@@ -51,6 +51,21 @@ impl MongoStore {
             .session(&mut *s)
             .await
             .map_err(classify)?;
+        Ok(())
+    }
+
+    /// Adds `drafts` to `writes` as `owner`'s events after number
+    /// `last_before`.
+    pub(super) fn add_events(
+        &self,
+        writes: &mut Writes,
+        owner: UserId,
+        last_before: i64,
+        drafts: Vec<EventDraft>,
+    ) -> MetaResult<()> {
+        for event in events::number(owner, last_before, drafts) {
+            writes.insert(&self.events(), &event)?;
+        }
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use mongodb::{ClientSession, options::ReturnDocument};
 
 use super::{
     MongoStore,
+    batch::Writes,
     errors::classify,
     events::EventSeq,
     find_sorted, owned_after,
@@ -53,6 +54,8 @@ impl MongoStore {
         c: &CommitUpload,
     ) -> MetaResult<CommitOutcome> {
         let file = &c.file;
+        // The writes after the user document's, sent together (`batch.rs`).
+        let mut writes = Writes::default();
         if let Some(k) = &c.idempotency {
             let id = IdempotencyRecord::id_for(&file.owner_id, &k.key);
             if let Some(first) = self
@@ -70,11 +73,7 @@ impl MongoStore {
                 fingerprint: k.fingerprint.clone(),
                 created_at: crate::meta::now(),
             };
-            self.idempotency()
-                .insert_one(&record)
-                .session(&mut *s)
-                .await
-                .map_err(classify)?;
+            writes.insert(&self.idempotency(), &record)?;
         }
         let mut inc = doc! {"used_bytes": file.size, "file_count": 1_i64, "event_seq": 1_i64};
         // The file's bytes take the place of its upload's reservation.
@@ -114,26 +113,18 @@ impl MongoStore {
         {
             return Err(MetaError::QuotaExceeded);
         }
-        self.files()
-            .insert_one(file)
-            .session(&mut *s)
-            .await
-            .map_err(|e| classify(e).met_own_file())?;
+        writes.insert_file(&self.files(), file)?;
         let created = EventDraft::file_created(file);
-        self.insert_events(s, file.owner_id, user.event_seq - 1, vec![created])
-            .await?;
-        self.permissions()
-            .insert_one(PermissionRecord::owner_of(file))
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
-        let removed = self
-            .intents()
-            .delete_one(doc! {"_id": &file.id, "user_id": file.owner_id})
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
-        if removed.deleted_count == 0 {
+        self.add_events(
+            &mut writes,
+            file.owner_id,
+            user.event_seq - 1,
+            vec![created],
+        )?;
+        writes.insert(&self.permissions(), &PermissionRecord::owner_of(file))?;
+        let intent = doc! {"_id": &file.id, "user_id": file.owner_id};
+        writes.delete_many(&self.intents(), intent);
+        if self.send(s, writes).await? == 0 {
             return Err(MetaError::IntentGone);
         }
         Ok(CommitOutcome::Committed)
@@ -213,42 +204,27 @@ impl MongoStore {
             }
             return Err(why);
         };
-        self.files()
-            .insert_many(plan.committing.iter().map(|c| &c.file))
-            .session(&mut *s)
-            .await
-            .map_err(|e| classify(e).met_own_file())?;
+        // The writes after the user document's, sent together (`batch.rs`).
+        let mut writes = Writes::default();
+        for c in &plan.committing {
+            writes.insert_file(&self.files(), &c.file)?;
+        }
         // One event per file, numbered in the group's order.
         let created = plan
             .committing
             .iter()
             .map(|c| EventDraft::file_created(&c.file));
         let first = updated.event_seq - ids.len() as i64;
-        self.insert_events(s, *owner, first, created.collect())
-            .await?;
-        self.permissions()
-            .insert_many(
-                plan.committing
-                    .iter()
-                    .map(|c| PermissionRecord::owner_of(&c.file)),
-            )
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
-        if !plan.keys.is_empty() {
-            self.idempotency()
-                .insert_many(&plan.keys)
-                .session(&mut *s)
-                .await
-                .map_err(classify)?;
+        self.add_events(&mut writes, *owner, first, created.collect())?;
+        for c in &plan.committing {
+            writes.insert(&self.permissions(), &PermissionRecord::owner_of(&c.file))?;
         }
-        let removed = self
-            .intents()
-            .delete_many(doc! {"_id": {"$in": &ids}, "user_id": owner})
-            .session(&mut *s)
-            .await
-            .map_err(classify)?;
-        if removed.deleted_count != ids.len() as u64 {
+        for key in &plan.keys {
+            writes.insert(&self.idempotency(), key)?;
+        }
+        let intents = doc! {"_id": {"$in": &ids}, "user_id": owner};
+        writes.delete_many(&self.intents(), intents);
+        if self.send(s, writes).await? != ids.len() as u64 {
             return Err(MetaError::IntentGone);
         }
         Ok(plan.outcomes)

@@ -8,6 +8,7 @@
 //! sessions); `users.rs`, `files.rs`, `cleanup.rs` and `containers.rs`
 //! implement one repository each.
 
+mod batch;
 mod cleanup;
 mod containers;
 mod deletion;
@@ -22,7 +23,13 @@ mod txn;
 mod users;
 mod webhooks;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use bson::{Bson, Document, doc};
@@ -80,6 +87,9 @@ pub struct MongoStore {
     db: Database,
     /// Where transactions begin and end (`txn.rs`).
     txns: Sessions,
+    /// Whether a transaction's writes go in one `bulkWrite` (`batch.rs`):
+    /// MongoDB 8.0 or later, unless turned off.
+    bulk_write: Arc<AtomicBool>,
 }
 
 type Res<T> = Result<T, mongodb::error::Error>;
@@ -252,6 +262,7 @@ impl MongoStore {
         let store = Self {
             txns: Sessions::new(client, db.clone()),
             db,
+            bulk_write: Arc::new(AtomicBool::new(false)),
         };
         // A page of events is read in one snapshot: MongoDB 5.0 or later
         // (wire version 13).
@@ -270,9 +281,21 @@ impl MongoStore {
             wire >= 13,
             "MongoDB 5.0 or later is required (events are read in snapshots); the server's wire version is {wire}"
         );
+        // `bulkWrite`: MongoDB 8.0 or later (wire version 25), with its
+        // features on.
+        let bulk = wire >= 25 && store.takes_bulk_write().await;
+        store.bulk_write.store(bulk, Ordering::Relaxed);
         store.create_indexes().await?;
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// Sends a transaction's writes a command per collection, as before
+    /// MongoDB 8.0, even to a server that takes them in one `bulkWrite`
+    /// (`FILEDOCK_MONGODB_BULK_WRITE=false`).
+    pub fn without_bulk_write(self) -> Self {
+        self.bulk_write.store(false, Ordering::Relaxed);
+        self
     }
 
     async fn create_indexes(&self) -> Res<()> {

@@ -51,12 +51,12 @@ struct Shared {
 }
 
 /// Cut once, for `down`, right after clients have sent bytes containing
-/// each of `patterns` in turn (passing over the first `skip` times the
+/// one of each stage's `patterns` in turn (passing over the first `skip` times the
 /// sequence completes). The sequence is followed across connections: a
 /// MongoDB driver may send a transaction's commands on different ones.
 struct Trigger {
-    patterns: Vec<Vec<u8>>,
-    /// How many of `patterns` have been seen.
+    patterns: Vec<Vec<Vec<u8>>>,
+    /// How many stages of `patterns` have been seen.
     stage: usize,
     skip: usize,
     down: Duration,
@@ -114,8 +114,17 @@ impl FaultProxy {
     /// `patterns` in turn (say, an insert into `files`, then the commit of
     /// its transaction).
     pub fn cut_after_sequence(&self, patterns: &[&[u8]], skip: usize, down: Duration) {
+        let stages: Vec<&[&[u8]]> = patterns.iter().map(std::slice::from_ref).collect();
+        self.cut_after_stages(&stages, skip, down);
+    }
+
+    /// As [`Self::cut_after_sequence`], each stage met by any one of its
+    /// patterns (say, a commit's writes sent as one command or another).
+    pub fn cut_after_stages(&self, stages: &[&[&[u8]]], skip: usize, down: Duration) {
         *self.shared.trigger.lock().unwrap() = Some(Trigger {
-            patterns: patterns.iter().map(|p| p.to_vec()).collect(),
+            patterns: (stages.iter())
+                .map(|s| s.iter().map(|p| p.to_vec()).collect())
+                .collect(),
             stage: 0,
             skip,
             down,
@@ -131,7 +140,7 @@ impl FaultProxy {
 
     fn arm_once(&self, pattern: &[u8], down: Duration, when: CutWhen) {
         *self.shared.trigger.lock().unwrap() = Some(Trigger {
-            patterns: vec![pattern.to_vec()],
+            patterns: vec![vec![pattern.to_vec()]],
             stage: 0,
             skip: 0,
             down,
@@ -208,7 +217,7 @@ impl Shared {
     fn fired_by(&self, chunk: &[u8]) -> Option<(Duration, CutWhen)> {
         let mut trigger = self.trigger.lock().unwrap();
         let t = trigger.as_mut()?;
-        if !contains(chunk, &t.patterns[t.stage]) {
+        if !t.patterns[t.stage].iter().any(|p| contains(chunk, p)) {
             return None;
         }
         if t.stage + 1 < t.patterns.len() {

@@ -20,8 +20,12 @@ use crate::support::{
     webhook_receiver::Delivery,
 };
 
-/// BSON of `"insert": "files"`: the first command of an upload's commit.
+/// BSON of `"insert": "files"`: a group commit's insert of its files.
 const INSERT_FILES: &[u8] = b"\x02insert\x00\x06\x00\x00\x00files\x00";
+/// The end of the namespace `<db>.files` in a `bulkWrite`'s `nsInfo`: a
+/// lone commit's writes, its file's among them (on SecantusDB, as on
+/// MongoDB 8.0 or later; nothing else names a namespace with a dot).
+const BULK_FILES: &[u8] = b".files\x00";
 const COMMIT: &[u8] = b"commitTransaction";
 /// BSON of `"update": "resumable_uploads"`: a PATCH's state update.
 const UPDATE_RESUMABLE: &[u8] = b"\x02update\x00\x12\x00\x00\x00resumable_uploads\x00";
@@ -130,7 +134,12 @@ async fn inject(c: &mut Cluster, fault: Fault, rng: &mut StdRng) -> bool {
             cut_after(&c.mongo, &[COMMIT], down).await
         }
         Fault::MongoCutAfterUploadCommitLong => {
-            cut_after(&c.mongo, &[INSERT_FILES, COMMIT], past_settle(rng)).await
+            cut_after_stages(
+                &c.mongo,
+                &[&[INSERT_FILES, BULK_FILES], &[COMMIT]],
+                past_settle(rng),
+            )
+            .await
         }
         Fault::RedisCut => cut_for(&c.redis, short(rng, Duration::from_secs(3))).await,
         Fault::RedisCutAfterEnqueue => {
@@ -314,8 +323,14 @@ async fn cut_for(proxy: &FaultProxy, down: Duration) -> bool {
 /// Arms a cut after `patterns`; waits for it to fire (then for its down
 /// time) or for [`ARMED_FOR`], and disarms it.
 async fn cut_after(proxy: &FaultProxy, patterns: &[&[u8]], down: Duration) -> bool {
+    let stages: Vec<&[&[u8]]> = patterns.iter().map(std::slice::from_ref).collect();
+    cut_after_stages(proxy, &stages, down).await
+}
+
+/// As [`cut_after`], each stage met by any one of its patterns.
+async fn cut_after_stages(proxy: &FaultProxy, stages: &[&[&[u8]]], down: Duration) -> bool {
     let before = proxy.fired();
-    proxy.cut_after_sequence(patterns, 0, down);
+    proxy.cut_after_stages(stages, 0, down);
     let deadline = Instant::now() + ARMED_FOR;
     while proxy.fired() == before && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -99,11 +99,55 @@ pub fn filters<'a>(
             .filter_map(Bson::as_document)
             .map(|d| (d.clone(), false))
             .collect(),
+        "bulkWrite" => return bulk_filters(step, body),
         _ => return Ok(Vec::new()),
     };
     let Some(collection) = command.collection() else {
         return Ok(Vec::new());
     };
+    held(step, name, collection, parts)
+}
+
+/// A `bulkWrite`'s writes, each held to the rule as the single-collection
+/// command of its kind on its own collection would be.
+fn bulk_filters<'a>(step: &'a str, body: &'a Document) -> Result<Vec<(Sent<'a>, bool)>, String> {
+    let spaces: Vec<&str> = (body.get_array("nsInfo").map(Vec::as_slice))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| n.as_document()?.get_str("ns").ok())
+        .map(|ns| ns.split_once('.').map_or(ns, |(_, c)| c))
+        .collect();
+    let ops = (body.get_array("ops").map(Vec::as_slice)).unwrap_or_default();
+    assert!(!ops.is_empty(), "a bulkWrite with no writes seen: {body}");
+    let mut out = Vec::new();
+    for op in ops.iter().filter_map(Bson::as_document) {
+        let multi = op.get_bool("multi").unwrap_or(false);
+        let (name, part) = match () {
+            _ if op.contains_key("insert") => ("insert", (doc_at(op, "document"), false)),
+            _ if op.contains_key("update") => ("update", (doc_at(op, "filter"), multi)),
+            _ if op.contains_key("delete") => ("delete", (doc_at(op, "filter"), multi)),
+            _ => return Err(format!("a bulkWrite write of no known kind: {op}")),
+        };
+        let index = op
+            .get(name)
+            .and_then(Bson::as_i64)
+            .or_else(|| op.get_i32(name).ok().map(i64::from));
+        let Some(&collection) = index.and_then(|i| spaces.get(usize::try_from(i).ok()?)) else {
+            return Err(format!("a bulkWrite write naming no namespace: {op}"));
+        };
+        out.extend(held(step, name, collection, vec![part])?);
+    }
+    Ok(out)
+}
+
+/// `parts` of command `name` on `collection`, each with whether the rule
+/// holds for it.
+fn held<'a>(
+    step: &'a str,
+    name: &'a str,
+    collection: &'a str,
+    parts: Vec<(Document, bool)>,
+) -> Result<Vec<(Sent<'a>, bool)>, String> {
     let Some((_, key)) = SHARD_KEYS.iter().find(|(c, _)| *c == collection) else {
         return Err(format!(
             "{name} on {collection}: a collection the shard-key table does not list"
