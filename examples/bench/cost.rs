@@ -50,6 +50,27 @@ fn stack_pids() -> Vec<(String, u32)> {
         .collect()
 }
 
+/// Waits (at most 30 s) until the stack's servers are quiet: under a tenth
+/// of a core over each of two quarter seconds in a row. What one build's
+/// load left the store to do (events to place, say) then does not count
+/// against the next build's load, on the same store.
+pub(crate) async fn quiet() {
+    let pids = stack_pids();
+    let busy_ms = || -> f64 {
+        pids.iter()
+            .map(|(_, pid)| proc_cpu_secs(*pid) * 1000.0)
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let (mut last, mut calm) = (busy_ms(), 0);
+    while calm < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let now = busy_ms();
+        calm = if now - last < 25.0 { calm + 1 } else { 0 };
+        last = now;
+    }
+}
+
 /// The counters a load moves, as they stand now; filedock's own metrics
 /// only when `filedock` (a peer has none).
 pub(crate) async fn counters(server: &Server, filedock: bool) -> Cost {

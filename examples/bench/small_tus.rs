@@ -18,7 +18,7 @@ use std::{
 use filedock::testing::{Server, free_port};
 
 use crate::{
-    cost::{Cost, Runs, counters, per_upload},
+    cost::{Cost, Runs, counters, per_upload, quiet},
     support::*,
 };
 
@@ -273,6 +273,7 @@ async fn cpu_per_small_upload(client: &Client, builds: &[(String, Server)], r: &
                 for u in 0..users {
                     keys.push(client.user(server, &format!("cpu-{users}-{rep}-{u}")).await);
                 }
+                quiet().await;
                 let before = counters(server, true).await;
                 let batch = drive(N, 32, |i| {
                     client.upload(

@@ -140,9 +140,9 @@ impl MongoStore {
             return Ok(0);
         }
         // Several documents into one collection (a group commit's files,
-        // events, permissions): an `insert` of them all costs SecantusDB
-        // less than a `bulkWrite` of them one by one, more than the round
-        // trips it saves (BENCHMARKS 13, ninth cut).
+        // events, permissions): one `insert` of them all, where a
+        // `bulkWrite` is one write each to the server (SecantusDB runs
+        // each through its one-document handler).
         if !self.bulk_write.load(Ordering::Relaxed) || writes.inserts_many() {
             return self.send_each(s, writes).await;
         }
