@@ -148,6 +148,7 @@ pub(crate) async fn small_tus(client: &Client, r: &mut Report) {
             let which = (i + rep) % rows.len();
             let (b, tus) = rows[which];
             let server = b.map_or(&peer, |b| &builds[b].1);
+            quiet().await;
             let before = counters(server, b.is_some()).await;
             let batch = one_load(client, &http, &builds, &keys, &peer, b, tus, UPLOADS).await;
             let after = counters(server, b.is_some()).await;

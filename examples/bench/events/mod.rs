@@ -13,7 +13,7 @@ use bytes::Bytes;
 use filedock::testing::Server;
 
 use crate::{
-    cost::{Cost, Runs, counters, per_upload},
+    cost::{Cost, Runs, counters, per_upload, quiet},
     support::*,
 };
 
@@ -135,6 +135,7 @@ pub(crate) async fn one_load(
         keys.push(client.user(server, &format!("{tag}-{u}")).await);
     }
     let body = Bytes::from(vec![0x5a; load.size]);
+    quiet().await;
     let before = counters(server, true).await;
     let batch = drive(load.n, load.in_flight, |i| {
         client.upload(
