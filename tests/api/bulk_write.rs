@@ -20,7 +20,10 @@ use futures::{TryStreamExt, future::join_all};
 use reqwest::StatusCode;
 use secrecy::ExposeSecret;
 
-use crate::{events::all_events, faults::run_again_after_it_applied, helpers::*, keys::admin};
+use crate::{
+    events::all_events, faults::run_again_after_it_applied, helpers::*, keys::admin,
+    support::servers::OwnServer,
+};
 
 /// An app on the real stack whose store sends writes in one `bulkWrite`
 /// or not (`bulk`), commits one upload at a time or groups them (`group`),
@@ -214,4 +217,46 @@ async fn without_bulk_write_a_commit_run_again_still_meets_its_own_file() {
     }
     let app = app_logged(false, true, &Arc::default()).await;
     run_again_after_it_applied(&app).await;
+}
+
+/// A server that refuses `bulkWrite` after the start (an upgrade rolled
+/// back; here a fail point answering `CommandNotFound`, as MongoDB 7 does):
+/// the commit that met the refusal runs again a command each and is
+/// answered 201, and so are the commits after it.
+#[tokio::test]
+async fn a_bulk_write_refused_after_the_start_is_sent_again_a_command_each() {
+    if !real_backends() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("filedock-bulk-{}", uuid::Uuid::new_v4().simple()));
+    let mongo = OwnServer::mongo_with(&dir, &["--enable-test-commands"]).await;
+    let uri = format!("mongodb://127.0.0.1:{}/?replicaSet=secantus", mongo.port());
+    let mut settings = test_settings();
+    settings.mongodb_uri = Some(uri.clone().into());
+    let app = spawn_app_with(settings).await;
+    let u = app.create_user("refused").await;
+    let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
+    let arm = doc! {
+        "configureFailPoint": "failCommand",
+        "mode": {"times": 1},
+        "data": {"failCommands": ["bulkWrite"], "errorCode": 59},
+    };
+    client.database("admin").run_command(arm).await.unwrap();
+    let first = app.upload_json(&u, "first.txt", b"first".to_vec()).await;
+    assert!(
+        first["id"].is_string(),
+        "the refused commit ran again: {first}"
+    );
+    let second = app.upload_json(&u, "second.txt", b"second".to_vec()).await;
+    assert!(second["id"].is_string(), "{second}");
+    assert_eq!(app.list_ids(&u).await.len(), 2);
+    let events = all_events(&app, &u, 10).await;
+    assert_eq!(
+        events.len(),
+        2,
+        "one event each, none from the refused attempt"
+    );
+    app.stop().await;
+    drop(mongo);
+    let _ = std::fs::remove_dir_all(&dir);
 }

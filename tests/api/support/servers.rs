@@ -69,9 +69,15 @@ pub struct OwnServer {
 
 impl OwnServer {
     pub async fn mongo(dir: &std::path::Path) -> Self {
+        Self::mongo_with(dir, &[]).await
+    }
+
+    /// [`Self::mongo`] with `extra` arguments (`--enable-test-commands`:
+    /// `configureFailPoint`).
+    pub async fn mongo_with(dir: &std::path::Path, extra: &[&str]) -> Self {
         let port = free_port();
         // Synced on commit, so that what committed survives the kill, as with mongod's journal.
-        let args = [
+        let mut args = [
             "--host",
             "127.0.0.1",
             "--port",
@@ -82,6 +88,7 @@ impl OwnServer {
         ]
         .map(str::to_owned)
         .to_vec();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         Self::start(
             std::env::var("FILEDOCK_TEST_SECANTUSD").unwrap(),
             args,
